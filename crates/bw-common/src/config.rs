@@ -1,0 +1,245 @@
+//! Layered configuration: compiled defaults → optional TOML file → environment, later wins.
+//!
+//! Environment keys are `BW_<SERVICE>__<SECTION>__<FIELD>` (double underscore separates levels), for example
+//! `BW_DISPATCHER__NATS__URL=nats://10.0.0.5:4222`. Values are parsed as TOML scalars when they parse
+//! (numbers, booleans), else taken as strings. The loader takes the environment as a map so tests never touch
+//! the process environment.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file `{path}`: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("invalid TOML in {origin}: {source}")]
+    Toml { origin: String, source: toml::de::Error },
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Loads `T` from `defaults` (TOML text), then `file`, then env keys starting with `BW_<SERVICE>__`.
+pub fn load<T: DeserializeOwned>(
+    service: &str,
+    defaults: &str,
+    file: Option<&Path>,
+    env: &HashMap<String, String>,
+) -> Result<T, ConfigError> {
+    let mut merged: toml::Table = toml::from_str(defaults)
+        .map_err(|source| ConfigError::Toml { origin: "compiled defaults".into(), source })?;
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        let layer: toml::Table = toml::from_str(&text)
+            .map_err(|source| ConfigError::Toml { origin: path.display().to_string(), source })?;
+        merge(&mut merged, layer);
+    }
+    let prefix = format!("BW_{}__", service.to_ascii_uppercase().replace('-', "_"));
+    let mut env_keys: Vec<(&String, &String)> = env.iter().filter(|(k, _)| k.starts_with(&prefix)).collect();
+    env_keys.sort();
+    for (key, value) in env_keys {
+        let path: Vec<String> = key[prefix.len()..].split("__").map(|s| s.to_ascii_lowercase()).collect();
+        set_path(&mut merged, &path, parse_scalar(value));
+    }
+    T::deserialize(toml::Value::Table(merged))
+        .map_err(|e| ConfigError::Invalid(e.to_string()))
+}
+
+fn parse_scalar(raw: &str) -> toml::Value {
+    #[derive(Deserialize)]
+    struct Probe {
+        v: toml::Value,
+    }
+    match toml::from_str::<Probe>(&format!("v = {raw}")) {
+        Ok(p) => p.v,
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) {
+    match path {
+        [] => {}
+        [last] => {
+            table.insert(last.clone(), value);
+        }
+        [first, rest @ ..] => {
+            let entry = table
+                .entry(first.clone())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(toml::Table::new());
+            }
+            if let toml::Value::Table(inner) = entry {
+                set_path(inner, rest, value);
+            }
+        }
+    }
+}
+
+fn merge(base: &mut toml::Table, layer: toml::Table) {
+    for (key, value) in layer {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(l)) => merge(b, l),
+            (_, v) => {
+                base.insert(key, v);
+            }
+        }
+    }
+}
+
+/// NATS connection settings, shared by every service.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// Comma-separated server URLs.
+    pub url: String,
+    /// Connection name shown in NATS monitoring.
+    #[serde(default)]
+    pub name: String,
+    /// Stream replicas when creating streams (1 locally, 3 on a cluster).
+    #[serde(default = "one")]
+    pub replicas: usize,
+    /// Stream limits used when the streams are first created.
+    #[serde(default)]
+    pub limits: StreamLimits,
+}
+
+/// Limits of the JetStream streams. When a work stream is full, publishes are refused (DiscardNew), never
+/// silently dropped; the alerting service warns well before that.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamLimits {
+    /// Max messages waiting in BW_SEND.
+    pub send_max_msgs: i64,
+    /// Max messages in BW_DLQ.
+    pub dlq_max_msgs: i64,
+    /// Max messages in BW_QUARANTINE.
+    pub quarantine_max_msgs: i64,
+    /// Producer dedup window of BW_SEND (Nats-Msg-Id = operation id), seconds. The ledger dedups beyond it.
+    pub dedup_window_s: u64,
+    /// How long ledger entries are kept, days.
+    pub ledger_max_age_days: u64,
+    /// How long webhook dedup keys are kept, hours (Meta retries for up to 7 days).
+    pub webhook_dedup_hours: u64,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            send_max_msgs: 10_000_000,
+            dlq_max_msgs: 5_000_000,
+            quarantine_max_msgs: 1_000_000,
+            dedup_window_s: 600,
+            ledger_max_age_days: 35,
+            webhook_dedup_hours: 7 * 24,
+        }
+    }
+}
+
+fn one() -> usize {
+    1
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`.
+    pub url: String,
+    /// Per-command timeout in milliseconds; past it a call counts as Redis unreachable.
+    #[serde(default = "default_redis_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_redis_timeout() -> u64 {
+    250
+}
+
+/// Admin HTTP server (`/livez`, `/readyz`, `/metrics`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Listen address, e.g. `127.0.0.1:9101`; port 0 picks a free one.
+    pub listen: String,
+}
+
+/// Logging and tracing.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// Default log filter when RUST_LOG is unset.
+    #[serde(default = "default_level")]
+    pub log_level: String,
+    /// `text` or `json`.
+    #[serde(default = "default_format")]
+    pub log_format: String,
+    /// OTLP/HTTP traces endpoint (`http://127.0.0.1:4318/v1/traces`); empty disables export.
+    #[serde(default)]
+    pub otlp_endpoint: String,
+}
+
+fn default_level() -> String {
+    "info".into()
+}
+
+fn default_format() -> String {
+    "text".into()
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig { log_level: default_level(), log_format: default_format(), otlp_endpoint: String::new() }
+    }
+}
+
+/// Reads the process environment into a map (only `main` calls this).
+pub fn process_env() -> HashMap<String, String> {
+    std::env::vars().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Sample {
+        nats: NatsConfig,
+        workers: u32,
+        #[serde(default)]
+        name: String,
+    }
+
+    const DEFAULTS: &str = "workers = 4\n[nats]\nurl = \"nats://127.0.0.1:4222\"\n";
+
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = std::env::temp_dir().join(format!("bw-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("c.toml");
+        std::fs::write(&file, "workers = 8\nname = \"from-file\"\n").expect("write");
+        let env = HashMap::from([
+            ("BW_DISPATCHER__NATS__URL".to_string(), "nats://10.0.0.5:4222".to_string()),
+            ("BW_DISPATCHER__WORKERS".to_string(), "16".to_string()),
+            ("BW_OTHER__WORKERS".to_string(), "99".to_string()),
+        ]);
+        let cfg: Sample = load("dispatcher", DEFAULTS, Some(&file), &env).expect("loads");
+        assert_eq!(cfg.workers, 16);
+        assert_eq!(cfg.name, "from-file");
+        assert_eq!(cfg.nats.url, "nats://10.0.0.5:4222");
+        assert_eq!(cfg.nats.replicas, 1);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_files_are_clear_errors() {
+        let env = HashMap::from([("BW_DISPATCHER__WORKRS".to_string(), "3".to_string())]);
+        let err = load::<Sample>("dispatcher", DEFAULTS, None, &env).expect_err("typo rejected");
+        assert!(err.to_string().contains("workrs"), "{err}");
+        let err = load::<Sample>("dispatcher", DEFAULTS, Some(Path::new("/nonexistent/x.toml")), &HashMap::new())
+            .expect_err("missing file");
+        assert!(err.to_string().contains("/nonexistent/x.toml"), "{err}");
+    }
+}

@@ -1,0 +1,250 @@
+//! The durable operation ledger: one JetStream KV entry per accepted operation (bucket BW_LEDGER).
+//!
+//! It is the single source of truth for "where is operation X" and for idempotency: an operation that Meta
+//! accepted is never sent again. Every write is a compare-and-set on the entry's revision, and
+//! [`transition_allowed`] keeps the state machine monotonic (a late "sent" never overwrites "read", nothing
+//! Meta accepted goes back to a queue).
+
+use crate::nats::Buckets;
+use crate::proto::{LedgerEntry, OperationState};
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use prost::Message;
+
+/// Ledger failures. All are retryable from the caller's point of view (the broker is unreachable or busy).
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("ledger unavailable: {0}")]
+    Unavailable(String),
+    #[error("ledger entry `{0}` is corrupt")]
+    Corrupt(String),
+    #[error("ledger entry `{0}` kept changing under compare-and-set")]
+    Contended(String),
+}
+
+/// An entry with the KV revision it was read at.
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    pub entry: LedgerEntry,
+    pub revision: u64,
+}
+
+/// True when `id` is a valid operation id: 1..=128 chars of `[A-Za-z0-9_=.-]`, not starting or ending with
+/// `.` and without `..` (it is used verbatim as a KV key and a JetStream message id).
+pub fn valid_operation_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'=' | b'.' | b'-'))
+        && !id.starts_with('.')
+        && !id.ends_with('.')
+        && !id.contains("..")
+}
+
+fn rank(state: OperationState) -> u8 {
+    match state {
+        OperationState::Sent => 1,
+        OperationState::Delivered => 2,
+        OperationState::Read => 3,
+        OperationState::Failed => 4,
+        _ => 0,
+    }
+}
+
+/// Whether the ledger may move from `from` to `to`.
+///
+/// Invariants: states Meta accepted (sent, delivered, read, failed) only move forward among themselves
+/// (sent < delivered < read; failed is terminal) and never back to a queue; expired is final; every other
+/// state may move anywhere (queued ↔ dlq ↔ quarantined ↔ unknown as the pipeline works on it).
+pub fn transition_allowed(from: OperationState, to: OperationState) -> bool {
+    if from == to {
+        return true;
+    }
+    if from.is_accepted_by_meta() {
+        return to.is_accepted_by_meta() && rank(to) > rank(from) && from != OperationState::Failed;
+    }
+    from != OperationState::Expired
+}
+
+/// Handle to the ledger buckets. Cheap to clone.
+#[derive(Clone)]
+pub struct Ledger {
+    store: kv::Store,
+    wamid: kv::Store,
+}
+
+impl Ledger {
+    /// Wraps the buckets opened by [`crate::nats::ensure_topology`].
+    pub fn new(buckets: &Buckets) -> Ledger {
+        Ledger { store: buckets.ledger.clone(), wamid: buckets.wamid.clone() }
+    }
+
+    /// Reads an entry.
+    pub async fn get(&self, operation_id: &str) -> Result<Option<Versioned>, LedgerError> {
+        let entry = self
+            .store
+            .entry(operation_id)
+            .await
+            .map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        match entry {
+            Some(e) if e.operation == kv::Operation::Put => {
+                let decoded = LedgerEntry::decode(e.value.as_ref())
+                    .map_err(|_| LedgerError::Corrupt(operation_id.to_string()))?;
+                Ok(Some(Versioned { entry: decoded, revision: e.revision }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Creates the entry of a newly accepted operation. Returns false when it already existed (a producer
+    /// retry), leaving the existing entry untouched.
+    pub async fn create(&self, entry: &LedgerEntry) -> Result<bool, LedgerError> {
+        match self.store.create(&entry.operation_id, entry.encode_to_vec().into()).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(LedgerError::Unavailable(e.to_string())),
+        }
+    }
+
+    /// Compare-and-set update. `f` sees the current entry (None if absent) and returns the new one, or None to
+    /// leave it as is. Transitions that [`transition_allowed`] refuses are skipped (returns the current entry).
+    /// Returns the entry as stored afterwards.
+    pub async fn update<F>(&self, operation_id: &str, mut f: F) -> Result<Option<LedgerEntry>, LedgerError>
+    where
+        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    {
+        for _ in 0..16 {
+            let current = self.get(operation_id).await?;
+            let Some(mut next) = f(current.as_ref().map(|v| &v.entry)) else {
+                return Ok(current.map(|v| v.entry));
+            };
+            if let Some(cur) = &current {
+                let from = cur.entry.state();
+                if !transition_allowed(from, next.state()) {
+                    return Ok(Some(cur.entry.clone()));
+                }
+            }
+            next.operation_id = operation_id.to_string();
+            next.updated_at_unix_ms = crate::time::now_ms();
+            let bytes: bytes::Bytes = next.encode_to_vec().into();
+            let result = match &current {
+                Some(cur) => self
+                    .store
+                    .update(operation_id, bytes, cur.revision)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.to_string())),
+                None => self
+                    .store
+                    .create(operation_id, bytes)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, e.to_string())),
+            };
+            match result {
+                Ok(()) => return Ok(Some(next)),
+                Err((true, _)) => continue,
+                Err((false, msg)) => return Err(LedgerError::Unavailable(msg)),
+            }
+        }
+        Err(LedgerError::Contended(operation_id.to_string()))
+    }
+
+    /// Moves an operation to `state` (keeping every other field), if the transition is allowed.
+    pub async fn set_state(
+        &self,
+        operation_id: &str,
+        state: OperationState,
+        reason: &str,
+    ) -> Result<Option<LedgerEntry>, LedgerError> {
+        self.update(operation_id, |cur| {
+            let mut next = cur.cloned().unwrap_or_default();
+            next.set_state(state);
+            next.reason = reason.to_string();
+            Some(next)
+        })
+        .await
+    }
+
+    /// Remembers which operation a wamid belongs to.
+    pub async fn link_wamid(&self, wamid: &str, operation_id: &str) -> Result<(), LedgerError> {
+        self.wamid
+            .put(wamid_key(wamid), operation_id.to_string().into())
+            .await
+            .map(|_| ())
+            .map_err(|e| LedgerError::Unavailable(e.to_string()))
+    }
+
+    /// The operation a wamid belongs to, if known.
+    pub async fn operation_for_wamid(&self, wamid: &str) -> Result<Option<String>, LedgerError> {
+        let value = self
+            .wamid
+            .get(wamid_key(wamid))
+            .await
+            .map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
+    }
+
+    /// Every operation id in the ledger (for accounting; reads the whole bucket).
+    pub async fn operation_ids(&self) -> Result<Vec<String>, LedgerError> {
+        let mut keys = self.store.keys().await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        let mut out = Vec::new();
+        while let Some(key) = keys.next().await {
+            out.push(key.map_err(|e| LedgerError::Unavailable(e.to_string()))?);
+        }
+        Ok(out)
+    }
+
+    /// Every entry in the ledger (for accounting and reports).
+    pub async fn entries(&self) -> Result<Vec<LedgerEntry>, LedgerError> {
+        let mut out = Vec::new();
+        for id in self.operation_ids().await? {
+            if let Some(v) = self.get(&id).await? {
+                out.push(v.entry);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// wamids hold characters KV keys refuse ('+', '/', '='): key them by their hex sha256.
+fn wamid_key(wamid: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(wamid.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use OperationState::*;
+
+    #[test]
+    fn operation_ids() {
+        for ok in ["a", "order-123", "op_1.x=2", &"x".repeat(128)] {
+            assert!(valid_operation_id(ok), "{ok}");
+        }
+        for bad in ["", ".a", "a.", "a..b", "a b", "a/b", "ü", &"x".repeat(129), "a*", "a>"] {
+            assert!(!valid_operation_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn transitions_are_monotonic_once_meta_accepted() {
+        let check = |from, to, expect| assert_eq!(transition_allowed(from, to), expect, "{from:?} -> {to:?}");
+        check(Queued, Sent, true);
+        check(Queued, Dlq, true);
+        check(Dlq, Queued, true);
+        check(Unknown, Sent, true);
+        check(Unknown, Dlq, true);
+        check(Sent, Delivered, true);
+        check(Delivered, Read, true);
+        check(Sent, Read, true);
+        check(Read, Delivered, false);
+        check(Read, Sent, false);
+        check(Sent, Queued, false);
+        check(Sent, Dlq, false);
+        check(Delivered, Failed, true);
+        check(Failed, Read, false);
+        check(Expired, Queued, false);
+        check(Sent, Sent, true);
+    }
+}

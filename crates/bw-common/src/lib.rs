@@ -1,0 +1,24 @@
+//! Shared plumbing for every Breakwater service.
+//!
+//! What lives here: layered config loading ([`config`]), telemetry init and trace-context propagation over
+//! NATS headers ([`telemetry`]), the shutdown token ([`shutdown`]), the admin server with `/livez`, `/readyz`
+//! and `/metrics` ([`admin`]), NATS connection and JetStream topology ([`nats`]), the durable operation ledger
+//! ([`ledger`]), Meta error classification ([`classify`]), and every subject, stream and key name
+//! ([`names`]). The `service` module ties them into the start-up sequence each thin `main.rs` calls.
+//!
+//! What must not live here: service logic. Services depend on this crate, never on each other.
+
+pub mod admin;
+pub mod classify;
+pub mod config;
+pub mod ledger;
+pub mod mask;
+pub mod names;
+pub mod nats;
+pub mod redis_conn;
+pub mod service;
+pub mod shutdown;
+pub mod telemetry;
+pub mod time;
+
+pub use bw_proto::v1 as proto;

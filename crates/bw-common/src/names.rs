@@ -1,0 +1,171 @@
+//! Every NATS subject, stream, consumer, KV bucket and Redis key name, in one place.
+//!
+//! Subjects follow `bw.<domain>.v1.<...>`; streams are `UPPER_SNAKE`; durable consumers are named after the
+//! service that owns them. Service code never formats a name itself.
+
+/// Producer intake (core NATS request/reply): `bw.send.v1.<phone_number_id>`.
+pub fn intake_subject(phone_number_id: &str) -> String {
+    format!("bw.send.v1.{phone_number_id}")
+}
+/// Wildcard ingest subscribes to.
+pub const INTAKE_WILDCARD: &str = "bw.send.v1.*";
+/// Queue group of ingest instances on the intake subjects.
+pub const INTAKE_QUEUE_GROUP: &str = "bw-ingest";
+
+/// Dispatch lanes inside BW_SEND. The high lane is always served first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lane {
+    /// Authentication, transactional, support.
+    High,
+    /// Marketing.
+    Low,
+    /// Messages replay put back from the DLQ; sent only with the sender's spare rate.
+    Replay,
+}
+
+impl Lane {
+    /// All lanes in the order the dispatcher serves them.
+    pub const ALL: [Lane; 3] = [Lane::High, Lane::Low, Lane::Replay];
+
+    /// Subject token of the lane.
+    pub fn token(self) -> &'static str {
+        match self {
+            Lane::High => "hi",
+            Lane::Low => "lo",
+            Lane::Replay => "rp",
+        }
+    }
+
+    /// Lane for a fresh request of this category.
+    pub fn for_category(category: bw_proto::v1::Category) -> Lane {
+        if category.is_priority() { Lane::High } else { Lane::Low }
+    }
+
+    /// Durable consumer name of the dispatcher for this lane.
+    pub fn dispatcher_consumer(self) -> &'static str {
+        match self {
+            Lane::High => "dispatcher-hi",
+            Lane::Low => "dispatcher-lo",
+            Lane::Replay => "dispatcher-rp",
+        }
+    }
+
+    /// Filter subject of this lane in BW_SEND.
+    pub fn filter(self) -> String {
+        format!("bw.outbox.v1.{}.*", self.token())
+    }
+}
+
+/// Stream holding accepted send requests (work queue).
+pub const SEND_STREAM: &str = "BW_SEND";
+/// Subject of an accepted request in BW_SEND: `bw.outbox.v1.<lane>.<phone_number_id>`.
+pub fn outbox_subject(lane: Lane, phone_number_id: &str) -> String {
+    format!("bw.outbox.v1.{}.{phone_number_id}", lane.token())
+}
+
+/// Dead-letter stream.
+pub const DLQ_STREAM: &str = "BW_DLQ";
+/// `bw.dlq.v1.<phone_number_id>`.
+pub fn dlq_subject(phone_number_id: &str) -> String {
+    format!("bw.dlq.v1.{phone_number_id}")
+}
+
+/// Quarantine stream (permanent errors and poison messages).
+pub const QUARANTINE_STREAM: &str = "BW_QUARANTINE";
+/// `bw.quarantine.v1.<phone_number_id>`.
+pub fn quarantine_subject(phone_number_id: &str) -> String {
+    format!("bw.quarantine.v1.{phone_number_id}")
+}
+
+/// Unknown-outcome stream, waiting for reconciliation.
+pub const UNKNOWN_STREAM: &str = "BW_UNKNOWN";
+/// `bw.unknown.v1.<phone_number_id>`.
+pub fn unknown_subject(phone_number_id: &str) -> String {
+    format!("bw.unknown.v1.{phone_number_id}")
+}
+/// Durable consumer of the reconciler on BW_UNKNOWN.
+pub const RECONCILER_CONSUMER: &str = "reconciler";
+
+/// Rejected producer input, kept for inspection.
+pub const REJECTED_STREAM: &str = "BW_REJECTED";
+/// `bw.rejected.v1.<source>` where source is a phone number id, `unknown` or `http`.
+pub fn rejected_subject(source: &str) -> String {
+    format!("bw.rejected.v1.{source}")
+}
+
+/// Raw Meta webhooks, stored before answering 200.
+pub const WEBHOOK_STREAM: &str = "BW_WEBHOOKS";
+/// Subject of stored webhook deliveries.
+pub const WEBHOOK_SUBJECT: &str = "bw.webhook.v1.raw";
+/// Durable consumer that processes stored webhooks.
+pub const WEBHOOK_CONSUMER: &str = "webhook-processor";
+
+/// Inbound customer messages for the CRM side: `bw.inbound.v1.<phone_number_id>`.
+pub const INBOUND_STREAM: &str = "BW_INBOUND";
+/// `bw.inbound.v1.<phone_number_id>`.
+pub fn inbound_subject(phone_number_id: &str) -> String {
+    format!("bw.inbound.v1.{phone_number_id}")
+}
+
+/// Events: breaker transitions, dispatch outcomes, alerts, signals.
+pub const EVENTS_STREAM: &str = "BW_EVENTS";
+/// Breaker transitions: `bw.breaker.v1.<phone_number_id>`.
+pub fn breaker_subject(phone_number_id: &str) -> String {
+    format!("bw.breaker.v1.{phone_number_id}")
+}
+/// Dispatch outcomes: `bw.outcome.v1.<phone_number_id>`.
+pub fn outcome_subject(phone_number_id: &str) -> String {
+    format!("bw.outcome.v1.{phone_number_id}")
+}
+/// Alerts: `bw.alert.v1.<rule>`.
+pub fn alert_subject(rule: &str) -> String {
+    format!("bw.alert.v1.{rule}")
+}
+/// Signals raised for the alerting service: `bw.signal.v1.<kind>`.
+pub fn signal_subject(kind: &str) -> String {
+    format!("bw.signal.v1.{kind}")
+}
+/// Subjects captured by BW_EVENTS.
+pub const EVENTS_SUBJECTS: [&str; 4] = ["bw.breaker.v1.>", "bw.outcome.v1.>", "bw.alert.v1.>", "bw.signal.v1.>"];
+
+/// Per-operation ledger (KV).
+pub const LEDGER_BUCKET: &str = "BW_LEDGER";
+/// wamid → operation id (KV), for statuses that arrive without biz_opaque_callback_data.
+pub const WAMID_BUCKET: &str = "BW_WAMID";
+/// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.
+pub const SCOPES_BUCKET: &str = "BW_SCOPES";
+/// Webhook deduplication (KV with TTL). Key: sha of (wamid, status) or inbound message id.
+pub const WEBHOOK_DEDUP_BUCKET: &str = "BW_WEBHOOK_DEDUP";
+
+/// Redis hash tag of a scope, shared by every key of the scope so scripts run on Redis Cluster.
+pub fn scope_tag(waba_id: &str, phone_number_id: &str) -> String {
+    format!("{{{waba_id}:{phone_number_id}}}")
+}
+
+/// A Redis key of a scope: `bw:{<waba>:<phone>}:<suffix>`.
+pub fn scope_key(waba_id: &str, phone_number_id: &str, suffix: &str) -> String {
+    format!("bw:{}:{suffix}", scope_tag(waba_id, phone_number_id))
+}
+
+/// Redis set of every scope ever seen (not hash-tagged; written only by the coordinator and read by admin tools).
+pub const SCOPES_INDEX_KEY: &str = "bw:scopes";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_of_a_scope_share_one_hash_tag() {
+        let a = scope_key("111", "222", "breaker");
+        let b = scope_key("111", "222", "rate");
+        assert_eq!(a, "bw:{111:222}:breaker");
+        assert!(b.starts_with("bw:{111:222}:"));
+    }
+
+    #[test]
+    fn lanes_have_disjoint_filters() {
+        let filters: Vec<String> = Lane::ALL.iter().map(|l| l.filter()).collect();
+        assert_eq!(filters, ["bw.outbox.v1.hi.*", "bw.outbox.v1.lo.*", "bw.outbox.v1.rp.*"]);
+        assert_eq!(outbox_subject(Lane::High, "123"), "bw.outbox.v1.hi.123");
+    }
+}

@@ -1,0 +1,201 @@
+//! NATS connection and the JetStream topology every service relies on.
+//!
+//! [`ensure_topology`] creates every stream and KV bucket idempotently; every service calls it at start, so
+//! any start order works. Names come from [`crate::names`].
+
+use crate::config::{NatsConfig, StreamLimits};
+use crate::names;
+use async_nats::jetstream::{self, kv, stream};
+use std::time::Duration;
+
+/// Connects to NATS, retrying the first connection for up to `wait`; later disconnects reconnect forever.
+pub async fn connect(cfg: &NatsConfig, default_name: &str, wait: Duration) -> anyhow::Result<async_nats::Client> {
+    let name = if cfg.name.is_empty() { default_name.to_string() } else { cfg.name.clone() };
+    let urls: Vec<async_nats::ServerAddr> = cfg
+        .url
+        .split(',')
+        .map(|u| u.trim().parse())
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("invalid nats url `{}`: {e}", cfg.url))?;
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let attempt = async_nats::ConnectOptions::new()
+            .name(&name)
+            .connection_timeout(Duration::from_secs(2))
+            .max_reconnects(None)
+            .connect(urls.clone())
+            .await;
+        match attempt {
+            Ok(client) => return Ok(client),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, "nats not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(anyhow::anyhow!("nats not reachable at {}: {e}", cfg.url)),
+        }
+    }
+}
+
+/// Handles to the KV buckets, opened once by [`ensure_topology`].
+#[derive(Clone)]
+pub struct Buckets {
+    /// Operation ledger.
+    pub ledger: kv::Store,
+    /// wamid → operation id.
+    pub wamid: kv::Store,
+    /// Scope states written by the coordinator.
+    pub scopes: kv::Store,
+    /// Webhook dedup keys.
+    pub webhook_dedup: kv::Store,
+}
+
+fn work_stream(name: &str, subjects: Vec<String>, max_msgs: i64, replicas: usize, dedup: Duration) -> stream::Config {
+    stream::Config {
+        name: name.to_string(),
+        subjects,
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        discard: stream::DiscardPolicy::New,
+        max_messages: max_msgs,
+        num_replicas: replicas,
+        duplicate_window: dedup,
+        ..Default::default()
+    }
+}
+
+fn kept_stream(name: &str, subjects: Vec<String>, max_msgs: i64, max_age: Duration, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: name.to_string(),
+        subjects,
+        retention: stream::RetentionPolicy::Limits,
+        storage: stream::StorageType::File,
+        discard: stream::DiscardPolicy::Old,
+        max_messages: max_msgs,
+        max_age,
+        num_replicas: replicas,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    }
+}
+
+/// Every stream config of the topology (used by [`ensure_topology`] and by tests).
+pub fn stream_configs(limits: &StreamLimits, replicas: usize) -> Vec<stream::Config> {
+    let day = Duration::from_secs(24 * 3600);
+    let dedup = Duration::from_secs(limits.dedup_window_s.max(1));
+    vec![
+        work_stream(names::SEND_STREAM, vec!["bw.outbox.v1.>".into()], limits.send_max_msgs, replicas, dedup),
+        work_stream(names::DLQ_STREAM, vec!["bw.dlq.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
+        work_stream(names::UNKNOWN_STREAM, vec!["bw.unknown.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
+        work_stream(
+            names::WEBHOOK_STREAM,
+            vec![names::WEBHOOK_SUBJECT.into()],
+            limits.send_max_msgs,
+            replicas,
+            Duration::from_secs(600),
+        ),
+        // Quarantine keeps everything until an operator acts: DiscardNew so nothing is dropped silently.
+        stream::Config {
+            discard: stream::DiscardPolicy::New,
+            ..kept_stream(
+                names::QUARANTINE_STREAM,
+                vec!["bw.quarantine.v1.>".into()],
+                limits.quarantine_max_msgs,
+                Duration::ZERO,
+                replicas,
+            )
+        },
+        kept_stream(names::REJECTED_STREAM, vec!["bw.rejected.v1.>".into()], 1_000_000, 7 * day, replicas),
+        kept_stream(names::INBOUND_STREAM, vec!["bw.inbound.v1.>".into()], 10_000_000, 7 * day, replicas),
+        kept_stream(
+            names::EVENTS_STREAM,
+            names::EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
+            10_000_000,
+            day,
+            replicas,
+        ),
+    ]
+}
+
+async fn ensure_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
+    match js.get_key_value(&config.bucket).await {
+        Ok(store) => Ok(store),
+        Err(_) => {
+            let bucket = config.bucket.clone();
+            match js.create_key_value(config).await {
+                Ok(store) => Ok(store),
+                // Another instance may have created it between our get and create.
+                Err(create_err) => js
+                    .get_key_value(&bucket)
+                    .await
+                    .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{bucket}`: {create_err}")),
+            }
+        }
+    }
+}
+
+/// Creates every stream and KV bucket if missing (idempotent, safe from many instances at once).
+pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<Buckets> {
+    for config in stream_configs(&cfg.limits, cfg.replicas) {
+        let name = config.name.clone();
+        let mut tries = 0;
+        loop {
+            match js.get_or_create_stream(config.clone()).await {
+                Ok(_) => break,
+                Err(e) if tries < 20 => {
+                    tries += 1;
+                    tracing::debug!(stream = %name, error = %e, "stream not ready; retrying");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => return Err(anyhow::anyhow!("cannot create stream `{name}`: {e}")),
+            }
+        }
+    }
+    let kv_config = |bucket: &str, max_age: Duration| kv::Config {
+        bucket: bucket.to_string(),
+        history: 1,
+        max_age,
+        storage: stream::StorageType::File,
+        num_replicas: cfg.replicas,
+        ..Default::default()
+    };
+    let limits = &cfg.limits;
+    Ok(Buckets {
+        ledger: ensure_bucket(
+            js,
+            kv_config(names::LEDGER_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
+        )
+        .await?,
+        wamid: ensure_bucket(
+            js,
+            kv_config(names::WAMID_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
+        )
+        .await?,
+        scopes: ensure_bucket(js, kv_config(names::SCOPES_BUCKET, Duration::ZERO)).await?,
+        webhook_dedup: ensure_bucket(
+            js,
+            kv_config(names::WEBHOOK_DEDUP_BUCKET, Duration::from_secs(limits.webhook_dedup_hours * 3600)),
+        )
+        .await?,
+    })
+}
+
+/// Publishes and waits for the JetStream ack; returns whether the server saw it as a duplicate.
+pub async fn publish_durable(
+    js: &jetstream::Context,
+    subject: String,
+    headers: async_nats::HeaderMap,
+    payload: bytes::Bytes,
+) -> Result<bool, PublishError> {
+    let ack = js
+        .publish_with_headers(subject, headers, payload)
+        .await
+        .map_err(|e| PublishError(e.to_string()))?
+        .await
+        .map_err(|e| PublishError(e.to_string()))?;
+    Ok(ack.duplicate)
+}
+
+/// A durable publish failed (stream full, broker unreachable, timeout).
+#[derive(Debug, thiserror::Error)]
+#[error("durable publish failed: {0}")]
+pub struct PublishError(pub String);

