@@ -1,0 +1,41 @@
+//! Operations helpers shared by the replay service, the `bwctl` CLI, tests and the drill.
+//!
+//! What lives here: the accounting that proves every accepted operation is in exactly one place
+//! ([`account`]), non-consuming reads of the work-queue streams ([`scan`]), DLQ and quarantine inspection and
+//! statistics ([`inspect`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
+//! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
+//! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]) and a small token
+//! bucket ([`pace`]).
+//!
+//! What must not live here: anything that talks to Meta or to Redis. This crate depends on `bw-common` only;
+//! services may depend on it, it never depends on a service.
+
+pub mod account;
+pub mod inspect;
+pub mod jitter;
+pub mod moves;
+pub mod names;
+pub mod ops;
+pub mod pace;
+pub mod scan;
+
+use bw_common::ledger::LedgerError;
+use bw_common::nats::PublishError;
+
+/// Failures of the operations helpers. All of them mean "the broker did not answer as expected": nothing was
+/// changed that a retry would not heal.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsError {
+    #[error("nats request on `{what}` failed: {detail}")]
+    Nats { what: String, detail: String },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+}
+
+impl OpsError {
+    pub(crate) fn nats(what: impl Into<String>, detail: impl std::fmt::Display) -> OpsError {
+        OpsError::Nats { what: what.into(), detail: detail.to_string() }
+    }
+}
