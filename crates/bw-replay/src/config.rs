@@ -1,0 +1,172 @@
+//! Replay configuration (see `default.toml` for every key with its meaning).
+
+use bw_common::config::{AdminConfig, NatsConfig, RedisConfig, TelemetryConfig};
+use serde::Deserialize;
+use std::collections::HashMap;
+
+/// The whole service configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub nats: NatsConfig,
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    pub replay: ReplayConfig,
+    #[serde(default)]
+    pub failover: FailoverConfig,
+}
+
+/// The `[replay]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayConfig {
+    pub instance_id: String,
+    pub soak_ms: u64,
+    pub rate_per_s: f64,
+    pub burst: f64,
+    pub max_lane_depth: u64,
+    pub max_in_flight: usize,
+    pub batch_size: usize,
+    pub fetch_wait_ms: u64,
+    pub ack_wait_ms: u64,
+    pub max_replays: u32,
+    pub window_hours: u64,
+    pub idle_ms: u64,
+    pub lease_ttl_ms: u64,
+    pub stats_interval_ms: u64,
+    pub shutdown_grace_ms: u64,
+    #[serde(default)]
+    pub scopes: HashMap<String, ScopeOverride>,
+}
+
+/// Per-scope pacing overrides (`[replay.scopes.<phone_number_id>]`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScopeOverride {
+    pub rate_per_s: Option<f64>,
+    pub burst: Option<f64>,
+    pub max_lane_depth: Option<u64>,
+}
+
+/// Pacing in force for one scope.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pacing {
+    pub rate_per_s: f64,
+    pub burst: f64,
+    pub max_lane_depth: u64,
+}
+
+impl ReplayConfig {
+    /// Pacing of `phone_number_id`, with its override applied.
+    pub fn pacing(&self, phone_number_id: &str) -> Pacing {
+        let o = self.scopes.get(phone_number_id).cloned().unwrap_or_default();
+        Pacing {
+            rate_per_s: o.rate_per_s.unwrap_or(self.rate_per_s),
+            burst: o.burst.unwrap_or(self.burst),
+            max_lane_depth: o.max_lane_depth.unwrap_or(self.max_lane_depth),
+        }
+    }
+}
+
+/// The `[failover]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailoverConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    pub open_for_ms: u64,
+    #[serde(default)]
+    pub categories: Vec<String>,
+    #[serde(default)]
+    pub secondaries: HashMap<String, Secondary>,
+}
+
+/// A secondary sender.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Secondary {
+    pub waba_id: String,
+    pub phone_number_id: String,
+}
+
+impl Config {
+    /// Checks values serde cannot: positive rates and sizes, known categories.
+    pub fn validate(&self) -> Result<(), String> {
+        let r = &self.replay;
+        let mut rates = vec![("replay.rate_per_s".to_string(), r.rate_per_s)];
+        for (phone, o) in &r.scopes {
+            if let Some(rate) = o.rate_per_s {
+                rates.push((format!("replay.scopes.{phone}.rate_per_s"), rate));
+            }
+        }
+        for (key, rate) in rates {
+            if !(rate > 0.0 && rate.is_finite()) {
+                return Err(format!("{key} must be a positive number, got {rate}"));
+            }
+        }
+        if r.batch_size == 0 || r.max_in_flight == 0 {
+            return Err("replay.batch_size and replay.max_in_flight must be at least 1".into());
+        }
+        if r.max_replays == 0 {
+            return Err("replay.max_replays must be at least 1".into());
+        }
+        if r.lease_ttl_ms < 1000 {
+            return Err("replay.lease_ttl_ms must be at least 1000".into());
+        }
+        for c in &self.failover.categories {
+            if !["authentication", "transactional", "support", "marketing"].contains(&c.as_str()) {
+                return Err(format!("failover.categories: unknown category `{c}`"));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl bw_common::service::ServiceConfig for Config {
+    fn nats(&self) -> &NatsConfig {
+        &self.nats
+    }
+    fn redis(&self) -> Option<&RedisConfig> {
+        None
+    }
+    fn admin(&self) -> &AdminConfig {
+        &self.admin
+    }
+    fn telemetry(&self) -> &TelemetryConfig {
+        &self.telemetry
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)]) -> Result<Config, String> {
+        let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let cfg: Config =
+            bw_common::config::load("replay", crate::DEFAULT_CONFIG, None, &env).map_err(|e| e.to_string())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn defaults_load_and_overrides_apply() {
+        let cfg = load(&[("BW_REPLAY__REPLAY__SCOPES__1001__RATE_PER_S", "7.5")]).expect("loads");
+        assert!(!cfg.failover.enabled);
+        assert_eq!(cfg.replay.max_replays, 5);
+        assert_eq!(cfg.replay.pacing("1001").rate_per_s, 7.5);
+        assert_eq!(cfg.replay.pacing("2002").rate_per_s, 40.0);
+    }
+
+    #[test]
+    fn bad_values_are_clear_errors() {
+        let err = load(&[("BW_REPLAY__REPLAY__RATE_PER_SEC", "3")]).expect_err("typo");
+        assert!(err.contains("rate_per_sec"), "{err}");
+        let err = load(&[("BW_REPLAY__REPLAY__RATE_PER_S", "0")]).expect_err("zero rate");
+        assert!(err.contains("replay.rate_per_s"), "{err}");
+        let err = load(&[("BW_REPLAY__FAILOVER__CATEGORIES", "[\"promo\"]")]).expect_err("category");
+        assert!(err.contains("promo"), "{err}");
+    }
+}

@@ -1,0 +1,223 @@
+//! Breakwater replay: drains each scope's dead-letter queue back into the replay lane (`rp`) of BW_SEND while
+//! the scope's breaker is CLOSED, paced so replay only ever uses a sender's spare rate.
+//!
+//! How: a KV watch on BW_SCOPES (no per-message polling) keeps one worker task per scope. A worker starts
+//! draining once its breaker has been CLOSED for the soak time and it holds the scope's lease (one instance
+//! drains a scope at a time; N instances share the scopes). It pulls the scope's DLQ through the durable
+//! consumer `replay-<phone>`, paces with a token bucket that starts empty and a bound on the replay lane's
+//! depth, and hands each entry to `bw_ops::moves::Mover`, which checks deadline, ledger, 24 h window and the
+//! replay limit before it publishes with the msg id `<operation_id>.r<n>` (no duplicates on redelivery).
+//! The dispatcher still admits every replay-lane message with `TrafficClass::Replay`.
+//!
+//! What it must not do: talk to Meta, or send anything whose ledger entry says Meta accepted it.
+//! Entry point: [`run`].
+
+pub mod config;
+pub mod lease;
+pub mod metrics;
+mod stats;
+mod worker;
+
+pub use config::Config;
+
+use anyhow::Context as _;
+use bw_common::proto::{BreakerState, ScopeSnapshot};
+use bw_common::service::Deps;
+use bw_ops::moves::{Mover, Rules};
+use futures::StreamExt;
+use prost::Message;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+/// Compiled default configuration (every key documented).
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
+/// What replay needs to know about a scope, from its `ScopeSnapshot`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScopeView {
+    pub waba_id: String,
+    pub state: BreakerState,
+    pub since_unix_ms: i64,
+    pub paused_until_unix_ms: i64,
+    /// Share of the sender rate allowed while the breaker ramps up after a close (0 or 1: full).
+    pub ramp_fraction: f64,
+}
+
+impl ScopeView {
+    fn from_snapshot(s: &ScopeSnapshot) -> ScopeView {
+        ScopeView {
+            waba_id: s.scope.as_ref().map(|x| x.waba_id.clone()).unwrap_or_default(),
+            state: s.state(),
+            since_unix_ms: s.since_unix_ms,
+            paused_until_unix_ms: s.paused_until_unix_ms,
+            ramp_fraction: s.ramp_fraction,
+        }
+    }
+
+    /// Ok when the scope may be replayed at `now_ms`; else how long until it may (None: not foreseeable).
+    pub fn replayable(&self, now_ms: i64, soak_ms: u64) -> Result<(), Option<Duration>> {
+        let closed = matches!(self.state, BreakerState::Closed | BreakerState::ForcedClosed);
+        if !closed {
+            return Err(None);
+        }
+        if self.paused_until_unix_ms > now_ms {
+            return Err(Some(Duration::from_millis((self.paused_until_unix_ms - now_ms) as u64)));
+        }
+        let soaked_at = self.since_unix_ms.max(0) + soak_ms as i64;
+        if soaked_at > now_ms {
+            return Err(Some(Duration::from_millis((soaked_at - now_ms) as u64)));
+        }
+        Ok(())
+    }
+
+    /// The rate multiplier while the breaker ramps up after a close.
+    pub fn rate_factor(&self) -> f64 {
+        if self.ramp_fraction > 0.0 && self.ramp_fraction < 1.0 { self.ramp_fraction } else { 1.0 }
+    }
+}
+
+/// Shared state of the service's tasks.
+pub(crate) struct Ctx {
+    pub cfg: Config,
+    pub js: async_nats::jetstream::Context,
+    pub mover: Mover,
+    pub leases: lease::Leases,
+    pub metrics: metrics::Metrics,
+    pub views: RwLock<HashMap<String, ScopeView>>,
+    pub shutdown: CancellationToken,
+}
+
+impl Ctx {
+    pub fn view(&self, scope: &str) -> Option<ScopeView> {
+        self.views.read().ok().and_then(|v| v.get(scope).cloned())
+    }
+}
+
+/// Runs replay until `shutdown` is cancelled.
+pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
+    cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    let instance = if cfg.replay.instance_id.is_empty() {
+        format!("replay-{:016x}", rand_id())
+    } else {
+        cfg.replay.instance_id.clone()
+    };
+    let leases = lease::Leases::open(&deps.js, instance.clone(), cfg.replay.lease_ttl_ms, cfg.nats.replicas)
+        .await
+        .context("failed to open the replay lease bucket")?;
+    let rules = Rules {
+        max_replays: cfg.replay.max_replays,
+        window_ms: (cfg.replay.window_hours * 3600 * 1000) as i64,
+        honor_not_before: true,
+        via: "replay".into(),
+    };
+    let grace = Duration::from_millis(cfg.replay.shutdown_grace_ms);
+    let ctx = Arc::new(Ctx {
+        mover: Mover::new(deps.js.clone(), &deps.buckets, rules),
+        js: deps.js.clone(),
+        leases,
+        metrics: metrics::Metrics::register(&deps.metrics),
+        views: RwLock::new(HashMap::new()),
+        shutdown: shutdown.clone(),
+        cfg,
+    });
+    let tracker = TaskTracker::new();
+    tracker.spawn(stats::refresh(ctx.clone()).instrument(tracing::info_span!("replay.stats")));
+
+    let mut scope_watch = watch_scopes(&deps.buckets.scopes).await?;
+    deps.health.set_started();
+    tracing::info!(instance = %instance, "replay started");
+    let mut workers: HashMap<String, watch::Sender<ScopeView>> = HashMap::new();
+    loop {
+        let item = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            item = scope_watch.next() => item,
+        };
+        match item {
+            Some(Ok(entry)) => {
+                let view = match entry.operation {
+                    async_nats::jetstream::kv::Operation::Put => match ScopeSnapshot::decode(entry.value.as_ref()) {
+                        Ok(s) => ScopeView::from_snapshot(&s),
+                        Err(_) => {
+                            tracing::warn!(scope = %entry.key, "undecodable scope snapshot; treating the scope as not replayable");
+                            ScopeView::default()
+                        }
+                    },
+                    _ => ScopeView::default(),
+                };
+                if let Ok(mut views) = ctx.views.write() {
+                    views.insert(entry.key.clone(), view.clone());
+                }
+                match workers.get(&entry.key) {
+                    Some(tx) => {
+                        let _ = tx.send(view);
+                    }
+                    None => {
+                        let (tx, rx) = watch::channel(view);
+                        workers.insert(entry.key.clone(), tx);
+                        let span = tracing::info_span!("replay.scope", scope = %entry.key);
+                        tracker.spawn(worker::scope_worker(ctx.clone(), entry.key.clone(), rx).instrument(span));
+                    }
+                }
+            }
+            Some(Err(e)) => tracing::warn!(error = %e, "scope watch error"),
+            None => {
+                tracing::warn!("scope watch ended; watching again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                match watch_scopes(&deps.buckets.scopes).await {
+                    Ok(w) => scope_watch = w,
+                    Err(e) => tracing::warn!(error = format!("{e:#}"), "cannot watch scopes yet"),
+                }
+            }
+        }
+    }
+    deps.health.set_shutting_down();
+    drop(workers);
+    tracker.close();
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace expired with replay tasks still running");
+    }
+    Ok(())
+}
+
+async fn watch_scopes(store: &async_nats::jetstream::kv::Store) -> anyhow::Result<async_nats::jetstream::kv::Watch> {
+    store.watch_with_history(">").await.context("cannot watch the BW_SCOPES bucket")
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replayable_only_when_closed_soaked_and_not_paused() {
+        let view = |state, since, paused| ScopeView {
+            state,
+            since_unix_ms: since,
+            paused_until_unix_ms: paused,
+            ..Default::default()
+        };
+        let now = 1_000_000;
+        assert_eq!(view(BreakerState::Closed, now - 5_000, 0).replayable(now, 3_000), Ok(()));
+        assert_eq!(view(BreakerState::ForcedClosed, now - 5_000, 0).replayable(now, 3_000), Ok(()));
+        assert_eq!(
+            view(BreakerState::Closed, now - 1_000, 0).replayable(now, 3_000),
+            Err(Some(Duration::from_millis(2_000)))
+        );
+        assert_eq!(view(BreakerState::Closed, 0, now + 500).replayable(now, 0), Err(Some(Duration::from_millis(500))));
+        for s in [BreakerState::Open, BreakerState::HalfOpen, BreakerState::ForcedOpen, BreakerState::Unspecified] {
+            assert_eq!(view(s, 0, 0).replayable(now, 0), Err(None), "{s:?}");
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! One task per scope: waits for the breaker to be CLOSED and soaked, takes the scope's lease, and drains the
+//! scope's DLQ into the replay lane at the paced rate.
+
+use crate::{Ctx, ScopeView};
+use async_nats::jetstream::{AckKind, Message, consumer::pull};
+use bw_common::proto::{BreakerState, DlqEnvelope};
+use bw_common::time::now_ms;
+use bw_common::{names, telemetry};
+use bw_ops::moves::{Outcome, Target};
+use bw_ops::names::replay_consumer;
+use bw_ops::pace::TokenBucket;
+use bw_ops::scan::subject_depth;
+use futures::StreamExt;
+use prost::Message as _;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+/// What a worker should do right now.
+#[derive(Debug, Clone, PartialEq)]
+enum Mode {
+    /// Nothing; look again after this long (or when the scope changes).
+    Wait(Option<Duration>),
+    /// Replay the scope's DLQ through its own sender.
+    Native,
+    /// Replay eligible entries through a secondary sender.
+    Failover(Target),
+}
+
+/// How a drain session ended.
+enum Ended {
+    Drained,
+    Interrupted,
+    LeaseLost,
+    Failed,
+}
+
+fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>) -> Mode {
+    let now = now_ms();
+    match view.replayable(now, ctx.cfg.replay.soak_ms) {
+        Ok(()) => Mode::Native,
+        Err(wait) => {
+            let f = &ctx.cfg.failover;
+            let open = matches!(view.state, BreakerState::Open | BreakerState::HalfOpen | BreakerState::ForcedOpen);
+            if f.enabled
+                && open
+                && let (Some(since), Some(secondary)) = (not_closed_since, f.secondaries.get(scope))
+            {
+                let due = since + f.open_for_ms as i64;
+                if due > now {
+                    return Mode::Wait(Some(Duration::from_millis((due - now) as u64)));
+                }
+                let ready = ctx.view(&secondary.phone_number_id).map(|v| v.replayable(now, ctx.cfg.replay.soak_ms));
+                if ready == Some(Ok(())) {
+                    return Mode::Failover(Target {
+                        waba_id: secondary.waba_id.clone(),
+                        phone_number_id: secondary.phone_number_id.clone(),
+                    });
+                }
+                return Mode::Wait(Some(Duration::from_millis(ctx.cfg.replay.idle_ms)));
+            }
+            Mode::Wait(wait)
+        }
+    }
+}
+
+pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Receiver<ScopeView>) {
+    let idle = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));
+    let mut not_closed_since: Option<i64> = None;
+    loop {
+        if ctx.shutdown.is_cancelled() {
+            return;
+        }
+        let view = rx.borrow_and_update().clone();
+        if matches!(view.state, BreakerState::Closed | BreakerState::ForcedClosed) {
+            not_closed_since = None;
+        } else if not_closed_since.is_none() {
+            not_closed_since = Some(if view.since_unix_ms > 0 { view.since_unix_ms } else { now_ms() });
+        }
+        let wait = match mode(&ctx, &scope, &view, not_closed_since) {
+            Mode::Wait(wait) => wait,
+            active => match ctx.leases.acquire(&scope).await {
+                Ok(Some(held)) => {
+                    ctx.metrics.draining_scopes.inc();
+                    let (ended, held) = drain(&ctx, &scope, &mut rx, active, held, not_closed_since).await;
+                    ctx.metrics.draining_scopes.dec();
+                    if let Some(held) = held {
+                        ctx.leases.release(&scope, held).await;
+                    }
+                    match ended {
+                        Ended::Drained | Ended::Failed | Ended::LeaseLost => Some(idle),
+                        Ended::Interrupted => continue,
+                    }
+                }
+                Ok(None) => Some(Duration::from_millis(ctx.cfg.replay.lease_ttl_ms / 2)),
+                Err(e) => {
+                    tracing::warn!(error = format!("{e:#}"), "scope lease unavailable");
+                    Some(idle)
+                }
+            },
+        };
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return,
+            changed = rx.changed() => if changed.is_err() { return },
+            _ = sleep_opt(wait) => {}
+        }
+    }
+}
+
+async fn sleep_opt(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn consumer(ctx: &Ctx, scope: &str) -> anyhow::Result<async_nats::jetstream::consumer::PullConsumer> {
+    let stream = ctx.js.get_stream(names::DLQ_STREAM).await?;
+    let name = replay_consumer(scope);
+    let config = pull::Config {
+        durable_name: Some(name.clone()),
+        description: Some(format!("replay of the dlq of scope {scope}")),
+        filter_subject: names::dlq_subject(scope),
+        ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_millis(ctx.cfg.replay.ack_wait_ms),
+        max_ack_pending: 4096,
+        inactive_threshold: Duration::from_secs(24 * 3600),
+        ..Default::default()
+    };
+    Ok(stream.get_or_create_consumer(&name, config).await?)
+}
+
+/// Drains the scope until it is empty, its mode changes, the lease is lost or shutdown. Returns the lease
+/// still held (if any) so the caller can release it.
+async fn drain(
+    ctx: &Arc<Ctx>,
+    scope: &str,
+    rx: &mut watch::Receiver<ScopeView>,
+    active: Mode,
+    mut held: crate::lease::Held,
+    not_closed_since: Option<i64>,
+) -> (Ended, Option<crate::lease::Held>) {
+    let consumer = match consumer(ctx, scope).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = format!("{e:#}"), "cannot bind the dlq consumer");
+            return (Ended::Failed, Some(held));
+        }
+    };
+    let target = match &active {
+        Mode::Failover(t) => Some(t.clone()),
+        _ => None,
+    };
+    let lane_phone = target.as_ref().map(|t| t.phone_number_id.clone()).unwrap_or_else(|| scope.to_string());
+    let lane_subject = names::outbox_subject(names::Lane::Replay, &lane_phone);
+    let pacing = ctx.cfg.replay.pacing(&lane_phone);
+    let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
+    let mut bucket = TokenBucket::new(pacing.rate_per_s * factor, pacing.burst);
+    // Entries fetched at once must be handled well within the ack wait and the lease renewal period.
+    let horizon_ms = (ctx.cfg.replay.ack_wait_ms / 2).min(ctx.cfg.replay.lease_ttl_ms / 3) as f64;
+    let rate_cap = ((pacing.rate_per_s * horizon_ms / 1000.0) as usize).max(1);
+    let in_flight = Arc::new(Semaphore::new(ctx.cfg.replay.max_in_flight));
+    let categories: Vec<String> = ctx.cfg.failover.categories.clone();
+    tracing::info!(lane = %lane_subject, rate_per_s = bucket.rate(), failover = target.is_some(), "draining dlq");
+    loop {
+        if ctx.shutdown.is_cancelled() {
+            return (Ended::Interrupted, Some(held));
+        }
+        if rx.has_changed().unwrap_or(true) {
+            let view = rx.borrow().clone();
+            if mode(ctx, scope, &view, not_closed_since) != active {
+                return (Ended::Interrupted, Some(held));
+            }
+            let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
+            bucket.set_rate(pacing.rate_per_s * factor);
+        }
+        if held.due() {
+            match ctx.leases.renew(scope, held).await {
+                Some(h) => held = h,
+                None => return (Ended::LeaseLost, None),
+            }
+        }
+        let mut room = ctx.cfg.replay.batch_size.min(rate_cap);
+        if pacing.max_lane_depth > 0 {
+            let depth = match subject_depth(&ctx.js, names::SEND_STREAM, &lane_subject).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the replay lane depth");
+                    return (Ended::Failed, Some(held));
+                }
+            };
+            let free = pacing.max_lane_depth.saturating_sub(depth) as usize;
+            if free == 0 {
+                tokio::select! {
+                    _ = ctx.shutdown.cancelled() => return (Ended::Interrupted, Some(held)),
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                }
+            }
+            room = room.min(free);
+        }
+        let fetched = consumer
+            .fetch()
+            .max_messages(room)
+            .expires(Duration::from_millis(ctx.cfg.replay.fetch_wait_ms.max(50)))
+            .messages()
+            .await;
+        let mut batch = match fetched {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "dlq fetch failed");
+                return (Ended::Failed, Some(held));
+            }
+        };
+        let mut tasks = JoinSet::new();
+        let mut got = 0usize;
+        let mut stop: Option<Ended> = None;
+        while let Some(next) = batch.next().await {
+            let Ok(msg) = next else { continue };
+            got += 1;
+            if stop.is_some() {
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                continue;
+            }
+            let envelope = DlqEnvelope::decode(msg.payload.as_ref()).ok().filter(|e| e.request.is_some());
+            if let Some(env) = &envelope {
+                // Cheap checks first: they need no token.
+                if env.not_before_unix_ms > now_ms() {
+                    ctx.metrics.skipped("not_before");
+                    let wait = Duration::from_millis((env.not_before_unix_ms - now_ms()).max(1) as u64);
+                    let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
+                    continue;
+                }
+                if target.is_some() && !eligible_for_failover(env, &categories) {
+                    ctx.metrics.skipped("failover_category");
+                    let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(30)))).await;
+                    continue;
+                }
+            }
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => {
+                    let _ = msg.ack_with(AckKind::Nak(None)).await;
+                    stop = Some(Ended::Interrupted);
+                    continue;
+                }
+                _ = bucket.take() => {}
+            }
+            if rx.has_changed().unwrap_or(true) && mode(ctx, scope, &rx.borrow().clone(), not_closed_since) != active {
+                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                stop = Some(Ended::Interrupted);
+                continue;
+            }
+            if held.due() {
+                match ctx.leases.renew(scope, held).await {
+                    Some(h) => held = h,
+                    None => {
+                        let _ = msg.ack_with(AckKind::Nak(None)).await;
+                        stop = Some(Ended::LeaseLost);
+                        continue;
+                    }
+                }
+            }
+            let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+            let task_ctx = ctx.clone();
+            let task_scope = scope.to_string();
+            let task_target = target.clone();
+            let span = tracing::info_span!("replay.entry", scope = %scope);
+            telemetry::set_parent_from(&span, msg.headers.as_ref());
+            tasks.spawn(
+                async move {
+                    handle(&task_ctx, &task_scope, msg, envelope, task_target.as_ref()).await;
+                    drop(permit);
+                }
+                .instrument(span),
+            );
+        }
+        while tasks.join_next().await.is_some() {}
+        match stop {
+            Some(Ended::LeaseLost) => return (Ended::LeaseLost, None),
+            Some(ended) => return (ended, Some(held)),
+            None if got == 0 => return (Ended::Drained, Some(held)),
+            None => {}
+        }
+    }
+}
+
+fn eligible_for_failover(env: &DlqEnvelope, categories: &[String]) -> bool {
+    let category = env.request.as_ref().map(|r| r.category().label()).unwrap_or("unspecified");
+    categories.iter().any(|c| c == category)
+}
+
+async fn handle(ctx: &Ctx, scope: &str, msg: Message, envelope: Option<DlqEnvelope>, target: Option<&Target>) {
+    let Some(envelope) = envelope else {
+        let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        tracing::error!(sequence, "undecodable dlq entry; keeping its bytes in the quarantine");
+        match ctx.mover.quarantine_undecodable(scope, names::DLQ_STREAM, sequence, msg.payload.clone()).await {
+            Ok(()) => {
+                ctx.metrics.skipped("undecodable");
+                let _ = msg.ack().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot quarantine an undecodable dlq entry");
+                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(5)))).await;
+            }
+        }
+        return;
+    };
+    let op = envelope.request.as_ref().map(|r| r.operation_id.clone()).unwrap_or_default();
+    match ctx.mover.replay_dlq_entry(&envelope, target).await {
+        Ok(outcome) => {
+            match &outcome {
+                Outcome::Replayed { replay, duplicate } => {
+                    ctx.metrics.replayed(scope);
+                    tracing::debug!(operation_id = %op, replay, duplicate, "replayed");
+                }
+                Outcome::Quarantined(reason) => {
+                    if outcome.label() == "poison" {
+                        ctx.metrics.poison.inc();
+                    }
+                    ctx.metrics.skipped(outcome.label());
+                    tracing::info!(operation_id = %op, reason = ?reason, "quarantined instead of replayed");
+                }
+                other => ctx.metrics.skipped(other.label()),
+            }
+            let _ = match outcome {
+                o if o.source_done() => msg.ack().await,
+                Outcome::NotYet(wait) => msg.ack_with(AckKind::Nak(Some(wait))).await,
+                _ => msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await,
+            };
+        }
+        Err(e) => {
+            ctx.metrics.skipped("error");
+            tracing::warn!(operation_id = %op, error = %e, "replay failed; will retry");
+            let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(2)))).await;
+        }
+    }
+}
