@@ -1,0 +1,231 @@
+//! The oracle: every message the simulator accepted (keyed by operation id from `biz_opaque_callback_data`,
+//! or by wamid when none was set), how often, and counters of requests by outcome.
+//!
+//! Tests compare it with what the system under test believes: `count > 1` is a duplicate send; an entry the
+//! client never saw a 200 for (`unacknowledged > 0`) is the genuinely unknown-outcome case.
+
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Mutex;
+
+/// One accepted message (or operation accepted several times).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OracleEntry {
+    /// `biz_opaque_callback_data` of the send; None when the client set none.
+    pub operation_id: Option<String>,
+    pub phone_number_id: String,
+    /// `+549*******234`.
+    pub recipient_masked: String,
+    /// First 16 hex of sha256(digits): the same as `bw_common::mask::recipient_key`.
+    pub recipient_key: String,
+    /// One wamid per acceptance.
+    pub wamids: Vec<String>,
+    pub first_accepted_ms: u64,
+    pub last_accepted_ms: u64,
+    /// Times accepted; > 1 means the message was sent more than once.
+    pub count: u32,
+    /// Acceptances whose answer the client never received (reset or hang after processing).
+    pub unacknowledged: u32,
+    /// `text`, `template`, ...
+    pub message_type: String,
+}
+
+/// A point-in-time copy of the oracle.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct OracleSnapshot {
+    /// Sorted by operation id, then first acceptance.
+    pub messages: Vec<OracleEntry>,
+    pub counters: Counters,
+}
+
+impl OracleSnapshot {
+    pub fn get(&self, operation_id: &str) -> Option<&OracleEntry> {
+        self.messages.iter().find(|e| e.operation_id.as_deref() == Some(operation_id))
+    }
+
+    /// Sum of `count` over all entries: total acceptances.
+    pub fn total_accepted(&self) -> u64 {
+        self.messages.iter().map(|e| u64::from(e.count)).sum()
+    }
+
+    /// Entries accepted more than once.
+    pub fn duplicates(&self) -> Vec<&OracleEntry> {
+        self.messages.iter().filter(|e| e.count > 1).collect()
+    }
+}
+
+/// Requests by outcome. Keys: `"200"`, Meta codes as text (`"130429"`, `"131056"`, `"190"`, `"100"`...),
+/// `"http_503"` for bodiless HTTP errors, `"reset"`, `"hang"`; plus webhook delivery counters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Counters {
+    pub requests: u64,
+    pub by_outcome: BTreeMap<String, u64>,
+    pub webhooks: WebhookCounters,
+}
+
+impl Counters {
+    pub fn outcome(&self, key: &str) -> u64 {
+        self.by_outcome.get(key).copied().unwrap_or(0)
+    }
+}
+
+/// Webhook delivery counters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WebhookCounters {
+    /// Status updates scheduled (one per status, duplicates included).
+    pub statuses_scheduled: u64,
+    /// POSTs answered 200.
+    pub posts_ok: u64,
+    /// POST attempts that failed (non-200 or transport error) and were retried or dropped.
+    pub post_failures: u64,
+    /// Status updates delivered in a 200-answered POST.
+    pub statuses_delivered: u64,
+    /// Status updates given up after the last retry, or refused because the queue was full.
+    pub statuses_dropped: u64,
+    /// Inbound customer messages delivered.
+    pub inbound_delivered: u64,
+}
+
+const SHARDS: usize = 16;
+
+/// The live oracle.
+#[derive(Debug)]
+pub struct Oracle {
+    hasher: RandomState,
+    shards: Vec<Mutex<HashMap<String, OracleEntry>>>,
+    counters: Mutex<Counters>,
+}
+
+impl Default for Oracle {
+    fn default() -> Self {
+        Oracle::new()
+    }
+}
+
+/// What the handler knows about an acceptance.
+pub struct Acceptance<'a> {
+    pub operation_id: Option<&'a str>,
+    pub phone_number_id: &'a str,
+    pub to: &'a str,
+    pub wamid: &'a str,
+    pub message_type: &'a str,
+    /// The client will not see the 200.
+    pub unacknowledged: bool,
+}
+
+impl Oracle {
+    pub fn new() -> Oracle {
+        Oracle {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            counters: Mutex::new(Counters::default()),
+        }
+    }
+
+    pub fn record_accept(&self, a: Acceptance<'_>) {
+        let key = match a.operation_id {
+            Some(op) => format!("op:{op}"),
+            None => format!("wamid:{}", a.wamid),
+        };
+        let now = crate::ids::now_ms();
+        let shard = (self.hasher.hash_one(&key) as usize) % SHARDS;
+        let mut map = lock(&self.shards[shard]);
+        let entry = map.entry(key).or_insert_with(|| OracleEntry {
+            operation_id: a.operation_id.map(str::to_string),
+            phone_number_id: a.phone_number_id.to_string(),
+            recipient_masked: crate::ids::mask_phone(a.to),
+            recipient_key: crate::ids::recipient_key(a.to),
+            wamids: Vec::with_capacity(1),
+            first_accepted_ms: now,
+            last_accepted_ms: now,
+            count: 0,
+            unacknowledged: 0,
+            message_type: a.message_type.to_string(),
+        });
+        entry.wamids.push(a.wamid.to_string());
+        entry.last_accepted_ms = now;
+        entry.count += 1;
+        if a.unacknowledged {
+            entry.unacknowledged += 1;
+        }
+    }
+
+    /// Counts one request by its outcome key.
+    pub fn count(&self, outcome: &str) {
+        let mut c = lock(&self.counters);
+        c.requests += 1;
+        match c.by_outcome.get_mut(outcome) {
+            Some(n) => *n += 1,
+            None => {
+                c.by_outcome.insert(outcome.to_string(), 1);
+            }
+        }
+    }
+
+    pub fn webhooks(&self, f: impl FnOnce(&mut WebhookCounters)) {
+        f(&mut lock(&self.counters).webhooks);
+    }
+
+    pub fn counters(&self) -> Counters {
+        lock(&self.counters).clone()
+    }
+
+    pub fn snapshot(&self) -> OracleSnapshot {
+        let mut messages: Vec<OracleEntry> = self.shards.iter().flat_map(|s| lock(s).values().cloned().collect::<Vec<_>>()).collect();
+        messages.sort_by(|a, b| {
+            (a.operation_id.as_deref(), a.first_accepted_ms, &a.wamids).cmp(&(b.operation_id.as_deref(), b.first_accepted_ms, &b.wamids))
+        });
+        OracleSnapshot { messages, counters: self.counters() }
+    }
+
+    pub fn clear(&self) {
+        for s in &self.shards {
+            lock(s).clear();
+        }
+        *lock(&self.counters) = Counters::default();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn duplicates_are_counted_per_operation() {
+        let o = Oracle::new();
+        let accept = |op: Option<&str>, wamid: &str, unack: bool| {
+            o.record_accept(Acceptance {
+                operation_id: op,
+                phone_number_id: "p",
+                to: "+5491155551234",
+                wamid,
+                message_type: "text",
+                unacknowledged: unack,
+            })
+        };
+        accept(Some("op-1"), "w1", false);
+        accept(Some("op-1"), "w2", true);
+        accept(Some("op-2"), "w3", false);
+        accept(None, "w4", false);
+        o.count("200");
+        o.count("200");
+        o.count("130429");
+        let snap = o.snapshot();
+        assert_eq!(snap.messages.len(), 3);
+        assert_eq!(snap.total_accepted(), 4);
+        let e = snap.get("op-1").expect("op-1 recorded");
+        assert_eq!((e.count, e.unacknowledged, e.wamids.len()), (2, 1, 2));
+        assert_eq!(e.recipient_masked, "+549*******234");
+        assert_eq!(snap.duplicates().len(), 1);
+        assert_eq!(snap.counters.outcome("200"), 2);
+        assert_eq!(snap.counters.outcome("130429"), 1);
+        assert_eq!(snap.counters.requests, 3);
+        o.clear();
+        assert_eq!(o.snapshot(), OracleSnapshot::default());
+    }
+}
