@@ -1,0 +1,194 @@
+//! Rules, dedup keys and the alert state kept in the KV bucket.
+
+use bw_common::proto::{Alert, AlertStatus, Severity};
+
+/// KV bucket of alert states (key = dedup key). Owned by this service and created at start.
+pub const STATE_BUCKET: &str = "BW_ALERTS";
+/// Durable consumer of the alerting instances on BW_EVENTS (breaker transitions and signals).
+pub const CONSUMER: &str = "alerting";
+/// Subjects the event consumer reads.
+pub const EVENT_FILTERS: [&str; 2] = ["bw.breaker.v1.>", "bw.signal.v1.>"];
+
+/// Every rule: its name (subject token, metric label, dedup-key prefix) and runbook file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Rule {
+    BreakerOpen,
+    DlqDepth,
+    DlqOldestAge,
+    StreamNearLimit,
+    QuarantineGrowth,
+    UnknownBacklog,
+    QuotaUsage,
+    CredentialsInvalid,
+    PoisonMessages,
+    StatusErrors,
+    DlqLimit,
+}
+
+impl Rule {
+    pub const ALL: [Rule; 11] = [
+        Rule::BreakerOpen,
+        Rule::DlqDepth,
+        Rule::DlqOldestAge,
+        Rule::StreamNearLimit,
+        Rule::QuarantineGrowth,
+        Rule::UnknownBacklog,
+        Rule::QuotaUsage,
+        Rule::CredentialsInvalid,
+        Rule::PoisonMessages,
+        Rule::StatusErrors,
+        Rule::DlqLimit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::BreakerOpen => "breaker_open",
+            Rule::DlqDepth => "dlq_depth",
+            Rule::DlqOldestAge => "dlq_oldest_age",
+            Rule::StreamNearLimit => "stream_near_limit",
+            Rule::QuarantineGrowth => "quarantine_growth",
+            Rule::UnknownBacklog => "unknown_backlog",
+            Rule::QuotaUsage => "quota_usage",
+            Rule::CredentialsInvalid => "credentials_invalid",
+            Rule::PoisonMessages => "poison_messages",
+            Rule::StatusErrors => "status_errors",
+            Rule::DlqLimit => "dlq_limit",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Rule> {
+        Rule::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    pub fn runbook(self) -> &'static str {
+        match self {
+            Rule::BreakerOpen => "meta-down.md",
+            Rule::DlqDepth
+            | Rule::DlqOldestAge
+            | Rule::StreamNearLimit
+            | Rule::DlqLimit
+            | Rule::PoisonMessages => "dlq-growing.md",
+            Rule::QuarantineGrowth | Rule::StatusErrors => "quality-restrictions.md",
+            Rule::UnknownBacklog => "unknown-outcomes.md",
+            Rule::QuotaUsage => "quota-exhausted.md",
+            Rule::CredentialsInvalid => "invalid-credentials.md",
+        }
+    }
+
+    /// Rules fed by signals resolve after a quiet period instead of on an explicit "clear" event.
+    pub fn resolves_when_quiet(self) -> bool {
+        matches!(
+            self,
+            Rule::QuotaUsage
+                | Rule::CredentialsInvalid
+                | Rule::PoisonMessages
+                | Rule::StatusErrors
+                | Rule::DlqLimit
+        )
+    }
+}
+
+/// Alert target inside the fleet: a sender scope, or the whole fleet.
+pub const FLEET: &str = "fleet";
+
+/// Dedup key `<rule>.<target>`; the target is sanitised to KV key characters. Same rule and target, same key.
+pub fn dedup_key(rule: Rule, target: &str) -> String {
+    let target: String = if target.is_empty() {
+        FLEET.into()
+    } else {
+        sanitize(target)
+    };
+    format!("{}.{target}", rule.name())
+}
+
+/// Target of the storm digest of a rule; no sender scope is named like this.
+pub const STORM_TARGET: &str = "_storm";
+
+/// Key of the storm digest of a rule (one PagerDuty incident for all digested alerts of the rule).
+pub fn storm_key(rule: Rule) -> String {
+    dedup_key(rule, STORM_TARGET)
+}
+
+fn sanitize(raw: &str) -> String {
+    raw.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// What the KV bucket holds per dedup key: the alert as last notified, plus bookkeeping.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct AlertState {
+    #[prost(message, optional, tag = "1")]
+    pub alert: Option<Alert>,
+    /// Last time the condition was seen (signals); quiet rules resolve from here.
+    #[prost(int64, tag = "2")]
+    pub last_seen_unix_ms: i64,
+    /// Whether the firing was notified on its own (true) or only inside a storm digest (false).
+    #[prost(bool, tag = "3")]
+    pub individual: bool,
+}
+
+impl AlertState {
+    pub fn is_firing(&self) -> bool {
+        self.alert
+            .as_ref()
+            .is_some_and(|a| a.status == AlertStatus::Firing as i32)
+    }
+
+    pub fn severity(&self) -> Severity {
+        self.alert
+            .as_ref()
+            .and_then(|a| Severity::try_from(a.severity).ok())
+            .unwrap_or(Severity::Unspecified)
+    }
+}
+
+/// Lowercase severity word (PagerDuty accepts critical, error, warning, info).
+pub fn severity_word(severity: i32) -> &'static str {
+    match Severity::try_from(severity) {
+        Ok(Severity::Critical) => "critical",
+        Ok(Severity::Warning) => "warning",
+        _ => "info",
+    }
+}
+
+/// A condition observed by a rule: fire (or keep firing) this alert.
+#[derive(Debug, Clone)]
+pub struct Firing {
+    pub rule: Rule,
+    /// Phone number id or [`FLEET`].
+    pub target: String,
+    /// `waba/phone` or empty for fleet-wide alerts.
+    pub scope: String,
+    pub severity: Severity,
+    pub summary: String,
+    pub at_unix_ms: i64,
+    pub labels: Vec<(String, String)>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_keys_are_stable_and_kv_safe() {
+        assert_eq!(dedup_key(Rule::BreakerOpen, "1065"), "breaker_open.1065");
+        assert_eq!(
+            dedup_key(Rule::StreamNearLimit, ""),
+            "stream_near_limit.fleet"
+        );
+        assert_eq!(
+            dedup_key(Rule::QuotaUsage, "a b/c.d*"),
+            "quota_usage.a_b_c_d_"
+        );
+        for rule in Rule::ALL {
+            assert_eq!(Rule::from_name(rule.name()), Some(rule));
+        }
+    }
+}

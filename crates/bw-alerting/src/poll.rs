@@ -1,0 +1,399 @@
+//! Periodic checks: stream state (DLQ depth and oldest age per scope, streams near their limits, quarantine
+//! growth, unknown-outcome backlog), scope snapshots of firing breaker alerts, escalation, quiet resolution,
+//! and storm-key resolution. Every instance runs them; the CAS state makes the results idempotent.
+
+use crate::config::{AlertingConfig, RulesConfig};
+use crate::engine::Engine;
+use crate::metrics::labels;
+use crate::model::{AlertState, FLEET, Firing, Rule, STORM_TARGET, dedup_key, storm_key};
+use async_nats::jetstream::{self, kv};
+use bw_common::names;
+use bw_common::proto::{BreakerState, ScopeSnapshot, Severity};
+use futures::{StreamExt, TryStreamExt};
+use prost::Message;
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// Conditions found by one pass over the streams: which rules were evaluated and which keys violate them.
+#[derive(Default)]
+struct Findings {
+    evaluated: HashSet<Rule>,
+    violating: HashSet<String>,
+}
+
+/// Periodic checker; keeps the quarantine samples between ticks.
+pub struct Poller {
+    engine: Engine,
+    js: jetstream::Context,
+    scopes: kv::Store,
+    rules: RulesConfig,
+    alerting: AlertingConfig,
+    /// (time, BW_QUARANTINE last sequence): the last sequence only grows, whatever operators delete.
+    quarantine_samples: VecDeque<(i64, u64)>,
+}
+
+fn age_s(now_ms: i64, then: time::OffsetDateTime) -> f64 {
+    let then_ms = (then.unix_timestamp_nanos() / 1_000_000) as i64;
+    ((now_ms - then_ms).max(0) as f64) / 1000.0
+}
+
+impl Poller {
+    pub fn new(
+        engine: Engine,
+        js: jetstream::Context,
+        scopes: kv::Store,
+        rules: RulesConfig,
+        alerting: AlertingConfig,
+    ) -> Poller {
+        Poller {
+            engine,
+            js,
+            scopes,
+            rules,
+            alerting,
+            quarantine_samples: VecDeque::new(),
+        }
+    }
+
+    /// One full pass. Errors are logged; a rule whose input could not be read resolves nothing this tick.
+    pub async fn tick(&mut self) {
+        let now = bw_common::time::now_ms();
+        let mut found = Findings::default();
+        let checks = [
+            self.check_dlq(now, &mut found).await,
+            self.check_limits(now, &mut found).await,
+            self.check_quarantine(now, &mut found).await,
+            self.check_unknown(now, &mut found).await,
+        ];
+        for e in checks.into_iter().filter_map(Result::err) {
+            tracing::warn!(error = format!("{e:#}"), "stream check failed");
+        }
+        match self.engine.store.all().await {
+            Ok(states) => self.review(now, states, &found).await,
+            Err(e) => tracing::warn!(error = %e, "cannot read alert states"),
+        }
+    }
+
+    async fn fire(&self, found: &mut Findings, f: Firing) {
+        found.violating.insert(dedup_key(f.rule, &f.target));
+        if let Err(e) = self.engine.fire(f).await {
+            tracing::warn!(error = %e, "cannot fire alert");
+        }
+    }
+
+    async fn check_dlq(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
+        let stream = self.js.get_stream(names::DLQ_STREAM).await?;
+        let mut subjects = stream.info_with_subjects("bw.dlq.v1.>").await?;
+        let first_seq = subjects.info.state.first_sequence;
+        let total = subjects.info.state.messages;
+        let mut per_subject = Vec::new();
+        while let Some((subject, count)) = subjects.try_next().await? {
+            per_subject.push((subject, count as u64));
+        }
+        // Oldest message per scope: one first-by-subject lookup each, a few at a time.
+        let stream_ref = &stream;
+        let ages: Vec<(String, u64, Option<f64>)> = futures::stream::iter(per_subject)
+            .map(|(subject, count)| async move {
+                let age = stream_ref
+                    .get_first_raw_message_by_subject(&subject, first_seq.max(1))
+                    .await
+                    .ok();
+                (subject, count, age.map(|m| age_s(now, m.time)))
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        let metrics = &self.engine.metrics;
+        metrics.dlq_depth.set(total as i64);
+        metrics.dlq_scopes.set(ages.len() as i64);
+        metrics
+            .dlq_oldest_age
+            .set(ages.iter().filter_map(|(_, _, a)| *a).fold(0.0, f64::max));
+        found.evaluated.extend([Rule::DlqDepth, Rule::DlqOldestAge]);
+        for (subject, depth, age) in ages {
+            let phone = subject.rsplit('.').next().unwrap_or_default().to_string();
+            let age = age.unwrap_or(0.0);
+            let labels = vec![
+                ("depth".to_string(), depth.to_string()),
+                ("oldest_age_s".to_string(), format!("{age:.0}")),
+            ];
+            if depth >= self.rules.dlq_depth_threshold {
+                let summary = format!(
+                    "DLQ holds {depth} messages for sender {phone} (oldest {:.0} min)",
+                    age / 60.0
+                );
+                let f = self.firing(
+                    Rule::DlqDepth,
+                    &phone,
+                    Severity::Warning,
+                    summary,
+                    now,
+                    labels.clone(),
+                );
+                self.fire(found, f).await;
+            }
+            if age >= self.rules.dlq_oldest_age_s as f64 {
+                let summary = format!(
+                    "oldest DLQ message of sender {phone} waits for {:.0} min ({depth} in DLQ)",
+                    age / 60.0
+                );
+                let f = self.firing(
+                    Rule::DlqOldestAge,
+                    &phone,
+                    Severity::Warning,
+                    summary,
+                    now,
+                    labels,
+                );
+                self.fire(found, f).await;
+            }
+        }
+        Ok(())
+    }
+
+    fn firing(
+        &self,
+        rule: Rule,
+        target: &str,
+        severity: Severity,
+        summary: String,
+        now: i64,
+        labels: Vec<(String, String)>,
+    ) -> Firing {
+        let scope = if target == FLEET {
+            String::new()
+        } else {
+            target.to_string()
+        };
+        Firing {
+            rule,
+            target: target.to_string(),
+            scope,
+            severity,
+            summary,
+            at_unix_ms: now,
+            labels,
+        }
+    }
+
+    async fn check_limits(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
+        for name in [
+            names::SEND_STREAM,
+            names::DLQ_STREAM,
+            names::UNKNOWN_STREAM,
+            names::QUARANTINE_STREAM,
+        ] {
+            let mut stream = self.js.get_stream(name).await?;
+            let info = stream.info().await?;
+            let (messages, max) = (info.state.messages, info.config.max_messages);
+            let stream_label = labels([("stream", name)]);
+            self.engine
+                .metrics
+                .stream_messages
+                .get_or_create(&stream_label)
+                .set(messages as i64);
+            self.engine
+                .metrics
+                .stream_max_messages
+                .get_or_create(&stream_label)
+                .set(max);
+            if max > 0 && messages as f64 >= self.rules.stream_near_limit_ratio * max as f64 {
+                let summary = format!(
+                    "{name} holds {messages} of at most {max} messages ({:.0}%); at the limit new messages are refused",
+                    100.0 * messages as f64 / max as f64
+                );
+                let labels = vec![
+                    ("messages".into(), messages.to_string()),
+                    ("max_messages".into(), max.to_string()),
+                ];
+                let f = self.firing(
+                    Rule::StreamNearLimit,
+                    name,
+                    Severity::Critical,
+                    summary,
+                    now,
+                    labels,
+                );
+                self.fire(found, f).await;
+            }
+        }
+        found.evaluated.insert(Rule::StreamNearLimit);
+        Ok(())
+    }
+
+    async fn check_quarantine(&mut self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
+        let mut stream = self.js.get_stream(names::QUARANTINE_STREAM).await?;
+        let last_seq = stream.info().await?.state.last_sequence;
+        let window = self.rules.quarantine_growth_window_ms as i64;
+        self.quarantine_samples.push_back((now, last_seq));
+        while self.quarantine_samples.len() > 2 && self.quarantine_samples[1].0 <= now - window {
+            self.quarantine_samples.pop_front();
+        }
+        let Some(&(oldest_at, oldest_seq)) = self.quarantine_samples.front() else {
+            return Ok(());
+        };
+        let growth = last_seq.saturating_sub(oldest_seq);
+        if growth >= self.rules.quarantine_growth_threshold && growth > 0 {
+            let summary = format!(
+                "{growth} messages quarantined in the last {:.0} min (permanent errors or poison messages)",
+                (now - oldest_at) as f64 / 60_000.0
+            );
+            let labels = vec![("growth".into(), growth.to_string())];
+            let f = self.firing(
+                Rule::QuarantineGrowth,
+                FLEET,
+                Severity::Warning,
+                summary,
+                now,
+                labels,
+            );
+            self.fire(found, f).await;
+        }
+        // Only a full window of history may say "no growth" (a freshly started instance has too little).
+        if now - oldest_at >= window
+            || found
+                .violating
+                .contains(&dedup_key(Rule::QuarantineGrowth, FLEET))
+        {
+            found.evaluated.insert(Rule::QuarantineGrowth);
+        }
+        Ok(())
+    }
+
+    async fn check_unknown(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
+        let mut stream = self.js.get_stream(names::UNKNOWN_STREAM).await?;
+        let state = stream.info().await?.state.clone();
+        let age = if state.messages > 0 {
+            age_s(now, state.first_timestamp)
+        } else {
+            0.0
+        };
+        self.engine.metrics.unknown_oldest_age.set(age);
+        if state.messages >= self.rules.unknown_backlog_threshold.max(1)
+            || (state.messages > 0 && age >= self.rules.unknown_oldest_age_s as f64)
+        {
+            let summary = format!(
+                "{} messages with an unknown outcome wait for reconciliation (oldest {:.0} min)",
+                state.messages,
+                age / 60.0
+            );
+            let labels = vec![
+                ("backlog".into(), state.messages.to_string()),
+                ("oldest_age_s".into(), format!("{age:.0}")),
+            ];
+            let f = self.firing(
+                Rule::UnknownBacklog,
+                FLEET,
+                Severity::Warning,
+                summary,
+                now,
+                labels,
+            );
+            self.fire(found, f).await;
+        }
+        found.evaluated.insert(Rule::UnknownBacklog);
+        Ok(())
+    }
+
+    async fn snapshot(&self, phone: &str) -> Option<ScopeSnapshot> {
+        let bytes = self.scopes.get(phone).await.ok()??;
+        ScopeSnapshot::decode(bytes).ok()
+    }
+
+    /// Escalates, resolves and counts the alert states.
+    async fn review(&self, now: i64, states: Vec<(String, AlertState)>, found: &Findings) {
+        let mut active: HashMap<Rule, i64> = Rule::ALL.iter().map(|r| (*r, 0)).collect();
+        let mut digested_firing: HashSet<Rule> = HashSet::new();
+        let mut storms = Vec::new();
+        for (key, state) in states {
+            let Some(alert) = state.alert.as_ref().filter(|_| state.is_firing()) else {
+                continue;
+            };
+            let Some(rule) = Rule::from_name(&alert.rule) else {
+                continue;
+            };
+            if key == storm_key(rule) {
+                storms.push((rule, key));
+                continue;
+            }
+            *active.entry(rule).or_default() += 1;
+            if !state.individual {
+                digested_firing.insert(rule);
+            }
+            let result = match rule {
+                Rule::BreakerOpen => self.review_breaker(now, &key, &state).await,
+                r if r.resolves_when_quiet()
+                    && now - state.last_seen_unix_ms
+                        >= self.alerting.signal_quiet_resolve_ms as i64 =>
+                {
+                    self.engine.resolve(rule, &key, now, false).await
+                }
+                r if found.evaluated.contains(&r) && !found.violating.contains(&key) => {
+                    self.engine.resolve(rule, &key, now, false).await
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = result {
+                tracing::warn!(dedup_key = %key, error = %e, "cannot update alert");
+            }
+        }
+        for (rule, key) in storms {
+            if !digested_firing.contains(&rule)
+                && let Err(e) = self.engine.resolve(rule, &key, now, false).await
+            {
+                tracing::warn!(dedup_key = %key, error = %e, "cannot resolve storm");
+            }
+        }
+        for (rule, n) in active {
+            self.engine
+                .metrics
+                .active
+                .get_or_create(&labels([("rule", rule.name())]))
+                .set(n);
+        }
+    }
+
+    async fn review_breaker(
+        &self,
+        now: i64,
+        key: &str,
+        state: &AlertState,
+    ) -> Result<(), crate::state::StateError> {
+        let Some(alert) = state.alert.as_ref() else {
+            return Ok(());
+        };
+        let phone = key.strip_prefix("breaker_open.").unwrap_or_default();
+        if phone == STORM_TARGET {
+            return Ok(());
+        }
+        // A CLOSED snapshot newer than the firing heals a missed CLOSED event.
+        if let Some(snap) = self.snapshot(phone).await {
+            let closed = matches!(
+                BreakerState::try_from(snap.state),
+                Ok(BreakerState::Closed) | Ok(BreakerState::ForcedClosed)
+            );
+            if closed && snap.since_unix_ms >= alert.started_at_unix_ms {
+                return self
+                    .engine
+                    .resolve(Rule::BreakerOpen, key, snap.since_unix_ms, true)
+                    .await;
+            }
+        }
+        let forced = alert.labels.get("forced").is_some_and(|v| v == "true");
+        let open_ms = now - alert.started_at_unix_ms;
+        if !forced
+            && state.severity() != Severity::Critical
+            && open_ms >= self.rules.breaker_escalate_after_ms
+        {
+            let summary = format!(
+                "{} — still OPEN after {} s: escalated",
+                alert.summary,
+                open_ms / 1000
+            );
+            return self
+                .engine
+                .escalate(Rule::BreakerOpen, key, Severity::Critical, &summary)
+                .await;
+        }
+        Ok(())
+    }
+}
