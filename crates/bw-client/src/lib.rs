@@ -1,0 +1,233 @@
+//! Breakwater producer client: builds `SendRequest`s and submits them to ingest over NATS request/reply.
+//!
+//! [`Client::send`] publishes the request on `bw.send.v1.<phone_number_id>` and waits for the `IntakeReply`.
+//! On a timeout or when no ingest instance is listening it retries with the same operation id, which is safe:
+//! ingest deduplicates by operation id, so a request is stored at most once however often it is sent. A
+//! rejected request is returned as a reply (`accepted == false`) without retrying, except
+//! `REJECT_REASON_UNAVAILABLE`, which is retried like a timeout.
+//!
+//! Must not: invent operation ids on retry, or log message bodies and recipients.
+//!
+//! Entry points: [`Client::new`], [`Client::send`], [`Request`] (builder).
+
+use bw_common::names;
+use bw_common::proto::{
+    Category, IntakeReply, RejectReason, SendRequest, TemplatePayload, TextPayload, send_request::Payload,
+};
+use prost::Message as _;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Why a send could not get an answer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No reply within the timeout on any try (ingest down, overloaded or unreachable).
+    #[error("no reply from ingest for operation `{operation_id}` after {tries} tries: {last}")]
+    NoReply { operation_id: String, tries: u32, last: String },
+    /// Ingest answered, but not with an `IntakeReply`.
+    #[error("reply for operation `{0}` is not an IntakeReply")]
+    BadReply(String),
+    /// The request could not be published (connection closed).
+    #[error("cannot publish operation `{operation_id}`: {detail}")]
+    Publish { operation_id: String, detail: String },
+}
+
+/// Retry and timeout settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How long to wait for one reply.
+    pub timeout: Duration,
+    /// Total tries (1 = no retry).
+    pub tries: u32,
+    /// Pause before the first retry; doubles after each retry.
+    pub backoff: Duration,
+    /// Longest pause between tries.
+    pub max_backoff: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            timeout: Duration::from_secs(5),
+            tries: 5,
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A producer client over an existing NATS connection. Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    nats: async_nats::Client,
+    options: Options,
+}
+
+impl Client {
+    /// A client with the default [`Options`].
+    pub fn new(nats: async_nats::Client) -> Client {
+        Client { nats, options: Options::default() }
+    }
+
+    /// A client with explicit options.
+    pub fn with_options(nats: async_nats::Client, options: Options) -> Client {
+        Client { nats, options }
+    }
+
+    /// Submits a request and returns ingest's answer (accepted, duplicate, or rejected with a reason).
+    ///
+    /// Retries timeouts, "no responders" and `REJECT_REASON_UNAVAILABLE` with the same operation id.
+    pub async fn send(&self, request: &SendRequest) -> Result<IntakeReply, Error> {
+        let subject = names::intake_subject(&request.phone_number_id);
+        let payload: bytes::Bytes = request.encode_to_vec().into();
+        let op = request.operation_id.clone();
+        let tries = self.options.tries.max(1);
+        let mut backoff = self.options.backoff;
+        let mut last = String::new();
+        for attempt in 1..=tries {
+            let mut headers = async_nats::HeaderMap::new();
+            bw_common::telemetry::inject(&tracing::Span::current(), &mut headers);
+            let req = async_nats::Request::new()
+                .payload(payload.clone())
+                .headers(headers)
+                .timeout(Some(self.options.timeout));
+            match self.nats.send_request(subject.clone(), req).await {
+                Ok(msg) => {
+                    let reply = IntakeReply::decode(msg.payload.as_ref()).map_err(|_| Error::BadReply(op.clone()))?;
+                    if reply.accepted || reply.reason() != RejectReason::Unavailable {
+                        return Ok(reply);
+                    }
+                    last = format!("ingest unavailable: {}", reply.error);
+                }
+                Err(e) => {
+                    use async_nats::RequestErrorKind::*;
+                    match e.kind() {
+                        TimedOut | NoResponders => last = e.to_string(),
+                        _ => return Err(Error::Publish { operation_id: op, detail: e.to_string() }),
+                    }
+                }
+            }
+            if attempt < tries {
+                tracing::debug!(operation_id = %op, attempt, reason = %last, "retrying send");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(self.options.max_backoff);
+            }
+        }
+        Err(Error::NoReply { operation_id: op, tries, last })
+    }
+}
+
+/// Builder of a [`SendRequest`].
+///
+/// ```text
+/// let request = Request::text("order-42-confirm", "1001", "2002", "+5491155551234", "Your order shipped")
+///     .category(Category::Transactional)
+///     .deadline_unix_ms(now + 60_000)
+///     .label("order", "42")
+///     .build();
+/// ```
+#[derive(Debug, Clone)]
+pub struct Request {
+    inner: SendRequest,
+}
+
+impl Request {
+    fn base(operation_id: &str, waba_id: &str, phone_number_id: &str, recipient: &str, payload: Payload) -> Request {
+        Request {
+            inner: SendRequest {
+                operation_id: operation_id.to_string(),
+                waba_id: waba_id.to_string(),
+                phone_number_id: phone_number_id.to_string(),
+                recipient: recipient.to_string(),
+                category: Category::Transactional as i32,
+                payload: Some(payload),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A free-form text message (category transactional unless changed).
+    pub fn text(operation_id: &str, waba_id: &str, phone_number_id: &str, recipient: &str, body: &str) -> Request {
+        let payload = Payload::Text(TextPayload { body: body.to_string(), preview_url: false });
+        Request::base(operation_id, waba_id, phone_number_id, recipient, payload)
+    }
+
+    /// A template message with positional body parameters (category transactional unless changed).
+    pub fn template(
+        operation_id: &str,
+        waba_id: &str,
+        phone_number_id: &str,
+        recipient: &str,
+        name: &str,
+        language: &str,
+    ) -> Request {
+        let payload = Payload::Template(TemplatePayload {
+            name: name.to_string(),
+            language: language.to_string(),
+            ..Default::default()
+        });
+        Request::base(operation_id, waba_id, phone_number_id, recipient, payload)
+    }
+
+    /// Sets the category (decides the priority lane).
+    pub fn category(mut self, category: Category) -> Request {
+        self.inner.category = category as i32;
+        self
+    }
+
+    /// Appends a template body parameter (ignored for text messages).
+    pub fn param(mut self, value: &str) -> Request {
+        if let Some(Payload::Template(t)) = &mut self.inner.payload {
+            t.body_parameters.push(value.to_string());
+        }
+        self
+    }
+
+    /// Sets raw template components (a JSON array), replacing the body parameters.
+    pub fn components_json(mut self, json: &str) -> Request {
+        if let Some(Payload::Template(t)) = &mut self.inner.payload {
+            t.components_json = json.to_string();
+        }
+        self
+    }
+
+    /// Enables the link preview of a text message.
+    pub fn preview_url(mut self, on: bool) -> Request {
+        if let Some(Payload::Text(t)) = &mut self.inner.payload {
+            t.preview_url = on;
+        }
+        self
+    }
+
+    /// Sets a deadline (Unix ms); past it the message is never sent.
+    pub fn deadline_unix_ms(mut self, deadline: i64) -> Request {
+        self.inner.deadline_unix_ms = deadline;
+        self
+    }
+
+    /// Tells when the recipient last wrote (Unix ms), for the 24 h window rule.
+    pub fn customer_last_inbound_unix_ms(mut self, at: i64) -> Request {
+        self.inner.customer_last_inbound_unix_ms = at;
+        self
+    }
+
+    /// Adds a label (no personal data).
+    pub fn label(mut self, key: &str, value: &str) -> Request {
+        self.inner.labels.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    /// Replaces all labels.
+    pub fn labels(mut self, labels: BTreeMap<String, String>) -> Request {
+        self.inner.labels = labels;
+        self
+    }
+
+    /// The finished request.
+    pub fn build(self) -> SendRequest {
+        self.inner
+    }
+}
+
+#[cfg(test)]
+mod tests;

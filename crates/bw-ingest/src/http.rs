@@ -1,0 +1,346 @@
+//! HTTP routes: producer intake (`POST /v1/messages`, protobuf or JSON) and the Meta webhook receiver
+//! (`GET` verification handshake and signed `POST` deliveries on the configured path).
+//!
+//! The webhook POST path does only three things before answering: read the body (size-limited), check the
+//! signature over the raw bytes, and store the body durably in BW_WEBHOOKS (awaiting the JetStream ack).
+//! Parsing happens later, in the processor.
+
+use crate::intake::{Intake, Source};
+use crate::metrics::Metrics;
+use crate::validate::Rejection;
+use crate::webhook;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bw_common::names;
+use bw_common::proto::{Category, IntakeReply, RejectReason, SendRequest, StoredWebhook, send_request::Payload};
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+/// Shared state of the HTTP routes.
+#[derive(Clone)]
+pub(crate) struct HttpState {
+    pub intake: Arc<Intake>,
+    pub js: async_nats::jetstream::Context,
+    pub metrics: Metrics,
+    pub verify_token: Arc<str>,
+    pub app_secret: Arc<[u8]>,
+    pub max_webhook_bytes: usize,
+    /// Largest HTTP intake body read before answering OVERSIZE (JSON is bigger than protobuf).
+    pub max_intake_body_bytes: usize,
+}
+
+/// Routes for producers.
+pub(crate) fn intake_routes(state: HttpState) -> Router {
+    Router::new().route("/v1/messages", post(post_message)).with_state(state)
+}
+
+/// Routes for Meta.
+pub(crate) fn webhook_routes(state: HttpState, path: &str) -> Router {
+    Router::new().route(path, get(verify).post(receive)).with_state(state)
+}
+
+// ---- Meta webhooks ----
+
+async fn verify(State(state): State<HttpState>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let mode = q.get("hub.mode").map(String::as_str);
+    let token = q.get("hub.verify_token").map(String::as_str).unwrap_or("");
+    let challenge = q.get("hub.challenge").cloned().unwrap_or_default();
+    let token_ok = !state.verify_token.is_empty()
+        && token.len() == state.verify_token.len()
+        && token.bytes().zip(state.verify_token.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+    if mode == Some("subscribe") && token_ok {
+        tracing::info!("webhook verification accepted");
+        (StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], challenge).into_response()
+    } else {
+        tracing::warn!("webhook verification refused");
+        (StatusCode::FORBIDDEN, "verification refused\n").into_response()
+    }
+}
+
+async fn receive(State(state): State<HttpState>, headers: HeaderMap, body: Body) -> Response {
+    let started = Instant::now();
+    let response = store_webhook(&state, &headers, body).await;
+    state.metrics.webhook_ack_seconds.observe(started.elapsed().as_secs_f64());
+    response
+}
+
+async fn store_webhook(state: &HttpState, headers: &HeaderMap, body: Body) -> Response {
+    let bytes = match axum::body::to_bytes(body, state.max_webhook_bytes).await {
+        Ok(b) => b,
+        Err(_) => {
+            state.metrics.received("too_large");
+            return (StatusCode::PAYLOAD_TOO_LARGE, "body over the size limit\n").into_response();
+        }
+    };
+    let signature = headers.get("x-hub-signature-256").and_then(|v| v.to_str().ok());
+    if !webhook::signature_valid(&state.app_secret, &bytes, signature) {
+        state.metrics.received("invalid_signature");
+        tracing::warn!(has_header = signature.is_some(), "webhook signature invalid");
+        return (StatusCode::UNAUTHORIZED, "invalid signature\n").into_response();
+    }
+    let sha = webhook::body_sha256(&bytes);
+    let stored =
+        StoredWebhook { body: bytes.to_vec(), received_at_unix_ms: bw_common::time::now_ms(), body_sha256: sha };
+    let mut nats_headers = async_nats::HeaderMap::new();
+    nats_headers.insert("Nats-Msg-Id", stored.body_sha256.as_str());
+    let span = tracing::info_span!("ingest.webhook", body_sha256 = %stored.body_sha256);
+    bw_common::telemetry::inject(&span, &mut nats_headers);
+    let result = bw_common::nats::publish_durable(
+        &state.js,
+        names::WEBHOOK_SUBJECT.to_string(),
+        nats_headers,
+        stored.encode_to_vec().into(),
+    )
+    .instrument(span)
+    .await;
+    match result {
+        Ok(duplicate) => {
+            state.metrics.received(if duplicate { "duplicate_body" } else { "stored" });
+            (StatusCode::OK, "ok\n").into_response()
+        }
+        Err(e) => {
+            // Meta retries non-200 answers for days: nothing is lost by refusing now.
+            state.metrics.received("store_failed");
+            tracing::warn!(error = %e, "webhook not stored; answering 503");
+            (StatusCode::SERVICE_UNAVAILABLE, "not stored; retry\n").into_response()
+        }
+    }
+}
+
+// ---- Producer intake ----
+
+/// The JSON form of a send request (same fields as the protobuf `SendRequest`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    operation_id: String,
+    #[serde(default)]
+    waba_id: String,
+    #[serde(default)]
+    phone_number_id: String,
+    #[serde(default)]
+    recipient: String,
+    #[serde(default)]
+    category: Option<serde_json::Value>,
+    #[serde(default)]
+    text: Option<JsonText>,
+    #[serde(default)]
+    template: Option<JsonTemplate>,
+    #[serde(default)]
+    deadline_unix_ms: i64,
+    #[serde(default)]
+    customer_last_inbound_unix_ms: i64,
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonText {
+    body: String,
+    #[serde(default)]
+    preview_url: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonTemplate {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    language: String,
+    #[serde(default)]
+    body_parameters: Vec<String>,
+    #[serde(default)]
+    components_json: String,
+}
+
+/// The JSON form of an `IntakeReply`.
+#[derive(Serialize)]
+struct JsonReply<'a> {
+    accepted: bool,
+    operation_id: &'a str,
+    duplicate: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    error: &'a str,
+}
+
+fn parse_category(v: &serde_json::Value) -> Result<i32, Rejection> {
+    let unknown =
+        |shown: String| Rejection::new(RejectReason::UnknownCategory, format!("category `{shown}` is unknown"));
+    match v {
+        serde_json::Value::Number(n) => {
+            n.as_i64().and_then(|n| i32::try_from(n).ok()).ok_or_else(|| unknown(n.to_string()))
+        }
+        serde_json::Value::String(s) => {
+            let upper = s.to_ascii_uppercase();
+            let name = if upper.starts_with("CATEGORY_") { upper } else { format!("CATEGORY_{upper}") };
+            match Category::from_str_name(&name) {
+                Some(c) => Ok(c as i32),
+                None => Err(unknown(s.chars().take(32).collect())),
+            }
+        }
+        other => Err(unknown(other.to_string().chars().take(32).collect())),
+    }
+}
+
+fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
+    let j: JsonRequest = serde_json::from_slice(raw).map_err(|e| {
+        (String::new(), Rejection::new(RejectReason::Undecodable, format!("body is not a JSON send request: {e}")))
+    })?;
+    let op = j.operation_id.clone();
+    let category = match &j.category {
+        Some(v) => parse_category(v).map_err(|r| (op.clone(), r))?,
+        None => 0,
+    };
+    let payload = match (j.text, j.template) {
+        (Some(_), Some(_)) => {
+            return Err((op, Rejection::new(RejectReason::BadPayload, "set either text or template, not both")));
+        }
+        (Some(t), None) => {
+            Some(Payload::Text(bw_common::proto::TextPayload { body: t.body, preview_url: t.preview_url }))
+        }
+        (None, Some(t)) => Some(Payload::Template(bw_common::proto::TemplatePayload {
+            name: t.name,
+            language: t.language,
+            body_parameters: t.body_parameters,
+            components_json: t.components_json,
+        })),
+        (None, None) => None,
+    };
+    Ok(SendRequest {
+        operation_id: j.operation_id,
+        waba_id: j.waba_id,
+        phone_number_id: j.phone_number_id,
+        recipient: j.recipient,
+        category,
+        payload,
+        deadline_unix_ms: j.deadline_unix_ms,
+        customer_last_inbound_unix_ms: j.customer_last_inbound_unix_ms,
+        labels: j.labels,
+        ..Default::default()
+    })
+}
+
+fn http_status(reply: &IntakeReply) -> StatusCode {
+    if reply.accepted {
+        return if reply.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
+    }
+    match reply.reason() {
+        RejectReason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        RejectReason::Oversize => StatusCode::PAYLOAD_TOO_LARGE,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn render(reply: &IntakeReply, protobuf: bool) -> Response {
+    let status = http_status(reply);
+    if protobuf {
+        return (status, [(header::CONTENT_TYPE, "application/x-protobuf")], reply.encode_to_vec()).into_response();
+    }
+    let json = JsonReply {
+        accepted: reply.accepted,
+        operation_id: &reply.operation_id,
+        duplicate: reply.duplicate,
+        reason: (!reply.accepted).then(|| reply.reason().as_str_name()),
+        error: &reply.error,
+    };
+    match serde_json::to_vec(&json) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+fn is_protobuf(headers: &HeaderMap, name: header::HeaderName) -> bool {
+    headers.get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("protobuf"))
+}
+
+async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: Body) -> Response {
+    let protobuf_in = is_protobuf(&headers, header::CONTENT_TYPE);
+    let protobuf_out = protobuf_in || is_protobuf(&headers, header::ACCEPT);
+    let span = tracing::info_span!("ingest.intake", source = "http", operation_id = tracing::field::Empty);
+    let mut trace_headers = async_nats::HeaderMap::new();
+    for name in ["traceparent", "tracestate"] {
+        if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+            trace_headers.insert(name, v);
+        }
+    }
+    bw_common::telemetry::set_parent_from(&span, Some(&trace_headers));
+    let intake = state.intake.clone();
+    let reply = async {
+        let raw = match axum::body::to_bytes(body, state.max_intake_body_bytes).await {
+            Ok(b) => b,
+            Err(_) => {
+                let r = Rejection::new(
+                    RejectReason::Oversize,
+                    format!("body is over {} bytes", state.max_intake_body_bytes),
+                );
+                return intake.reject(&[], Source::Http, "", r).await;
+            }
+        };
+        if protobuf_in {
+            return intake.handle_bytes(&raw, Source::Http, &span).await;
+        }
+        match from_json(&raw) {
+            Ok(request) => {
+                let len = request.encoded_len();
+                intake.handle(request, &raw, len, Source::Http, &span).await
+            }
+            Err((op, r)) => {
+                let op = if bw_common::ledger::valid_operation_id(&op) { op } else { String::new() };
+                intake.reject(&raw, Source::Http, &op, r).await
+            }
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    render(&reply, protobuf_out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_requests_map_to_protobuf() {
+        let raw = br#"{"operation_id":"op-1","waba_id":"1","phone_number_id":"2","recipient":"+5491155551234",
+            "category":"transactional","text":{"body":"hi"},"labels":{"order":"A1"}}"#;
+        let r = from_json(raw).expect("maps");
+        assert_eq!(r.category(), Category::Transactional);
+        assert!(matches!(r.payload, Some(Payload::Text(ref t)) if t.body == "hi"));
+        assert_eq!(r.labels.get("order").map(String::as_str), Some("A1"));
+        let check_cat = |v: serde_json::Value, expect: Option<Category>| {
+            assert_eq!(parse_category(&v).ok(), expect.map(|c| c as i32), "{v}");
+        };
+        check_cat(serde_json::json!("MARKETING"), Some(Category::Marketing));
+        check_cat(serde_json::json!("CATEGORY_SUPPORT"), Some(Category::Support));
+        check_cat(serde_json::json!(1), Some(Category::Authentication));
+        check_cat(serde_json::json!("promo"), None);
+        check_cat(serde_json::json!(true), None);
+    }
+
+    #[test]
+    fn json_errors_are_precise() {
+        let (_, r) = from_json(b"{").expect_err("bad json");
+        assert_eq!(r.reason, RejectReason::Undecodable);
+        let (_, r) = from_json(br#"{"operation_id":"a","recipent":"+1"}"#).expect_err("typo");
+        assert!(r.error.contains("recipent"), "{}", r.error);
+        let (op, r) = from_json(br#"{"operation_id":"a","text":{"body":"x"},"template":{"name":"t"}}"#)
+            .expect_err("both payloads");
+        assert_eq!((op.as_str(), r.reason), ("a", RejectReason::BadPayload));
+        let (_, r) = from_json(br#"{"operation_id":"a","category":"promo"}"#).expect_err("category");
+        assert_eq!(r.reason, RejectReason::UnknownCategory);
+        assert!(r.error.contains("`promo`"));
+    }
+}

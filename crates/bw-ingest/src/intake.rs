@@ -1,0 +1,252 @@
+//! Producer intake: validate a send request, store it durably in BW_SEND and create its ledger entry, or
+//! keep the rejected input in BW_REJECTED. Shared by the NATS request/reply listener and the HTTP route.
+//!
+//! Order on acceptance: ledger check (a retry after the dedup window) → publish to BW_SEND with
+//! `Nats-Msg-Id = operation id` (a retry inside the window is dropped by JetStream) → ledger create (QUEUED).
+//! A crash between the publish and the ledger create is healed by the producer's retry (duplicate publish,
+//! then the create) or by the dispatcher, which creates a missing entry.
+
+use crate::metrics::Metrics;
+use crate::validate::{self, Limits, Rejection};
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use bw_common::ledger::Ledger;
+use bw_common::names;
+use bw_common::proto::{IntakeReply, LedgerEntry, OperationState, RejectReason, RejectedRequest, SendRequest};
+use bw_common::time::now_ms;
+use futures::StreamExt;
+use prost::Message as _;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+/// Where a request came from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Source<'a> {
+    /// NATS: the subject it arrived on.
+    Nats {
+        subject: &'a str,
+    },
+    Http,
+}
+
+impl Source<'_> {
+    fn label(&self) -> &'static str {
+        match self {
+            Source::Nats { .. } => "nats",
+            Source::Http => "http",
+        }
+    }
+
+    /// The phone number id token of the subject (None for HTTP).
+    fn subject_phone(&self) -> Option<&str> {
+        match self {
+            Source::Nats { subject } => Some(subject.strip_prefix(INTAKE_PREFIX.as_str()).unwrap_or("")),
+            Source::Http => None,
+        }
+    }
+}
+
+static INTAKE_PREFIX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| names::intake_subject(""));
+
+/// The intake pipeline; cheap to share behind an `Arc`.
+pub(crate) struct Intake {
+    pub js: jetstream::Context,
+    pub ledger: Ledger,
+    pub limits: Limits,
+    pub metrics: Metrics,
+}
+
+fn reply_rejected(operation_id: &str, rejection: &Rejection) -> IntakeReply {
+    IntakeReply {
+        accepted: false,
+        operation_id: operation_id.to_string(),
+        duplicate: false,
+        reason: rejection.reason as i32,
+        error: rejection.error.clone(),
+    }
+}
+
+fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
+    IntakeReply { accepted: true, operation_id: operation_id.to_string(), duplicate, ..Default::default() }
+}
+
+impl Intake {
+    /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body).
+    pub(crate) async fn handle_bytes(&self, raw: &[u8], source: Source<'_>, span: &tracing::Span) -> IntakeReply {
+        match SendRequest::decode(raw) {
+            Ok(request) => self.handle(request, raw, raw.len(), source, span).await,
+            Err(e) => {
+                let r = Rejection::new(RejectReason::Undecodable, format!("body is not a protobuf SendRequest: {e}"));
+                self.reject(raw, source, "", r).await
+            }
+        }
+    }
+
+    /// Handles a decoded request. `raw` is kept for BW_REJECTED; `encoded_len` is checked against the limit.
+    pub(crate) async fn handle(
+        &self,
+        request: SendRequest,
+        raw: &[u8],
+        encoded_len: usize,
+        source: Source<'_>,
+        span: &tracing::Span,
+    ) -> IntakeReply {
+        span.record("operation_id", request.operation_id.as_str());
+        match validate::validate(&request, source.subject_phone(), encoded_len, &self.limits, now_ms()) {
+            Ok(category) => self.accept(request, category, source, span).await,
+            Err(r) => {
+                let op = if bw_common::ledger::valid_operation_id(&request.operation_id) {
+                    request.operation_id.clone()
+                } else {
+                    String::new()
+                };
+                self.reject(raw, source, &op, r).await
+            }
+        }
+    }
+
+    /// Keeps the input in BW_REJECTED and answers the rejection.
+    pub(crate) async fn reject(&self, raw: &[u8], source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
+        let reason = r.reason.as_str_name();
+        self.metrics.intake(source.label(), "rejected", reason);
+        tracing::info!(reason, error = %r.error, source = source.label(), "request rejected");
+        let (stream_source, origin) = match source {
+            Source::Nats { subject } => {
+                let phone = source.subject_phone().filter(|p| validate::is_digits(p)).unwrap_or("unknown");
+                (phone.to_string(), subject.to_string())
+            }
+            Source::Http => ("http".to_string(), "http".to_string()),
+        };
+        let record = RejectedRequest {
+            raw: raw.to_vec(),
+            source: origin,
+            reason: r.reason as i32,
+            error: r.error.clone(),
+            at_unix_ms: now_ms(),
+        };
+        let stored = bw_common::nats::publish_durable(
+            &self.js,
+            names::rejected_subject(&stream_source),
+            HeaderMap::new(),
+            record.encode_to_vec().into(),
+        )
+        .await;
+        if let Err(e) = stored {
+            // The producer still gets the precise rejection; only the inspection copy is missing.
+            tracing::warn!(error = %e, "rejected request not kept in BW_REJECTED");
+        }
+        reply_rejected(op, &r)
+    }
+
+    fn unavailable(&self, source: Source<'_>, op: &str, what: &str) -> IntakeReply {
+        self.metrics.intake(source.label(), "rejected", RejectReason::Unavailable.as_str_name());
+        let r = Rejection::new(RejectReason::Unavailable, format!("{what}; retry with the same operation_id"));
+        reply_rejected(op, &r)
+    }
+
+    async fn accept(
+        &self,
+        mut request: SendRequest,
+        category: bw_common::proto::Category,
+        source: Source<'_>,
+        span: &tracing::Span,
+    ) -> IntakeReply {
+        let op = request.operation_id.clone();
+        match self.ledger.get(&op).await {
+            Ok(Some(_)) => {
+                self.metrics.intake(source.label(), "duplicate", "");
+                return reply_accepted(&op, true);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "ledger unavailable at intake");
+                return self.unavailable(source, &op, "ledger unavailable");
+            }
+        }
+        let accepted_at = now_ms();
+        request.accepted_at_unix_ms = accepted_at;
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", op.as_str());
+        bw_common::telemetry::inject(span, &mut headers);
+        let subject = names::outbox_subject(names::Lane::for_category(category), &request.phone_number_id);
+        let duplicate =
+            match bw_common::nats::publish_durable(&self.js, subject, headers, request.encode_to_vec().into()).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "send request not stored");
+                    return self.unavailable(source, &op, "request could not be stored");
+                }
+            };
+        let entry = LedgerEntry {
+            operation_id: op.clone(),
+            state: OperationState::Queued as i32,
+            waba_id: request.waba_id.clone(),
+            phone_number_id: request.phone_number_id.clone(),
+            category: category as i32,
+            accepted_at_unix_ms: accepted_at,
+            updated_at_unix_ms: accepted_at,
+            deadline_unix_ms: request.deadline_unix_ms,
+            ..Default::default()
+        };
+        // On a JetStream duplicate the first try may have died before this create: do it anyway (idempotent).
+        if let Err(e) = self.ledger.create(&entry).await {
+            tracing::warn!(error = %e, "ledger entry not created");
+            return self.unavailable(source, &op, "ledger unavailable");
+        }
+        self.metrics.intake(source.label(), if duplicate { "duplicate" } else { "accepted" }, "");
+        tracing::debug!(
+            phone_number_id = %request.phone_number_id,
+            recipient = %bw_common::mask::phone(&request.recipient),
+            category = category.label(),
+            duplicate,
+            "request accepted"
+        );
+        reply_accepted(&op, duplicate)
+    }
+}
+
+/// Serves `bw.send.v1.*` in the ingest queue group until `shutdown`, with at most `max_in_flight` requests
+/// handled at once.
+pub(crate) async fn serve_nats(
+    intake: Arc<Intake>,
+    nats: async_nats::Client,
+    max_in_flight: usize,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut sub = nats
+        .queue_subscribe(names::INTAKE_WILDCARD, names::INTAKE_QUEUE_GROUP.to_string())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot subscribe to {}: {e}", names::INTAKE_WILDCARD))?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1)));
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            next = sub.next() => match next {
+                Some(m) => m,
+                None => break,
+            },
+        };
+        let Ok(permit) = slots.clone().acquire_owned().await else { break };
+        let intake = intake.clone();
+        let nats = nats.clone();
+        tracker.spawn(async move {
+            let _permit = permit;
+            let span = tracing::info_span!("ingest.intake", source = "nats", operation_id = tracing::field::Empty);
+            bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
+            let reply = intake
+                .handle_bytes(&msg.payload, Source::Nats { subject: msg.subject.as_str() }, &span)
+                .instrument(span.clone())
+                .await;
+            if let Some(to) = msg.reply
+                && let Err(e) = nats.publish(to, reply.encode_to_vec().into()).await
+            {
+                tracing::debug!(parent: &span, error = %e, "intake reply not sent; the producer will retry");
+            }
+        });
+    }
+    let _ = sub.unsubscribe().await;
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! Ingest: the front door of Breakwater.
+//!
+//! It accepts producer send requests over NATS request/reply (`bw.send.v1.<phone_number_id>`, queue group
+//! `bw-ingest`) and HTTP (`POST /v1/messages`), validates them, stores them durably in BW_SEND (message id =
+//! operation id) and creates their ledger entry, answering each with an `IntakeReply`. It receives Meta
+//! webhooks (verification handshake, HMAC-checked deliveries stored raw in BW_WEBHOOKS before answering 200),
+//! processes the stored deliveries asynchronously (statuses → ledger, inbound messages → BW_INBOUND, error
+//! codes → signals), and reconciles unknown send outcomes from BW_UNKNOWN by the per-category policy.
+//!
+//! Must not: call Meta, lose or silently drop valid input, answer a webhook 200 before it is stored, log
+//! message bodies, secrets or full phone numbers. Any number of instances share every consumer.
+//!
+//! Entry point: [`run`] (or [`run_on`] with listeners bound by the caller).
+
+mod http;
+mod intake;
+mod metrics;
+mod processor;
+mod reconciler;
+pub mod validate;
+pub mod webhook;
+
+pub use reconciler::{Policies, Policy};
+
+use async_nats::jetstream::consumer::{self, pull};
+use bw_common::config::{AdminConfig, ConfigError, NatsConfig, TelemetryConfig};
+use bw_common::names;
+use bw_common::service::{Deps, ServiceConfig};
+use futures::StreamExt;
+use serde::Deserialize;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument;
+
+/// Compiled defaults, every key commented.
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
+/// Ingest configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub nats: NatsConfig,
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    pub http: HttpConfig,
+    pub intake: IntakeConfig,
+    pub webhook: WebhookConfig,
+    pub reconciler: ReconcilerConfig,
+    pub shutdown: ShutdownConfig,
+}
+
+/// HTTP listeners.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Producer intake, and the webhook routes unless `webhook_listen` is set.
+    pub listen: String,
+    /// Separate address for the webhook routes; empty serves them on `listen`.
+    pub webhook_listen: String,
+}
+
+/// Producer intake.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntakeConfig {
+    pub nats_enabled: bool,
+    pub max_in_flight: usize,
+    pub max_request_bytes: usize,
+    pub max_text_chars: usize,
+    pub max_template_params: usize,
+    pub max_param_chars: usize,
+    pub max_components_bytes: usize,
+    pub max_labels: usize,
+}
+
+impl IntakeConfig {
+    /// The validation limits.
+    pub fn limits(&self) -> validate::Limits {
+        validate::Limits {
+            max_request_bytes: self.max_request_bytes,
+            max_text_chars: self.max_text_chars,
+            max_template_params: self.max_template_params,
+            max_param_chars: self.max_param_chars,
+            max_components_bytes: self.max_components_bytes,
+            max_labels: self.max_labels,
+        }
+    }
+}
+
+/// Meta webhooks.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    pub path: String,
+    pub verify_token: String,
+    pub app_secret: String,
+    pub max_body_bytes: usize,
+    pub process: bool,
+    pub max_in_flight: usize,
+    pub ack_wait_ms: u64,
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    // Secrets never appear in logs, even through a debug print of the config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("path", &self.path)
+            .field("verify_token", &"<redacted>")
+            .field("app_secret", &"<redacted>")
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("process", &self.process)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Unknown-outcome reconciler.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcilerConfig {
+    pub enabled: bool,
+    pub review_delay_ms: u64,
+    pub max_in_flight: usize,
+    pub policy: Policies,
+}
+
+/// Shutdown behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownConfig {
+    pub grace_ms: u64,
+}
+
+impl ServiceConfig for Config {
+    fn nats(&self) -> &NatsConfig {
+        &self.nats
+    }
+    fn redis(&self) -> Option<&bw_common::config::RedisConfig> {
+        None
+    }
+    fn admin(&self) -> &AdminConfig {
+        &self.admin
+    }
+    fn telemetry(&self) -> &TelemetryConfig {
+        &self.telemetry
+    }
+}
+
+impl Config {
+    /// Loads the config from the compiled defaults, an optional file and an env map, and validates it.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: &std::collections::HashMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let cfg: Config = bw_common::config::load("ingest", DEFAULT_CONFIG, file, env)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks values serde cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+        if !self.webhook.path.starts_with('/') || self.webhook.path == "/v1/messages" {
+            return invalid("webhook.path must start with '/' and differ from /v1/messages");
+        }
+        if self.webhook.max_body_bytes == 0 || self.intake.max_request_bytes == 0 {
+            return invalid("webhook.max_body_bytes and intake.max_request_bytes must be > 0");
+        }
+        if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
+            return invalid("max_in_flight values must be > 0");
+        }
+        Ok(())
+    }
+}
+
+/// Listeners bound by the caller (tests bind port 0 and read the addresses first).
+pub struct Listeners {
+    /// Producer intake, and the webhook routes when `webhook` is None.
+    pub http: TcpListener,
+    /// Separate listener for the webhook routes.
+    pub webhook: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the addresses of `cfg.http`.
+    pub async fn bind(cfg: &HttpConfig) -> anyhow::Result<Listeners> {
+        let http = TcpListener::bind(&cfg.listen)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot bind http listener on {}: {e}", cfg.listen))?;
+        let webhook = if cfg.webhook_listen.is_empty() {
+            None
+        } else {
+            Some(
+                TcpListener::bind(&cfg.webhook_listen)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("cannot bind webhook listener on {}: {e}", cfg.webhook_listen))?,
+            )
+        };
+        Ok(Listeners { http, webhook })
+    }
+}
+
+/// Runs ingest until `shutdown`, binding the listeners from `cfg.http`.
+pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let listeners = Listeners::bind(&cfg.http).await?;
+    run_on(cfg, deps, listeners, shutdown).await
+}
+
+/// Creates (or binds to) the durable pull consumer of the webhook processor.
+async fn webhook_consumer(js: &async_nats::jetstream::Context, cfg: &WebhookConfig) -> anyhow::Result<pull::Stream> {
+    let stream = js.get_stream(names::WEBHOOK_STREAM).await?;
+    let config = pull::Config {
+        durable_name: Some(names::WEBHOOK_CONSUMER.to_string()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_millis(cfg.ack_wait_ms),
+        max_deliver: -1,
+        max_ack_pending: (cfg.max_in_flight * 64).max(1024) as i64,
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(names::WEBHOOK_CONSUMER, config).await?;
+    Ok(consumer.stream().max_messages_per_batch(cfg.max_in_flight.max(1)).messages().await?)
+}
+
+/// Creates (or binds to) the durable pull consumer of the reconciler.
+async fn reconciler_consumer(
+    js: &async_nats::jetstream::Context,
+    cfg: &ReconcilerConfig,
+) -> anyhow::Result<pull::Stream> {
+    let stream = js.get_stream(names::UNKNOWN_STREAM).await?;
+    let config = pull::Config {
+        durable_name: Some(names::RECONCILER_CONSUMER.to_string()),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        max_deliver: -1,
+        // Entries waiting for their review time sit in delayed redelivery; keep room for many.
+        max_ack_pending: 100_000,
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(names::RECONCILER_CONSUMER, config).await?;
+    Ok(consumer.stream().max_messages_per_batch(cfg.max_in_flight.max(1)).messages().await?)
+}
+
+/// Pulls from `messages` and runs `handle` on each, at most `max_in_flight` at once, until `shutdown`.
+async fn consume<F, Fut>(
+    mut messages: pull::Stream,
+    max_in_flight: usize,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    handle: F,
+) where
+    F: Fn(async_nats::jetstream::Message) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1)));
+    loop {
+        let permit = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+        };
+        let next = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            n = messages.next() => n,
+        };
+        match next {
+            Some(Ok(msg)) => {
+                let fut = handle(msg);
+                tracker.spawn(async move {
+                    let _permit = permit;
+                    fut.await;
+                });
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "pull consumer error; continuing");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            None => break,
+        }
+    }
+}
+
+/// Runs ingest on listeners bound by the caller until `shutdown`, then drains in-flight work.
+pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: CancellationToken) -> anyhow::Result<()> {
+    cfg.validate()?;
+    let metrics = metrics::Metrics::register(&deps.metrics);
+    let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    let intake = Arc::new(intake::Intake {
+        js: deps.js.clone(),
+        ledger: ledger.clone(),
+        limits: cfg.intake.limits(),
+        metrics: metrics.clone(),
+    });
+    if cfg.webhook.app_secret.is_empty() {
+        tracing::warn!("webhook.app_secret is empty: every webhook delivery will be refused with 401");
+    }
+    let state = http::HttpState {
+        intake: intake.clone(),
+        js: deps.js.clone(),
+        metrics: metrics.clone(),
+        verify_token: Arc::from(cfg.webhook.verify_token.as_str()),
+        app_secret: Arc::from(cfg.webhook.app_secret.as_bytes()),
+        max_webhook_bytes: cfg.webhook.max_body_bytes,
+        max_intake_body_bytes: cfg.intake.max_request_bytes.saturating_mul(4),
+    };
+    let tracker = TaskTracker::new();
+
+    // Consumers are created before readiness so a failure to bind them fails start-up.
+    let webhook_messages =
+        if cfg.webhook.process { Some(webhook_consumer(&deps.js, &cfg.webhook).await?) } else { None };
+    let unknown_messages =
+        if cfg.reconciler.enabled { Some(reconciler_consumer(&deps.js, &cfg.reconciler).await?) } else { None };
+
+    let intake_router = http::intake_routes(state.clone());
+    let webhook_router = http::webhook_routes(state, &cfg.webhook.path);
+    let (main_router, separate) = match listeners.webhook {
+        Some(l) => (intake_router, Some((l, webhook_router))),
+        None => (intake_router.merge(webhook_router), None),
+    };
+    let http_addr = listeners.http.local_addr()?;
+    tracker.spawn(serve_http(listeners.http, main_router, shutdown.clone()));
+    if let Some((listener, router)) = separate {
+        tracing::info!(webhook = %listener.local_addr()?, "webhook listener bound");
+        tracker.spawn(serve_http(listener, router, shutdown.clone()));
+    }
+    if cfg.intake.nats_enabled {
+        let (nats, tracker2, token) = (deps.nats.clone(), tracker.clone(), shutdown.clone());
+        let max = cfg.intake.max_in_flight;
+        let intake = intake.clone();
+        tracker.spawn(
+            async move {
+                if let Err(e) = intake::serve_nats(intake, nats, max, tracker2, token).await {
+                    tracing::error!(error = %e, "nats intake stopped");
+                }
+            }
+            .instrument(tracing::info_span!("ingest.nats_intake")),
+        );
+    }
+    if let Some(messages) = webhook_messages {
+        let processor = Arc::new(processor::Processor {
+            js: deps.js.clone(),
+            ledger: ledger.clone(),
+            dedup: deps.buckets.webhook_dedup.clone(),
+            metrics: metrics.clone(),
+        });
+        let max = cfg.webhook.max_in_flight;
+        tracker.spawn(
+            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
+                let p = processor.clone();
+                async move { p.handle(msg).await }
+            })
+            .instrument(tracing::info_span!("ingest.consume", stream = names::WEBHOOK_STREAM)),
+        );
+    }
+    if let Some(messages) = unknown_messages {
+        let reconciler = Arc::new(reconciler::Reconciler {
+            js: deps.js.clone(),
+            ledger: ledger.clone(),
+            policies: cfg.reconciler.policy.clone(),
+            review_delay_ms: cfg.reconciler.review_delay_ms as i64,
+            metrics: metrics.clone(),
+        });
+        let max = cfg.reconciler.max_in_flight;
+        tracker.spawn(
+            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
+                let r = reconciler.clone();
+                async move { r.handle(msg).await }
+            })
+            .instrument(tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM)),
+        );
+    }
+    deps.health.set_started();
+    tracing::info!(http = %http_addr, nats_intake = cfg.intake.nats_enabled, "ingest ready");
+
+    shutdown.cancelled().await;
+    deps.health.set_shutting_down();
+    tracker.close();
+    let grace = Duration::from_millis(cfg.shutdown.grace_ms);
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!(grace_ms = cfg.shutdown.grace_ms, "in-flight work did not finish within the grace period");
+    }
+    if let Err(e) = deps.nats.flush().await {
+        tracing::debug!(error = %e, "final flush failed");
+    }
+    Ok(())
+}
+
+async fn serve_http(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
+    if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+        tracing::error!(error = %e, "http server stopped");
+    }
+}

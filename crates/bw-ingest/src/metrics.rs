@@ -1,0 +1,89 @@
+//! Ingest metrics, registered into the service's shared registry.
+
+use bw_common::admin::MetricsRegistry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Counters and histograms of ingest.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    /// Producer requests by source (nats, http), outcome (accepted, duplicate, rejected) and reject reason.
+    pub intake: Family<Labels, Counter>,
+    /// Time from receiving a webhook POST to answering it (signature check + durable store).
+    pub webhook_ack_seconds: Histogram,
+    /// Webhook POSTs by result: stored, duplicate_body, invalid_signature, too_large, store_failed.
+    pub webhooks_received: Family<Labels, Counter>,
+    /// Stored webhooks processed, by result: ok, retry, bad_json, undecodable.
+    pub webhooks_processed: Family<Labels, Counter>,
+    /// Statuses applied to the ledger by status word; `stale` counts out-of-order statuses kept out.
+    pub statuses: Family<Labels, Counter>,
+    /// Duplicate deliveries dropped, by kind (status, inbound).
+    pub duplicates_dropped: Family<Labels, Counter>,
+    /// Inbound customer messages forwarded to BW_INBOUND.
+    pub inbound_forwarded: Counter,
+    /// Reconciler decisions: resolved, waiting, resend, quarantine, expire, undecodable.
+    pub reconciler: Family<Labels, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &MetricsRegistry) -> Metrics {
+        let m = Metrics {
+            intake: Family::default(),
+            webhook_ack_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            webhooks_received: Family::default(),
+            webhooks_processed: Family::default(),
+            statuses: Family::default(),
+            duplicates_dropped: Family::default(),
+            inbound_forwarded: Counter::default(),
+            reconciler: Family::default(),
+        };
+        if let Ok(mut r) = registry.lock() {
+            r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
+            r.register(
+                "bw_webhook_ack_seconds",
+                "Time to acknowledge a Meta webhook POST (verify and store durably)",
+                m.webhook_ack_seconds.clone(),
+            );
+            r.register("bw_webhooks_received", "Webhook POSTs by result", m.webhooks_received.clone());
+            r.register("bw_webhooks_processed", "Stored webhooks processed by result", m.webhooks_processed.clone());
+            r.register("bw_statuses_applied", "Status updates applied to the ledger by status", m.statuses.clone());
+            r.register("bw_duplicates_dropped", "Duplicate deliveries dropped by kind", m.duplicates_dropped.clone());
+            r.register("bw_inbound_forwarded", "Inbound customer messages forwarded", m.inbound_forwarded.clone());
+            r.register("bw_reconciler_decisions", "Unknown-outcome reconciler decisions", m.reconciler.clone());
+        }
+        m
+    }
+
+    pub(crate) fn intake(&self, source: &str, outcome: &str, reason: &str) {
+        self.intake
+            .get_or_create(&vec![
+                ("source", source.to_string()),
+                ("outcome", outcome.to_string()),
+                ("reason", reason.to_string()),
+            ])
+            .inc();
+    }
+
+    pub(crate) fn received(&self, result: &str) {
+        self.webhooks_received.get_or_create(&vec![("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn processed(&self, result: &str) {
+        self.webhooks_processed.get_or_create(&vec![("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn status(&self, status: &str) {
+        self.statuses.get_or_create(&vec![("status", status.to_string())]).inc();
+    }
+
+    pub(crate) fn duplicate(&self, kind: &str) {
+        self.duplicates_dropped.get_or_create(&vec![("kind", kind.to_string())]).inc();
+    }
+
+    pub(crate) fn reconciled(&self, action: &str) {
+        self.reconciler.get_or_create(&vec![("action", action.to_string())]).inc();
+    }
+}

@@ -1,0 +1,244 @@
+//! Reconciler of unknown outcomes (durable consumer `reconciler` on BW_UNKNOWN).
+//!
+//! An entry waits until its review time. If a status webhook moved the ledger out of UNKNOWN meanwhile, the
+//! entry is simply acked (the message was sent; it is never resent). Otherwise the category policy applies:
+//! `resend` → BW_DLQ (reason UNKNOWN_NO_STATUS, ledger DLQ, still flagged unknown), `quarantine` →
+//! BW_QUARANTINE (UNKNOWN_REVIEW, a human decides), `expire` → ledger EXPIRED (stale OTPs are worse than none).
+//! Moves follow the house order: publish to the destination with a message id, update the ledger, ack.
+
+use crate::metrics::Metrics;
+use async_nats::jetstream::{self, AckKind};
+use bw_common::ledger::Ledger;
+use bw_common::names;
+use bw_common::proto::{
+    Category, DlqEnvelope, DlqReason, OperationState, QuarantineEntry, QuarantineReason, RejectReason, RejectedRequest,
+    UnknownOutcome,
+};
+use bw_common::time::now_ms;
+use prost::Message as _;
+use serde::Deserialize;
+use std::time::Duration;
+
+const RETRY_LATER: Duration = Duration::from_secs(1);
+
+/// What to do with an unknown outcome that got no status before its review time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// Dead-letter it for replay (a duplicate at Meta is possible; the ledger keeps it flagged).
+    Resend,
+    /// Keep it for a human.
+    Quarantine,
+    /// Drop it as stale (ledger EXPIRED).
+    Expire,
+}
+
+impl Policy {
+    fn label(self) -> &'static str {
+        match self {
+            Policy::Resend => "resend",
+            Policy::Quarantine => "quarantine",
+            Policy::Expire => "expire",
+        }
+    }
+}
+
+/// Policy per category.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policies {
+    pub authentication: Policy,
+    pub transactional: Policy,
+    pub support: Policy,
+    pub marketing: Policy,
+}
+
+impl Policies {
+    /// The policy of a category (unspecified categories go to a human).
+    pub fn for_category(&self, category: Category) -> Policy {
+        match category {
+            Category::Authentication => self.authentication,
+            Category::Transactional => self.transactional,
+            Category::Support => self.support,
+            Category::Marketing => self.marketing,
+            Category::Unspecified => Policy::Quarantine,
+        }
+    }
+}
+
+/// Handles BW_UNKNOWN entries.
+pub(crate) struct Reconciler {
+    pub js: jetstream::Context,
+    pub ledger: Ledger,
+    pub policies: Policies,
+    /// Used when an entry carries no review time: `sent_at + review_delay`.
+    pub review_delay_ms: i64,
+    pub metrics: Metrics,
+}
+
+fn headers(msg_id: &str) -> async_nats::HeaderMap {
+    let mut h = async_nats::HeaderMap::new();
+    h.insert("Nats-Msg-Id", msg_id);
+    h
+}
+
+impl Reconciler {
+    /// Handles one BW_UNKNOWN entry and acks or naks it.
+    pub(crate) async fn handle(&self, msg: jetstream::Message) {
+        let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        let entry = match UnknownOutcome::decode(msg.payload.as_ref()) {
+            Ok(e) if e.request.is_some() => e,
+            _ => {
+                self.keep_undecodable(&msg).await;
+                return;
+            }
+        };
+        let request = entry.request.clone().unwrap_or_default();
+        let op = request.operation_id.clone();
+        let current = match self.ledger.get(&op).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(operation_id = %op, error = %e, "ledger unavailable; retrying");
+                let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+                return;
+            }
+        };
+        if current.as_ref().is_some_and(|c| c.entry.state() != OperationState::Unknown) {
+            self.metrics.reconciled("resolved");
+            tracing::info!(operation_id = %op, "unknown outcome already resolved");
+            let _ = msg.ack().await;
+            return;
+        }
+        let review_at = if entry.review_at_unix_ms > 0 {
+            entry.review_at_unix_ms
+        } else {
+            entry.sent_at_unix_ms + self.review_delay_ms
+        };
+        let now = now_ms();
+        if now < review_at {
+            self.metrics.reconciled("waiting");
+            let wait = Duration::from_millis((review_at - now) as u64);
+            let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
+            return;
+        }
+        let policy = self.policies.for_category(request.category());
+        let moved = match policy {
+            Policy::Resend => self.resend(&entry, seq).await,
+            Policy::Quarantine => self.quarantine(&entry, seq).await,
+            Policy::Expire => true,
+        };
+        if !moved {
+            let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            return;
+        }
+        let (state, reason) = match policy {
+            Policy::Resend => (OperationState::Dlq, "dlq: unknown outcome, no status"),
+            Policy::Quarantine => (OperationState::Quarantined, "quarantined: unknown outcome, no status"),
+            Policy::Expire => (OperationState::Expired, "expired: unknown outcome, no status; not resent"),
+        };
+        let updated = self
+            .ledger
+            .update(&op, |cur| {
+                // A status may have arrived since the read above: then it wins and nothing changes.
+                let mut next = match cur {
+                    Some(c) if c.state() != OperationState::Unknown => return None,
+                    Some(c) => c.clone(),
+                    None => bw_common::proto::LedgerEntry {
+                        waba_id: request.waba_id.clone(),
+                        phone_number_id: request.phone_number_id.clone(),
+                        category: request.category,
+                        accepted_at_unix_ms: request.accepted_at_unix_ms,
+                        deadline_unix_ms: request.deadline_unix_ms,
+                        ..Default::default()
+                    },
+                };
+                next.set_state(state);
+                next.flagged_unknown = true;
+                next.reason = reason.to_string();
+                Some(next)
+            })
+            .await;
+        match updated {
+            Ok(_) => {
+                self.metrics.reconciled(policy.label());
+                tracing::info!(operation_id = %op, policy = policy.label(), "unknown outcome reviewed");
+                let _ = msg.ack().await;
+            }
+            Err(e) => {
+                tracing::warn!(operation_id = %op, error = %e, "ledger update failed; retrying");
+                let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            }
+        }
+    }
+
+    async fn resend(&self, entry: &UnknownOutcome, seq: u64) -> bool {
+        let request = entry.request.clone().unwrap_or_default();
+        let replays = match self.ledger.get(&request.operation_id).await {
+            Ok(Some(v)) => v.entry.replays,
+            _ => 0,
+        };
+        let envelope = DlqEnvelope {
+            reason: DlqReason::UnknownNoStatus as i32,
+            first_error: entry.error.clone(),
+            last_error: entry.error.clone(),
+            dead_lettered_at_unix_ms: now_ms(),
+            replay_attempts: replays,
+            request: Some(request.clone()),
+            ..Default::default()
+        };
+        let id = format!("{}.unknown-dlq.{seq}", request.operation_id);
+        let subject = names::dlq_subject(&request.phone_number_id);
+        match bw_common::nats::publish_durable(&self.js, subject, headers(&id), envelope.encode_to_vec().into()).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(operation_id = %request.operation_id, error = %e, "dlq publish failed; retrying");
+                false
+            }
+        }
+    }
+
+    async fn quarantine(&self, entry: &UnknownOutcome, seq: u64) -> bool {
+        let request = entry.request.clone().unwrap_or_default();
+        let q = QuarantineEntry {
+            reason: QuarantineReason::UnknownReview as i32,
+            error: entry.error.clone(),
+            detail: "outcome unknown and no status webhook arrived before the review time".into(),
+            quarantined_at_unix_ms: now_ms(),
+            request: Some(request.clone()),
+            ..Default::default()
+        };
+        let id = format!("{}.unknown-quarantine.{seq}", request.operation_id);
+        let subject = names::quarantine_subject(&request.phone_number_id);
+        match bw_common::nats::publish_durable(&self.js, subject, headers(&id), q.encode_to_vec().into()).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(operation_id = %request.operation_id, error = %e, "quarantine publish failed; retrying");
+                false
+            }
+        }
+    }
+
+    async fn keep_undecodable(&self, msg: &jetstream::Message) {
+        let record = RejectedRequest {
+            raw: msg.payload.to_vec(),
+            source: msg.subject.to_string(),
+            reason: RejectReason::Undecodable as i32,
+            error: "BW_UNKNOWN entry is not an UnknownOutcome with a request".into(),
+            at_unix_ms: now_ms(),
+        };
+        let kept = bw_common::nats::publish_durable(
+            &self.js,
+            names::rejected_subject("unknown"),
+            async_nats::HeaderMap::new(),
+            record.encode_to_vec().into(),
+        )
+        .await;
+        if kept.is_ok() {
+            self.metrics.reconciled("undecodable");
+            tracing::warn!("undecodable BW_UNKNOWN entry moved to BW_REJECTED");
+            let _ = msg.ack().await;
+        } else {
+            let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! Integration tests of bw-ingest against a real nats-server (JetStream) spawned per test.
+//!
+//! Each test starts its own server and runs the real `run_on` in-process; producers talk to it through
+//! `bw-client`, raw NATS requests and HTTP; Meta is played by signed HTTP POSTs of its documented payloads.
+
+mod intake;
+mod reconcile;
+mod support;
+mod webhooks;

@@ -1,0 +1,133 @@
+//! Shared harness: a NATS server, an ingest instance on bound listeners, and helpers to inspect streams.
+
+use bw_common::ledger::Ledger;
+use bw_common::proto::{LedgerEntry, OperationState};
+use bw_common::service::Deps;
+use bw_ingest::{Config, Listeners};
+use bw_testkit::NatsServer;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub const APP_SECRET: &str = "test-app-secret";
+pub const VERIFY_TOKEN: &str = "test-verify-token";
+pub const WAIT: Duration = Duration::from_secs(10);
+
+/// A running ingest with its own NATS server.
+pub struct Env {
+    pub server: NatsServer,
+    pub nats: async_nats::Client,
+    pub js: async_nats::jetstream::Context,
+    pub deps: Deps,
+    pub ledger: Ledger,
+    pub http: SocketAddr,
+    pub token: CancellationToken,
+    pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+/// The compiled defaults with test-friendly values.
+pub fn test_config(nats_url: &str) -> Config {
+    let mut cfg = Config::load(None, &Default::default()).expect("defaults load");
+    cfg.nats.url = nats_url.to_string();
+    cfg.admin.listen = "127.0.0.1:0".into();
+    cfg.http.listen = "127.0.0.1:0".into();
+    cfg.webhook.app_secret = APP_SECRET.into();
+    cfg.webhook.verify_token = VERIFY_TOKEN.into();
+    cfg.reconciler.review_delay_ms = 500;
+    cfg.shutdown.grace_ms = 2_000;
+    cfg
+}
+
+/// Starts NATS and ingest; `edit` adjusts the config first.
+pub async fn start(edit: impl FnOnce(&mut Config)) -> Env {
+    let server = NatsServer::start();
+    let mut cfg = test_config(&server.url());
+    edit(&mut cfg);
+    let deps = Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps connect");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind http");
+    let http = listener.local_addr().expect("local addr");
+    let token = CancellationToken::new();
+    let task =
+        tokio::spawn(bw_ingest::run_on(cfg, deps.clone(), Listeners { http: listener, webhook: None }, token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ingest ready");
+    Env {
+        nats: deps.nats.clone(),
+        js: deps.js.clone(),
+        ledger: Ledger::new(&deps.buckets),
+        deps,
+        server,
+        http,
+        token,
+        task: Some(task),
+    }
+}
+
+impl Env {
+    /// Number of messages currently in a stream.
+    pub async fn count(&self, stream: &str) -> u64 {
+        let s = self.js.get_stream(stream).await.expect("stream exists");
+        s.get_info().await.expect("stream info").state.messages
+    }
+
+    /// Waits until a stream holds `n` messages.
+    pub async fn wait_count(&self, stream: &str, n: u64) -> bool {
+        bw_testkit::wait_until(WAIT, || async { self.count(stream).await == n }).await
+    }
+
+    /// The last message on a subject of a stream.
+    pub async fn last(&self, stream: &str, subject: &str) -> async_nats::jetstream::message::StreamMessage {
+        let s = self.js.get_stream(stream).await.expect("stream exists");
+        s.get_last_raw_message_by_subject(subject).await.expect("message on subject")
+    }
+
+    /// The ledger entry of an operation.
+    pub async fn entry(&self, op: &str) -> Option<LedgerEntry> {
+        self.ledger.get(op).await.expect("ledger readable").map(|v| v.entry)
+    }
+
+    /// Waits until the ledger shows `state` for `op`.
+    pub async fn wait_state(&self, op: &str, state: OperationState) -> bool {
+        bw_testkit::wait_until(WAIT, || async { self.entry(op).await.is_some_and(|e| e.state() == state) }).await
+    }
+
+    /// The Prometheus text of the service's registry.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        let registry = self.deps.metrics.lock().expect("registry lock");
+        prometheus_client::encoding::text::encode(&mut out, &registry).expect("encode");
+        out
+    }
+
+    /// Base URL of the HTTP server.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.http)
+    }
+
+    /// Stops ingest and checks it returned cleanly.
+    pub async fn stop(mut self) {
+        self.token.cancel();
+        if let Some(task) = self.task.take() {
+            let result = tokio::time::timeout(WAIT, task).await.expect("stops in time").expect("task joins");
+            result.expect("run returns Ok");
+        }
+    }
+}
+
+/// A ledger entry in `state` for tests that start mid-pipeline.
+pub fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
+    LedgerEntry {
+        operation_id: op.into(),
+        state: state as i32,
+        waba_id: "102290129340398".into(),
+        phone_number_id: "106540352242922".into(),
+        category: bw_common::proto::Category::Transactional as i32,
+        ..Default::default()
+    }
+}
+
+/// An HTTP client without proxies.
+pub fn http_client() -> reqwest::Client {
+    bw_common::service::install_crypto();
+    reqwest::Client::builder().no_proxy().build().expect("http client")
+}

@@ -1,0 +1,214 @@
+//! Meta webhooks: verification, signatures, durable storage, and asynchronous processing into the ledger.
+
+use crate::support::{self, APP_SECRET, Env, VERIFY_TOKEN, WAIT, entry_in, start};
+use bw_common::names;
+use bw_common::proto::{InboundMessage, OperationState, Signal, StoredWebhook};
+use bw_ingest::webhook::{examples, sign};
+use prost::Message as _;
+
+const PHONE: &str = "106540352242922";
+
+async fn post(env: &Env, body: &str, signature: Option<String>) -> u16 {
+    let mut req = support::http_client()
+        .post(env.url("/webhooks/meta"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    if let Some(s) = signature {
+        req = req.header("X-Hub-Signature-256", s);
+    }
+    req.send().await.expect("post").status().as_u16()
+}
+
+async fn post_signed(env: &Env, body: &str) {
+    assert_eq!(post(env, body, Some(sign(APP_SECRET.as_bytes(), body.as_bytes()))).await, 200, "stored");
+}
+
+/// A status delivery in Meta's envelope.
+fn status_body(wamid: &str, status: &str, callback: Option<&str>, error_code: Option<i64>) -> String {
+    let mut s =
+        serde_json::json!({"id": wamid, "status": status, "timestamp": "1750030073", "recipient_id": "16505551234"});
+    if let Some(op) = callback {
+        s["biz_opaque_callback_data"] = op.into();
+    }
+    if let Some(code) = error_code {
+        s["errors"] =
+            serde_json::json!([{"code": code, "title": "error title", "message": "m", "error_data": {"details": "d"}}]);
+    }
+    serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398", "changes": [{
+        "field": "messages",
+        "value": {"messaging_product": "whatsapp",
+                  "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE},
+                  "statuses": [s]}}]}]})
+    .to_string()
+}
+
+async fn wait_metric(env: &Env, line: &str) -> bool {
+    bw_testkit::wait_until(WAIT, || async { env.metrics_text().contains(line) }).await
+}
+
+#[tokio::test]
+async fn verification_handshake() {
+    let env = start(|_| {}).await;
+    let http = support::http_client();
+    let get = |query: String| {
+        let http = http.clone();
+        let url = env.url(&format!("/webhooks/meta?{query}"));
+        async move {
+            let res = http.get(url).send().await.expect("get");
+            (res.status().as_u16(), res.text().await.expect("text"))
+        }
+    };
+    let ok = get(format!("hub.mode=subscribe&hub.challenge=1158201444&hub.verify_token={VERIFY_TOKEN}")).await;
+    assert_eq!(ok, (200, "1158201444".to_string()));
+    assert_eq!(get("hub.mode=subscribe&hub.challenge=1&hub.verify_token=wrong".into()).await.0, 403);
+    assert_eq!(get(format!("hub.mode=unsubscribe&hub.challenge=1&hub.verify_token={VERIFY_TOKEN}")).await.0, 403);
+    assert_eq!(get("hub.challenge=1".into()).await.0, 403);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn only_signed_deliveries_are_stored() {
+    let env = start(|cfg| {
+        cfg.webhook.process = false;
+        cfg.webhook.max_body_bytes = 4_096;
+    })
+    .await;
+    let body = examples::STATUS_SENT;
+    assert_eq!(post(&env, body, None).await, 401, "missing signature");
+    assert_eq!(post(&env, body, Some(sign(b"other-secret", body.as_bytes()))).await, 401, "wrong secret");
+    assert_eq!(post(&env, body, Some("sha256=00".into())).await, 401, "garbage signature");
+    let tampered = body.replace("sent", "read");
+    assert_eq!(post(&env, &tampered, Some(sign(APP_SECRET.as_bytes(), body.as_bytes()))).await, 401, "tampered");
+    assert_eq!(env.count(names::WEBHOOK_STREAM).await, 0, "nothing stored");
+
+    post_signed(&env, body).await;
+    assert_eq!(env.count(names::WEBHOOK_STREAM).await, 1, "stored before the 200");
+    let stored = env.last(names::WEBHOOK_STREAM, names::WEBHOOK_SUBJECT).await;
+    let stored = StoredWebhook::decode(stored.payload.as_ref()).expect("StoredWebhook");
+    assert_eq!(stored.body, body.as_bytes(), "raw body kept byte for byte");
+    assert_eq!(stored.body_sha256, bw_ingest::webhook::body_sha256(body.as_bytes()));
+
+    post_signed(&env, body).await;
+    assert_eq!(env.count(names::WEBHOOK_STREAM).await, 1, "a retried delivery is stored once");
+
+    let big = format!("{{\"object\":\"whatsapp_business_account\",\"pad\":\"{}\"}}", "x".repeat(5_000));
+    assert_eq!(post(&env, &big, Some(sign(APP_SECRET.as_bytes(), big.as_bytes()))).await, 413);
+    assert_eq!(env.count(names::WEBHOOK_STREAM).await, 1);
+
+    let metrics = env.metrics_text();
+    assert!(metrics.contains(r#"bw_webhooks_received_total{result="invalid_signature"} 4"#), "{metrics}");
+    assert!(metrics.contains(r#"bw_webhooks_received_total{result="stored"} 1"#));
+    assert!(metrics.contains("bw_webhook_ack_seconds_count 7"), "{metrics}");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn statuses_apply_forward_only() {
+    let env = start(|_| {}).await;
+    let mut entry = entry_in("op-a", OperationState::Sent);
+    entry.wamid = "wamid.A".into();
+    env.ledger.create(&entry).await.expect("ledger");
+
+    post_signed(&env, &status_body("wamid.A", "read", Some("op-a"), None)).await;
+    assert!(env.wait_state("op-a", OperationState::Read).await);
+    // A late "sent", then a "delivered" that carries no callback data (found through the wamid map).
+    post_signed(&env, &status_body("wamid.A", "sent", Some("op-a"), None)).await;
+    post_signed(&env, &status_body("wamid.A", "delivered", None, None)).await;
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="stale"} 2"#).await, "{}", env.metrics_text());
+    assert_eq!(env.entry("op-a").await.expect("entry").state(), OperationState::Read, "read is kept");
+
+    // Without callback data the wamid map links the status to its operation.
+    env.ledger.create(&entry_in("op-b", OperationState::Sent)).await.expect("ledger");
+    env.ledger.link_wamid("wamid.B", "op-b").await.expect("link");
+    post_signed(&env, &status_body("wamid.B", "delivered", None, None)).await;
+    assert!(env.wait_state("op-b", OperationState::Delivered).await);
+    assert_eq!(env.entry("op-b").await.expect("entry").wamid, "wamid.B", "wamid recorded");
+
+    // The same (wamid, status) in another delivery is dropped as a duplicate.
+    let again = status_body("wamid.B", "delivered", None, None).replace("1750030073", "1750030074");
+    post_signed(&env, &again).await;
+    assert!(wait_metric(&env, r#"bw_duplicates_dropped_total{kind="status"} 1"#).await, "{}", env.metrics_text());
+    // Statuses of messages Breakwater never sent are counted, not fatal.
+    post_signed(&env, &status_body("wamid.Z", "sent", None, None)).await;
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="unmatched"} 1"#).await);
+    assert!(env.wait_count(names::WEBHOOK_STREAM, 0).await, "every delivery acked");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn documented_payloads_are_processed() {
+    let env = start(|_| {}).await;
+    // The sent status carries callback data "order-42" for an operation whose outcome was unknown.
+    let mut unknown = entry_in("order-42", OperationState::Unknown);
+    unknown.flagged_unknown = true;
+    env.ledger.create(&unknown).await.expect("ledger");
+    post_signed(&env, examples::STATUS_SENT).await;
+    assert!(env.wait_state("order-42", OperationState::Sent).await);
+    let entry = env.entry("order-42").await.expect("entry");
+    assert!(entry.flagged_unknown, "a duplicate at Meta stays flagged");
+    assert!(entry.reason.contains("unknown outcome resolved"), "{}", entry.reason);
+    let wamid = "wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBJDQjZCMzlEQUE4OTJBMTE4RTUA";
+    assert_eq!(entry.wamid, wamid);
+    assert_eq!(env.ledger.operation_for_wamid(wamid).await.expect("map"), Some("order-42".into()), "link recorded");
+
+    // Inbound text → BW_INBOUND, once even when Meta delivers it twice.
+    post_signed(&env, examples::INBOUND_TEXT).await;
+    post_signed(&env, &examples::INBOUND_TEXT.replace("  ", " ")).await;
+    assert!(wait_metric(&env, r#"bw_duplicates_dropped_total{kind="inbound"} 1"#).await, "{}", env.metrics_text());
+    assert_eq!(env.count(names::INBOUND_STREAM).await, 1);
+    let inbound = env.last(names::INBOUND_STREAM, &names::inbound_subject(PHONE)).await;
+    let inbound = InboundMessage::decode(inbound.payload.as_ref()).expect("InboundMessage");
+    assert_eq!((inbound.from.as_str(), inbound.r#type.as_str()), ("16505551234", "text"));
+    assert_eq!(inbound.waba_id, "102290129340398");
+
+    // The failed status (no callback data) is linked through the wamid map and is terminal.
+    env.ledger.create(&entry_in("op-f", OperationState::Sent)).await.expect("ledger");
+    env.ledger.link_wamid("wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBJBQkNERUYA", "op-f").await.expect("link");
+    post_signed(&env, examples::STATUS_FAILED).await;
+    assert!(env.wait_state("op-f", OperationState::Failed).await);
+    assert_eq!(env.entry("op-f").await.expect("entry").last_code, 131049);
+    let signal = env.last(names::EVENTS_STREAM, &names::signal_subject("status_error")).await;
+    let signal = Signal::decode(signal.payload.as_ref()).expect("Signal");
+    assert_eq!((signal.meta_code, signal.operation_id.as_str()), (131049, "op-f"));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn credential_errors_raise_a_credentials_signal() {
+    let env = start(|_| {}).await;
+    env.ledger.create(&entry_in("op-c", OperationState::Sent)).await.expect("ledger");
+    post_signed(&env, &status_body("wamid.C", "failed", Some("op-c"), Some(131031))).await;
+    assert!(env.wait_state("op-c", OperationState::Failed).await);
+    let stream = env.js.get_stream(names::EVENTS_STREAM).await.expect("events");
+    let found = bw_testkit::wait_until(WAIT, || async {
+        stream.get_last_raw_message_by_subject(&names::signal_subject("credentials")).await.is_ok()
+    })
+    .await;
+    assert!(found, "credentials signal published");
+    let signal = env.last(names::EVENTS_STREAM, &names::signal_subject("credentials")).await;
+    let signal = Signal::decode(signal.payload.as_ref()).expect("Signal");
+    assert_eq!((signal.meta_code, signal.waba_id.as_str()), (131031, "102290129340398"));
+    // A "read" after "failed" never resurrects it.
+    post_signed(&env, &status_body("wamid.C", "read", Some("op-c"), None)).await;
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="stale"} 1"#).await);
+    assert_eq!(env.entry("op-c").await.expect("entry").state(), OperationState::Failed);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn bad_bodies_never_block_the_consumer() {
+    let env = start(|_| {}).await;
+    post_signed(&env, "{not json").await;
+    post_signed(&env, r#"{"object":"page","entry":[]}"#).await;
+    post_signed(
+        &env,
+        r#"{"object":"whatsapp_business_account","entry":[{"changes":[{"field":"messages","value":7}]}]}"#,
+    )
+    .await;
+    env.ledger.create(&entry_in("op-ok", OperationState::Sent)).await.expect("ledger");
+    post_signed(&env, &status_body("wamid.OK", "delivered", Some("op-ok"), None)).await;
+    assert!(env.wait_state("op-ok", OperationState::Delivered).await, "later delivery still processed");
+    assert!(wait_metric(&env, r#"bw_webhooks_processed_total{result="bad_json"} 3"#).await, "{}", env.metrics_text());
+    assert!(env.wait_count(names::WEBHOOK_STREAM, 0).await);
+    env.stop().await;
+}
