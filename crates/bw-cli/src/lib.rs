@@ -1,0 +1,527 @@
+//! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics and (masked)
+//! inspection, replay now, purge with confirmation, breaker overrides through the coordinator's admin API,
+//! and the accounting check.
+//!
+//! It reads the work-queue streams without consuming them and moves entries only through `bw_ops`, so it
+//! obeys the same ledger rules as the replay service and can run alongside it. It never prints recipients in
+//! clear or message bodies. Entry point: [`run`], which returns the process exit code.
+
+pub mod fmt;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use bw_common::names;
+use bw_common::nats::Buckets;
+use bw_common::proto::BreakerState;
+use bw_common::time::now_ms;
+use bw_ops::inspect::{self, QueueStats, dlq_reason_label, masked, quarantine_reason_label};
+use bw_ops::ops::{self, BatchReport, QuarantineFilter};
+use clap::{Args, Parser, Subcommand};
+use std::io::{BufRead, Write};
+
+/// Exit code when accounting finds lost operations.
+pub const EXIT_LOST: i32 = 2;
+/// Exit code when the operator did not confirm.
+pub const EXIT_ABORTED: i32 = 3;
+
+#[derive(Debug, Parser)]
+#[command(name = "bwctl", about = "Breakwater operator CLI", version)]
+pub struct Cli {
+    /// NATS server URL(s), comma-separated.
+    #[arg(long, env = "BW_NATS_URL", default_value = "nats://127.0.0.1:4222", global = true)]
+    pub nats_url: String,
+    /// Base URL of the breaker-coordinator admin API.
+    #[arg(long, env = "BW_COORDINATOR_URL", default_value = "http://127.0.0.1:9103", global = true)]
+    pub coordinator_url: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List scopes and their breaker states (from BW_SCOPES).
+    Scopes,
+    /// Dead-letter queue.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Quarantine.
+    #[command(subcommand)]
+    Quarantine(QuarantineCommand),
+    /// Breaker overrides (through the breaker-coordinator admin API).
+    #[command(subcommand)]
+    Breaker(BreakerCommand),
+    /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
+    Account {
+        /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
+        #[arg(long)]
+        expected: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Depth, oldest age and reasons per scope.
+    Stats(ScopeArg),
+    /// Entries, personal data masked.
+    Inspect {
+        #[command(flatten)]
+        scope: ScopeArg,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Replay now into the replay lane (same operation ids; the ledger prevents duplicates).
+    Replay {
+        #[command(flatten)]
+        scope: ScopeArg,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Entries moved per second.
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+        /// Also replay scopes whose breaker is not CLOSED.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove entries for good: each ends EXPIRED in the ledger ("purged by operator from dlq").
+    Purge {
+        #[command(flatten)]
+        scope: ScopeArg,
+        #[arg(long, default_value_t = usize::MAX, hide_default_value = true)]
+        limit: usize,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// Depth, oldest age and reasons per scope.
+    Stats(ScopeArg),
+    /// Entries, personal data masked.
+    Inspect {
+        #[command(flatten)]
+        select: QuarantineSelect,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Replay now into the replay lane (the replay limit does not apply; deadline and 24 h window do).
+    Replay {
+        #[command(flatten)]
+        select: QuarantineSelect,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+    },
+    /// Remove entries for good: each ends EXPIRED in the ledger ("purged by operator from quarantined").
+    Purge {
+        #[command(flatten)]
+        select: QuarantineSelect,
+        #[arg(long, default_value_t = usize::MAX, hide_default_value = true)]
+        limit: usize,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BreakerCommand {
+    /// Force the breaker OPEN (nothing is sent for the scope until cleared).
+    ForceOpen(BreakerArgs),
+    /// Force the breaker CLOSED (failures no longer trip it until cleared).
+    ForceClosed(BreakerArgs),
+    /// Remove an override; the breaker decides again.
+    Clear(BreakerArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BreakerArgs {
+    /// phone_number_id of the scope.
+    #[arg(long)]
+    pub scope: String,
+    /// Why (kept in the transition event).
+    #[arg(long, default_value = "operator")]
+    pub reason: String,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct ScopeArg {
+    /// phone_number_id of one scope (default: every scope).
+    #[arg(long)]
+    pub scope: Option<String>,
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct QuarantineSelect {
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// permanent_error, poison, unknown_review, window_closed, operator.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Operation ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub ids: Vec<String>,
+}
+
+impl QuarantineSelect {
+    fn filter(&self) -> anyhow::Result<QuarantineFilter> {
+        let reason = match &self.reason {
+            Some(label) => Some(
+                inspect::parse_quarantine_reason(label)
+                    .with_context(|| format!("unknown quarantine reason `{label}`"))?,
+            ),
+            None => None,
+        };
+        Ok(QuarantineFilter { scope: self.scope.clone(), reason, operation_ids: self.ids.clone() })
+    }
+}
+
+/// Connections of one CLI run.
+pub struct Conn {
+    pub js: jetstream::Context,
+    pub buckets: Buckets,
+}
+
+/// Opens the existing buckets (the CLI never creates topology).
+pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
+    let cfg = bw_common::config::NatsConfig {
+        url: nats_url.to_string(),
+        name: "bwctl".into(),
+        replicas: 1,
+        limits: Default::default(),
+    };
+    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
+    let js = jetstream::new(client);
+    let open = |name: &'static str| {
+        let js = js.clone();
+        async move {
+            js.get_key_value(name)
+                .await
+                .with_context(|| format!("kv bucket `{name}` not found; is Breakwater running?"))
+        }
+    };
+    let buckets = Buckets {
+        ledger: open(names::LEDGER_BUCKET).await?,
+        wamid: open(names::WAMID_BUCKET).await?,
+        scopes: open(names::SCOPES_BUCKET).await?,
+        webhook_dedup: open(names::WEBHOOK_DEDUP_BUCKET).await?,
+    };
+    Ok(Conn { js, buckets })
+}
+
+/// Runs one command, writing its report to `out`; returns the exit code.
+pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    if let Command::Breaker(cmd) = &cli.command {
+        return breaker(&cli.coordinator_url, cmd, out).await;
+    }
+    let conn = connect(&cli.nats_url).await?;
+    let (js, buckets) = (&conn.js, &conn.buckets);
+    match cli.command {
+        Command::Scopes => scopes(buckets, out).await,
+        Command::Dlq(DlqCommand::Stats(s)) => {
+            let (items, bad) = inspect::dlq_items(js, s.scope.as_deref()).await?;
+            write_stats(out, &inspect::dlq_stats(&items), bad.len())
+        }
+        Command::Quarantine(QuarantineCommand::Stats(s)) => {
+            let (items, bad) = inspect::quarantine_items(js, s.scope.as_deref()).await?;
+            write_stats(out, &inspect::quarantine_stats(&items), bad.len())
+        }
+        Command::Dlq(DlqCommand::Inspect { scope, limit }) => {
+            let (items, _) = inspect::dlq_items(js, scope.scope.as_deref()).await?;
+            let rows = items
+                .iter()
+                .take(limit)
+                .map(|i| {
+                    let e = &i.envelope;
+                    let m = masked(&e.request.clone().unwrap_or_default());
+                    let code = e.last_error.as_ref().map(|x| x.meta_code.to_string()).unwrap_or_else(|| "-".into());
+                    vec![
+                        i.sequence.to_string(),
+                        m.operation_id,
+                        m.phone_number_id,
+                        m.recipient,
+                        m.category.into(),
+                        m.payload,
+                        dlq_reason_label(e.reason()).into(),
+                        code,
+                        e.replay_attempts.to_string(),
+                        fmt::utc(e.dead_lettered_at_unix_ms),
+                        fmt::utc(e.not_before_unix_ms),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            let header = [
+                "SEQ",
+                "OPERATION",
+                "SCOPE",
+                "RECIPIENT",
+                "CATEGORY",
+                "PAYLOAD",
+                "REASON",
+                "CODE",
+                "REPLAYS",
+                "DEAD-LETTERED",
+                "NOT-BEFORE",
+            ];
+            write!(out, "{}", fmt::table(&header, &rows))?;
+            writeln!(out, "{} of {} shown", rows.len(), items.len())?;
+            Ok(0)
+        }
+        Command::Quarantine(QuarantineCommand::Inspect { select, limit }) => {
+            let filter = select.filter()?;
+            let (items, _) = inspect::quarantine_items(js, filter.scope.as_deref()).await?;
+            let rows = items
+                .iter()
+                .filter(|i| filter.reason.is_none_or(|r| i.entry.reason() == r))
+                .filter(|i| {
+                    filter.operation_ids.is_empty()
+                        || filter
+                            .operation_ids
+                            .iter()
+                            .any(|id| i.entry.request.as_ref().is_some_and(|r| &r.operation_id == id))
+                })
+                .take(limit)
+                .map(|i| {
+                    let m = masked(&i.entry.request.clone().unwrap_or_default());
+                    let code = i.entry.error.as_ref().map(|x| x.meta_code.to_string()).unwrap_or_else(|| "-".into());
+                    vec![
+                        i.sequence.to_string(),
+                        m.operation_id,
+                        m.phone_number_id,
+                        m.recipient,
+                        m.category.into(),
+                        m.payload,
+                        quarantine_reason_label(i.entry.reason()).into(),
+                        code,
+                        i.entry.detail.clone(),
+                        fmt::utc(i.entry.quarantined_at_unix_ms),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            let header = [
+                "SEQ",
+                "OPERATION",
+                "SCOPE",
+                "RECIPIENT",
+                "CATEGORY",
+                "PAYLOAD",
+                "REASON",
+                "CODE",
+                "DETAIL",
+                "QUARANTINED",
+            ];
+            write!(out, "{}", fmt::table(&header, &rows))?;
+            writeln!(out, "{} of {} shown", rows.len(), items.len())?;
+            Ok(0)
+        }
+        Command::Dlq(DlqCommand::Replay { scope, limit, rate, force }) => {
+            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            let states = ops::scope_snapshots(buckets).await?;
+            let allow = |phone: &str| {
+                force
+                    || states
+                        .get(phone)
+                        .is_some_and(|s| matches!(s.state(), BreakerState::Closed | BreakerState::ForcedClosed))
+            };
+            let held: Vec<String> = inspect::dlq_stats(&inspect::dlq_items(js, scope.scope.as_deref()).await?.0)
+                .into_iter()
+                .map(|s| s.scope)
+                .filter(|p| !allow(p))
+                .collect();
+            for phone in &held {
+                writeln!(out, "scope {phone}: breaker not CLOSED; skipped (use --force to replay anyway)")?;
+            }
+            let mut bar = fmt::ProgressBar::new("replay");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report =
+                ops::replay_dlq_now(js, buckets, scope.scope.as_deref(), &allow, limit, rate, &mut progress).await?;
+            write_batch(out, &report)
+        }
+        Command::Quarantine(QuarantineCommand::Replay { select, limit, rate }) => {
+            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            let filter = select.filter()?;
+            let mut bar = fmt::ProgressBar::new("replay");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report = ops::replay_quarantine_now(js, buckets, &filter, limit, rate, &mut progress).await?;
+            write_batch(out, &report)
+        }
+        Command::Dlq(DlqCommand::Purge { scope, limit, yes }) => {
+            let n = inspect::dlq_items(js, scope.scope.as_deref()).await?.0.len().min(limit);
+            if !confirm(yes, &format!("purge {n} DLQ entries (they end EXPIRED, never sent)"), out)? {
+                return Ok(EXIT_ABORTED);
+            }
+            let mut bar = fmt::ProgressBar::new("purge");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report = ops::purge_dlq(js, buckets, scope.scope.as_deref(), limit, &mut progress).await?;
+            write_batch(out, &report)
+        }
+        Command::Quarantine(QuarantineCommand::Purge { select, limit, yes }) => {
+            let filter = select.filter()?;
+            let (items, _) = inspect::quarantine_items(js, filter.scope.as_deref()).await?;
+            let n = items.iter().filter(|i| filter.reason.is_none_or(|r| i.entry.reason() == r)).count().min(limit);
+            if !confirm(yes, &format!("purge up to {n} quarantine entries (they end EXPIRED, never sent)"), out)? {
+                return Ok(EXIT_ABORTED);
+            }
+            let mut bar = fmt::ProgressBar::new("purge");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report = ops::purge_quarantine(js, buckets, &filter, limit, &mut progress).await?;
+            write_batch(out, &report)
+        }
+        Command::Account { expected } => {
+            let ids: Vec<String> = match expected {
+                Some(path) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .map(String::from)
+                    .collect(),
+                None => Vec::new(),
+            };
+            let report = bw_ops::account::account_expected(js, buckets, &ids).await?;
+            write!(out, "{report}")?;
+            if report.lost_count() > 0 {
+                writeln!(out, "LOST: {} operation(s)", report.lost_count())?;
+                return Ok(EXIT_LOST);
+            }
+            writeln!(
+                out,
+                "{}",
+                if report.is_clean() {
+                    "OK: every operation is in exactly one place"
+                } else {
+                    "OK: nothing lost (see findings above)"
+                }
+            )?;
+            Ok(0)
+        }
+        Command::Breaker(_) => Ok(0),
+    }
+}
+
+async fn scopes(buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = ops::scope_snapshots(buckets)
+        .await?
+        .into_iter()
+        .map(|(phone, s)| {
+            let state = format!("{:?}", s.state()).to_ascii_uppercase();
+            let paused = if s.paused_until_unix_ms > now { fmt::utc(s.paused_until_unix_ms) } else { "-".into() };
+            vec![
+                phone,
+                s.scope.map(|x| x.waba_id).unwrap_or_default(),
+                state,
+                fmt::utc(s.since_unix_ms),
+                if s.since_unix_ms > 0 { fmt::age(now - s.since_unix_ms) } else { "-".into() },
+                format!("{:.3}", s.failure_rate),
+                s.calls_in_window.to_string(),
+                format!("{:.2}", if s.ramp_fraction > 0.0 { s.ramp_fraction } else { 1.0 }),
+                if s.incident_id.is_empty() { "-".into() } else { s.incident_id },
+                paused,
+            ]
+        })
+        .collect();
+    let header = ["SCOPE", "WABA", "STATE", "SINCE", "FOR", "FAIL-RATE", "CALLS", "RAMP", "INCIDENT", "PAUSED-UNTIL"];
+    write!(out, "{}", fmt::table(&header, &rows))?;
+    Ok(0)
+}
+
+fn write_stats(out: &mut (dyn Write + Send), stats: &[QueueStats], undecodable: usize) -> anyhow::Result<i32> {
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = stats
+        .iter()
+        .map(|s| {
+            let reasons = s.reasons.iter().map(|(r, n)| format!("{r}={n}")).collect::<Vec<_>>().join(" ");
+            vec![
+                s.scope.clone(),
+                s.depth.to_string(),
+                fmt::utc(s.oldest_at_unix_ms),
+                fmt::age(s.oldest_age_ms(now)),
+                reasons,
+            ]
+        })
+        .collect();
+    write!(out, "{}", fmt::table(&["SCOPE", "DEPTH", "OLDEST", "AGE", "REASONS"], &rows))?;
+    let total: u64 = stats.iter().map(|s| s.depth).sum();
+    writeln!(out, "total {total} in {} scope(s); {undecodable} undecodable", stats.len())?;
+    Ok(0)
+}
+
+fn write_batch(out: &mut (dyn Write + Send), report: &BatchReport) -> anyhow::Result<i32> {
+    writeln!(out, "selected {}", report.selected)?;
+    for (label, n) in &report.outcomes {
+        writeln!(out, "  {label:<20} {n:>8}")?;
+    }
+    for (op, why) in report.left.iter().take(20) {
+        writeln!(out, "  left {op}: {why}")?;
+    }
+    if report.errors > 0 {
+        writeln!(out, "  errors {:>8} (left in place; run again)", report.errors)?;
+        return Ok(1);
+    }
+    Ok(0)
+}
+
+fn confirm(yes: bool, what: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<bool> {
+    if yes {
+        return Ok(true);
+    }
+    write!(out, "About to {what}. Type yes to continue: ")?;
+    out.flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let ok = line.trim() == "yes";
+    if !ok {
+        writeln!(out, "aborted; nothing changed")?;
+    }
+    Ok(ok)
+}
+
+/// Calls the coordinator admin API: `POST {base}/admin/breakers/{scope}/{force-open|force-closed|clear}` with a
+/// JSON body `{"reason": "..."}`.
+async fn breaker(base: &str, cmd: &BreakerCommand, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    let (action, args) = match cmd {
+        BreakerCommand::ForceOpen(a) => ("force-open", a),
+        BreakerCommand::ForceClosed(a) => ("force-closed", a),
+        BreakerCommand::Clear(a) => ("clear", a),
+    };
+    anyhow::ensure!(
+        !args.scope.is_empty() && args.scope.bytes().all(|b| b.is_ascii_digit()),
+        "--scope must be a phone_number_id (digits)"
+    );
+    bw_common::service::install_crypto();
+    let url = format!("{}/admin/breakers/{}/{action}", base.trim_end_matches('/'), args.scope);
+    let body = format!("{{\"reason\":{}}}", json_string(&args.reason));
+    let response = reqwest::Client::new()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .with_context(|| format!("coordinator not reachable at {base}"))?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    if status.is_success() {
+        writeln!(out, "scope {}: {action} ok {}", args.scope, text.trim())?;
+        Ok(0)
+    } else {
+        writeln!(out, "scope {}: {action} failed: HTTP {status} {}", args.scope, text.trim())?;
+        Ok(1)
+    }
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
