@@ -21,6 +21,7 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayConfig {
+    #[serde(deserialize_with = "digits")]
     pub instance_id: String,
     pub soak_ms: u64,
     pub rate_per_s: f64,
@@ -87,8 +88,25 @@ pub struct FailoverConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Secondary {
+    #[serde(deserialize_with = "digits")]
     pub waba_id: String,
+    #[serde(deserialize_with = "digits")]
     pub phone_number_id: String,
+}
+
+/// Ids are digits; an environment override such as `..._PHONE_NUMBER_ID=1002` parses as a TOML integer, so
+/// accept both forms.
+fn digits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Id {
+        Text(String),
+        Number(u64),
+    }
+    Ok(match Id::deserialize(d)? {
+        Id::Text(s) => s,
+        Id::Number(n) => n.to_string(),
+    })
 }
 
 impl Config {
@@ -153,7 +171,14 @@ mod tests {
 
     #[test]
     fn defaults_load_and_overrides_apply() {
-        let cfg = load(&[("BW_REPLAY__REPLAY__SCOPES__1001__RATE_PER_S", "7.5")]).expect("loads");
+        let cfg = load(&[
+            ("BW_REPLAY__REPLAY__SCOPES__1001__RATE_PER_S", "7.5"),
+            ("BW_REPLAY__FAILOVER__SECONDARIES__1001__PHONE_NUMBER_ID", "1002"),
+            ("BW_REPLAY__FAILOVER__SECONDARIES__1001__WABA_ID", "\"77\""),
+        ])
+        .expect("loads");
+        assert_eq!(cfg.failover.secondaries["1001"].phone_number_id, "1002");
+        assert_eq!(cfg.failover.secondaries["1001"].waba_id, "77");
         assert!(!cfg.failover.enabled);
         assert_eq!(cfg.replay.max_replays, 5);
         assert_eq!(cfg.replay.pacing("1001").rate_per_s, 7.5);

@@ -360,3 +360,53 @@ async fn operator_replay_alongside_the_service_does_not_duplicate() {
     let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
     assert!(report.is_clean(), "{report}");
 }
+
+#[tokio::test]
+async fn failover_moves_eligible_categories_to_the_secondary_sender() {
+    let nats = NatsServer::start();
+    let deps = deps(&nats).await;
+    const SECONDARY: &str = "2002";
+    for i in 0..5 {
+        put_dlq(&deps, template(&format!("tx-{i}")), 0, 0).await;
+        let mut promo = template(&format!("mkt-{i}"));
+        promo.category = Category::Marketing as i32;
+        put_dlq(&deps, promo, 0, 0).await;
+    }
+    set_scope(&deps, BreakerState::Open, now_ms() - 5_000).await;
+    let secondary = ScopeSnapshot {
+        scope: Some(Scope { waba_id: "9".into(), phone_number_id: SECONDARY.into() }),
+        state: BreakerState::Closed as i32,
+        ..Default::default()
+    };
+    deps.buckets.scopes.put(SECONDARY, secondary.encode_to_vec().into()).await.expect("scope");
+    let replay = start(
+        &nats,
+        &[
+            ("FAILOVER__ENABLED", "true"),
+            ("FAILOVER__OPEN_FOR_MS", "1000"),
+            ("FAILOVER__CATEGORIES", "[\"transactional\"]"),
+            ("FAILOVER__SECONDARIES__1001__WABA_ID", "9"),
+            ("FAILOVER__SECONDARIES__1001__PHONE_NUMBER_ID", SECONDARY),
+        ],
+    )
+    .await;
+    let secondary_lane = || async {
+        scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, SECONDARY))
+            .await
+            .expect("scan")
+            .into_iter()
+            .map(|m| SendRequest::decode(m.payload.as_ref()).expect("request"))
+            .collect::<Vec<_>>()
+    };
+    assert!(wait_until(WAIT, || async { secondary_lane().await.len() >= 5 }).await);
+    replay.stop().await;
+    let moved = secondary_lane().await;
+    let ops: BTreeSet<String> = moved.iter().map(|r| r.operation_id.clone()).collect();
+    assert_eq!(ops, (0..5).map(|i| format!("tx-{i}")).collect::<BTreeSet<_>>());
+    assert!(moved.iter().all(|r| r.phone_number_id == SECONDARY));
+    assert_eq!(ledger(&deps, "tx-0").await.phone_number_id, SECONDARY);
+    assert!(rp_lane(&deps).await.is_empty(), "nothing through the OPEN primary");
+    assert_eq!(dlq_depth(&deps).await, 5, "marketing stays in the primary's DLQ");
+    let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
+    assert!(report.is_clean(), "{report}");
+}
