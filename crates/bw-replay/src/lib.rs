@@ -89,6 +89,8 @@ pub(crate) struct Ctx {
     pub leases: lease::Leases,
     pub metrics: metrics::Metrics,
     pub views: RwLock<HashMap<String, ScopeView>>,
+    /// DLQ depth per scope, polled by the stats task.
+    pub depths: watch::Sender<stats::Depths>,
     pub shutdown: CancellationToken,
 }
 
@@ -122,11 +124,12 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         leases,
         metrics: metrics::Metrics::register(&deps.metrics),
         views: RwLock::new(HashMap::new()),
+        depths: watch::Sender::new(Default::default()),
         shutdown: shutdown.clone(),
         cfg,
     });
     let tracker = TaskTracker::new();
-    tracker.spawn(stats::refresh(ctx.clone()).instrument(tracing::info_span!("replay.stats")));
+    tracker.spawn(stats::poll(ctx.clone()).instrument(tracing::info_span!("replay.stats")));
 
     let mut scope_watch = watch_scopes(&deps.buckets.scopes).await?;
     deps.health.set_started();

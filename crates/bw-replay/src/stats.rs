@@ -1,5 +1,6 @@
-//! Periodic DLQ statistics for the metrics: depth and oldest age per scope (two cheap stream requests per
-//! non-empty scope, never a scan).
+//! DLQ depth polling: one stream-info request per `idle_ms` for the whole fleet tells every worker whether its
+//! scope has anything to replay (so idle scopes cost nothing), and every `stats_interval_ms` the depth and
+//! oldest-age metrics are refreshed (one extra request per non-empty scope, never a scan).
 
 use crate::Ctx;
 use bw_common::names;
@@ -8,39 +9,52 @@ use bw_common::time::now_ms;
 use bw_ops::names::phone_of_subject;
 use bw_ops::scan::{first_message, subject_counts};
 use prost::Message;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 
-pub(crate) async fn refresh(ctx: Arc<Ctx>) {
-    let every = Duration::from_millis(ctx.cfg.replay.stats_interval_ms.max(100));
+/// DLQ depth per scope (phone_number_id), as last polled.
+pub(crate) type Depths = Arc<BTreeMap<String, u64>>;
+
+pub(crate) async fn poll(ctx: Arc<Ctx>) {
+    let every = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));
+    let stats_every = Duration::from_millis(ctx.cfg.replay.stats_interval_ms.max(100));
+    let mut next_stats = Instant::now();
     let mut known: BTreeSet<String> = BTreeSet::new();
     loop {
         match subject_counts(&ctx.js, names::DLQ_STREAM, "bw.dlq.v1.>").await {
             Ok(counts) => {
-                let mut seen = BTreeSet::new();
-                for (subject, depth) in counts {
-                    let scope = phone_of_subject(&subject).to_string();
-                    let oldest = match first_message(&ctx.js, names::DLQ_STREAM, &subject).await {
-                        Ok(Some(m)) => {
-                            DlqEnvelope::decode(m.payload.as_ref()).map(|e| e.dead_lettered_at_unix_ms).unwrap_or(0)
-                        }
-                        _ => 0,
-                    };
-                    let age_s = if oldest > 0 { (now_ms() - oldest).max(0) / 1000 } else { 0 };
-                    ctx.metrics.set_depth(&scope, depth, age_s);
-                    seen.insert(scope);
+                let depths: BTreeMap<String, u64> =
+                    counts.into_iter().map(|(subject, n)| (phone_of_subject(&subject).to_string(), n)).collect();
+                if Instant::now() >= next_stats {
+                    next_stats = Instant::now() + stats_every;
+                    refresh_metrics(&ctx, &depths, &mut known).await;
                 }
-                for gone in known.difference(&seen) {
-                    ctx.metrics.set_depth(gone, 0, 0);
-                }
-                known = seen;
+                ctx.depths.send_replace(Arc::new(depths));
             }
-            Err(e) => tracing::debug!(error = %e, "dlq stats unavailable"),
+            Err(e) => tracing::debug!(error = %e, "dlq depths unavailable"),
         }
         tokio::select! {
             _ = ctx.shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
     }
+}
+
+async fn refresh_metrics(ctx: &Ctx, depths: &BTreeMap<String, u64>, known: &mut BTreeSet<String>) {
+    let mut seen = BTreeSet::new();
+    for (scope, depth) in depths {
+        let oldest = match first_message(&ctx.js, names::DLQ_STREAM, &names::dlq_subject(scope)).await {
+            Ok(Some(m)) => DlqEnvelope::decode(m.payload.as_ref()).map(|e| e.dead_lettered_at_unix_ms).unwrap_or(0),
+            _ => 0,
+        };
+        let age_s = if oldest > 0 { (now_ms() - oldest).max(0) / 1000 } else { 0 };
+        ctx.metrics.set_depth(scope, *depth, age_s);
+        seen.insert(scope.clone());
+    }
+    for gone in known.difference(&seen) {
+        ctx.metrics.set_depth(gone, 0, 0);
+    }
+    *known = seen;
 }

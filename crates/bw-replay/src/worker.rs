@@ -69,6 +69,7 @@ fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>)
 pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Receiver<ScopeView>) {
     let idle = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));
     let mut not_closed_since: Option<i64> = None;
+    let mut depths = ctx.depths.subscribe();
     loop {
         if ctx.shutdown.is_cancelled() {
             return;
@@ -79,8 +80,11 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
         } else if not_closed_since.is_none() {
             not_closed_since = Some(if view.since_unix_ms > 0 { view.since_unix_ms } else { now_ms() });
         }
+        let has_work = depths.borrow_and_update().get(&scope).copied().unwrap_or(0) > 0;
         let wait = match mode(&ctx, &scope, &view, not_closed_since) {
             Mode::Wait(wait) => wait,
+            // Nothing to replay: wait for the next depth poll (or a scope change) without touching the lease.
+            _ if !has_work => None,
             active => match ctx.leases.acquire(&scope).await {
                 Ok(Some(held)) => {
                     ctx.metrics.draining_scopes.inc();
@@ -104,6 +108,7 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
         tokio::select! {
             _ = ctx.shutdown.cancelled() => return,
             changed = rx.changed() => if changed.is_err() { return },
+            changed = depths.changed(), if !has_work => if changed.is_err() { return },
             _ = sleep_opt(wait) => {}
         }
     }
