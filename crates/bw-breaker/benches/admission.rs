@@ -1,0 +1,2 @@
+//! Admission benchmark (filled in below).
+fn main() {}

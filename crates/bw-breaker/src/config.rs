@@ -1,0 +1,251 @@
+//! Breaker settings: [`ScopeLimits`] (the per-scope thresholds and rates the scripts enforce; defaults passed
+//! to every script, overridden field by field by the scope's config hash the coordinator writes) and
+//! [`BreakerConfig`] (this client's command timeout and local fallback).
+
+use serde::Deserialize;
+
+/// Per-scope breaker and rate-limit settings. Field names are the names used in the Redis config hash.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScopeLimits {
+    /// Failure rate (0..1) over the window that trips the breaker.
+    pub failure_threshold: f64,
+    /// Calls needed in the window before the failure rate can trip.
+    pub min_calls: u32,
+    /// Length of the sliding window, ms.
+    pub window_ms: u64,
+    /// Sub-buckets of the window (1..=60); the window slides by window_ms / window_buckets.
+    pub window_buckets: u32,
+    /// Consecutive sender-level rate-limit errors that trip the breaker.
+    pub consecutive_rate_limits: u32,
+    /// OPEN cooldown of the first trip, ms.
+    pub cooldown_ms: u64,
+    /// Cap of the cooldown when it grows on re-trips, ms.
+    pub cooldown_max_ms: u64,
+    /// Cooldown multiplier per re-trip within one incident.
+    pub cooldown_growth: f64,
+    /// Random extra share of the cooldown (0.2: up to +20%).
+    pub cooldown_jitter: f64,
+    /// Canaries admitted per second while HALF_OPEN.
+    pub canaries_per_s: u32,
+    /// Canary successes that close a HALF_OPEN breaker.
+    pub close_after_successes: u32,
+    /// Ramp-up after closing, ms (0: full rate at once).
+    pub ramp_ms: u64,
+    /// Share of the sender rate right after closing (0..1).
+    pub ramp_start: f64,
+    /// Sustained sender rate, messages per second (keep at or under Meta's limit).
+    pub rate_per_s: f64,
+    /// Sender bucket size (burst), messages.
+    pub burst: f64,
+    /// Share of the bucket only priority traffic may use.
+    pub reserve_fraction: f64,
+    /// Extra tokens above the reserve that replay must leave, so live marketing wins ties.
+    pub replay_headroom: f64,
+    /// Interval between two sends to one recipient, ms (131056: about 6 s).
+    pub pair_interval_ms: u64,
+    /// Sends to one recipient allowed back to back.
+    pub pair_burst: u32,
+    /// Meta usage percent above which low priority (marketing, replay) is slowed.
+    pub throttle_slow_percent: u32,
+    /// Meta usage percent above which marketing and replay are paused.
+    pub throttle_pause_percent: u32,
+    /// Share of the sender rate low priority gets while slowed.
+    pub throttle_slow_factor: f64,
+    /// How long a usage report stays valid, ms.
+    pub usage_ttl_ms: u64,
+    /// Retry-after given to low priority while throttled, ms.
+    pub throttle_retry_ms: u64,
+}
+
+impl Default for ScopeLimits {
+    fn default() -> Self {
+        ScopeLimits {
+            failure_threshold: 0.05,
+            min_calls: 50,
+            window_ms: 10_000,
+            window_buckets: 10,
+            consecutive_rate_limits: 5,
+            cooldown_ms: 30_000,
+            cooldown_max_ms: 300_000,
+            cooldown_growth: 2.0,
+            cooldown_jitter: 0.2,
+            canaries_per_s: 2,
+            close_after_successes: 5,
+            ramp_ms: 60_000,
+            ramp_start: 0.1,
+            rate_per_s: 60.0,
+            burst: 20.0,
+            reserve_fraction: 0.25,
+            replay_headroom: 2.0,
+            pair_interval_ms: 6_000,
+            pair_burst: 2,
+            throttle_slow_percent: 80,
+            throttle_pause_percent: 90,
+            throttle_slow_factor: 0.5,
+            usage_ttl_ms: 60_000,
+            throttle_retry_ms: 5_000,
+        }
+    }
+}
+
+impl ScopeLimits {
+    /// Field name / value pairs, as stored in the scope's Redis config hash.
+    pub fn fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("failure_threshold", self.failure_threshold.to_string()),
+            ("min_calls", self.min_calls.to_string()),
+            ("window_ms", self.window_ms.to_string()),
+            ("window_buckets", self.window_buckets.to_string()),
+            (
+                "consecutive_rate_limits",
+                self.consecutive_rate_limits.to_string(),
+            ),
+            ("cooldown_ms", self.cooldown_ms.to_string()),
+            ("cooldown_max_ms", self.cooldown_max_ms.to_string()),
+            ("cooldown_growth", self.cooldown_growth.to_string()),
+            ("cooldown_jitter", self.cooldown_jitter.to_string()),
+            ("canaries_per_s", self.canaries_per_s.to_string()),
+            (
+                "close_after_successes",
+                self.close_after_successes.to_string(),
+            ),
+            ("ramp_ms", self.ramp_ms.to_string()),
+            ("ramp_start", self.ramp_start.to_string()),
+            ("rate_per_s", self.rate_per_s.to_string()),
+            ("burst", self.burst.to_string()),
+            ("reserve_fraction", self.reserve_fraction.to_string()),
+            ("replay_headroom", self.replay_headroom.to_string()),
+            ("pair_interval_ms", self.pair_interval_ms.to_string()),
+            ("pair_burst", self.pair_burst.to_string()),
+            (
+                "throttle_slow_percent",
+                self.throttle_slow_percent.to_string(),
+            ),
+            (
+                "throttle_pause_percent",
+                self.throttle_pause_percent.to_string(),
+            ),
+            (
+                "throttle_slow_factor",
+                self.throttle_slow_factor.to_string(),
+            ),
+            ("usage_ttl_ms", self.usage_ttl_ms.to_string()),
+            ("throttle_retry_ms", self.throttle_retry_ms.to_string()),
+        ]
+    }
+
+    /// The defaults argument every script takes: `name=value;name=value;...`.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        for (name, value) in self.fields() {
+            out.push_str(name);
+            out.push('=');
+            out.push_str(&value);
+            out.push(';');
+        }
+        out
+    }
+
+    /// Checks ranges; the message names the offending field.
+    pub fn validate(&self) -> Result<(), String> {
+        let unit = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("`{name}` must be within 0..1, got {v}"))
+            }
+        };
+        unit("failure_threshold", self.failure_threshold)?;
+        unit("ramp_start", self.ramp_start)?;
+        unit("reserve_fraction", self.reserve_fraction)?;
+        unit("throttle_slow_factor", self.throttle_slow_factor)?;
+        if !(1..=60).contains(&self.window_buckets) {
+            return Err(format!(
+                "`window_buckets` must be within 1..=60, got {}",
+                self.window_buckets
+            ));
+        }
+        if self.window_ms < u64::from(self.window_buckets) {
+            return Err("`window_ms` must be at least `window_buckets`".into());
+        }
+        if self.rate_per_s <= 0.0 || self.burst < 1.0 {
+            return Err("`rate_per_s` must be positive and `burst` at least 1".into());
+        }
+        if self.cooldown_growth < 1.0 || self.cooldown_jitter < 0.0 {
+            return Err(
+                "`cooldown_growth` must be at least 1 and `cooldown_jitter` not negative".into(),
+            );
+        }
+        if self.pair_burst == 0 || self.pair_interval_ms == 0 {
+            return Err("`pair_burst` and `pair_interval_ms` must be positive".into());
+        }
+        if self.replay_headroom < 0.0 {
+            return Err("`replay_headroom` must not be negative".into());
+        }
+        Ok(())
+    }
+}
+
+/// Client settings of the breaker library.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Timeout of one script call, ms; past it the call counts as Redis unreachable.
+    pub command_timeout_ms: u64,
+    /// After a Redis failure, answer locally for this long before trying Redis again, ms.
+    pub redis_retry_after_ms: u64,
+    /// Local fallback: sender rate of this instance per scope, messages per second.
+    pub fallback_rate_per_s: f64,
+    /// Local fallback: bucket size per scope.
+    pub fallback_burst: f64,
+    /// Local fallback: failure rate that opens the local breaker.
+    pub fallback_failure_threshold: f64,
+    /// Local fallback: calls needed in the 10 s window before the local breaker may open.
+    pub fallback_min_calls: u32,
+    /// Local fallback: cooldown of the local breaker, ms.
+    pub fallback_cooldown_ms: u64,
+    /// Retry-after given to replay while degraded (replay does not run without Redis), ms.
+    pub fallback_replay_retry_ms: u64,
+    /// Limits used when a scope has no config hash in Redis (the coordinator normally writes one).
+    pub defaults: ScopeLimits,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            command_timeout_ms: 250,
+            redis_retry_after_ms: 1_000,
+            fallback_rate_per_s: 5.0,
+            fallback_burst: 5.0,
+            fallback_failure_threshold: 0.2,
+            fallback_min_calls: 10,
+            fallback_cooldown_ms: 10_000,
+            fallback_replay_retry_ms: 5_000,
+            defaults: ScopeLimits::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_encode_every_field() {
+        let limits = ScopeLimits::default();
+        assert_eq!(limits.validate(), Ok(()));
+        let encoded = limits.encode();
+        assert_eq!(encoded.matches(';').count(), limits.fields().len());
+        assert!(encoded.starts_with("failure_threshold=0.05;min_calls=50;"));
+        let bad = ScopeLimits {
+            failure_threshold: 1.5,
+            ..ScopeLimits::default()
+        };
+        assert!(
+            bad.validate()
+                .expect_err("out of range")
+                .contains("failure_threshold")
+        );
+    }
+}

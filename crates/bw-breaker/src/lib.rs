@@ -1,0 +1,721 @@
+//! Distributed circuit breaker and rate limits for sender scopes (WABA + phone number), shared by every
+//! dispatcher and replay instance through atomic Redis Lua scripts (`lua/`).
+//!
+//! [`Breaker::admit`] decides a batch of sends of one scope in one round trip (pause, breaker, usage throttle,
+//! pair rate, sender rate with a priority reserve, replay only on spare rate); [`Breaker::record`] feeds a
+//! batch of outcomes back in one round trip and reports the transitions it caused, which the library also
+//! publishes on `bw.breaker.v1.<phone>`. State changes only inside the scripts, on Redis server time. When
+//! Redis is unreachable the library never errors on the send path: it answers from a local conservative
+//! fallback ([`BreakerConfig`] `fallback_*`) with `degraded = true`, and goes back to Redis on its own.
+//!
+//! What must not live here: NATS consumption, Meta calls, or config authority (the coordinator owns that).
+
+mod config;
+mod local;
+mod metrics;
+pub mod scripts;
+
+pub use config::{BreakerConfig, ScopeLimits};
+
+use bw_common::classify::RateScope;
+use bw_common::proto::{self, BreakerState, BreakerTransition};
+use prost::Message as _;
+use rand::RngExt;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A sender scope: one phone number of one WhatsApp Business Account.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    pub waba_id: String,
+    pub phone_number_id: String,
+}
+
+impl Scope {
+    pub fn new(waba_id: impl Into<String>, phone_number_id: impl Into<String>) -> Scope {
+        Scope {
+            waba_id: waba_id.into(),
+            phone_number_id: phone_number_id.into(),
+        }
+    }
+
+    /// `waba_id:phone_number_id`, the member of `names::SCOPES_INDEX_KEY`.
+    pub fn index_member(&self) -> String {
+        format!("{}:{}", self.waba_id, self.phone_number_id)
+    }
+
+    /// Parses an index member back.
+    pub fn from_index_member(member: &str) -> Option<Scope> {
+        let (waba, phone) = member.split_once(':')?;
+        (!waba.is_empty() && !phone.is_empty()).then(|| Scope::new(waba, phone))
+    }
+
+    fn to_proto(&self) -> proto::Scope {
+        proto::Scope {
+            waba_id: self.waba_id.clone(),
+            phone_number_id: self.phone_number_id.clone(),
+        }
+    }
+}
+
+/// Traffic class of a send, deciding which share of the sender rate it may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TrafficClass {
+    /// Authentication, transactional, support: may use the whole bucket including the reserve.
+    Priority,
+    /// Marketing: never takes the reserve; slowed and paused first under Meta usage pressure.
+    Marketing,
+    /// Messages replayed from the DLQ: only the spare rate above the reserve plus a headroom.
+    Replay,
+}
+
+/// One send asking for admission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmitItem {
+    /// `bw_common::mask::recipient_key` of the recipient.
+    pub recipient_key: String,
+    pub class: TrafficClass,
+}
+
+/// The answer for one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Send it. `canary` is true while HALF_OPEN; report it back in [`OutcomeItem::canary`].
+    Allow { canary: bool },
+    /// Do not send now; come back after `retry_after_ms`.
+    Deny {
+        reason: DenyReason,
+        retry_after_ms: u64,
+    },
+}
+
+/// Why a send was denied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DenyReason {
+    BreakerOpen,
+    ForcedOpen,
+    /// Fleet-wide pause of the scope (rate-limit error, Retry-After, credentials).
+    Paused,
+    SenderRate,
+    PairRate,
+    /// Tokens left are reserved for priority traffic (or, for replay, the live headroom).
+    Reserve,
+    /// Meta usage header above the throttle levels.
+    Throttled,
+    /// HALF_OPEN and this second's canaries are taken.
+    CanaryBudget,
+    /// Redis unreachable and the local fallback refuses this class (replay).
+    Degraded,
+}
+
+impl DenyReason {
+    /// Metric / log label.
+    pub fn label(self) -> &'static str {
+        match self {
+            DenyReason::BreakerOpen => "breaker_open",
+            DenyReason::ForcedOpen => "forced_open",
+            DenyReason::Paused => "paused",
+            DenyReason::SenderRate => "sender_rate",
+            DenyReason::PairRate => "pair_rate",
+            DenyReason::Reserve => "reserve",
+            DenyReason::Throttled => "throttled",
+            DenyReason::CanaryBudget => "canary_budget",
+            DenyReason::Degraded => "degraded",
+        }
+    }
+
+    fn from_code(code: i64) -> Option<DenyReason> {
+        Some(match code {
+            2 => DenyReason::BreakerOpen,
+            3 => DenyReason::ForcedOpen,
+            4 => DenyReason::Paused,
+            5 => DenyReason::SenderRate,
+            6 => DenyReason::PairRate,
+            7 => DenyReason::Reserve,
+            8 => DenyReason::Throttled,
+            9 => DenyReason::CanaryBudget,
+            _ => return None,
+        })
+    }
+}
+
+/// Answer to [`Breaker::admit`]: one decision per item, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admission {
+    pub decisions: Vec<Decision>,
+    pub state: BreakerState,
+    /// Incident id while the scope is not CLOSED (empty otherwise).
+    pub incident_id: String,
+    /// True when answered by the local fallback (Redis unreachable).
+    pub degraded: bool,
+}
+
+/// What a send ended in, as far as the breaker cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    Success,
+    /// 5xx, 131000 and friends, timeouts before a response: counts toward the breaker.
+    Transient,
+    /// Pauses the scope (or the pair for [`RateScope::Pair`]) for `pause_ms`; never a health failure.
+    RateLimited {
+        scope: RateScope,
+        pause_ms: u64,
+    },
+    /// Permanent client error: never counts.
+    Permanent,
+    /// Credentials or account error: pauses the scope for `pause_ms`.
+    Credentials {
+        pause_ms: u64,
+    },
+}
+
+/// One outcome to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutcomeItem {
+    pub recipient_key: String,
+    pub kind: OutcomeKind,
+    /// The `canary` flag of the admission that let this send through.
+    pub canary: bool,
+}
+
+/// Answer to [`Breaker::record`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordResult {
+    pub state: BreakerState,
+    pub incident_id: String,
+    /// Transitions this batch caused (already published when the breaker has a NATS client).
+    pub transitions: Vec<BreakerTransition>,
+    pub degraded: bool,
+}
+
+/// Operator override.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Forced {
+    Open,
+    Closed,
+    /// Remove an override; the scope returns to CLOSED (with the usual ramp-up).
+    Clear,
+}
+
+/// Current state of a scope, with live counters beyond the BW_SCOPES snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScopeStatus {
+    pub snapshot: proto::ScopeSnapshot,
+    pub failures_in_window: u64,
+    /// Tokens in the sender bucket now.
+    pub tokens: f64,
+    /// Last Meta usage percent still valid (0 when none).
+    pub usage_percent: u32,
+    /// Trips within the current incident (drives the cooldown growth).
+    pub trip_streak: u32,
+}
+
+/// Why a non-send-path breaker call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BreakerError {
+    #[error("breaker has no redis connection")]
+    NoRedis,
+    #[error("redis call `{script}` timed out after {timeout_ms} ms")]
+    Timeout {
+        script: &'static str,
+        timeout_ms: u64,
+    },
+    #[error("redis call failed: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("unexpected script reply: {0}")]
+    BadReply(String),
+}
+
+/// Redis connection: a single node or a cluster.
+#[derive(Clone)]
+pub enum RedisConn {
+    Single(redis::aio::ConnectionManager),
+}
+
+impl RedisConn {
+    async fn invoke(&self, inv: &redis::ScriptInvocation<'_>) -> redis::RedisResult<redis::Value> {
+        match self {
+            RedisConn::Single(conn) => {
+                let mut conn = conn.clone();
+                inv.invoke_async(&mut conn).await
+            }
+        }
+    }
+
+    async fn sadd(&self, key: &str, member: &str) -> redis::RedisResult<()> {
+        let mut cmd = redis::cmd("SADD");
+        cmd.arg(key).arg(member);
+        match self {
+            RedisConn::Single(conn) => {
+                let mut conn = conn.clone();
+                cmd.query_async::<()>(&mut conn).await
+            }
+        }
+    }
+}
+
+struct Inner {
+    redis: Option<RedisConn>,
+    nats: Option<async_nats::Client>,
+    cfg: BreakerConfig,
+    defaults: String,
+    local: Mutex<local::LocalBreakers>,
+    /// Last state Redis reported per scope, to seed the fallback.
+    last_known: Mutex<HashMap<String, (BreakerState, String)>>,
+    registered: Mutex<HashSet<String>>,
+    /// Last usage band sent per scope, and when.
+    usage_sent: Mutex<HashMap<String, (u8, tokio::time::Instant)>>,
+    /// Unix ms until which calls go straight to the fallback.
+    redis_down_until: AtomicI64,
+    round_trips: AtomicU64,
+    metrics: metrics::Metrics,
+}
+
+/// Client of the distributed breaker; cheap to clone.
+#[derive(Clone)]
+pub struct Breaker {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Breaker {
+    /// A breaker over a single Redis (None: always the local fallback) publishing transitions on `nats`.
+    pub fn new(
+        redis: Option<redis::aio::ConnectionManager>,
+        nats: Option<async_nats::Client>,
+        cfg: BreakerConfig,
+    ) -> Breaker {
+        Breaker::with_conn(redis.map(RedisConn::Single), nats, cfg)
+    }
+
+    /// A breaker over any [`RedisConn`].
+    pub fn with_conn(
+        redis: Option<RedisConn>,
+        nats: Option<async_nats::Client>,
+        cfg: BreakerConfig,
+    ) -> Breaker {
+        let defaults = cfg.defaults.encode();
+        Breaker {
+            inner: Arc::new(Inner {
+                redis,
+                nats,
+                cfg,
+                defaults,
+                local: Mutex::new(local::LocalBreakers::new()),
+                last_known: Mutex::new(HashMap::new()),
+                registered: Mutex::new(HashSet::new()),
+                usage_sent: Mutex::new(HashMap::new()),
+                redis_down_until: AtomicI64::new(0),
+                round_trips: AtomicU64::new(0),
+                metrics: metrics::Metrics::default(),
+            }),
+        }
+    }
+
+    /// Registers the library's metrics (call once per process).
+    pub fn register_metrics(&self, registry: &bw_common::admin::MetricsRegistry) {
+        if let Ok(mut registry) = registry.lock() {
+            self.inner.metrics.register(&mut registry);
+        }
+    }
+
+    /// Redis script round trips made by this breaker (and its clones) so far.
+    pub fn round_trips(&self) -> u64 {
+        self.inner.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// The client config.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.inner.cfg
+    }
+
+    async fn call(
+        &self,
+        script: &'static str,
+        inv: redis::ScriptInvocation<'_>,
+    ) -> Result<redis::Value, BreakerError> {
+        let redis = self.inner.redis.as_ref().ok_or(BreakerError::NoRedis)?;
+        let timeout_ms = self.inner.cfg.command_timeout_ms;
+        self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
+        metrics::Metrics::inc(&self.inner.metrics.round_trips, "script", script);
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), redis.invoke(&inv)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(BreakerError::Redis(e)),
+            Err(_) => Err(BreakerError::Timeout { script, timeout_ms }),
+        }
+    }
+
+    /// True when the send path should skip Redis for now (a recent failure).
+    fn redis_skipped(&self) -> bool {
+        self.inner.redis.is_none()
+            || bw_common::time::now_ms() < self.inner.redis_down_until.load(Ordering::Relaxed)
+    }
+
+    fn mark_down(&self, op: &'static str, error: &BreakerError) {
+        let until = bw_common::time::now_ms() + self.inner.cfg.redis_retry_after_ms as i64;
+        let previous = self.inner.redis_down_until.swap(until, Ordering::Relaxed);
+        if previous < bw_common::time::now_ms() {
+            tracing::warn!(op, error = %error, "breaker redis unreachable; answering from the local fallback");
+        }
+    }
+
+    async fn register_scope(&self, scope: &Scope) {
+        let member = scope.index_member();
+        if lock(&self.inner.registered).contains(&member) {
+            return;
+        }
+        if let Some(redis) = &self.inner.redis {
+            let timeout = Duration::from_millis(self.inner.cfg.command_timeout_ms);
+            if let Ok(Ok(())) = tokio::time::timeout(
+                timeout,
+                redis.sadd(bw_common::names::SCOPES_INDEX_KEY, &member),
+            )
+            .await
+            {
+                lock(&self.inner.registered).insert(member);
+            }
+        }
+    }
+
+    fn remember(&self, scope: &Scope, state: BreakerState, incident_id: &str) {
+        let key = scope.index_member();
+        lock(&self.inner.local).forget(&key);
+        lock(&self.inner.last_known).insert(key, (state, incident_id.to_string()));
+    }
+
+    fn last_known(&self, scope: &Scope) -> Option<(BreakerState, String)> {
+        lock(&self.inner.last_known)
+            .get(&scope.index_member())
+            .cloned()
+    }
+
+    /// Admits a batch of sends of one scope in one round trip. Never fails: without Redis it answers from the
+    /// local fallback with `degraded = true`.
+    pub async fn admit(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {
+        let admission = match self.admit_redis(scope, items).await {
+            Some(admission) => admission,
+            None => {
+                metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "admit");
+                let last = self.last_known(scope);
+                lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items)
+            }
+        };
+        for d in &admission.decisions {
+            let label = match d {
+                Decision::Allow { canary: false } => "allow",
+                Decision::Allow { canary: true } => "canary",
+                Decision::Deny { reason, .. } => reason.label(),
+            };
+            metrics::Metrics::inc(&self.inner.metrics.decisions, "reason", label);
+        }
+        admission
+    }
+
+    async fn admit_redis(&self, scope: &Scope, items: &[AdmitItem]) -> Option<Admission> {
+        if self.redis_skipped() {
+            return None;
+        }
+        let rand: f64 = rand::rng().random();
+        let inv = scripts::admit_invocation(scope, &self.inner.defaults, rand, items);
+        let parsed = match self.call("admit_send", inv).await {
+            Ok(value) => parse_admit(value, items.len()),
+            Err(e) => Err(e),
+        };
+        match parsed {
+            Ok((admission, head, transitions)) => {
+                self.remember(scope, admission.state, &admission.incident_id);
+                self.register_scope(scope).await;
+                self.publish(scope, &head, transitions).await;
+                Some(admission)
+            }
+            Err(e) => {
+                self.mark_down("admit", &e);
+                None
+            }
+        }
+    }
+
+    /// Records a batch of outcomes of one scope in one round trip; returns the state and the transitions.
+    /// Never fails: without Redis the outcomes feed the local fallback breaker.
+    pub async fn record(&self, scope: &Scope, outcomes: &[OutcomeItem]) -> RecordResult {
+        if !self.redis_skipped() {
+            let rand: f64 = rand::rng().random();
+            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes);
+            let parsed = match self.call("record_outcomes", inv).await {
+                Ok(value) => parse_record(value),
+                Err(e) => Err(e),
+            };
+            match parsed {
+                Ok((head, raw)) => {
+                    self.remember(scope, head.state, &head.incident_id);
+                    self.register_scope(scope).await;
+                    let transitions = self.publish(scope, &head, raw).await;
+                    return RecordResult {
+                        state: head.state,
+                        incident_id: head.incident_id,
+                        transitions,
+                        degraded: false,
+                    };
+                }
+                Err(e) => self.mark_down("record", &e),
+            }
+        }
+        metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "record");
+        let last = self.last_known(scope);
+        let (state, incident_id) =
+            lock(&self.inner.local).record(&self.inner.cfg, &scope.index_member(), last, outcomes);
+        RecordResult {
+            state,
+            incident_id,
+            transitions: Vec::new(),
+            degraded: true,
+        }
+    }
+
+    /// Feeds the Meta usage percent (X-Business-Use-Case-Usage). Sent to Redis only when the throttle band
+    /// changes or the last report is getting old, so it costs almost no round trips.
+    pub async fn observe_usage(&self, scope: &Scope, usage_percent: u32) {
+        let limits = &self.inner.cfg.defaults;
+        let band: u8 = if usage_percent >= limits.throttle_pause_percent {
+            2
+        } else if usage_percent >= limits.throttle_slow_percent {
+            1
+        } else {
+            0
+        };
+        let refresh = Duration::from_millis(limits.usage_ttl_ms / 3);
+        let key = scope.index_member();
+        {
+            let sent = lock(&self.inner.usage_sent);
+            if let Some((last_band, at)) = sent.get(&key)
+                && *last_band == band
+                && at.elapsed() < refresh
+            {
+                return;
+            }
+        }
+        if self.redis_skipped() {
+            return;
+        }
+        let mut inv = scripts::OBSERVE_USAGE.prepare_invoke();
+        inv.key(scripts::cfg_key(scope))
+            .key(scripts::state_key(scope))
+            .arg(usage_percent);
+        match self.call("observe_usage", inv).await {
+            Ok(_) => {
+                lock(&self.inner.usage_sent).insert(key, (band, tokio::time::Instant::now()));
+            }
+            Err(e) => self.mark_down("observe_usage", &e),
+        }
+    }
+
+    /// Reads the current state of a scope (no change). Unlike the send path this fails without Redis.
+    pub async fn snapshot(&self, scope: &Scope) -> Result<proto::ScopeSnapshot, BreakerError> {
+        Ok(self.status(scope).await?.snapshot)
+    }
+
+    /// Like [`Breaker::snapshot`], with live counters.
+    pub async fn status(&self, scope: &Scope) -> Result<ScopeStatus, BreakerError> {
+        let inv = scripts::scope_invocation(&scripts::READ_SCOPE, scope, &self.inner.defaults);
+        let value = self.call("read_scope", inv).await?;
+        let (status, _) = parse_status(scope, value)?;
+        Ok(status)
+    }
+
+    /// Moves an OPEN scope whose cooldown ended to HALF_OPEN (the coordinator ticks known scopes with this)
+    /// and returns its state; publishes the transition if one happened.
+    pub async fn tick(
+        &self,
+        scope: &Scope,
+    ) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
+        let inv = scripts::scope_invocation(&scripts::TICK_SCOPE, scope, &self.inner.defaults);
+        self.status_call("tick_scope", scope, inv).await
+    }
+
+    /// Operator override; publishes the transition.
+    pub async fn force(
+        &self,
+        scope: &Scope,
+        forced: Forced,
+    ) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
+        let mode = match forced {
+            Forced::Open => "open",
+            Forced::Closed => "closed",
+            Forced::Clear => "clear",
+        };
+        let mut inv =
+            scripts::scope_invocation(&scripts::FORCE_BREAKER, scope, &self.inner.defaults);
+        inv.arg(mode);
+        self.status_call("force_breaker", scope, inv).await
+    }
+
+    /// Wipes window, counters, pause, incident and override; the scope is CLOSED at full rate.
+    pub async fn reset(
+        &self,
+        scope: &Scope,
+    ) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
+        let mut inv =
+            scripts::scope_invocation(&scripts::FORCE_BREAKER, scope, &self.inner.defaults);
+        inv.arg("reset");
+        self.status_call("force_breaker", scope, inv).await
+    }
+
+    async fn status_call(
+        &self,
+        script: &'static str,
+        scope: &Scope,
+        inv: redis::ScriptInvocation<'_>,
+    ) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
+        let value = self.call(script, inv).await?;
+        let (status, raw) = parse_status(scope, value)?;
+        let head = scripts::Head {
+            state: status.snapshot.state(),
+            incident_id: status.snapshot.incident_id.clone(),
+            open_until_ms: status.snapshot.open_until_unix_ms,
+            calls: status.snapshot.calls_in_window,
+            failures: status.failures_in_window,
+            now_ms: status.snapshot.updated_at_unix_ms,
+        };
+        self.remember(scope, head.state, &head.incident_id);
+        let transitions = self.publish(scope, &head, raw).await;
+        Ok((status, transitions))
+    }
+
+    /// Turns raw transitions into events and publishes them (core NATS, captured by BW_EVENTS).
+    async fn publish(
+        &self,
+        scope: &Scope,
+        head: &scripts::Head,
+        raw: Vec<scripts::RawTransition>,
+    ) -> Vec<BreakerTransition> {
+        let mut out = Vec::with_capacity(raw.len());
+        for t in raw {
+            let event = BreakerTransition {
+                scope: Some(scope.to_proto()),
+                from: t.from as i32,
+                to: t.to as i32,
+                at_unix_ms: t.at_ms,
+                incident_id: t.incident_id,
+                reason: t.reason,
+                failure_rate: failure_rate(head.calls, head.failures),
+                calls_in_window: head.calls,
+                open_until_unix_ms: if t.to == BreakerState::Open {
+                    head.open_until_ms
+                } else {
+                    0
+                },
+            };
+            tracing::info!(
+                phone_number_id = %scope.phone_number_id,
+                from = t.from.as_str_name(),
+                to = t.to.as_str_name(),
+                incident_id = %event.incident_id,
+                reason = %event.reason,
+                "breaker transition"
+            );
+            metrics::Metrics::inc(&self.inner.metrics.transitions, "to", t.to.as_str_name());
+            if let Some(nats) = &self.inner.nats {
+                let subject = bw_common::names::breaker_subject(&scope.phone_number_id);
+                if let Err(e) = nats.publish(subject, event.encode_to_vec().into()).await {
+                    tracing::warn!(error = %e, "cannot publish breaker transition");
+                }
+            }
+            out.push(event);
+        }
+        out
+    }
+}
+
+fn failure_rate(calls: u64, failures: u64) -> f64 {
+    if calls == 0 {
+        0.0
+    } else {
+        failures as f64 / calls as f64
+    }
+}
+
+type Parsed<T> = Result<T, BreakerError>;
+
+fn parse_admit(
+    value: redis::Value,
+    n: usize,
+) -> Parsed<(Admission, scripts::Head, Vec<scripts::RawTransition>)> {
+    let mut reply = scripts::Reply::new(value)?;
+    let head = scripts::head(&mut reply)?;
+    let mut decisions = Vec::with_capacity(n);
+    for _ in 0..n {
+        let code = reply.int()?;
+        let retry_after_ms = reply.int()?.max(0) as u64;
+        decisions.push(match code {
+            0 => Decision::Allow { canary: false },
+            1 => Decision::Allow { canary: true },
+            other => Decision::Deny {
+                reason: DenyReason::from_code(other).ok_or_else(|| {
+                    BreakerError::BadReply(format!("unknown decision code {other}"))
+                })?,
+                retry_after_ms,
+            },
+        });
+    }
+    let transitions = scripts::transitions(&mut reply)?;
+    let admission = Admission {
+        decisions,
+        state: head.state,
+        incident_id: head.incident_id.clone(),
+        degraded: false,
+    };
+    Ok((admission, head, transitions))
+}
+
+fn parse_record(value: redis::Value) -> Parsed<(scripts::Head, Vec<scripts::RawTransition>)> {
+    let mut reply = scripts::Reply::new(value)?;
+    let head = scripts::head(&mut reply)?;
+    let _paused_until = reply.int()?;
+    let transitions = scripts::transitions(&mut reply)?;
+    Ok((head, transitions))
+}
+
+fn parse_status(
+    scope: &Scope,
+    value: redis::Value,
+) -> Parsed<(ScopeStatus, Vec<scripts::RawTransition>)> {
+    let mut reply = scripts::Reply::new(value)?;
+    let head = scripts::head(&mut reply)?;
+    let tail = scripts::snapshot_tail(&mut reply)?;
+    let transitions = scripts::transitions(&mut reply)?;
+    let snapshot = proto::ScopeSnapshot {
+        scope: Some(scope.to_proto()),
+        state: head.state as i32,
+        since_unix_ms: tail.since_ms,
+        incident_id: head.incident_id,
+        open_until_unix_ms: head.open_until_ms,
+        paused_until_unix_ms: if tail.paused_until_ms > head.now_ms {
+            tail.paused_until_ms
+        } else {
+            0
+        },
+        pause_reason: if tail.paused_until_ms > head.now_ms {
+            tail.pause_reason
+        } else {
+            String::new()
+        },
+        failure_rate: failure_rate(head.calls, head.failures),
+        calls_in_window: head.calls,
+        ramp_fraction: tail.ramp_fraction,
+        trips: tail.trips,
+        updated_at_unix_ms: head.now_ms,
+    };
+    let status = ScopeStatus {
+        snapshot,
+        failures_in_window: head.failures,
+        tokens: tail.tokens,
+        usage_percent: tail.usage_percent,
+        trip_streak: tail.trip_streak,
+    };
+    Ok((status, transitions))
+}

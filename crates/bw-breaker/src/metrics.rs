@@ -1,0 +1,51 @@
+//! Prometheus metrics of the breaker library; callers register them once with [`crate::Breaker::register_metrics`].
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+/// Counters shared by every clone of a [`crate::Breaker`].
+#[derive(Clone, Default)]
+pub(crate) struct Metrics {
+    /// Admission decisions by reason (`allow`, `canary`, `breaker_open`, `sender_rate`...).
+    pub decisions: Family<Labels, Counter>,
+    /// Breaker transitions seen by this process, by target state.
+    pub transitions: Family<Labels, Counter>,
+    /// Script calls answered locally because Redis was unreachable, by operation.
+    pub degraded: Family<Labels, Counter>,
+    /// Redis script round trips made, by script.
+    pub round_trips: Family<Labels, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "bw_admission_decisions",
+            "Admission decisions of the breaker library by reason",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "bw_breaker_transitions_seen",
+            "Breaker transitions caused by this process, by target state",
+            self.transitions.clone(),
+        );
+        registry.register(
+            "bw_breaker_degraded_calls",
+            "Breaker calls answered by the local fallback because Redis was unreachable",
+            self.degraded.clone(),
+        );
+        registry.register(
+            "bw_breaker_redis_round_trips",
+            "Redis script round trips made by the breaker library, by script",
+            self.round_trips.clone(),
+        );
+    }
+
+    pub(crate) fn inc(family: &Family<Labels, Counter>, name: &str, value: &str) {
+        family
+            .get_or_create(&vec![(name.to_string(), value.to_string())])
+            .inc();
+    }
+}

@@ -1,0 +1,18 @@
+-- tick_scope.lua: moves an OPEN scope to HALF_OPEN once its cooldown ended, even with no traffic, and
+-- returns the scope's state. Idempotent: any number of coordinators may tick the same scope; only the first
+-- tick after the cooldown makes the transition.
+--
+-- KEYS[1]  cfg hash of the scope
+-- KEYS[2]  state hash of the scope
+-- ARGV[1]  compiled defaults "name=value;..."
+-- ARGV[2]  tag used in minted incident ids (the phone_number_id)
+-- Returns: the read_scope.lua reply, then per transition: from, to, at_ms, reason, incident_id
+
+local now = now_ms()
+local c = load_cfg(ARGV[1], KEYS[1])
+local S = load_state(KEYS[2])
+local T = {}
+maybe_half_open(S, c, now, T, 0, ARGV[2])
+if num(S.rc) > 0 and ramp_fraction(S, c, now) >= 1 then set(S, 'rc', 0) end
+save_state(S, KEYS[2])
+return append_transitions(snapshot(S, c, now), T)
