@@ -1,1 +1,179 @@
-//! Shared helpers for the end-to-end tests.
+//! Harness for the cross-service tests: real nats-server and redis-server (bw-testkit), the Meta simulator,
+//! and the real services' `run()` started in-process with their real config loaders, each with its own
+//! cancellation token so a test can stop one instance while the others keep going.
+
+use bw_common::ledger::{Ledger, Versioned};
+use bw_common::nats::Buckets;
+use bw_common::proto::OperationState;
+use bw_common::service::Deps;
+use bw_testkit::{NatsServer, RedisServer};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// App secret the simulator signs webhooks with and ingest verifies.
+pub const APP_SECRET: &str = "e2e-app-secret";
+/// Access token the dispatcher sends and the simulator accepts.
+pub const ACCESS_TOKEN: &str = "e2e-access-token";
+/// WABA of the test senders.
+pub const WABA_ID: &str = "102290129340398";
+
+/// One running service instance.
+pub struct Instance {
+    pub token: CancellationToken,
+    pub handle: JoinHandle<anyhow::Result<()>>,
+}
+
+impl Instance {
+    /// Cancels the instance and waits for its `run` to return.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.token.cancel();
+        self.handle.await?
+    }
+}
+
+/// Servers, simulator and service instances of one test.
+pub struct Harness {
+    pub nats: NatsServer,
+    pub redis: RedisServer,
+    pub sim: bw_meta_sim::SimHandle,
+    pub client: async_nats::Client,
+    pub js: async_nats::jetstream::Context,
+    pub buckets: Buckets,
+    pub ledger: Ledger,
+    /// Where ingest serves HTTP (intake and Meta webhooks).
+    pub ingest_http: String,
+    instances: Vec<Instance>,
+}
+
+fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
+    let prefix = format!("BW_{}__", service.to_ascii_uppercase().replace('-', "_"));
+    pairs
+        .iter()
+        .map(|(k, v)| (format!("{prefix}{}", k.to_ascii_uppercase().replace('.', "__")), v.clone()))
+        .collect()
+}
+
+impl Harness {
+    /// Starts servers and the simulator (its webhooks aimed at the ingest HTTP address reserved here).
+    pub async fn start(mut sim_cfg: bw_meta_sim::SimConfig) -> Harness {
+        bw_common::service::install_crypto();
+        let nats = NatsServer::start();
+        let redis = RedisServer::start();
+        let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
+        sim_cfg.app_secret = APP_SECRET.into();
+        sim_cfg.access_tokens = vec![ACCESS_TOKEN.into()];
+        sim_cfg.waba_id = WABA_ID.into();
+        if sim_cfg.webhook.url.is_none() {
+            sim_cfg.webhook.url = Some(format!("http://{ingest_http}/webhooks/meta"));
+        }
+        let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
+        let client = async_nats::connect(nats.url()).await.expect("nats connects");
+        let js = async_nats::jetstream::new(client.clone());
+        let nats_cfg = bw_common::config::NatsConfig {
+            url: nats.url(),
+            name: "bw-e2e".into(),
+            replicas: 1,
+            limits: Default::default(),
+        };
+        let buckets = bw_common::nats::ensure_topology(&js, &nats_cfg).await.expect("topology");
+        let ledger = Ledger::new(&buckets);
+        Harness { nats, redis, sim, client, js, buckets, ledger, ingest_http, instances: Vec::new() }
+    }
+
+    async fn deps(&self, service: &str, with_redis: bool) -> Deps {
+        let nats_cfg = bw_common::config::NatsConfig {
+            url: self.nats.url(),
+            name: format!("e2e-{service}"),
+            replicas: 1,
+            limits: Default::default(),
+        };
+        let redis_cfg = bw_common::config::RedisConfig { url: self.redis.url(), timeout_ms: 250 };
+        Deps::connect(service, &nats_cfg, with_redis.then_some(&redis_cfg), Duration::from_secs(10))
+            .await
+            .expect("deps connect")
+    }
+
+    /// Starts an ingest instance serving HTTP on `ingest_http` (the first one) or a free port.
+    pub async fn start_ingest(&mut self, overrides: &[(&str, String)]) -> usize {
+        let listen = if self.instances.is_empty() { self.ingest_http.clone() } else { "127.0.0.1:0".into() };
+        let mut pairs = vec![
+            ("nats.url", self.nats.url()),
+            ("admin.listen", "127.0.0.1:0".to_string()),
+            ("http.listen", listen),
+            ("webhook.app_secret", APP_SECRET.to_string()),
+            ("webhook.verify_token", "e2e-verify".to_string()),
+        ];
+        pairs.extend(overrides.iter().cloned());
+        let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
+        let deps = self.deps("ingest", false).await;
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(bw_ingest::run(cfg, deps, token.clone()));
+        self.instances.push(Instance { token, handle });
+        self.instances.len() - 1
+    }
+
+    /// Starts a dispatcher instance talking to the simulator.
+    pub async fn start_dispatcher(&mut self, overrides: &[(&str, String)]) -> usize {
+        let mut pairs = vec![
+            ("nats.url", self.nats.url()),
+            ("redis.url", self.redis.url()),
+            ("admin.listen", "127.0.0.1:0".to_string()),
+            ("meta.base_url", self.sim.base_url()),
+            ("meta.access_token", ACCESS_TOKEN.to_string()),
+            ("meta.request_timeout_ms", "2000".to_string()),
+            ("dispatch.ack_wait_ms", "5000".to_string()),
+            ("dispatch.retry_base_ms", "100".to_string()),
+            ("dispatch.retry_cap_ms", "500".to_string()),
+            ("dispatch.idle_wait_ms", "50".to_string()),
+        ];
+        pairs.extend(overrides.iter().cloned());
+        let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
+        let deps = self.deps("dispatcher", true).await;
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(bw_dispatcher::run(cfg, deps, token.clone()));
+        self.instances.push(Instance { token, handle });
+        self.instances.len() - 1
+    }
+
+    /// Stops instance `index` gracefully (SIGTERM path) and returns what its `run` returned.
+    pub async fn stop(&mut self, index: usize) -> anyhow::Result<()> {
+        let token = self.instances[index].token.clone();
+        token.cancel();
+        let handle = std::mem::replace(&mut self.instances[index].handle, tokio::spawn(async { Ok(()) }));
+        handle.await?
+    }
+
+    /// Aborts instance `index` without any chance to finish (the in-process stand-in for kill -9).
+    pub fn abort(&mut self, index: usize) {
+        self.instances[index].handle.abort();
+    }
+
+    /// A producer client.
+    pub fn producer(&self) -> bw_client::Client {
+        bw_client::Client::new(self.client.clone())
+    }
+
+    /// Reads an operation's ledger entry.
+    pub async fn ledger_entry(&self, operation_id: &str) -> Option<Versioned> {
+        self.ledger.get(operation_id).await.ok().flatten()
+    }
+
+    /// Waits until the operation's ledger state is one of `states`.
+    pub async fn wait_state(&self, operation_id: &str, states: &[OperationState], timeout: Duration) -> bool {
+        bw_testkit::wait_until(timeout, || async {
+            self.ledger_entry(operation_id).await.is_some_and(|v| states.contains(&v.entry.state()))
+        })
+        .await
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        for i in &self.instances {
+            i.token.cancel();
+            i.handle.abort();
+        }
+    }
+}

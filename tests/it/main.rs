@@ -1,1 +1,5 @@
-//! End-to-end tests.
+//! End-to-end tests: real nats-server, redis-server, the Meta simulator, and the real services.
+
+mod crash;
+mod dispatch;
+mod flow;

@@ -108,12 +108,29 @@ impl Ledger {
     /// Compare-and-set update. `f` sees the current entry (None if absent) and returns the new one, or None to
     /// leave it as is. Transitions that [`transition_allowed`] refuses are skipped (returns the current entry).
     /// Returns the entry as stored afterwards.
-    pub async fn update<F>(&self, operation_id: &str, mut f: F) -> Result<Option<LedgerEntry>, LedgerError>
+    pub async fn update<F>(&self, operation_id: &str, f: F) -> Result<Option<LedgerEntry>, LedgerError>
     where
         F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
     {
+        self.update_from(operation_id, None, f).await
+    }
+
+    /// Like [`Ledger::update`], starting from an entry already read (saves a round trip when it is current).
+    pub async fn update_from<F>(
+        &self,
+        operation_id: &str,
+        known: Option<Versioned>,
+        mut f: F,
+    ) -> Result<Option<LedgerEntry>, LedgerError>
+    where
+        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    {
+        let mut known = known;
         for _ in 0..16 {
-            let current = self.get(operation_id).await?;
+            let current = match known.take() {
+                Some(k) => Some(k),
+                None => self.get(operation_id).await?,
+            };
             let Some(mut next) = f(current.as_ref().map(|v| &v.entry)) else {
                 return Ok(current.map(|v| v.entry));
             };

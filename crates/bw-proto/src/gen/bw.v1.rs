@@ -643,6 +643,15 @@ pub struct LedgerEntry {
     pub replays: u32,
     #[prost(int64, tag = "15")]
     pub deadline_unix_ms: i64,
+    /// When the first try of the current dispatch pass failed transiently, Unix ms (retry budget: 5 min).
+    #[prost(int64, tag = "16")]
+    pub first_failure_at_unix_ms: i64,
+    /// Last automatic retry delay in ms (for decorrelated jitter).
+    #[prost(int64, tag = "17")]
+    pub last_retry_delay_ms: i64,
+    /// Transient failures in the current dispatch pass (retry budget: 3 retries).
+    #[prost(uint32, tag = "18")]
+    pub transient_failures: u32,
 }
 /// What one dispatch try ended in, published on bw.outcome.v1.<phone_number_id> (stream BW_EVENTS)
 /// for dashboards, the drill and alerting. The ledger stays the source of truth.
@@ -673,6 +682,9 @@ pub struct DispatchOutcome {
     /// Time spent in the Meta call, microseconds (0 if none).
     #[prost(uint64, tag = "11")]
     pub meta_latency_us: u64,
+    /// Time from the dispatcher receiving the message to this outcome, microseconds (fail-fast latency when OPEN).
+    #[prost(uint64, tag = "12")]
+    pub handling_us: u64,
 }
 /// Where an accepted operation is. Every accepted operation is in exactly one of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

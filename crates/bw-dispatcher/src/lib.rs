@@ -1,0 +1,256 @@
+//! The dispatcher: the only component that talks to Meta.
+//!
+//! It pulls accepted send requests from the BW_SEND work queue through three durable pull consumers (lanes
+//! `hi` = authentication/transactional/support, `lo` = marketing, `rp` = replayed from the DLQ), always filling a
+//! batch from `hi` first. Each message is checked against the ledger (never send an operation twice) and its
+//! deadline, admitted through the Redis breaker and rate limits in one round trip per batch and scope, POSTed
+//! to Meta, classified by error code, and moved to exactly one next place: SENT, a delayed redelivery, the
+//! DLQ, the quarantine, or the unknown-outcome queue. Any number of instances share the consumers.
+//!
+//! Must not: resend an operation the ledger shows as accepted by Meta, retry an unknown outcome, or block a
+//! worker while waiting for a retry (delays are JetStream delayed redeliveries).
+//!
+//! Entry point: [`run`].
+
+mod meta;
+mod metrics;
+mod moves;
+mod process;
+
+pub use meta::{MetaAnswer, MetaClient, build_body};
+
+use async_nats::jetstream::consumer::{self, pull};
+use bw_common::config::{AdminConfig, NatsConfig, RedisConfig, TelemetryConfig};
+use bw_common::names::{self, Lane};
+use bw_common::service::{Deps, ServiceConfig};
+use futures::StreamExt;
+use serde::Deserialize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Compiled defaults, every key commented.
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
+/// Dispatcher configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub nats: NatsConfig,
+    pub redis: RedisConfig,
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    pub meta: MetaConfig,
+    pub dispatch: DispatchConfig,
+    /// Breaker client settings (local fallback, command timeouts); defaults when absent.
+    #[serde(default)]
+    pub breaker: bw_breaker::BreakerConfig,
+}
+
+/// How to reach Meta.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaConfig {
+    pub base_url: String,
+    pub api_version: String,
+    pub access_token: String,
+    pub connect_timeout_ms: u64,
+    pub request_timeout_ms: u64,
+    pub pool_max_idle_per_host: usize,
+}
+
+impl std::fmt::Debug for MetaConfig {
+    // The token never appears in logs, even through a debug print of the config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetaConfig")
+            .field("base_url", &self.base_url)
+            .field("api_version", &self.api_version)
+            .field("access_token", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Dispatch behaviour.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchConfig {
+    pub batch_size: usize,
+    pub max_in_flight: usize,
+    pub max_retries: u32,
+    pub retry_base_ms: u64,
+    pub retry_cap_ms: u64,
+    pub retry_budget_ms: u64,
+    pub ack_wait_ms: u64,
+    pub unknown_review_ms: u64,
+    pub long_pause_ms: u64,
+    pub publish_outcomes: bool,
+    pub shutdown_grace_ms: u64,
+    pub idle_wait_ms: u64,
+}
+
+impl ServiceConfig for Config {
+    fn nats(&self) -> &NatsConfig {
+        &self.nats
+    }
+    fn redis(&self) -> Option<&RedisConfig> {
+        Some(&self.redis)
+    }
+    fn admin(&self) -> &AdminConfig {
+        &self.admin
+    }
+    fn telemetry(&self) -> &TelemetryConfig {
+        &self.telemetry
+    }
+}
+
+impl Config {
+    /// Loads the config from the compiled defaults, an optional file and an env map.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: &std::collections::HashMap<String, String>,
+    ) -> Result<Config, bw_common::config::ConfigError> {
+        let cfg: Config = bw_common::config::load("dispatcher", DEFAULT_CONFIG, file, env)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), bw_common::config::ConfigError> {
+        let invalid = |m: &str| Err(bw_common::config::ConfigError::Invalid(m.to_string()));
+        if self.dispatch.ack_wait_ms <= self.meta.request_timeout_ms {
+            return invalid("dispatch.ack_wait_ms must exceed meta.request_timeout_ms");
+        }
+        if self.dispatch.batch_size == 0 || self.dispatch.max_in_flight < self.dispatch.batch_size {
+            return invalid("dispatch.batch_size must be > 0 and <= dispatch.max_in_flight");
+        }
+        if self.dispatch.retry_base_ms == 0 || self.dispatch.retry_cap_ms < self.dispatch.retry_base_ms {
+            return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
+        }
+        Ok(())
+    }
+}
+
+/// Creates (or binds to) the durable pull consumer of a lane.
+pub async fn lane_consumer(
+    js: &async_nats::jetstream::Context,
+    lane: Lane,
+    ack_wait: Duration,
+) -> anyhow::Result<consumer::Consumer<pull::Config>> {
+    let stream = js.get_stream(names::SEND_STREAM).await?;
+    let config = pull::Config {
+        durable_name: Some(lane.dispatcher_consumer().to_string()),
+        filter_subject: lane.filter(),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        max_deliver: -1,
+        max_ack_pending: 50_000,
+        ..Default::default()
+    };
+    Ok(stream.get_or_create_consumer(lane.dispatcher_consumer(), config).await?)
+}
+
+/// Runs the dispatcher until `shutdown` is cancelled, then finishes in-flight messages (ack or nak).
+pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let metrics = metrics::Metrics::register(&deps.metrics);
+    let breaker = bw_breaker::Breaker::new(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
+    breaker.register_metrics(&deps.metrics);
+    let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    let meta = MetaClient::new(&cfg.meta)?;
+    let ack_wait = Duration::from_millis(cfg.dispatch.ack_wait_ms);
+    let mut consumers = Vec::new();
+    for lane in Lane::ALL {
+        consumers.push((lane, lane_consumer(&deps.js, lane, ack_wait).await?));
+    }
+    let worker = Arc::new(process::Worker {
+        js: deps.js.clone(),
+        nats: deps.nats.clone(),
+        ledger,
+        breaker,
+        meta,
+        cfg: cfg.dispatch.clone(),
+        metrics,
+    });
+    let tracker = TaskTracker::new();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
+    let batch_size = cfg.dispatch.batch_size;
+    let idle_wait = Duration::from_millis(cfg.dispatch.idle_wait_ms.max(10));
+    deps.health.set_started();
+    tracing::info!(lanes = consumers.len(), batch_size, "dispatcher consuming");
+
+    while !shutdown.is_cancelled() {
+        let permits = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            p = in_flight.clone().acquire_many_owned(batch_size as u32) => p?,
+        };
+        let mut batch = Vec::with_capacity(batch_size);
+        for (lane, consumer) in &consumers {
+            let room = batch_size - batch.len();
+            if room == 0 {
+                break;
+            }
+            match consumer.fetch().max_messages(room).messages().await {
+                Ok(mut messages) => {
+                    while let Some(next) = messages.next().await {
+                        match next {
+                            Ok(m) => batch.push((*lane, m)),
+                            Err(e) => {
+                                tracing::debug!(error = %e, "fetch ended");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(lane = lane.token(), error = %e, "fetch failed"),
+            }
+        }
+        if batch.is_empty() {
+            drop(permits);
+            // Long-poll the high lane so an idle dispatcher reacts fast without spinning; other lanes are
+            // checked again right after.
+            let wait = async {
+                if let Some((lane, consumer)) = consumers.first() {
+                    if let Ok(mut messages) = consumer.batch().max_messages(1).expires(idle_wait).messages().await {
+                        if let Some(Ok(m)) = messages.next().await {
+                            return Some((*lane, m));
+                        }
+                    }
+                }
+                None
+            };
+            let got = tokio::select! {
+                _ = shutdown.cancelled() => None,
+                got = wait => got,
+            };
+            if let Some(m) = got {
+                let permit = in_flight.clone().acquire_owned().await?;
+                let worker = worker.clone();
+                tracker.spawn(async move {
+                    worker.process_batch(vec![m]).await;
+                    drop(permit);
+                });
+            } else if !shutdown.is_cancelled() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            continue;
+        }
+        let mut permits = permits;
+        let used = permits.split(batch.len()).expect("batch never exceeds the permits acquired for it");
+        drop(permits);
+        let worker = worker.clone();
+        tracker.spawn(async move {
+            worker.process_batch(batch).await;
+            drop(used);
+        });
+    }
+
+    deps.health.set_shutting_down();
+    tracker.close();
+    let grace = Duration::from_millis(cfg.dispatch.shutdown_grace_ms);
+    if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
+        tracing::warn!("shutdown grace expired with messages in flight; JetStream will redeliver them");
+    }
+    let _ = deps.nats.flush().await;
+    tracing::info!("dispatcher stopped");
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! The Meta Cloud API client: builds the `/messages` body from a `SendRequest`, POSTs it, and turns the answer
+//! into a [`MetaAnswer`]. The access token goes only into the Authorization header; the operation id goes into
+//! `biz_opaque_callback_data` so a status webhook can prove a send whose answer was lost.
+
+use crate::MetaConfig;
+use bw_common::classify::{self, ErrorClass};
+use bw_common::proto::{SendRequest, send_request::Payload};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// What came back from one POST.
+#[derive(Debug, Clone)]
+pub enum MetaAnswer {
+    /// HTTP 200 with a wamid.
+    Accepted { wamid: String, usage_percent: Option<u32> },
+    /// Meta (or something in front of it) refused the message; it was not created.
+    Rejected { class: ErrorClass, code: i64, http_status: u16, details: String, fbtrace_id: String, retry_after_ms: Option<u64> },
+    /// The request never left (connect error): safe to retry, counts as transient.
+    NotSent { details: String },
+    /// The request may have reached Meta but no answer came (timeout, reset): never resend blindly.
+    Unknown { details: String, http_status: u16 },
+}
+
+/// A pooled HTTP client bound to one Meta base URL.
+#[derive(Clone)]
+pub struct MetaClient {
+    http: reqwest::Client,
+    base_url: String,
+    api_version: String,
+    auth_header: String,
+}
+
+impl MetaClient {
+    /// Builds the client (connection pool, timeouts).
+    pub fn new(cfg: &MetaConfig) -> anyhow::Result<MetaClient> {
+        bw_common::service::install_crypto();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
+            .timeout(Duration::from_millis(cfg.request_timeout_ms))
+            .pool_max_idle_per_host(cfg.pool_max_idle_per_host)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(MetaClient {
+            http,
+            base_url: cfg.base_url.trim_end_matches('/').to_string(),
+            api_version: cfg.api_version.clone(),
+            auth_header: format!("Bearer {}", cfg.access_token),
+        })
+    }
+
+    /// POSTs one message. Returns the answer and how long the call took.
+    pub async fn send(&self, request: &SendRequest) -> (MetaAnswer, Duration) {
+        let url = format!("{}/{}/{}/messages", self.base_url, self.api_version, request.phone_number_id);
+        let body = build_body(request);
+        let started = Instant::now();
+        let result = self
+            .http
+            .post(url)
+            .header(reqwest::header::AUTHORIZATION, &self.auth_header)
+            .json(&body)
+            .send()
+            .await;
+        let answer = match result {
+            Ok(response) => read_response(response).await,
+            Err(e) => transport_error(&e),
+        };
+        (answer, started.elapsed())
+    }
+}
+
+fn transport_error(e: &reqwest::Error) -> MetaAnswer {
+    // A connect failure (refused, DNS, connect timeout) means nothing was written: the message cannot exist.
+    if e.is_connect() {
+        return MetaAnswer::NotSent { details: format!("connect failed: {}", error_chain(e)) };
+    }
+    let what = if e.is_timeout() { "timeout after the request went out" } else { "connection lost after the request went out" };
+    MetaAnswer::Unknown { details: format!("{what}: {}", error_chain(e)), http_status: 0 }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    // URLs are not secret but are noisy; keep the innermost causes.
+    parts.into_iter().rev().take(2).collect::<Vec<_>>().join(" <- ")
+}
+
+async fn read_response(response: reqwest::Response) -> MetaAnswer {
+    let status = response.status().as_u16();
+    let usage_percent = usage_percent(response.headers());
+    let retry_after_ms = response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| s * 1000);
+    let body = match response.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            // Headers arrived but the body did not: for a 200 Meta created the message; we cannot know its id.
+            return MetaAnswer::Unknown { details: format!("body lost: {}", error_chain(&e)), http_status: status };
+        }
+    };
+    if status == 200 {
+        if let Some(wamid) = parse_wamid(&body) {
+            return MetaAnswer::Accepted { wamid, usage_percent };
+        }
+        return MetaAnswer::Unknown { details: "200 without a message id".into(), http_status: status };
+    }
+    match classify::parse_error_body(&body) {
+        Some(err) => MetaAnswer::Rejected {
+            class: classify::classify_code(err.code),
+            code: err.code,
+            http_status: status,
+            details: err.error_data.map(|d| d.details).filter(|d| !d.is_empty()).unwrap_or(err.message),
+            fbtrace_id: err.fbtrace_id,
+            retry_after_ms,
+        },
+        // A gateway timeout without Meta's body may have been processed upstream: unknown, not retried blindly.
+        None if status == 504 => MetaAnswer::Unknown { details: "504 without a Meta error body".into(), http_status: status },
+        None => MetaAnswer::Rejected {
+            class: classify::classify_http_status(status),
+            code: 0,
+            http_status: status,
+            details: format!("HTTP {status} without a Meta error body"),
+            fbtrace_id: String::new(),
+            retry_after_ms,
+        },
+    }
+}
+
+fn parse_wamid(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("messages")?.get(0)?.get("id")?.as_str().map(str::to_string)
+}
+
+/// Highest percentage in `X-Business-Use-Case-Usage` / `X-App-Usage`, if present.
+fn usage_percent(headers: &reqwest::header::HeaderMap) -> Option<u32> {
+    let mut max: Option<u32> = None;
+    let mut consider = |v: &serde_json::Value| {
+        for key in ["call_count", "total_cputime", "total_time"] {
+            if let Some(n) = v.get(key).and_then(|n| n.as_u64()) {
+                max = Some(max.unwrap_or(0).max(n as u32));
+            }
+        }
+    };
+    if let Some(raw) = headers.get("x-business-use-case-usage").and_then(|v| v.to_str().ok()) {
+        if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(raw) {
+            for entries in map.values() {
+                if let Some(list) = entries.as_array() {
+                    list.iter().for_each(&mut consider);
+                }
+            }
+        }
+    }
+    if let Some(raw) = headers.get("x-app-usage").and_then(|v| v.to_str().ok()) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(raw) {
+            consider(&v);
+        }
+    }
+    max
+}
+
+/// The `/messages` JSON body for a request.
+pub fn build_body(request: &SendRequest) -> serde_json::Value {
+    let mut body = json!({
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": request.recipient,
+        "biz_opaque_callback_data": request.operation_id,
+    });
+    match &request.payload {
+        Some(Payload::Text(text)) => {
+            body["type"] = json!("text");
+            body["text"] = json!({ "preview_url": text.preview_url, "body": text.body });
+        }
+        Some(Payload::Template(t)) => {
+            let components = if t.components_json.is_empty() {
+                if t.body_parameters.is_empty() {
+                    json!([])
+                } else {
+                    let params: Vec<_> =
+                        t.body_parameters.iter().map(|p| json!({ "type": "text", "text": p })).collect();
+                    json!([{ "type": "body", "parameters": params }])
+                }
+            } else {
+                serde_json::from_str(&t.components_json).unwrap_or_else(|_| json!([]))
+            };
+            body["type"] = json!("template");
+            body["template"] = json!({ "name": t.name, "language": { "code": t.language }, "components": components });
+        }
+        None => {}
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bw_common::proto::{TemplatePayload, TextPayload};
+
+    #[test]
+    fn bodies_match_meta_shapes() {
+        let mut req = SendRequest {
+            operation_id: "op-1".into(),
+            recipient: "+5491155551234".into(),
+            payload: Some(Payload::Text(TextPayload { body: "hola".into(), preview_url: false })),
+            ..Default::default()
+        };
+        let text = build_body(&req);
+        assert_eq!(text["type"], "text");
+        assert_eq!(text["text"]["body"], "hola");
+        assert_eq!(text["biz_opaque_callback_data"], "op-1");
+        assert_eq!(text["messaging_product"], "whatsapp");
+        req.payload = Some(Payload::Template(TemplatePayload {
+            name: "order_confirmation".into(),
+            language: "es_AR".into(),
+            body_parameters: vec!["1234".into()],
+            components_json: String::new(),
+        }));
+        let tpl = build_body(&req);
+        assert_eq!(tpl["type"], "template");
+        assert_eq!(tpl["template"]["language"]["code"], "es_AR");
+        assert_eq!(tpl["template"]["components"][0]["parameters"][0]["text"], "1234");
+    }
+
+    #[test]
+    fn usage_headers_give_the_highest_percentage() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(
+            "x-business-use-case-usage",
+            r#"{"102290129340398":[{"type":"whatsapp","call_count":85,"total_cputime":3,"total_time":4,"estimated_time_to_regain_access":0}]}"#
+                .parse()
+                .expect("header"),
+        );
+        assert_eq!(usage_percent(&h), Some(85));
+        h.insert("x-app-usage", r#"{"call_count":91,"total_time":25,"total_cputime":25}"#.parse().expect("header"));
+        assert_eq!(usage_percent(&h), Some(91));
+        assert_eq!(usage_percent(&reqwest::header::HeaderMap::new()), None);
+    }
+}

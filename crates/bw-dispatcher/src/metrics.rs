@@ -1,0 +1,52 @@
+//! Dispatcher metrics (names listed in deploy/metrics.md).
+
+use bw_common::admin::MetricsRegistry;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Counters and histograms of the dispatcher.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    /// Final result of each handled delivery: sent, retry, dlq, quarantined, expired, unknown, rate_limited,
+    /// already_handled, undecodable.
+    pub results: Family<Labels, Counter>,
+    /// Admission decisions by reason (allow, breaker_open, sender_rate...).
+    pub decisions: Family<Labels, Counter>,
+    /// Meta answers by error code ("200" for success, "transport" for no answer).
+    pub meta_responses: Family<Labels, Counter>,
+    /// Duration of Meta calls.
+    pub meta_seconds: Histogram,
+}
+
+impl Metrics {
+    pub(crate) fn register(registry: &MetricsRegistry) -> Metrics {
+        let m = Metrics {
+            results: Family::default(),
+            decisions: Family::default(),
+            meta_responses: Family::default(),
+            meta_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+        };
+        if let Ok(mut r) = registry.lock() {
+            r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
+            r.register("bw_admission_decisions", "Admission decisions by reason", m.decisions.clone());
+            r.register("bw_meta_responses", "Meta answers by error code", m.meta_responses.clone());
+            r.register("bw_meta_request_seconds", "Duration of Meta send calls", m.meta_seconds.clone());
+        }
+        m
+    }
+
+    pub(crate) fn result(&self, result: &str) {
+        self.results.get_or_create(&vec![("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn decision(&self, reason: &str) {
+        self.decisions.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    pub(crate) fn meta_response(&self, code: &str) {
+        self.meta_responses.get_or_create(&vec![("code", code.to_string())]).inc();
+    }
+}

@@ -1,0 +1,334 @@
+//! Moving a message to its next place. Order for every move: publish to the destination durably (with a
+//! message id, so a redelivered source does not publish twice), then update the ledger, then ack the source.
+//! A crash anywhere in between is healed by redelivery: the ledger check in `prepare` acks what was moved.
+
+use crate::process::{Work, Worker};
+use async_nats::jetstream::AckKind;
+use bw_common::names;
+use bw_common::proto::{
+    Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,
+    Signal, UnknownOutcome,
+};
+use bw_common::time::now_ms;
+use prost::Message as _;
+use rand::RngExt;
+use std::time::Duration;
+
+const RETRY_LATER: Duration = Duration::from_secs(1);
+
+impl Worker {
+    fn attempt_record(&self, w: &Work, err: &ErrorInfo) -> Attempt {
+        Attempt {
+            number: w.attempt(),
+            at_unix_ms: now_ms(),
+            via: if w.lane == names::Lane::Replay { "replay".into() } else { "dispatcher".into() },
+            meta_code: err.meta_code,
+            http_status: err.http_status,
+            detail: err.details.chars().take(200).collect(),
+        }
+    }
+
+    fn headers(&self, w: &Work, msg_id: &str) -> async_nats::HeaderMap {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Nats-Msg-Id", msg_id);
+        bw_common::telemetry::inject(&w.span, &mut h);
+        h
+    }
+
+    /// A stable id for "this delivery of this message moved to X": the source stream sequence is unique per
+    /// enqueue, so a redelivery after a crash maps to the same id and JetStream drops the copy.
+    fn move_id(&self, w: &Work, dest: &str) -> String {
+        let seq = w.msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        format!("{}.{dest}.{seq}", w.request.operation_id)
+    }
+
+    async fn update_ledger(&self, w: &Work, f: impl FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>) -> bool {
+        match self.ledger.update_from(&w.request.operation_id, Some(w.ledger.clone()), f).await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(parent: &w.span, error = %e, "ledger update failed; message will be redelivered");
+                false
+            }
+        }
+    }
+
+    async fn finish(&self, w: &Work, result: &str, ok: bool) {
+        w.span.record("result", result);
+        if ok {
+            self.metrics.result(result);
+            if let Err(e) = w.msg.ack().await {
+                tracing::debug!(parent: &w.span, error = %e, "ack failed; redelivery will be acked by the ledger check");
+            }
+        } else {
+            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+        }
+    }
+
+    pub(crate) async fn sent(&self, w: Work, wamid: String, took: Duration) {
+        let ok = self
+            .update_ledger(&w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Sent);
+                e.wamid = wamid.clone();
+                e.attempts += 1;
+                e.reason.clear();
+                e.transient_failures = 0;
+                e.first_failure_at_unix_ms = 0;
+                Some(e)
+            })
+            .await;
+        if ok {
+            if let Err(e) = self.ledger.link_wamid(&wamid, &w.request.operation_id).await {
+                // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
+                tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
+            }
+        }
+        self.outcome(&w, "sent", &ErrorInfo::default(), &wamid, took.as_micros() as u64);
+        self.finish(&w, "sent", ok).await;
+    }
+
+    /// Transient failure: retry with decorrelated jitter through a delayed redelivery, or give up to the DLQ.
+    pub(crate) async fn retry_or_dlq(&self, w: Work, err: ErrorInfo) {
+        let now = now_ms();
+        let entry = &w.ledger.entry;
+        let failures = entry.transient_failures + 1;
+        let first = if entry.first_failure_at_unix_ms > 0 { entry.first_failure_at_unix_ms } else { now };
+        let previous = if entry.last_retry_delay_ms > 0 { entry.last_retry_delay_ms as u64 } else { self.cfg.retry_base_ms };
+        let delay = decorrelated_jitter(self.cfg.retry_base_ms, self.cfg.retry_cap_ms, previous);
+        let over_budget = (now - first) as u64 + delay > self.cfg.retry_budget_ms;
+        if w.lane == names::Lane::Replay || failures > self.cfg.max_retries || over_budget {
+            // Replayed messages go straight back: replay owns their schedule.
+            let (not_before, prev) = if w.lane == names::Lane::Replay {
+                let d = decorrelated_jitter(1_000, 60_000, previous.max(1_000));
+                (now + d as i64, d as i64)
+            } else {
+                (0, 0)
+            };
+            self.to_dlq(w, DlqReason::RetriesExhausted, "", err, not_before, prev).await;
+            return;
+        }
+        let code = err.meta_code;
+        let ok = self
+            .update_ledger(&w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.attempts += 1;
+                e.transient_failures = failures;
+                e.first_failure_at_unix_ms = first;
+                e.last_retry_delay_ms = delay as i64;
+                e.last_code = code;
+                e.reason = "transient error; retrying".into();
+                Some(e)
+            })
+            .await;
+        self.outcome(&w, "retry", &err, "", 0);
+        w.span.record("result", "retry");
+        self.metrics.result("retry");
+        let wait = if ok { Duration::from_millis(delay) } else { RETRY_LATER };
+        let _ = w.msg.ack_with(AckKind::Nak(Some(wait))).await;
+    }
+
+    pub(crate) async fn to_dlq(
+        &self,
+        w: Work,
+        reason: DlqReason,
+        incident: &str,
+        err: ErrorInfo,
+        not_before_unix_ms: i64,
+        previous_delay_ms: i64,
+    ) {
+        let mut request = w.request.clone();
+        request.attempts.push(self.attempt_record(&w, &err));
+        let first_error = request
+            .attempts
+            .iter()
+            .find(|a| a.meta_code != 0 || a.http_status != 0 || !a.detail.is_empty())
+            .map(|a| ErrorInfo { meta_code: a.meta_code, http_status: a.http_status, details: a.detail.clone(), at_unix_ms: a.at_unix_ms, ..Default::default() });
+        let envelope = DlqEnvelope {
+            request: Some(request),
+            reason: reason as i32,
+            first_error: first_error.or_else(|| Some(err.clone())),
+            last_error: Some(err.clone()),
+            incident_id: incident.to_string(),
+            dead_lettered_at_unix_ms: now_ms(),
+            replay_attempts: w.ledger.entry.replays,
+            not_before_unix_ms,
+            previous_delay_ms,
+        };
+        let subject = names::dlq_subject(&w.request.phone_number_id);
+        let headers = self.headers(&w, &self.move_id(&w, "dlq"));
+        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, envelope.encode_to_vec().into()).await {
+            tracing::warn!(parent: &w.span, error = %e, "dlq publish failed; message stays queued");
+            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            return;
+        }
+        let counts_attempt = reason != DlqReason::BreakerOpen;
+        let ok = self
+            .update_ledger(&w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Dlq);
+                if counts_attempt {
+                    e.attempts += 1;
+                }
+                e.incident_id = incident.to_string();
+                e.last_code = err.meta_code;
+                e.reason = format!("dlq: {}", dlq_reason_label(reason));
+                e.transient_failures = 0;
+                e.first_failure_at_unix_ms = 0;
+                e.last_retry_delay_ms = 0;
+                Some(e)
+            })
+            .await;
+        self.outcome(&w, "dlq", &err, "", 0);
+        self.finish(&w, "dlq", ok).await;
+    }
+
+    pub(crate) async fn to_quarantine(&self, w: Work, reason: QuarantineReason, err: ErrorInfo) {
+        let mut request = w.request.clone();
+        request.attempts.push(self.attempt_record(&w, &err));
+        let entry = QuarantineEntry {
+            request: Some(request),
+            reason: reason as i32,
+            error: Some(err.clone()),
+            detail: format!("meta code {}: {}", err.meta_code, err.details),
+            quarantined_at_unix_ms: now_ms(),
+            incident_id: String::new(),
+        };
+        let subject = names::quarantine_subject(&w.request.phone_number_id);
+        let headers = self.headers(&w, &self.move_id(&w, "quarantine"));
+        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await {
+            tracing::warn!(parent: &w.span, error = %e, "quarantine publish failed; message stays queued");
+            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            return;
+        }
+        let ok = self
+            .update_ledger(&w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Quarantined);
+                e.attempts += 1;
+                e.last_code = err.meta_code;
+                e.reason = format!("permanent error {}", err.meta_code);
+                Some(e)
+            })
+            .await;
+        self.outcome(&w, "quarantined", &err, "", 0);
+        self.signal("quarantined", &w, &err).await;
+        self.finish(&w, "quarantined", ok).await;
+    }
+
+    /// The request may have reached Meta: never resend blindly; wait for a status webhook.
+    pub(crate) async fn to_unknown(&self, w: Work, err: ErrorInfo) {
+        let mut request = w.request.clone();
+        request.attempts.push(self.attempt_record(&w, &err));
+        let now = now_ms();
+        let entry = UnknownOutcome {
+            request: Some(request),
+            error: Some(err.clone()),
+            sent_at_unix_ms: now,
+            review_at_unix_ms: now + self.cfg.unknown_review_ms as i64,
+        };
+        let subject = names::unknown_subject(&w.request.phone_number_id);
+        let headers = self.headers(&w, &self.move_id(&w, "unknown"));
+        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await {
+            tracing::warn!(parent: &w.span, error = %e, "unknown-outcome publish failed; message stays queued");
+            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            return;
+        }
+        let ok = self
+            .update_ledger(&w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                // A status webhook may have proven the send already; keep that state, but remember the
+                // outcome was once unknown (a duplicate at Meta cannot be ruled out for it).
+                if !e.state().is_accepted_by_meta() {
+                    e.set_state(OperationState::Unknown);
+                }
+                e.attempts += 1;
+                e.flagged_unknown = true;
+                e.reason = "outcome unknown; waiting for a status webhook".into();
+                Some(e)
+            })
+            .await;
+        self.outcome(&w, "unknown", &err, "", 0);
+        self.finish(&w, "unknown", ok).await;
+    }
+
+    pub(crate) async fn expire(&self, w: Work) {
+        let ok = self
+            .update_ledger(&w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Expired);
+                e.reason = "deadline passed before sending".into();
+                Some(e)
+            })
+            .await;
+        self.outcome(&w, "expired", &ErrorInfo::default(), "", 0);
+        self.finish(&w, "expired", ok).await;
+    }
+
+    pub(crate) async fn signal(&self, kind: &str, w: &Work, err: &ErrorInfo) {
+        let signal = Signal {
+            kind: kind.to_string(),
+            waba_id: w.request.waba_id.clone(),
+            phone_number_id: w.request.phone_number_id.clone(),
+            meta_code: err.meta_code,
+            detail: err.details.chars().take(200).collect(),
+            at_unix_ms: now_ms(),
+            operation_id: w.request.operation_id.clone(),
+        };
+        let _ = self.nats.publish(names::signal_subject(kind), signal.encode_to_vec().into()).await;
+    }
+
+    /// Keeps undecodable bytes in BW_REJECTED; true when stored.
+    pub(crate) async fn reject_raw(&self, msg: &async_nats::jetstream::Message, error: &str) -> bool {
+        let rejected = bw_common::proto::RejectedRequest {
+            raw: msg.payload.to_vec(),
+            source: msg.subject.to_string(),
+            reason: bw_common::proto::RejectReason::Undecodable as i32,
+            error: error.to_string(),
+            at_unix_ms: now_ms(),
+        };
+        bw_common::nats::publish_durable(
+            &self.js,
+            names::rejected_subject("dispatcher"),
+            async_nats::HeaderMap::new(),
+            rejected.encode_to_vec().into(),
+        )
+        .await
+        .is_ok()
+    }
+}
+
+fn dlq_reason_label(reason: DlqReason) -> &'static str {
+    match reason {
+        DlqReason::BreakerOpen => "breaker open",
+        DlqReason::RetriesExhausted => "retries exhausted",
+        DlqReason::Credentials => "credentials or account error",
+        DlqReason::UnknownNoStatus => "unknown outcome, no status",
+        DlqReason::Operator => "operator",
+        DlqReason::Failover => "failover",
+        DlqReason::Unspecified => "unspecified",
+    }
+}
+
+/// Decorrelated jitter: `min(cap, random(base, previous * 3))`.
+pub(crate) fn decorrelated_jitter(base_ms: u64, cap_ms: u64, previous_ms: u64) -> u64 {
+    let upper = previous_ms.saturating_mul(3).max(base_ms + 1);
+    let pick = rand::rng().random_range(base_ms..upper);
+    pick.min(cap_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decorrelated_jitter;
+
+    #[test]
+    fn jitter_stays_between_base_and_cap() {
+        let mut previous = 1_000;
+        for _ in 0..1000 {
+            let d = decorrelated_jitter(1_000, 60_000, previous);
+            assert!((1_000..=60_000).contains(&d), "{d}");
+            assert!(d < previous.max(1_000) * 3 + 1);
+            previous = d;
+        }
+        assert_eq!(decorrelated_jitter(1_000, 1_000, 50_000), 1_000);
+    }
+}

@@ -1,0 +1,353 @@
+//! Handling of one fetched batch: prepare (decode, ledger, deadline), admit (one breaker round trip per scope),
+//! send concurrently, record outcomes (batched), and move every message to its next place.
+
+use crate::meta::{MetaAnswer, MetaClient};
+use crate::metrics::Metrics;
+use crate::DispatchConfig;
+use async_nats::jetstream::{self, AckKind};
+use bw_breaker::{AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
+use bw_common::classify::ErrorClass;
+use bw_common::ledger::{Ledger, Versioned};
+use bw_common::names::Lane;
+use bw_common::proto::{DispatchOutcome, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineReason, SendRequest};
+use bw_common::time::now_ms;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use prost::Message as _;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+pub(crate) struct Worker {
+    pub js: jetstream::Context,
+    pub nats: async_nats::Client,
+    pub ledger: Ledger,
+    pub breaker: Breaker,
+    pub meta: MetaClient,
+    pub cfg: DispatchConfig,
+    pub metrics: Metrics,
+}
+
+/// A message that passed the pre-checks and waits for admission.
+pub(crate) struct Work {
+    pub lane: Lane,
+    pub msg: jetstream::Message,
+    pub request: SendRequest,
+    pub ledger: Versioned,
+    pub span: tracing::Span,
+    /// When this delivery was handed to the worker.
+    pub received: Instant,
+    /// Admission decision label, for outcome events.
+    pub decision: &'static str,
+}
+
+impl Work {
+    pub(crate) fn scope(&self) -> Scope {
+        Scope { waba_id: self.request.waba_id.clone(), phone_number_id: self.request.phone_number_id.clone() }
+    }
+
+    fn class(&self) -> TrafficClass {
+        match self.lane {
+            Lane::Replay => TrafficClass::Replay,
+            _ if self.request.category().is_priority() => TrafficClass::Priority,
+            _ => TrafficClass::Marketing,
+        }
+    }
+
+    pub(crate) fn attempt(&self) -> u32 {
+        self.ledger.entry.attempts + 1
+    }
+}
+
+/// Outcome buffers are flushed to Redis at this size or age, so the breaker learns of failures quickly even
+/// when a few calls in the batch hang.
+const RECORD_FLUSH_ITEMS: usize = 32;
+const RECORD_FLUSH_AGE: Duration = Duration::from_millis(20);
+
+impl Worker {
+    pub(crate) async fn process_batch(self: Arc<Self>, batch: Vec<(Lane, jetstream::Message)>) {
+        let prepared = futures::future::join_all(batch.into_iter().map(|(lane, msg)| self.prepare(lane, msg))).await;
+        let mut groups: HashMap<(String, String), Vec<Work>> = HashMap::new();
+        for w in prepared.into_iter().flatten() {
+            groups.entry((w.request.waba_id.clone(), w.request.phone_number_id.clone())).or_default().push(w);
+        }
+
+        let mut to_send = Vec::new();
+        let mut finals = FuturesUnordered::new();
+        for (_, works) in groups {
+            let scope = works[0].scope();
+            let items: Vec<AdmitItem> = works
+                .iter()
+                .map(|w| AdmitItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), class: w.class() })
+                .collect();
+            let admission = self.breaker.admit(&scope, &items).await;
+            let state = format!("{:?}", admission.state);
+            for (mut w, decision) in works.into_iter().zip(admission.decisions.into_iter()) {
+                w.span.record("breaker_state", state.as_str());
+                match decision {
+                    Decision::Allow { canary } => {
+                        w.decision = if canary { "canary" } else { "allow" };
+                        w.span.record("decision", w.decision);
+                        self.metrics.decision(w.decision);
+                        to_send.push((w, canary));
+                    }
+                    Decision::Deny { reason, retry_after_ms } => {
+                        let label = reason.label();
+                        w.decision = label;
+                        w.span.record("decision", label);
+                        self.metrics.decision(label);
+                        let incident = admission.incident_id.clone();
+                        let this = self.clone();
+                        finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await })
+                            as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
+                    }
+                }
+            }
+        }
+
+        let mut sends: FuturesUnordered<_> = to_send
+            .into_iter()
+            .map(|(w, canary)| {
+                let meta = self.meta.clone();
+                async move {
+                    let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
+                    let (answer, took) = meta.send(&w.request).instrument(span).await;
+                    (w, canary, answer, took)
+                }
+            })
+            .collect();
+
+        let mut pending: HashMap<(String, String), Vec<OutcomeItem>> = HashMap::new();
+        let mut pending_count = 0usize;
+        let mut oldest: Option<Instant> = None;
+        loop {
+            let next = if let Some(since) = oldest {
+                let left = RECORD_FLUSH_AGE.saturating_sub(since.elapsed());
+                match tokio::time::timeout(left, sends.next()).await {
+                    Ok(n) => n.map(Some),
+                    Err(_) => Some(None),
+                }
+            } else {
+                sends.next().await.map(Some)
+            };
+            match next {
+                None => break,
+                Some(None) => {
+                    self.flush_outcomes(&mut pending).await;
+                    pending_count = 0;
+                    oldest = None;
+                }
+                Some(Some((w, canary, answer, took))) => {
+                    self.metrics.meta_seconds.observe(took.as_secs_f64());
+                    let kind = outcome_kind(&answer, &self.cfg);
+                    pending
+                        .entry((w.request.waba_id.clone(), w.request.phone_number_id.clone()))
+                        .or_default()
+                        .push(OutcomeItem {
+                            recipient_key: bw_common::mask::recipient_key(&w.request.recipient),
+                            kind,
+                            canary,
+                        });
+                    pending_count += 1;
+                    oldest.get_or_insert_with(Instant::now);
+                    let this = self.clone();
+                    finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
+                    if pending_count >= RECORD_FLUSH_ITEMS {
+                        self.flush_outcomes(&mut pending).await;
+                        pending_count = 0;
+                        oldest = None;
+                    }
+                }
+            }
+        }
+        self.flush_outcomes(&mut pending).await;
+        while finals.next().await.is_some() {}
+    }
+
+    async fn flush_outcomes(&self, pending: &mut HashMap<(String, String), Vec<OutcomeItem>>) {
+        for ((waba_id, phone_number_id), items) in pending.drain() {
+            if items.is_empty() {
+                continue;
+            }
+            let scope = Scope { waba_id, phone_number_id };
+            self.breaker.record(&scope, &items).await;
+        }
+    }
+
+    /// Decodes, checks the ledger and the deadline. Returns None when the message was already handled here.
+    async fn prepare(&self, lane: Lane, msg: jetstream::Message) -> Option<Work> {
+        let request = match SendRequest::decode(msg.payload.as_ref()) {
+            Ok(r) => r,
+            Err(e) => {
+                // Ingest validates everything it stores, so this is corruption or a foreign publisher. Keep the
+                // bytes for inspection and stop redelivery.
+                tracing::error!(subject = %msg.subject, error = %e, "undecodable message in BW_SEND; moved to BW_REJECTED");
+                self.metrics.result("undecodable");
+                if self.reject_raw(&msg, &e.to_string()).await {
+                    let _ = msg.ack_with(AckKind::Term).await;
+                }
+                return None;
+            }
+        };
+        let span = tracing::info_span!(
+            "dispatch",
+            operation_id = %request.operation_id,
+            phone_number_id = %request.phone_number_id,
+            recipient = %bw_common::mask::phone(&request.recipient),
+            lane = lane.token(),
+            attempt = tracing::field::Empty,
+            decision = tracing::field::Empty,
+            breaker_state = tracing::field::Empty,
+            result = tracing::field::Empty,
+        );
+        bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
+        let versioned = match self.ledger.get(&request.operation_id).await {
+            Ok(Some(v)) => v,
+            Ok(None) => {
+                // Ingest stores the message before the ledger entry; a crash in between leaves this case.
+                let entry = LedgerEntry {
+                    operation_id: request.operation_id.clone(),
+                    state: OperationState::Queued as i32,
+                    waba_id: request.waba_id.clone(),
+                    phone_number_id: request.phone_number_id.clone(),
+                    category: request.category,
+                    accepted_at_unix_ms: request.accepted_at_unix_ms,
+                    deadline_unix_ms: request.deadline_unix_ms,
+                    ..Default::default()
+                };
+                let _ = self.ledger.create(&entry).await;
+                match self.ledger.get(&request.operation_id).await {
+                    Ok(Some(v)) => v,
+                    _ => {
+                        let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                        return None;
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ledger unavailable; message will be redelivered");
+                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                return None;
+            }
+        };
+        if versioned.entry.state() != OperationState::Queued {
+            // Already sent, or already moved elsewhere by an earlier delivery of this same message (a crash
+            // between the move and the ack). Never send it again.
+            span.in_scope(|| tracing::debug!(state = versioned.entry.state().label(), "already handled; acked"));
+            self.metrics.result("already_handled");
+            let _ = msg.ack().await;
+            return None;
+        }
+        span.record("attempt", versioned.entry.attempts + 1);
+        let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "" };
+        if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
+            self.expire(work).await;
+            return None;
+        }
+        Some(work)
+    }
+
+    async fn on_denied(&self, w: Work, reason: DenyReason, retry_after_ms: u64, incident: &str) {
+        match reason {
+            DenyReason::BreakerOpen | DenyReason::ForcedOpen => {
+                let err = ErrorInfo { details: "breaker open: failed fast".into(), at_unix_ms: now_ms(), ..Default::default() };
+                self.to_dlq(w, DlqReason::BreakerOpen, incident, err, 0, 0).await;
+            }
+            DenyReason::Paused if retry_after_ms > self.cfg.long_pause_ms => {
+                // A long pause (credentials, spam restriction): keep the message in the DLQ until it is fixed
+                // rather than cycling it through redeliveries.
+                let err = ErrorInfo { details: "sender paused".into(), at_unix_ms: now_ms(), ..Default::default() };
+                self.to_dlq(w, DlqReason::Credentials, incident, err, now_ms() + retry_after_ms as i64, 0).await;
+            }
+            _ => {
+                let delay = Duration::from_millis(retry_after_ms.clamp(20, 60_000));
+                self.metrics.result("held");
+                let _ = w.msg.ack_with(AckKind::Nak(Some(delay))).await;
+            }
+        }
+    }
+
+    async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
+        match answer {
+            MetaAnswer::Accepted { wamid, usage_percent } => {
+                self.metrics.meta_response("200");
+                if let Some(pct) = usage_percent {
+                    self.breaker.observe_usage(&w.scope(), pct).await;
+                }
+                self.sent(w, wamid, took).await;
+            }
+            MetaAnswer::Rejected { class, code, http_status, details, fbtrace_id, retry_after_ms } => {
+                self.metrics.meta_response(&code.to_string());
+                let err = ErrorInfo { meta_code: code, http_status: http_status as u32, details, fbtrace_id, at_unix_ms: now_ms() };
+                match class {
+                    ErrorClass::Transient => self.retry_or_dlq(w, err).await,
+                    ErrorClass::RateLimit(scope) => {
+                        let delay = retry_after_ms.unwrap_or(scope.default_pause_ms());
+                        self.metrics.result("rate_limited");
+                        w.span.record("result", "rate_limited");
+                        self.outcome(&w, "rate_limited", &err, "", 0);
+                        let _ = w.msg.ack_with(AckKind::Nak(Some(Duration::from_millis(delay.min(60_000))))).await;
+                    }
+                    ErrorClass::Permanent => self.to_quarantine(w, QuarantineReason::PermanentError, err).await,
+                    ErrorClass::Credentials => {
+                        self.signal("credentials", &w, &err).await;
+                        self.to_dlq(w, DlqReason::Credentials, "", err, 0, 0).await;
+                    }
+                }
+            }
+            MetaAnswer::NotSent { details } => {
+                self.metrics.meta_response("not_sent");
+                let err = ErrorInfo { details, at_unix_ms: now_ms(), ..Default::default() };
+                self.retry_or_dlq(w, err).await;
+            }
+            MetaAnswer::Unknown { details, http_status } => {
+                self.metrics.meta_response("unknown");
+                let err = ErrorInfo { details, http_status: http_status as u32, at_unix_ms: now_ms(), ..Default::default() };
+                self.to_unknown(w, err).await;
+            }
+        }
+    }
+
+    /// Publishes a DispatchOutcome event (fire and forget; the ledger is the source of truth).
+    pub(crate) fn outcome(&self, w: &Work, result: &str, err: &ErrorInfo, wamid: &str, latency_us: u64) {
+        if !self.cfg.publish_outcomes {
+            return;
+        }
+        let event = DispatchOutcome {
+            operation_id: w.request.operation_id.clone(),
+            waba_id: w.request.waba_id.clone(),
+            phone_number_id: w.request.phone_number_id.clone(),
+            result: result.to_string(),
+            meta_code: err.meta_code,
+            http_status: err.http_status,
+            wamid: wamid.to_string(),
+            attempt: w.attempt(),
+            at_unix_ms: now_ms(),
+            decision: w.decision.to_string(),
+            meta_latency_us: latency_us,
+            handling_us: w.received.elapsed().as_micros() as u64,
+        };
+        let nats = self.nats.clone();
+        let subject = bw_common::names::outcome_subject(&w.request.phone_number_id);
+        tokio::spawn(async move {
+            let _ = nats.publish(subject, event.encode_to_vec().into()).await;
+        });
+    }
+}
+
+fn outcome_kind(answer: &MetaAnswer, cfg: &DispatchConfig) -> OutcomeKind {
+    match answer {
+        MetaAnswer::Accepted { .. } => OutcomeKind::Success,
+        MetaAnswer::NotSent { .. } | MetaAnswer::Unknown { .. } => OutcomeKind::Transient,
+        MetaAnswer::Rejected { class, retry_after_ms, .. } => match class {
+            ErrorClass::Transient => OutcomeKind::Transient,
+            ErrorClass::RateLimit(scope) => OutcomeKind::RateLimited {
+                scope: *scope,
+                pause_ms: retry_after_ms.unwrap_or(scope.default_pause_ms()),
+            },
+            ErrorClass::Permanent => OutcomeKind::Permanent,
+            ErrorClass::Credentials => OutcomeKind::Credentials { pause_ms: cfg.long_pause_ms.max(60_000) * 5 },
+        },
+    }
+}

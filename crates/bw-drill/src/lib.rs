@@ -1,0 +1,372 @@
+//! The flash-sale drill: Breakwater's main job on a laptop.
+//!
+//! It starts real `nats-server` and `redis-server` processes in a fresh directory, the Meta simulator with the
+//! flash-sale outage scenario, every service as its own OS process (several dispatchers and replay workers),
+//! then a producer publishing a mixed load across several sender numbers. While it runs it prints a live view
+//! (progress, breaker states, DLQ depth); at the end it proves the outcome with the accounting check and the
+//! simulator's oracle, and writes `report.json`, `timeline.svg` and `report.html` to the drill directory.
+//!
+//! Must not: claim success from logs; "lost" comes only from `bw_ops::account_expected`, duplicates only from
+//! the simulator's oracle.
+//!
+//! Entry point: [`run`].
+
+pub mod chart;
+pub mod producer;
+pub mod report;
+pub mod stack;
+
+use async_nats::jetstream;
+use bw_common::proto::{BreakerState, BreakerTransition, DispatchOutcome};
+use futures::StreamExt;
+use prost::Message as _;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+pub use report::DrillReport;
+
+/// What the drill does.
+#[derive(Debug, Clone)]
+pub struct DrillOptions {
+    /// Messages the producer publishes.
+    pub messages: usize,
+    /// Sender phone numbers the load is spread over.
+    pub senders: usize,
+    /// Producer rate, messages per second.
+    pub rate: f64,
+    /// Outstanding producer requests.
+    pub concurrency: usize,
+    /// Simulated Meta throughput per phone number (msg/s); Breakwater is configured a little under it.
+    pub meta_mps: f64,
+    /// When the outage starts and how long it lasts, seconds after the producer starts.
+    pub outage_start_s: u64,
+    pub outage_length_s: u64,
+    /// Service instances.
+    pub dispatchers: usize,
+    pub replays: usize,
+    pub ingests: usize,
+    /// Where the servers' data, logs and the report go (wiped first).
+    pub dir: PathBuf,
+    /// Give up waiting for the system to settle after this long.
+    pub settle_timeout_s: u64,
+    /// Print the live view.
+    pub live: bool,
+}
+
+impl Default for DrillOptions {
+    fn default() -> Self {
+        DrillOptions {
+            messages: 20_000,
+            senders: 4,
+            rate: 300.0,
+            concurrency: 256,
+            meta_mps: 80.0,
+            outage_start_s: 15,
+            outage_length_s: 20,
+            dispatchers: 3,
+            replays: 2,
+            ingests: 1,
+            dir: PathBuf::from(".drill"),
+            settle_timeout_s: 300,
+            live: true,
+        }
+    }
+}
+
+pub(crate) const WABA_ID: &str = "102290129340398";
+const APP_SECRET: &str = "drill-app-secret";
+const ACCESS_TOKEN: &str = "drill-access-token";
+
+/// Breaker events and dispatch outcomes as the drill observed them.
+#[derive(Default)]
+pub(crate) struct Observed {
+    /// (seconds since start, from, to, phone) per transition.
+    pub transitions: Vec<(f64, BreakerState, BreakerState, String)>,
+    pub states: BTreeMap<String, BreakerState>,
+    pub sent_total: u64,
+    pub calls_total: u64,
+    pub failed_calls_total: u64,
+    pub by_result: BTreeMap<String, u64>,
+    /// handling time (µs) of messages failed fast while OPEN.
+    pub fail_fast_us: Vec<u64>,
+    /// Sent via the replay lane (attempt > 1 after a DLQ).
+    pub replayed_sent: u64,
+}
+
+/// Runs the drill and returns its report (also written to `opts.dir`).
+pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
+    bw_common::service::install_crypto();
+    let _ = std::fs::remove_dir_all(&opts.dir);
+    std::fs::create_dir_all(&opts.dir)?;
+    let dir = std::fs::canonicalize(&opts.dir)?;
+    say(&opts, &format!("drill directory: {}", dir.display()));
+
+    let nats_server = bw_testkit::NatsServer::start();
+    let redis_server = bw_testkit::RedisServer::start();
+    say(&opts, &format!("nats-server {}  redis-server {}", nats_server.url(), redis_server.url()));
+
+    let ingest_http = format!("127.0.0.1:{}", stack::free_port());
+    let webhook_url = format!("http://{ingest_http}/webhooks/meta");
+    let senders = producer::sender_ids(opts.senders);
+    let mut sim_cfg = bw_meta_sim::SimConfig {
+        access_tokens: vec![ACCESS_TOKEN.into()],
+        app_secret: APP_SECRET.into(),
+        waba_id: WABA_ID.into(),
+        dump_path: Some(dir.join("meta-sim-oracle.json")),
+        ..Default::default()
+    };
+    sim_cfg.limits.throughput_mps = opts.meta_mps;
+    sim_cfg.webhook.url = Some(webhook_url);
+    let sim = bw_meta_sim::MetaSim::start(sim_cfg).await?;
+    say(&opts, &format!("Meta simulator {}", sim.base_url()));
+
+    let mut services = stack::Services::new(stack::bin_dir(), dir.join("logs"));
+    let nats_url = nats_server.url();
+    let redis_url = redis_server.url();
+    let sender_rate = (opts.meta_mps * 0.95).max(1.0);
+    let coordinator_scopes: Vec<String> = senders.iter().map(|s| format!("{WABA_ID}:{s}")).collect();
+    services.spawn(
+        "breaker-coordinator",
+        &[
+            ("nats.url", nats_url.clone()),
+            ("redis.url", redis_url.clone()),
+            ("defaults.sender_rate_per_s", format!("{sender_rate}")),
+            ("defaults.cooldown_ms", "5000".into()),
+            ("defaults.window_ms", "10000".into()),
+            ("scopes_hint", coordinator_scopes.join(",")),
+        ],
+    )?;
+    for _ in 0..opts.ingests.max(1) {
+        let listen = if services.procs.iter().any(|p| p.service == "ingest") {
+            format!("127.0.0.1:{}", stack::free_port())
+        } else {
+            ingest_http.clone()
+        };
+        services.spawn(
+            "ingest",
+            &[
+                ("nats.url", nats_url.clone()),
+                ("http.listen", listen),
+                ("webhook.app_secret", APP_SECRET.into()),
+                ("webhook.verify_token", "drill-verify".into()),
+                ("reconciler.review_delay_ms", "15000".into()),
+            ],
+        )?;
+    }
+    for _ in 0..opts.dispatchers {
+        services.spawn(
+            "dispatcher",
+            &[
+                ("nats.url", nats_url.clone()),
+                ("redis.url", redis_url.clone()),
+                ("meta.base_url", sim.base_url()),
+                ("meta.access_token", ACCESS_TOKEN.into()),
+                ("meta.request_timeout_ms", "5000".into()),
+                ("dispatch.unknown_review_ms", "15000".into()),
+            ],
+        )?;
+    }
+    for _ in 0..opts.replays {
+        services.spawn("replay", &[("nats.url", nats_url.clone()), ("redis.url", redis_url.clone())])?;
+    }
+    services.spawn("alerting", &[("nats.url", nats_url.clone())])?;
+    services.wait_ready(Duration::from_secs(60)).await?;
+    say(&opts, &format!("{} service processes ready", services.procs.len()));
+
+    let nats = async_nats::connect(&nats_url).await?;
+    let js = jetstream::new(nats.clone());
+    let buckets = bw_common::nats::ensure_topology(&js, &bw_common::config::NatsConfig {
+        url: nats_url.clone(),
+        name: "bw-drill".into(),
+        replicas: 1,
+        limits: Default::default(),
+    })
+    .await?;
+
+    let started = Instant::now();
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let watchers = spawn_watchers(nats.clone(), observed.clone(), started).await?;
+
+    // The outage clock starts with the producer.
+    sim.set_scenario(bw_meta_sim::Scenario::flash_sale_outage(
+        Duration::from_secs(opts.outage_start_s),
+        Duration::from_secs(opts.outage_length_s),
+    ));
+    let run_id = format!("drill{}", bw_common::time::now_ms() % 1_000_000);
+    let progress = Arc::new(producer::ProducerProgress::default());
+    let client = bw_client::Client::new(nats.clone());
+    let producer = tokio::spawn(producer::produce(
+        client,
+        run_id.clone(),
+        WABA_ID.into(),
+        senders.clone(),
+        opts.messages,
+        opts.rate,
+        opts.concurrency,
+        progress.clone(),
+    ));
+
+    let mut samples = Vec::new();
+    let mut last_sent = 0u64;
+    let mut last_calls = 0u64;
+    let mut last_failed = 0u64;
+    let mut settled_for = 0u32;
+    let settle_deadline = Instant::now() + Duration::from_secs(opts.settle_timeout_s);
+    let mut drained_at: Option<f64> = None;
+    let mut max_dlq = 0u64;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let t = started.elapsed().as_secs_f64();
+        let depths = depths(&js).await;
+        let (sent_per_s, error_rate, open, half_open) = {
+            let o = observed.lock().await;
+            let calls = o.calls_total - last_calls;
+            let failed = o.failed_calls_total - last_failed;
+            let sample = (
+                (o.sent_total - last_sent) as f64,
+                if calls > 0 { failed as f64 / calls as f64 } else { 0.0 },
+                o.states.values().filter(|s| matches!(s, BreakerState::Open | BreakerState::ForcedOpen)).count() as u32,
+                o.states.values().filter(|s| **s == BreakerState::HalfOpen).count() as u32,
+            );
+            last_sent = o.sent_total;
+            last_calls = o.calls_total;
+            last_failed = o.failed_calls_total;
+            sample
+        };
+        max_dlq = max_dlq.max(depths.dlq);
+        samples.push(chart::Sample { t, sent_per_s, error_rate, scopes_open: open + half_open, scopes_half_open: half_open, dlq_depth: depths.dlq });
+        if opts.live {
+            println!(
+                "[{t:5.0}s] produced {:>6}/{:<6} accepted {:>6} | sent/s {:>5.0} err {:>4.1}% | breakers open {open} half-open {half_open} | queue {:>6} dlq {:>6} unknown {:>4} quarantine {:>4}",
+                progress.submitted.load(Ordering::Relaxed),
+                opts.messages,
+                progress.accepted.load(Ordering::Relaxed),
+                sent_per_s,
+                error_rate * 100.0,
+                depths.send,
+                depths.dlq,
+                depths.unknown,
+                depths.quarantine,
+            );
+        }
+        if max_dlq > 0 && depths.dlq == 0 && drained_at.is_none() {
+            drained_at = Some(t);
+        }
+        let quiet = producer.is_finished() && depths.send == 0 && depths.dlq == 0 && depths.unknown == 0 && open + half_open == 0;
+        settled_for = if quiet { settled_for + 1 } else { 0 };
+        if settled_for >= 3 || Instant::now() > settle_deadline {
+            break;
+        }
+    }
+    let produced = producer.await?;
+    let accounting = bw_ops::account::account_expected(&js, &buckets, &produced.accepted).await?;
+    let entries = bw_ops::account::ledger_entries(&js, &buckets).await?;
+    let oracle = sim.oracle();
+    services.stop_all(Duration::from_secs(10));
+    for w in watchers {
+        w.abort();
+    }
+    let observed = Arc::try_unwrap(observed).map(|m| m.into_inner()).unwrap_or_default();
+    let report = report::build(report::Inputs {
+        opts: &opts,
+        produced: &produced,
+        accounting: &accounting,
+        entries: &entries,
+        oracle: &oracle,
+        observed: &observed,
+        drained_at,
+        max_dlq,
+        sender_rate,
+    });
+    report::write(&dir, &report, &samples, &observed, &opts)?;
+    let _ = sim.dump(&dir.join("meta-sim-oracle.json"));
+    sim.shutdown().await;
+    drop(nats_server);
+    drop(redis_server);
+    Ok(report)
+}
+
+fn say(opts: &DrillOptions, line: &str) {
+    if opts.live {
+        println!("{line}");
+    }
+}
+
+/// Message counts of the streams that hold operations.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Depths {
+    pub send: u64,
+    pub dlq: u64,
+    pub unknown: u64,
+    pub quarantine: u64,
+}
+
+/// Reads the stream depths (one info call per stream).
+pub async fn depths(js: &jetstream::Context) -> Depths {
+    async fn count(js: &jetstream::Context, name: &str) -> u64 {
+        match js.get_stream(name).await {
+            Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+            Err(_) => 0,
+        }
+    }
+    use bw_common::names;
+    Depths {
+        send: count(js, names::SEND_STREAM).await,
+        dlq: count(js, names::DLQ_STREAM).await,
+        unknown: count(js, names::UNKNOWN_STREAM).await,
+        quarantine: count(js, names::QUARANTINE_STREAM).await,
+    }
+}
+
+async fn spawn_watchers(
+    nats: async_nats::Client,
+    observed: Arc<Mutex<Observed>>,
+    started: Instant,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut transitions = nats.subscribe("bw.breaker.v1.>").await?;
+    let mut outcomes = nats.subscribe("bw.outcome.v1.>").await?;
+    let o1 = observed.clone();
+    let t1 = tokio::spawn(async move {
+        while let Some(msg) = transitions.next().await {
+            if let Ok(t) = BreakerTransition::decode(msg.payload.as_ref()) {
+                let phone = t.scope.as_ref().map(|s| s.phone_number_id.clone()).unwrap_or_default();
+                let mut o = o1.lock().await;
+                o.transitions.push((started.elapsed().as_secs_f64(), t.from(), t.to(), phone.clone()));
+                o.states.insert(phone, t.to());
+            }
+        }
+    });
+    let t2 = tokio::spawn(async move {
+        while let Some(msg) = outcomes.next().await {
+            if let Ok(d) = DispatchOutcome::decode(msg.payload.as_ref()) {
+                let mut o = observed.lock().await;
+                *o.by_result.entry(d.result.clone()).or_default() += 1;
+                let called = d.decision == "allow" || d.decision == "canary";
+                match d.result.as_str() {
+                    "sent" => {
+                        o.sent_total += 1;
+                        o.calls_total += 1;
+                        if d.attempt > 1 {
+                            o.replayed_sent += 1;
+                        }
+                    }
+                    "retry" | "rate_limited" | "unknown" | "quarantined" if called => {
+                        o.calls_total += 1;
+                        o.failed_calls_total += 1;
+                    }
+                    "dlq" if called => {
+                        o.calls_total += 1;
+                        o.failed_calls_total += 1;
+                    }
+                    "dlq" if d.decision == "breaker_open" || d.decision == "forced_open" => o.fail_fast_us.push(d.handling_us),
+                    _ => {}
+                }
+            }
+        }
+    });
+    Ok(vec![t1, t2])
+}

@@ -1,0 +1,111 @@
+//! The drill's producer: a mixed flash-sale load (OTPs, order confirmations, support replies, promotions)
+//! spread over several sender numbers, submitted through the producer client at a steady rate.
+
+use bw_client::{Client, Request};
+use bw_common::proto::Category;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// What the producer did.
+#[derive(Debug, Default)]
+pub struct Produced {
+    /// Operation ids ingest accepted (including duplicates of earlier accepted ones).
+    pub accepted: Vec<String>,
+    /// Requests ingest rejected, with the reason.
+    pub rejected: Vec<(String, String)>,
+    /// Requests that never got an answer (ingest down the whole time).
+    pub unanswered: Vec<String>,
+}
+
+/// Live counters for the monitor.
+#[derive(Debug, Default)]
+pub struct ProducerProgress {
+    pub submitted: AtomicU64,
+    pub accepted: AtomicU64,
+    pub rejected: AtomicU64,
+}
+
+/// The sender phone number ids the drill uses.
+pub fn sender_ids(senders: usize) -> Vec<String> {
+    (0..senders).map(|i| format!("10654035224{:04}", 2900 + i)).collect()
+}
+
+fn category_for(i: usize) -> Category {
+    // A flash sale: mostly order confirmations and promotions, some OTPs and support replies.
+    match i % 20 {
+        0..=1 => Category::Authentication,
+        2..=9 => Category::Transactional,
+        10 => Category::Support,
+        _ => Category::Marketing,
+    }
+}
+
+/// Builds message `i` of the run (deterministic, so a run can be reproduced).
+pub fn build(run_id: &str, i: usize, waba_id: &str, senders: &[String]) -> bw_common::proto::SendRequest {
+    let sender = &senders[i % senders.len()];
+    // Distinct recipients so the pair limit (1 per 6 s) is not the bottleneck of the drill.
+    let recipient = format!("+549115{:07}", i % 10_000_000);
+    let category = category_for(i);
+    let op = format!("{run_id}-{i:06}");
+    let request = match category {
+        Category::Support => Request::text(&op, waba_id, sender, &recipient, "Your order #1234 is on its way")
+            .customer_last_inbound_unix_ms(bw_common::time::now_ms() - 60_000),
+        Category::Authentication => Request::template(&op, waba_id, sender, &recipient, "otp_code", "es_AR").param("123456"),
+        Category::Transactional => {
+            Request::template(&op, waba_id, sender, &recipient, "order_confirmation", "es_AR").param("1234")
+        }
+        _ => Request::template(&op, waba_id, sender, &recipient, "flash_sale", "es_AR").param("40%"),
+    };
+    request.category(category).label("drill", run_id).build()
+}
+
+/// Submits `total` messages at `rate` per second with up to `concurrency` outstanding requests.
+pub async fn produce(
+    client: Client,
+    run_id: String,
+    waba_id: String,
+    senders: Vec<String>,
+    total: usize,
+    rate: f64,
+    concurrency: usize,
+    progress: Arc<ProducerProgress>,
+) -> Produced {
+    let out = Arc::new(Mutex::new(Produced::default()));
+    let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = started + Duration::from_secs_f64(i as f64 / rate.max(1.0));
+        tokio::time::sleep_until(due.into()).await;
+        let Ok(permit) = permits.clone().acquire_owned().await else { break };
+        let request = build(&run_id, i, &waba_id, &senders);
+        let client = client.clone();
+        let out = out.clone();
+        let progress = progress.clone();
+        tasks.spawn(async move {
+            progress.submitted.fetch_add(1, Ordering::Relaxed);
+            let result = client.send(&request).await;
+            let mut out = out.lock().await;
+            match result {
+                Ok(reply) if reply.accepted => {
+                    progress.accepted.fetch_add(1, Ordering::Relaxed);
+                    out.accepted.push(request.operation_id.clone());
+                }
+                Ok(reply) => {
+                    progress.rejected.fetch_add(1, Ordering::Relaxed);
+                    out.rejected.push((request.operation_id.clone(), reply.error));
+                }
+                Err(_) => out.unanswered.push(request.operation_id.clone()),
+            }
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    match Arc::try_unwrap(out) {
+        Ok(m) => m.into_inner(),
+        Err(arc) => std::mem::take(&mut *arc.lock().await),
+    }
+}

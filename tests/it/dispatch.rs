@@ -1,0 +1,229 @@
+//! Every row of the dispatcher's classification table, against the simulator, with real NATS and Redis.
+
+use bw_common::names;
+use bw_common::proto::{Category, DlqEnvelope, DlqReason, OperationState, QuarantineEntry, SendRequest, Signal};
+use bw_e2e::{Harness, WABA_ID};
+use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
+use futures::StreamExt;
+use prost::Message as _;
+use std::time::Duration;
+
+const PHONE: &str = "106540352242922";
+const WAIT: Duration = Duration::from_secs(20);
+
+fn order(op: &str, i: usize) -> SendRequest {
+    bw_client::Request::template(op, WABA_ID, PHONE, &format!("+54911555{:05}", i), "order_confirmation", "es_AR")
+        .param("1234")
+        .category(Category::Transactional)
+        .build()
+}
+
+fn failing(start_ms: u64, duration_ms: Option<u64>, kind: FaultKind) -> Scenario {
+    Scenario {
+        name: "test".into(),
+        seed: Some(7),
+        selection: Selection::Deterministic,
+        latency: None,
+        windows: vec![Window {
+            name: "fail".into(),
+            start_ms,
+            duration_ms,
+            error_rate: 1.0,
+            faults: vec![Fault { kind, weight: 1 }],
+            latency: None,
+            phone_number_ids: vec![],
+        }],
+    }
+}
+
+async fn submit(h: &Harness, request: &SendRequest) {
+    let reply = h.producer().send(request).await.expect("ingest answers");
+    assert!(reply.accepted, "rejected: {}", reply.error);
+}
+
+async fn stream_payloads(h: &Harness, stream: &str) -> Vec<bytes::Bytes> {
+    let mut out = Vec::new();
+    let mut s = h.js.get_stream(stream).await.expect("stream");
+    let info = s.info().await.expect("info");
+    for seq in info.state.first_sequence..=info.state.last_sequence {
+        if let Ok(m) = s.get_raw_message(seq).await {
+            out.push(m.payload);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_errors_are_retried_with_backoff_then_sent_once() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.sim.set_scenario(failing(0, Some(400), FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false }));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    submit(&h, &order("retry-1", 1)).await;
+    assert!(h.wait_state("retry-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    let entry = h.ledger_entry("retry-1").await.expect("entry").entry;
+    assert!(entry.attempts >= 2, "at least one failed try before success, got {}", entry.attempts);
+    assert_eq!(h.sim.oracle().get("retry-1").expect("accepted").count, 1);
+    assert!(h.sim.counters().outcome("2") >= 1, "the simulator answered 503/code 2 first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_errors_exhaust_three_retries_into_the_dlq() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.sim.set_scenario(failing(0, None, FaultKind::Error { code: 131000, http_status: None, subcode: None }));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    submit(&h, &order("exhaust-1", 1)).await;
+    assert!(h.wait_state("exhaust-1", &[OperationState::Dlq], WAIT).await, "{:?}", h.ledger_entry("exhaust-1").await);
+    let entry = h.ledger_entry("exhaust-1").await.expect("entry").entry;
+    assert_eq!(entry.attempts, 4, "one try and three automatic retries");
+    let dlq = stream_payloads(&h, names::DLQ_STREAM).await;
+    assert_eq!(dlq.len(), 1);
+    let env = DlqEnvelope::decode(dlq[0].as_ref()).expect("envelope");
+    assert_eq!(env.reason(), DlqReason::RetriesExhausted);
+    assert_eq!(env.last_error.expect("last error").meta_code, 131000);
+    assert_eq!(env.request.expect("request").operation_id, "exhaust-1");
+    assert_eq!(h.sim.counters().outcome("131000"), 4, "exactly four calls reached Meta");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_errors_are_quarantined_with_the_reason_and_never_retried() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.sim.set_scenario(failing(0, None, FaultKind::Error { code: 131026, http_status: None, subcode: None }));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    submit(&h, &order("perm-1", 1)).await;
+    assert!(h.wait_state("perm-1", &[OperationState::Quarantined], WAIT).await);
+    let q = stream_payloads(&h, names::QUARANTINE_STREAM).await;
+    assert_eq!(q.len(), 1);
+    let entry = QuarantineEntry::decode(q[0].as_ref()).expect("entry");
+    assert_eq!(entry.error.expect("error").meta_code, 131026);
+    assert_eq!(h.sim.counters().outcome("131026"), 1, "never retried");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_hold_the_message_without_using_up_retries() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.sim.set_scenario(failing(0, Some(1_500), FaultKind::Error { code: 130429, http_status: None, subcode: None }));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    submit(&h, &order("rl-1", 1)).await;
+    assert!(h.wait_state("rl-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    let entry = h.ledger_entry("rl-1").await.expect("entry").entry;
+    assert_eq!(entry.transient_failures, 0);
+    assert_eq!(entry.attempts, 1, "rate-limited tries do not count as attempts");
+    assert_eq!(h.sim.oracle().get("rl-1").expect("accepted").count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_errors_keep_the_message_in_the_dlq_and_raise_a_signal() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.sim.set_scenario(failing(0, None, FaultKind::Error { code: 190, http_status: None, subcode: None }));
+    let mut signals = h.client.subscribe(names::signal_subject("credentials")).await.expect("subscribe");
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    submit(&h, &order("cred-1", 1)).await;
+    assert!(h.wait_state("cred-1", &[OperationState::Dlq], WAIT).await);
+    let dlq = stream_payloads(&h, names::DLQ_STREAM).await;
+    assert_eq!(DlqEnvelope::decode(dlq[0].as_ref()).expect("envelope").reason(), DlqReason::Credentials);
+    let signal = tokio::time::timeout(WAIT, signals.next()).await.expect("signal in time").expect("signal");
+    let signal = Signal::decode(signal.payload.as_ref()).expect("signal decodes");
+    assert_eq!(signal.meta_code, 190);
+    assert_eq!(signal.phone_number_id, PHONE);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_never_resent_and_a_status_webhook_resolves_it() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    // Meta accepts the message, then the connection hangs past the client timeout.
+    h.sim.set_scenario(failing(0, Some(1_000), FaultKind::Hang { hold_ms: 3_000, accept: true }));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[("meta.request_timeout_ms", "500".into())]).await;
+    submit(&h, &order("unknown-1", 1)).await;
+    assert!(
+        h.wait_state("unknown-1", &[OperationState::Unknown, OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await
+    );
+    // The simulator's status webhooks prove it was sent: the reconciler resolves it without a resend.
+    assert!(h.wait_state("unknown-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    // The dispatcher's timeout may land after the webhook; either way the operation ends flagged.
+    assert!(
+        bw_testkit::wait_until(WAIT, || async {
+            h.ledger_entry("unknown-1").await.is_some_and(|v| v.entry.flagged_unknown && v.entry.state().is_accepted_by_meta())
+        })
+        .await,
+        "the operation ends sent and flagged as once unknown: {:?}",
+        h.ledger_entry("unknown-1").await
+    );
+    assert_eq!(h.sim.oracle().get("unknown-1").expect("accepted").count, 1, "never resent blindly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_meta_accepted_is_never_sent_again() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    let request = order("idem-1", 1);
+    submit(&h, &request).await;
+    assert!(h.wait_state("idem-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    // A stray copy (a redelivery, a replay, a producer retry past the dedup window) lands in BW_SEND again.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "idem-1-stray-copy");
+    bw_common::nats::publish_durable(
+        &h.js,
+        names::outbox_subject(names::Lane::High, PHONE),
+        headers,
+        request.encode_to_vec().into(),
+    )
+    .await
+    .expect("stray copy stored");
+    assert!(
+        bw_testkit::wait_until(WAIT, || async {
+            let mut s = h.js.get_stream(names::SEND_STREAM).await.expect("stream");
+            s.info().await.map(|i| i.state.messages == 0).unwrap_or(false)
+        })
+        .await,
+        "the stray copy was consumed"
+    );
+    assert_eq!(h.sim.oracle().get("idem-1").expect("accepted").count, 1, "sent exactly once");
+    // A producer retry of the same operation id is answered as a duplicate and stores nothing.
+    let reply = h.producer().send(&request).await.expect("answer");
+    assert!(reply.accepted && reply.duplicate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_message_is_not_sent_and_ends_expired() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.start_ingest(&[]).await;
+    let mut request = order("otp-expired", 1);
+    request.category = Category::Authentication as i32;
+    request.deadline_unix_ms = bw_common::time::now_ms() + 300;
+    submit(&h, &request).await;
+    tokio::time::sleep(Duration::from_millis(400)).await; // let the deadline pass while no dispatcher runs
+    h.start_dispatcher(&[]).await;
+    assert!(h.wait_state("otp-expired", &[OperationState::Expired], WAIT).await);
+    assert!(h.sim.oracle().get("otp-expired").is_none(), "never reached Meta");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_traffic_is_served_before_marketing() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.start_ingest(&[]).await;
+    for i in 0..20 {
+        let mut r = order(&format!("promo-{i}"), i);
+        r.category = Category::Marketing as i32;
+        submit(&h, &r).await;
+    }
+    for i in 0..5 {
+        submit(&h, &order(&format!("txn-{i}"), 100 + i)).await;
+    }
+    // One message at a time makes the service order visible.
+    h.start_dispatcher(&[("dispatch.batch_size", "1".into()), ("dispatch.max_in_flight", "1".into())]).await;
+    assert!(
+        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 25 }).await,
+        "all sent"
+    );
+    let oracle = h.sim.oracle();
+    let first_promo = (0..20).filter_map(|i| oracle.get(&format!("promo-{i}"))).map(|e| e.first_accepted_ms).min().expect("promos");
+    let last_txn = (0..5).filter_map(|i| oracle.get(&format!("txn-{i}"))).map(|e| e.first_accepted_ms).max().expect("txns");
+    assert!(last_txn <= first_promo, "every transactional message went before any marketing one");
+}
