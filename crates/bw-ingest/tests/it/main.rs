@@ -5,5 +5,6 @@
 
 mod intake;
 mod reconcile;
+mod shared;
 mod support;
 mod webhooks;
