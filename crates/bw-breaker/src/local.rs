@@ -51,8 +51,8 @@ impl LocalBreakers {
         cfg: &BreakerConfig,
         key: &str,
         last_known: Option<(BreakerState, String)>,
+        now: Instant,
     ) -> &'a mut LocalScope {
-        let now = Instant::now();
         self.scopes.entry(key.to_string()).or_insert_with(|| {
             let (state, incident_id) = match last_known {
                 Some((
@@ -92,7 +92,7 @@ impl LocalBreakers {
         let second = self.second();
         let now = Instant::now();
         let pair_interval = Duration::from_millis(cfg.defaults.pair_interval_ms);
-        let s = self.scope(cfg, key, last_known);
+        let s = self.scope(cfg, key, last_known, now);
         if s.state == BreakerState::Open && now >= s.open_until {
             s.state = BreakerState::HalfOpen;
             s.successes = 0;
@@ -183,7 +183,7 @@ impl LocalBreakers {
     ) -> (BreakerState, String) {
         let second = self.second();
         let now = Instant::now();
-        let s = self.scope(cfg, key, last_known);
+        let s = self.scope(cfg, key, last_known, now);
         for outcome in outcomes {
             let slot = (second as usize) % WINDOW_BUCKETS;
             if s.window[slot].0 != second {

@@ -1,4 +1,7 @@
 //! Integration tests of bw-breaker against a real redis-server (spawned per test by bw-testkit).
 
+mod breaker;
+mod faults;
+mod limits;
 mod scripts;
 mod support;

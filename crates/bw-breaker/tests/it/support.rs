@@ -61,14 +61,6 @@ pub fn items(n: usize, class: TrafficClass) -> Vec<AdmitItem> {
         .collect()
 }
 
-pub fn outcome(kind: OutcomeKind) -> OutcomeItem {
-    OutcomeItem {
-        recipient_key: "r0".into(),
-        kind,
-        canary: false,
-    }
-}
-
 pub fn outcomes(n: usize, kind: OutcomeKind, canary: bool) -> Vec<OutcomeItem> {
     (0..n)
         .map(|i| OutcomeItem {
