@@ -219,3 +219,57 @@ impl Config {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+    use std::collections::HashMap;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Config, String> {
+        let env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (format!("BW_ALERTING__{k}"), v.to_string()))
+            .collect();
+        let cfg: Config = bw_common::config::load("alerting", crate::DEFAULT_CONFIG, None, &env)
+            .map_err(|e| e.to_string())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    #[test]
+    fn defaults_load_and_bad_values_are_clear_errors() {
+        let cfg = load(&[]).expect("compiled defaults are valid");
+        assert_eq!(cfg.display.time_zone, "America/Argentina/Buenos_Aires");
+        assert_eq!(cfg.rules.breaker_escalate_after_ms, 120_000);
+        for (pairs, expect) in [
+            (
+                vec![("RULES__DLQ_DEPTH_TRESHOLD", "5")],
+                "dlq_depth_treshold",
+            ),
+            (vec![("DISPLAY__TIME_ZONE", "Mars/Olympus")], "Mars/Olympus"),
+            (vec![("SINKS__SLACK__ENABLED", "true")], "sinks.slack.url"),
+            (
+                vec![
+                    ("SINKS__PAGERDUTY__ENABLED", "true"),
+                    ("SINKS__PAGERDUTY__URL", "http://pd"),
+                ],
+                "routing_key",
+            ),
+            (
+                vec![("RULES__STREAM_NEAR_LIMIT_RATIO", "1.5")],
+                "stream_near_limit_ratio",
+            ),
+        ] {
+            let err = load(&pairs).expect_err("invalid config rejected");
+            assert!(err.contains(expect), "{err}");
+        }
+        let debug = format!(
+            "{:?}",
+            load(&[("SINKS__PAGERDUTY__ROUTING_KEY", "secret-rk")]).expect("valid")
+        );
+        assert!(
+            !debug.contains("secret-rk"),
+            "routing key must not appear in Debug output"
+        );
+    }
+}
