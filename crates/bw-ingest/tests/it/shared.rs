@@ -109,3 +109,33 @@ async fn trace_context_flows_from_producer_to_outbox() {
     assert!(!traceparent.contains("00f067aa0ba902b7"), "with the ingest span as the parent");
     env.stop().await;
 }
+
+#[tokio::test]
+async fn webhooks_can_have_their_own_port() {
+    let server = bw_testkit::NatsServer::start();
+    let cfg = support::test_config(&server.url());
+    let deps = Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
+    let intake = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let hooks = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let (intake_addr, hooks_addr) = (intake.local_addr().expect("addr"), hooks.local_addr().expect("addr"));
+    let token = CancellationToken::new();
+    let task = tokio::spawn(bw_ingest::run_on(
+        cfg,
+        deps.clone(),
+        Listeners { http: intake, webhook: Some(hooks) },
+        token.clone(),
+    ));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await);
+    let http = support::http_client();
+    let query =
+        format!("/webhooks/meta?hub.mode=subscribe&hub.challenge=42&hub.verify_token={}", support::VERIFY_TOKEN);
+    let on_hooks = http.get(format!("http://{hooks_addr}{query}")).send().await.expect("get");
+    assert_eq!(on_hooks.status(), 200);
+    let on_intake = http.get(format!("http://{intake_addr}{query}")).send().await.expect("get");
+    assert_eq!(on_intake.status(), 404, "webhook routes are not on the producer port");
+    let res = http.post(format!("http://{hooks_addr}/v1/messages")).body("{}").send().await.expect("post");
+    assert_eq!(res.status(), 404, "producer routes are not on the webhook port");
+    token.cancel();
+    task.await.expect("joins").expect("stops cleanly");
+}
