@@ -22,7 +22,7 @@ pub(crate) struct Metrics {
 impl Metrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
-            "bw_admission_decisions",
+            "bw_breaker_client_decisions",
             "Admission decisions of the breaker library by reason",
             self.decisions.clone(),
         );
