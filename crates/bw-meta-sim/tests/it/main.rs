@@ -1,1 +1,8 @@
-//! Simulator tests.
+//! Tests of the Meta simulator through its HTTP surface, with reqwest as the client and a tiny axum receiver
+//! for webhooks.
+
+mod common;
+mod faults;
+mod limits;
+mod oracle;
+mod webhooks;

@@ -1,0 +1,219 @@
+//! Helpers: a configured simulator, a client, a send helper, a webhook receiver, and wait_until.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use bw_meta_sim::{Limits, MetaSim, SimConfig, SimHandle};
+use serde_json::{Value, json};
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const TOKEN: &str = "test-token";
+pub const SECRET: &str = "test-app-secret";
+pub const PHONE: &str = "106540352242922";
+
+/// A config with one accepted token and no limits (tests that need limits set them).
+pub fn config() -> SimConfig {
+    SimConfig {
+        access_tokens: vec![TOKEN.into()],
+        app_secret: SECRET.into(),
+        limits: Limits::disabled(),
+        ..SimConfig::default()
+    }
+}
+
+pub async fn start(cfg: SimConfig) -> SimHandle {
+    MetaSim::start(cfg).await.expect("simulator starts")
+}
+
+pub fn client(timeout: Duration) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .expect("client builds")
+}
+
+/// One answer: HTTP status, JSON body (Null when not JSON), headers.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub body: Value,
+    pub headers: reqwest::header::HeaderMap,
+}
+
+impl Answer {
+    /// Meta error code, or 0 for a 200, or -status for a bodiless error.
+    pub fn code(&self) -> i64 {
+        if self.status == 200 {
+            return 0;
+        }
+        self.body["error"]["code"]
+            .as_i64()
+            .unwrap_or(-i64::from(self.status))
+    }
+
+    pub fn wamid(&self) -> Option<&str> {
+        self.body["messages"][0]["id"].as_str()
+    }
+}
+
+pub async fn post(
+    client: &reqwest::Client,
+    sim: &SimHandle,
+    body: &Value,
+    token: Option<&str>,
+) -> reqwest::Result<Answer> {
+    let mut req = client.post(sim.messages_url("v21.0", PHONE)).json(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await?;
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok(Answer {
+        status,
+        body,
+        headers,
+    })
+}
+
+pub fn text(to: &str, op: Option<&str>) -> Value {
+    let mut v = json!({
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": to,
+        "type": "text",
+        "text": { "preview_url": false, "body": "hello" },
+    });
+    if let Some(op) = op {
+        v["biz_opaque_callback_data"] = json!(op);
+    }
+    v
+}
+
+pub async fn send(
+    client: &reqwest::Client,
+    sim: &SimHandle,
+    to: &str,
+    op: Option<&str>,
+) -> reqwest::Result<Answer> {
+    post(client, sim, &text(to, op), Some(TOKEN)).await
+}
+
+/// Recipient number `n` (distinct numbers avoid the pair limit).
+pub fn recipient(n: u32) -> String {
+    format!("+1650555{n:04}")
+}
+
+pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if f().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One POST the receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub signature: String,
+    pub raw: Bytes,
+    pub answered: u16,
+}
+
+impl Received {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.raw).expect("webhook body is json")
+    }
+}
+
+/// A webhook receiver that answers 500 to the first `fail_first` POSTs.
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    got: Arc<Mutex<Vec<Received>>>,
+}
+
+impl Receiver {
+    pub async fn start(fail_first: usize) -> Receiver {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let fail = Arc::new(AtomicUsize::new(fail_first));
+        let state = (got.clone(), fail.clone());
+        let app = axum::Router::new()
+            .route("/webhook", axum::routing::post(receive))
+            .with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind receiver");
+        let url = format!("http://{}/webhook", listener.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { url, got }
+    }
+
+    pub fn all(&self) -> Vec<Received> {
+        self.got.lock().expect("lock").clone()
+    }
+
+    /// Bodies answered 200.
+    pub fn accepted(&self) -> Vec<Value> {
+        self.all()
+            .into_iter()
+            .filter(|r| r.answered == 200)
+            .map(|r| r.json())
+            .collect()
+    }
+
+    /// Every status in accepted POSTs.
+    pub fn statuses(&self) -> Vec<Value> {
+        self.accepted()
+            .iter()
+            .flat_map(|b| {
+                b["entry"][0]["changes"][0]["value"]["statuses"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+}
+
+type RecvState = (Arc<Mutex<Vec<Received>>>, Arc<AtomicUsize>);
+
+async fn receive(
+    State((got, fail)): State<RecvState>,
+    headers: HeaderMap,
+    raw: Bytes,
+) -> StatusCode {
+    let failing = fail
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    let answered = if failing { 500 } else { 200 };
+    let signature = headers
+        .get("x-hub-signature-256")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    got.lock().expect("lock").push(Received {
+        signature,
+        raw,
+        answered,
+    });
+    StatusCode::from_u16(answered).expect("valid status")
+}
