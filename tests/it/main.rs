@@ -3,3 +3,5 @@
 mod crash;
 mod dispatch;
 mod flow;
+mod redaction;
+mod tracing;

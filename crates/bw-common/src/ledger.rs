@@ -53,8 +53,8 @@ fn rank(state: OperationState) -> u8 {
 /// Whether the ledger may move from `from` to `to`.
 ///
 /// Invariants: states Meta accepted (sent, delivered, read, failed) only move forward among themselves
-/// (sent < delivered < read; failed is terminal) and never back to a queue; expired is final; every other
-/// state may move anywhere (queued ↔ dlq ↔ quarantined ↔ unknown as the pipeline works on it).
+/// (sent < delivered < read; failed is terminal) and never back to a queue; expired only moves to a state a
+/// status webhook proves (Meta did send it); every other state may move anywhere (queued ↔ dlq ↔ quarantined ↔ unknown as the pipeline works on it).
 pub fn transition_allowed(from: OperationState, to: OperationState) -> bool {
     if from == to {
         return true;
@@ -62,7 +62,12 @@ pub fn transition_allowed(from: OperationState, to: OperationState) -> bool {
     if from.is_accepted_by_meta() {
         return to.is_accepted_by_meta() && rank(to) > rank(from) && from != OperationState::Failed;
     }
-    from != OperationState::Expired
+    if from == OperationState::Expired {
+        // An unknown outcome expired by policy can still be proven sent by a late status webhook: record the
+        // truth. Nothing is ever sent because of this move.
+        return to.is_accepted_by_meta();
+    }
+    true
 }
 
 /// Handle to the ledger buckets. Cheap to clone.
@@ -262,6 +267,8 @@ mod tests {
         check(Delivered, Failed, true);
         check(Failed, Read, false);
         check(Expired, Queued, false);
+        check(Expired, Dlq, false);
+        check(Expired, Delivered, true);
         check(Sent, Sent, true);
     }
 }

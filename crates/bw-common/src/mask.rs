@@ -33,7 +33,7 @@ mod tests {
     #[test]
     fn masks_keep_no_full_number() {
         let masked = super::phone("+5491155551234");
-        assert_eq!(masked, "+549********234");
+        assert_eq!(masked, "+549*******234");
         assert!(!masked.contains("5491155551234"));
         assert_eq!(super::phone("+12"), "***");
         assert_eq!(super::recipient_key("+5491155551234"), super::recipient_key("5491155551234"));

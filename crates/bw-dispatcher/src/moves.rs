@@ -99,7 +99,7 @@ impl Worker {
         if w.lane == names::Lane::Replay || failures > self.cfg.max_retries || over_budget {
             // Replayed messages go straight back: replay owns their schedule.
             let (not_before, prev) = if w.lane == names::Lane::Replay {
-                let d = decorrelated_jitter(1_000, 60_000, previous.max(1_000));
+                let d = bw_ops::jitter::next_replay_delay(entry.replays, entry.last_retry_delay_ms.max(0) as u64, &mut rand::rng());
                 (now + d as i64, d as i64)
             } else {
                 (0, 0)
@@ -171,10 +171,11 @@ impl Worker {
                 }
                 e.incident_id = incident.to_string();
                 e.last_code = err.meta_code;
-                e.reason = format!("dlq: {}", dlq_reason_label(reason));
+                e.reason = format!("dlq: {}", bw_ops::inspect::dlq_reason_label(reason));
                 e.transient_failures = 0;
                 e.first_failure_at_unix_ms = 0;
-                e.last_retry_delay_ms = 0;
+                // For a replayed message this is the replay back-off, the "previous" of the next jitter draw.
+                e.last_retry_delay_ms = previous_delay_ms;
                 Some(e)
             })
             .await;
@@ -294,18 +295,6 @@ impl Worker {
         )
         .await
         .is_ok()
-    }
-}
-
-fn dlq_reason_label(reason: DlqReason) -> &'static str {
-    match reason {
-        DlqReason::BreakerOpen => "breaker open",
-        DlqReason::RetriesExhausted => "retries exhausted",
-        DlqReason::Credentials => "credentials or account error",
-        DlqReason::UnknownNoStatus => "unknown outcome, no status",
-        DlqReason::Operator => "operator",
-        DlqReason::Failover => "failover",
-        DlqReason::Unspecified => "unspecified",
     }
 }
 

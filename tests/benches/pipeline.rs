@@ -1,0 +1,252 @@
+//! Pipeline benchmark (issue: dispatcher). Prints, from one run on this machine:
+//! - raw JetStream consume-and-ack throughput (the ceiling),
+//! - a naive direct-send baseline (HTTP POSTs straight to the simulator, no durability, no breaker),
+//! - end-to-end throughput through one and two dispatcher instances (JetStream → ledger → breaker admission
+//!   → Meta simulator → ledger → ack), with the simulator's limits disabled,
+//! - the latency the pipeline adds at a steady pace (p50/p99), next to the direct-send latency.
+//!
+//! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count).
+
+use bw_common::names;
+use bw_common::proto::{Category, LedgerEntry, OperationState, SendRequest};
+use bw_e2e::{Harness, WABA_ID};
+use prost::Message as _;
+use std::time::{Duration, Instant};
+
+const PHONE: &str = "106540352249999";
+
+fn request(i: usize, tag: &str) -> SendRequest {
+    let mut r = bw_client::Request::template(&format!("{tag}-{i:07}"), WABA_ID, PHONE, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
+        .param("1")
+        .category(Category::Transactional)
+        .build();
+    r.accepted_at_unix_ms = bw_common::time::now_ms();
+    r
+}
+
+fn unlimited_sim() -> bw_meta_sim::SimConfig {
+    let mut cfg = bw_meta_sim::SimConfig::default();
+    cfg.limits = bw_meta_sim::Limits::disabled();
+    cfg.usage_headers = false;
+    // No status webhooks: nothing listens for them in this benchmark.
+    cfg.webhook.sent_delay_ms = None;
+    cfg.webhook.delivered_delay_ms = None;
+    cfg.webhook.read_delay_ms = None;
+    cfg
+}
+
+/// Stores requests the way ingest does (stream first with the operation id as message id, then the ledger).
+async fn preload(h: &Harness, n: usize, tag: &str) {
+    let mut acks = Vec::with_capacity(4096);
+    for i in 0..n {
+        let r = request(i, tag);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", r.operation_id.as_str());
+        let ack = h
+            .js
+            .publish_with_headers(names::outbox_subject(names::Lane::High, PHONE), headers, r.encode_to_vec().into())
+            .await
+            .expect("publish");
+        acks.push(ack);
+        if acks.len() == 4096 {
+            for a in acks.drain(..) {
+                a.await.expect("ack");
+            }
+        }
+    }
+    for a in acks.drain(..) {
+        a.await.expect("ack");
+    }
+    let mut creates = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let ledger = h.ledger.clone();
+        let r = request(i, tag);
+        creates.spawn(async move {
+            let entry = LedgerEntry {
+                operation_id: r.operation_id.clone(),
+                state: OperationState::Queued as i32,
+                waba_id: r.waba_id.clone(),
+                phone_number_id: r.phone_number_id.clone(),
+                category: r.category,
+                accepted_at_unix_ms: r.accepted_at_unix_ms,
+                ..Default::default()
+            };
+            ledger.create(&entry).await.expect("ledger create")
+        });
+        while creates.len() > 512 {
+            creates.join_next().await;
+        }
+    }
+    while creates.join_next().await.is_some() {}
+}
+
+fn dispatcher_overrides() -> Vec<(&'static str, String)> {
+    vec![
+        ("breaker.defaults.rate_per_s", "1000000".into()),
+        ("breaker.defaults.burst", "1000000".into()),
+        ("breaker.defaults.pair_burst", "1000".into()),
+        ("dispatch.publish_outcomes", "false".into()),
+        ("dispatch.batch_size", "256".into()),
+        ("dispatch.max_in_flight", "2048".into()),
+    ]
+}
+
+async fn pipeline(n: usize, dispatchers: usize) -> f64 {
+    let mut h = Harness::start(unlimited_sim()).await;
+    preload(&h, n, &format!("p{dispatchers}")).await;
+    let started = Instant::now();
+    for _ in 0..dispatchers {
+        h.start_dispatcher(&dispatcher_overrides()).await;
+    }
+    let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 }).await;
+    let took = started.elapsed();
+    assert!(done, "pipeline finished");
+    n as f64 / took.as_secs_f64()
+}
+
+async fn raw_jetstream(n: usize) -> f64 {
+    let server = bw_testkit::NatsServer::start();
+    let client = async_nats::connect(server.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let stream = js
+        .get_or_create_stream(async_nats::jetstream::stream::Config {
+            name: "RAW".into(),
+            subjects: vec!["raw.>".into()],
+            retention: async_nats::jetstream::stream::RetentionPolicy::WorkQueue,
+            ..Default::default()
+        })
+        .await
+        .expect("stream");
+    let payload = bytes::Bytes::from(vec![7u8; 64]);
+    let mut acks = Vec::with_capacity(4096);
+    for _ in 0..n {
+        acks.push(js.publish("raw.x", payload.clone()).await.expect("publish"));
+        if acks.len() == 4096 {
+            for a in acks.drain(..) {
+                a.await.expect("ack");
+            }
+        }
+    }
+    for a in acks.drain(..) {
+        a.await.expect("ack");
+    }
+    let consumer = stream
+        .get_or_create_consumer(
+            "raw",
+            async_nats::jetstream::consumer::pull::Config { durable_name: Some("raw".into()), max_ack_pending: 100_000, ..Default::default() },
+        )
+        .await
+        .expect("consumer");
+    let started = Instant::now();
+    let mut seen = 0;
+    use futures::StreamExt;
+    while seen < n {
+        let mut batch = consumer.fetch().max_messages(1000).messages().await.expect("fetch");
+        while let Some(Ok(m)) = batch.next().await {
+            m.ack().await.expect("ack");
+            seen += 1;
+        }
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn direct_send(n: usize, concurrency: usize) -> f64 {
+    let sim = bw_meta_sim::MetaSim::start(unlimited_sim()).await.expect("sim");
+    let http = reqwest::Client::builder().pool_max_idle_per_host(concurrency).build().expect("client");
+    let url = format!("{}/v21.0/{PHONE}/messages", sim.base_url());
+    let started = Instant::now();
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let permit = sem.clone().acquire_owned().await.expect("permit");
+        let http = http.clone();
+        let url = url.clone();
+        let body = bw_dispatcher::build_body(&request(i, "direct"));
+        tasks.spawn(async move {
+            let r = http.post(url).bearer_auth("t").json(&body).send().await.expect("post");
+            assert_eq!(r.status(), 200);
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+/// Paced load: per message, milliseconds from publish (pipeline) or request start (direct) to acceptance.
+async fn latency(rate: f64, seconds: f64) -> ((f64, f64), (f64, f64)) {
+    let n = (rate * seconds) as usize;
+    // Pipeline: publish at a steady pace, read acceptance times from the simulator's oracle.
+    let mut h = Harness::start(unlimited_sim()).await;
+    h.start_dispatcher(&dispatcher_overrides()).await;
+    let mut published = Vec::with_capacity(n);
+    let started = Instant::now();
+    for i in 0..n {
+        tokio::time::sleep_until((started + Duration::from_secs_f64(i as f64 / rate)).into()).await;
+        let r = request(i, "lat");
+        let entry = LedgerEntry { operation_id: r.operation_id.clone(), state: OperationState::Queued as i32, ..Default::default() };
+        h.ledger.create(&entry).await.expect("ledger");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", r.operation_id.as_str());
+        let at = bw_common::time::now_ms();
+        bw_common::nats::publish_durable(&h.js, names::outbox_subject(names::Lane::High, PHONE), headers, r.encode_to_vec().into())
+            .await
+            .expect("publish");
+        published.push((r.operation_id, at));
+    }
+    assert!(bw_testkit::wait_until(Duration::from_secs(60), || async { h.sim.oracle().total_accepted() >= n as u64 }).await);
+    let oracle = h.sim.oracle();
+    let pipeline: Vec<f64> = published
+        .iter()
+        .filter_map(|(op, at)| oracle.get(op).map(|e| e.first_accepted_ms as f64 - *at as f64))
+        .collect();
+    drop(h);
+    // Direct: the same pace, one POST per message.
+    let sim = bw_meta_sim::MetaSim::start(unlimited_sim()).await.expect("sim");
+    let http = reqwest::Client::new();
+    let url = format!("{}/v21.0/{PHONE}/messages", sim.base_url());
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for i in 0..n {
+        tokio::time::sleep_until((started + Duration::from_secs_f64(i as f64 / rate)).into()).await;
+        let http = http.clone();
+        let url = url.clone();
+        let body = bw_dispatcher::build_body(&request(i, "dlat"));
+        tasks.spawn(async move {
+            let t = Instant::now();
+            http.post(url).bearer_auth("t").json(&body).send().await.expect("post");
+            t.elapsed().as_secs_f64() * 1000.0
+        });
+    }
+    let mut direct = Vec::new();
+    while let Some(Ok(ms)) = tasks.join_next().await {
+        direct.push(ms);
+    }
+    (percentiles(pipeline), percentiles(direct))
+}
+
+fn main() {
+    bw_common::service::install_crypto();
+    let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let raw = raw_jetstream(n * 5).await;
+        let direct = direct_send(n, 256).await;
+        let one = pipeline(n, 1).await;
+        let two = pipeline(n, 2).await;
+        let ((p50, p99), (d50, d99)) = latency(500.0, 6.0).await;
+        println!("pipeline benchmark, {n} messages (raw JetStream: {} messages), one run, this machine", n * 5);
+        println!("  raw JetStream consume+ack     {raw:>10.0} msg/s");
+        println!("  naive direct send (no queue)  {direct:>10.0} msg/s");
+        println!("  pipeline, 1 dispatcher        {one:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send", one / raw, one / direct);
+        println!("  pipeline, 2 dispatchers       {two:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2}x one", two / raw, two / direct, two / one);
+        println!("  latency at 500 msg/s: pipeline publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; direct POST p50 {d50:.1} ms p99 {d99:.1} ms");
+        println!("  latency the pipeline adds: p50 {:.1} ms, p99 {:.1} ms", p50 - d50, p99 - d99);
+    });
+}
