@@ -3,5 +3,6 @@
 mod breaker;
 mod faults;
 mod limits;
+mod model;
 mod scripts;
 mod support;
