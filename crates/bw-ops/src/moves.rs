@@ -10,6 +10,7 @@
 use crate::OpsError;
 use crate::inspect::{DlqItem, QuarantineItem, quarantine_reason_label};
 use crate::names::{REPLAY_HEADER, UNDECODABLE_HEADER, quarantine_msg_id, replay_msg_id};
+use crate::pace::Gate;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
 use bw_common::nats::{Buckets, publish_durable};
@@ -132,12 +133,14 @@ pub enum Outcome {
     Skipped(String),
     /// Purged by an operator: ledger EXPIRED with reason "purged by operator".
     Purged,
+    /// The pacing gate closed before the move (breaker opened, shutdown): nothing changed, keep the source.
+    Stopped,
 }
 
 impl Outcome {
     /// Whether the source message can be removed (acked or deleted).
     pub fn source_done(&self) -> bool {
-        !matches!(self, Outcome::NotYet(_) | Outcome::Changed | Outcome::Skipped(_))
+        !matches!(self, Outcome::NotYet(_) | Outcome::Changed | Outcome::Skipped(_) | Outcome::Stopped)
     }
 
     /// Short label for metrics and reports.
@@ -154,6 +157,7 @@ impl Outcome {
             Outcome::Changed => "changed",
             Outcome::Skipped(_) => "skipped",
             Outcome::Purged => "purged",
+            Outcome::Stopped => "stopped",
         }
     }
 }
@@ -201,7 +205,14 @@ impl Mover {
 
     /// Handles one DLQ entry: checks it, then replays, expires or quarantines it. The caller acks the DLQ
     /// message when [`Outcome::source_done`], else naks it (with the delay of [`Outcome::NotYet`]).
-    pub async fn replay_dlq_entry(&self, envelope: &DlqEnvelope, target: Option<&Target>) -> Result<Outcome, OpsError> {
+    /// With a `gate`, a replay passes it right before the ledger update and the publish (other outcomes
+    /// publish nothing to the lane and do not wait).
+    pub async fn replay_dlq_entry(
+        &self,
+        envelope: &DlqEnvelope,
+        target: Option<&Target>,
+        gate: Option<&Gate>,
+    ) -> Result<Outcome, OpsError> {
         let Some(request) = envelope.request.as_ref() else {
             return Ok(Outcome::Skipped("dlq entry without a request".into()));
         };
@@ -238,8 +249,20 @@ impl Mover {
                 Ok(outcome)
             }
             Check::NotYet { wait_ms } => Ok(Outcome::NotYet(Duration::from_millis(wait_ms.max(1) as u64))),
-            Check::Resume { replay } => self.publish_replay(request, replay, target).await,
+            Check::Resume { replay } => {
+                if let Some(g) = gate
+                    && !g.pass().await
+                {
+                    return Ok(Outcome::Stopped);
+                }
+                self.publish_replay(request, replay, target).await
+            }
             Check::Replay { replay } => {
+                if let Some(g) = gate
+                    && !g.pass().await
+                {
+                    return Ok(Outcome::Stopped);
+                }
                 let base =
                     current.unwrap_or_else(|| entry_from(request, envelope.replay_attempts, OperationState::Dlq));
                 self.queue_and_publish(request, base, replay, "dlq", target).await

@@ -36,7 +36,7 @@ impl BatchReport {
         match outcome {
             Outcome::Skipped(why) => self.left.push((op.to_string(), why.clone())),
             Outcome::Changed => self.left.push((op.to_string(), "changed meanwhile; try again".into())),
-            Outcome::NotYet(_) => self.left.push((op.to_string(), "not yet".into())),
+            Outcome::NotYet(_) | Outcome::Stopped => self.left.push((op.to_string(), "not yet".into())),
             _ => {}
         }
     }
@@ -102,7 +102,7 @@ pub async fn replay_dlq_now(
     for (n, item) in selected.iter().enumerate() {
         bucket.take().await;
         let op = op_of(item.envelope.request.as_ref());
-        match mover.replay_dlq_entry(&item.envelope, None).await {
+        match mover.replay_dlq_entry(&item.envelope, None, None).await {
             Ok(outcome) => {
                 if outcome.source_done() {
                     delete(js, names::DLQ_STREAM, item.sequence).await?;

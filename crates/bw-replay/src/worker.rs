@@ -8,7 +8,7 @@ use bw_common::time::now_ms;
 use bw_common::{names, telemetry};
 use bw_ops::moves::{Outcome, Target};
 use bw_ops::names::replay_consumer;
-use bw_ops::pace::TokenBucket;
+use bw_ops::pace::Gate;
 use bw_ops::scan::subject_depth;
 use futures::StreamExt;
 use prost::Message as _;
@@ -162,29 +162,31 @@ async fn drain(
     let lane_subject = names::outbox_subject(names::Lane::Replay, &lane_phone);
     let pacing = ctx.cfg.replay.pacing(&lane_phone);
     let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
-    let mut bucket = TokenBucket::new(pacing.rate_per_s * factor, pacing.burst);
+    // One gate per session: it starts empty (no burst when a breaker closes) and closes when the session
+    // ends, so entries still waiting for a token give up without touching the ledger.
+    let gate = Arc::new(Gate::new(pacing.rate_per_s * factor, pacing.burst));
     // Entries fetched at once must be handled well within the ack wait and the lease renewal period.
     let horizon_ms = (ctx.cfg.replay.ack_wait_ms / 2).min(ctx.cfg.replay.lease_ttl_ms / 3) as f64;
     let rate_cap = ((pacing.rate_per_s * horizon_ms / 1000.0) as usize).max(1);
     let in_flight = Arc::new(Semaphore::new(ctx.cfg.replay.max_in_flight));
     let categories: Vec<String> = ctx.cfg.failover.categories.clone();
-    tracing::info!(lane = %lane_subject, rate_per_s = bucket.rate(), failover = target.is_some(), "draining dlq");
-    loop {
+    tracing::info!(lane = %lane_subject, rate_per_s = pacing.rate_per_s * factor, failover = target.is_some(), "draining dlq");
+    let ended = 'session: loop {
         if ctx.shutdown.is_cancelled() {
-            return (Ended::Interrupted, Some(held));
+            break 'session Ended::Interrupted;
         }
         if rx.has_changed().unwrap_or(true) {
-            let view = rx.borrow().clone();
+            let view = rx.borrow_and_update().clone();
             if mode(ctx, scope, &view, not_closed_since) != active {
-                return (Ended::Interrupted, Some(held));
+                break 'session Ended::Interrupted;
             }
             let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
-            bucket.set_rate(pacing.rate_per_s * factor);
+            gate.set_rate(pacing.rate_per_s * factor).await;
         }
         if held.due() {
             match ctx.leases.renew(scope, held).await {
                 Some(h) => held = h,
-                None => return (Ended::LeaseLost, None),
+                None => break 'session Ended::LeaseLost,
             }
         }
         let mut room = ctx.cfg.replay.batch_size.min(rate_cap);
@@ -193,13 +195,13 @@ async fn drain(
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the replay lane depth");
-                    return (Ended::Failed, Some(held));
+                    break 'session Ended::Failed;
                 }
             };
             let free = pacing.max_lane_depth.saturating_sub(depth) as usize;
             if free == 0 {
                 tokio::select! {
-                    _ = ctx.shutdown.cancelled() => return (Ended::Interrupted, Some(held)),
+                    _ = ctx.shutdown.cancelled() => break 'session Ended::Interrupted,
                     _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
                 }
             }
@@ -215,7 +217,7 @@ async fn drain(
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "dlq fetch failed");
-                return (Ended::Failed, Some(held));
+                break 'session Ended::Failed;
             }
         };
         let mut tasks = JoinSet::new();
@@ -224,13 +226,23 @@ async fn drain(
         while let Some(next) = batch.next().await {
             let Ok(msg) = next else { continue };
             got += 1;
+            if stop.is_none() && ctx.shutdown.is_cancelled() {
+                stop = Some(Ended::Interrupted);
+            }
+            if stop.is_none() && rx.has_changed().unwrap_or(true) {
+                let view = rx.borrow_and_update().clone();
+                if mode(ctx, scope, &view, not_closed_since) != active {
+                    stop = Some(Ended::Interrupted);
+                }
+            }
             if stop.is_some() {
+                gate.close();
                 let _ = msg.ack_with(AckKind::Nak(None)).await;
                 continue;
             }
             let envelope = DlqEnvelope::decode(msg.payload.as_ref()).ok().filter(|e| e.request.is_some());
             if let Some(env) = &envelope {
-                // Cheap checks first: they need no token.
+                // Cheap checks first: they need no ledger read and no token.
                 if env.not_before_unix_ms > now_ms() {
                     ctx.metrics.skipped("not_before");
                     let wait = Duration::from_millis((env.not_before_unix_ms - now_ms()).max(1) as u64);
@@ -243,25 +255,13 @@ async fn drain(
                     continue;
                 }
             }
-            tokio::select! {
-                _ = ctx.shutdown.cancelled() => {
-                    let _ = msg.ack_with(AckKind::Nak(None)).await;
-                    stop = Some(Ended::Interrupted);
-                    continue;
-                }
-                _ = bucket.take() => {}
-            }
-            if rx.has_changed().unwrap_or(true) && mode(ctx, scope, &rx.borrow().clone(), not_closed_since) != active {
-                let _ = msg.ack_with(AckKind::Nak(None)).await;
-                stop = Some(Ended::Interrupted);
-                continue;
-            }
             if held.due() {
                 match ctx.leases.renew(scope, held).await {
                     Some(h) => held = h,
                     None => {
-                        let _ = msg.ack_with(AckKind::Nak(None)).await;
                         stop = Some(Ended::LeaseLost);
+                        gate.close();
+                        let _ = msg.ack_with(AckKind::Nak(None)).await;
                         continue;
                     }
                 }
@@ -270,23 +270,44 @@ async fn drain(
             let task_ctx = ctx.clone();
             let task_scope = scope.to_string();
             let task_target = target.clone();
+            let task_gate = gate.clone();
             let span = tracing::info_span!("replay.entry", scope = %scope);
             telemetry::set_parent_from(&span, msg.headers.as_ref());
             tasks.spawn(
                 async move {
-                    handle(&task_ctx, &task_scope, msg, envelope, task_target.as_ref()).await;
+                    handle(&task_ctx, &task_scope, msg, envelope, task_target.as_ref(), &task_gate).await;
                     drop(permit);
                 }
                 .instrument(span),
             );
         }
-        while tasks.join_next().await.is_some() {}
+        // Wait for the batch, closing the gate at once if the scope stops being replayable meanwhile.
+        loop {
+            tokio::select! {
+                joined = tasks.join_next() => if joined.is_none() { break },
+                _ = ctx.shutdown.cancelled(), if gate.is_open() => {
+                    gate.close();
+                    stop.get_or_insert(Ended::Interrupted);
+                }
+                changed = rx.changed(), if gate.is_open() => {
+                    let differs = changed.is_err() || mode(ctx, scope, &rx.borrow_and_update().clone(), not_closed_since) != active;
+                    if differs {
+                        gate.close();
+                        stop.get_or_insert(Ended::Interrupted);
+                    }
+                }
+            }
+        }
         match stop {
-            Some(Ended::LeaseLost) => return (Ended::LeaseLost, None),
-            Some(ended) => return (ended, Some(held)),
-            None if got == 0 => return (Ended::Drained, Some(held)),
+            Some(ended) => break 'session ended,
+            None if got == 0 => break 'session Ended::Drained,
             None => {}
         }
+    };
+    gate.close();
+    match ended {
+        Ended::LeaseLost => (ended, None),
+        other => (other, Some(held)),
     }
 }
 
@@ -295,7 +316,14 @@ fn eligible_for_failover(env: &DlqEnvelope, categories: &[String]) -> bool {
     categories.iter().any(|c| c == category)
 }
 
-async fn handle(ctx: &Ctx, scope: &str, msg: Message, envelope: Option<DlqEnvelope>, target: Option<&Target>) {
+async fn handle(
+    ctx: &Ctx,
+    scope: &str,
+    msg: Message,
+    envelope: Option<DlqEnvelope>,
+    target: Option<&Target>,
+    gate: &Gate,
+) {
     let Some(envelope) = envelope else {
         let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         tracing::error!(sequence, "undecodable dlq entry; keeping its bytes in the quarantine");
@@ -312,7 +340,7 @@ async fn handle(ctx: &Ctx, scope: &str, msg: Message, envelope: Option<DlqEnvelo
         return;
     };
     let op = envelope.request.as_ref().map(|r| r.operation_id.clone()).unwrap_or_default();
-    match ctx.mover.replay_dlq_entry(&envelope, target).await {
+    match ctx.mover.replay_dlq_entry(&envelope, target, Some(gate)).await {
         Ok(outcome) => {
             match &outcome {
                 Outcome::Replayed { replay, duplicate } => {
@@ -331,6 +359,7 @@ async fn handle(ctx: &Ctx, scope: &str, msg: Message, envelope: Option<DlqEnvelo
             let _ = match outcome {
                 o if o.source_done() => msg.ack().await,
                 Outcome::NotYet(wait) => msg.ack_with(AckKind::Nak(Some(wait))).await,
+                Outcome::Stopped => msg.ack_with(AckKind::Nak(None)).await,
                 _ => msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await,
             };
         }
