@@ -228,16 +228,22 @@ pub enum BreakerError {
     BadReply(String),
 }
 
-/// Redis connection: a single node or a cluster.
+/// Redis connection: a single node or a cluster (every key of a scope shares one hash tag, so the same
+/// scripts run unchanged on both).
 #[derive(Clone)]
 pub enum RedisConn {
     Single(redis::aio::ConnectionManager),
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl RedisConn {
     async fn invoke(&self, inv: &redis::ScriptInvocation<'_>) -> redis::RedisResult<redis::Value> {
         match self {
             RedisConn::Single(conn) => {
+                let mut conn = conn.clone();
+                inv.invoke_async(&mut conn).await
+            }
+            RedisConn::Cluster(conn) => {
                 let mut conn = conn.clone();
                 inv.invoke_async(&mut conn).await
             }
@@ -249,6 +255,10 @@ impl RedisConn {
         cmd.arg(key).arg(member);
         match self {
             RedisConn::Single(conn) => {
+                let mut conn = conn.clone();
+                cmd.query_async::<()>(&mut conn).await
+            }
+            RedisConn::Cluster(conn) => {
                 let mut conn = conn.clone();
                 cmd.query_async::<()>(&mut conn).await
             }

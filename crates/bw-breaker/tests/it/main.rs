@@ -1,6 +1,7 @@
 //! Integration tests of bw-breaker against a real redis-server (spawned per test by bw-testkit).
 
 mod breaker;
+mod cluster;
 mod faults;
 mod limits;
 mod model;
