@@ -250,3 +250,89 @@ impl LocalBreakers {
         self.scopes.remove(key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(class: TrafficClass) -> AdmitItem {
+        AdmitItem {
+            recipient_key: format!("r{}", rand::random::<u32>()),
+            class,
+        }
+    }
+
+    fn outcome(kind: OutcomeKind, canary: bool) -> OutcomeItem {
+        OutcomeItem {
+            recipient_key: "r".into(),
+            kind,
+            canary,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_breaker_opens_cools_down_probes_and_closes() {
+        let cfg = BreakerConfig::default();
+        let mut local = LocalBreakers::new();
+        let failures =
+            vec![outcome(OutcomeKind::Transient, false); cfg.fallback_min_calls as usize];
+        let (state, incident) = local.record(&cfg, "s", None, &failures);
+        assert_eq!(state, BreakerState::Open);
+        assert!(incident.contains("local"));
+        let a = local.admit(&cfg, "s", None, &[item(TrafficClass::Priority)]);
+        assert!(matches!(
+            a.decisions[0],
+            Decision::Deny {
+                reason: DenyReason::BreakerOpen,
+                ..
+            }
+        ));
+        tokio::time::advance(Duration::from_millis(cfg.fallback_cooldown_ms + 1)).await;
+        let a = local.admit(
+            &cfg,
+            "s",
+            None,
+            &[item(TrafficClass::Priority), item(TrafficClass::Priority)],
+        );
+        assert_eq!(a.state, BreakerState::HalfOpen);
+        assert_eq!(a.decisions[0], Decision::Allow { canary: true });
+        assert!(matches!(
+            a.decisions[1],
+            Decision::Deny {
+                reason: DenyReason::CanaryBudget,
+                ..
+            }
+        ));
+        let (state, _) = local.record(
+            &cfg,
+            "s",
+            None,
+            &vec![outcome(OutcomeKind::Success, true); CLOSE_AFTER as usize],
+        );
+        assert_eq!(state, BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_rate_is_bounded_and_refills_at_the_fallback_rate() {
+        let cfg = BreakerConfig::default();
+        let mut local = LocalBreakers::new();
+        let batch: Vec<AdmitItem> = (0..50).map(|_| item(TrafficClass::Priority)).collect();
+        let allowed = |a: &Admission| {
+            a.decisions
+                .iter()
+                .filter(|d| matches!(d, Decision::Allow { .. }))
+                .count()
+        };
+        assert_eq!(
+            allowed(&local.admit(&cfg, "s", None, &batch)) as f64,
+            cfg.fallback_burst
+        );
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let a = local.admit(&cfg, "s", None, &batch);
+        assert_eq!(
+            allowed(&a) as f64,
+            (2.0 * cfg.fallback_rate_per_s).min(cfg.fallback_burst)
+        );
+        assert!(a.degraded);
+    }
+}

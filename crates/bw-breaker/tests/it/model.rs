@@ -177,12 +177,9 @@ impl Model {
                     self.rl = 0;
                     self.calls += 1;
                     self.fails += 1;
-                    if self.state == St::HalfOpen {
-                        self.go(St::Open);
-                    } else if self.state == St::Closed
-                        && self.calls >= u64::from(self.p.min_calls)
-                        && self.fails as f64 >= self.calls as f64 * self.p.threshold
-                    {
+                    let rate_trips = self.calls >= u64::from(self.p.min_calls)
+                        && self.fails as f64 >= self.calls as f64 * self.p.threshold;
+                    if self.state == St::HalfOpen || (self.state == St::Closed && rate_trips) {
                         self.go(St::Open);
                     }
                 }
