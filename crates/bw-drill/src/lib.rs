@@ -128,18 +128,20 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let nats_url = nats_server.url();
     let redis_url = redis_server.url();
     let sender_rate = (opts.meta_mps * 0.95).max(1.0);
-    let coordinator_scopes: Vec<String> = senders.iter().map(|s| format!("{WABA_ID}:{s}")).collect();
-    services.spawn(
-        "breaker-coordinator",
-        &[
-            ("nats.url", nats_url.clone()),
-            ("redis.url", redis_url.clone()),
-            ("defaults.sender_rate_per_s", format!("{sender_rate}")),
-            ("defaults.cooldown_ms", "5000".into()),
-            ("defaults.window_ms", "10000".into()),
-            ("scopes_hint", coordinator_scopes.join(",")),
-        ],
-    )?;
+    // Breakwater runs each sender a little under Meta's limit, so it never causes 130429 itself; short
+    // cooldowns and ramp keep the drill under two minutes.
+    let limits = [
+        ("limits.default.rate_per_s", format!("{sender_rate}")),
+        // Meta tolerates only a small burst above the rate: stay under the simulator's 10.
+        ("limits.default.burst", "8".to_string()),
+        ("limits.default.cooldown_ms", "5000".to_string()),
+        ("limits.default.cooldown_max_ms", "20000".to_string()),
+        ("limits.default.ramp_ms", "5000".to_string()),
+        ("limits.default.canaries_per_s", "5".to_string()),
+    ];
+    let mut coordinator = vec![("nats.url", nats_url.clone()), ("redis.url", redis_url.clone())];
+    coordinator.extend(limits.iter().cloned());
+    services.spawn("breaker-coordinator", &coordinator)?;
     for _ in 0..opts.ingests.max(1) {
         let listen = if services.procs.iter().any(|p| p.service == "ingest") {
             format!("127.0.0.1:{}", stack::free_port())
@@ -167,11 +169,23 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
                 ("meta.access_token", ACCESS_TOKEN.into()),
                 ("meta.request_timeout_ms", "5000".into()),
                 ("dispatch.unknown_review_ms", "15000".into()),
+                ("breaker.defaults.rate_per_s", format!("{sender_rate}")),
+                ("breaker.defaults.burst", "8".into()),
+                ("breaker.defaults.cooldown_ms", "5000".into()),
+                ("breaker.defaults.ramp_ms", "5000".into()),
             ],
         )?;
     }
     for _ in 0..opts.replays {
-        services.spawn("replay", &[("nats.url", nats_url.clone()), ("redis.url", redis_url.clone())])?;
+        services.spawn(
+            "replay",
+            &[
+                ("nats.url", nats_url.clone()),
+                ("replay.soak_ms", "2000".into()),
+                ("replay.rate_per_s", format!("{}", sender_rate * opts.senders as f64)),
+                ("replay.idle_ms", "500".into()),
+            ],
+        )?;
     }
     services.spawn("alerting", &[("nats.url", nats_url.clone())])?;
     services.wait_ready(Duration::from_secs(60)).await?;
