@@ -16,7 +16,7 @@ if [ "$need_apt" = 1 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq redis-server >/dev/null
-  # Debian's package starts a system instance on 6379; the project never uses it.
+  # Debian's package starts a system instance; stop it so the project controls its own (scripts/setup.sh --start).
   (service redis-server stop >/dev/null 2>&1 || true)
 fi
 
@@ -54,7 +54,7 @@ log "redis-server: $(redis-server --version | awk '{print $3}')"
 if [ "${1:-}" = "--start" ]; then
   mkdir -p .data/nats .data/redis
   NATS_PORT=${BW_NATS_PORT:-4222}
-  REDIS_PORT=${BW_REDIS_PORT:-6380}
+  REDIS_PORT=${BW_REDIS_PORT:-6379}
   if ! (exec 3<>/dev/tcp/127.0.0.1/"$NATS_PORT") 2>/dev/null; then
     log "starting nats-server on 127.0.0.1:$NATS_PORT (JetStream in .data/nats)"
     nohup "$NATS_BIN" -js -a 127.0.0.1 -p "$NATS_PORT" -sd .data/nats -l .data/nats.log >/dev/null 2>&1 &

@@ -37,6 +37,10 @@ pub struct ReplayConfig {
     pub lease_ttl_ms: u64,
     pub stats_interval_ms: u64,
     pub shutdown_grace_ms: u64,
+    /// While a breaker is HALF_OPEN, entries moved per second as canaries (0: wait for CLOSED).
+    pub probe_rate_per_s: f64,
+    /// While HALF_OPEN, at most this many replayed entries wait in the rp lane.
+    pub probe_max_lane_depth: u64,
     #[serde(default)]
     pub scopes: HashMap<String, ScopeOverride>,
 }
@@ -59,6 +63,11 @@ pub struct Pacing {
 }
 
 impl ReplayConfig {
+    /// Pacing while the scope's breaker is HALF_OPEN: a trickle of canaries, never more than the lane cap.
+    pub fn probe_pacing(&self) -> Pacing {
+        Pacing { rate_per_s: self.probe_rate_per_s, burst: 1.0, max_lane_depth: self.probe_max_lane_depth.max(1) }
+    }
+
     /// Pacing of `phone_number_id`, with its override applied.
     pub fn pacing(&self, phone_number_id: &str) -> Pacing {
         let o = self.scopes.get(phone_number_id).cloned().unwrap_or_default();

@@ -75,6 +75,11 @@ impl ScopeView {
         Ok(())
     }
 
+    /// True when the breaker is HALF_OPEN and not paused: canaries may be replayed.
+    pub fn probing(&self, now_ms: i64) -> bool {
+        self.state == BreakerState::HalfOpen && self.paused_until_unix_ms <= now_ms
+    }
+
     /// The rate multiplier while the breaker ramps up after a close.
     pub fn rate_factor(&self) -> f64 {
         if self.ramp_fraction > 0.0 && self.ramp_fraction < 1.0 { self.ramp_fraction } else { 1.0 }

@@ -25,6 +25,8 @@ enum Mode {
     Wait(Option<Duration>),
     /// Replay the scope's DLQ through its own sender.
     Native,
+    /// HALF_OPEN: replay a trickle of entries through its own sender as the canaries that can close it.
+    Probe,
     /// Replay eligible entries through a secondary sender.
     Failover(Target),
 }
@@ -41,6 +43,7 @@ fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>)
     let now = now_ms();
     match view.replayable(now, ctx.cfg.replay.soak_ms) {
         Ok(()) => Mode::Native,
+        Err(_) if ctx.cfg.replay.probe_rate_per_s > 0.0 && view.probing(now) => Mode::Probe,
         Err(wait) => {
             let f = &ctx.cfg.failover;
             let open = matches!(view.state, BreakerState::Open | BreakerState::HalfOpen | BreakerState::ForcedOpen);
@@ -160,7 +163,7 @@ async fn drain(
     };
     let lane_phone = target.as_ref().map(|t| t.phone_number_id.clone()).unwrap_or_else(|| scope.to_string());
     let lane_subject = names::outbox_subject(names::Lane::Replay, &lane_phone);
-    let pacing = ctx.cfg.replay.pacing(&lane_phone);
+    let pacing = if active == Mode::Probe { ctx.cfg.replay.probe_pacing() } else { ctx.cfg.replay.pacing(&lane_phone) };
     let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
     // One gate per session: it starts empty (no burst when a breaker closes) and closes when the session
     // ends, so entries still waiting for a token give up without touching the ledger.

@@ -410,3 +410,21 @@ async fn failover_moves_eligible_categories_to_the_secondary_sender() {
     let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
     assert!(report.is_clean(), "{report}");
 }
+
+#[tokio::test]
+async fn half_open_replays_only_a_trickle_of_canaries() {
+    let nats = NatsServer::start();
+    let deps = deps(&nats).await;
+    for i in 0..20 {
+        put_dlq(&deps, template(&format!("probe-{i}")), 0, 0).await;
+    }
+    set_scope(&deps, BreakerState::HalfOpen, now_ms()).await;
+    let r = start(&nats, &[("REPLAY__PROBE_RATE_PER_S", "5"), ("REPLAY__PROBE_MAX_LANE_DEPTH", "2")]).await;
+    // With no live traffic the canaries that can close the breaker must come from the DLQ: some move...
+    assert!(wait_until(WAIT, || async { !rp_lane(&deps).await.is_empty() }).await, "no canary replayed while HALF_OPEN");
+    // ...but never more than the probe cap waits in the lane (no dispatcher consumes it here).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(rp_lane(&deps).await.len(), 2, "HALF_OPEN replay stays within the probe lane cap");
+    assert_eq!(dlq_depth(&deps).await, 18);
+    r.stop().await;
+}
