@@ -3,5 +3,7 @@
 mod crash;
 mod dispatch;
 mod flow;
+mod fuzz;
 mod redaction;
+mod resilience;
 mod tracing;

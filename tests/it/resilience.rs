@@ -1,0 +1,15 @@
+//! Resilience suite: the failures Breakwater must survive without losing a message, each under load and each
+//! judged by the accounting check (`bw_ops::account::account_expected`: every accepted operation is in exactly
+//! one place) and the simulator's oracle (how often Meta accepted each operation).
+//!
+//! - `processes`: kill -9 of real dispatcher and replay processes (the binaries, spawned by `bw_drill::stack`);
+//! - `servers`: nats-server restart, a 3-node NATS cluster losing its stream leader, Redis restart and outage;
+//! - `meta`: Meta hanging past the client timeout, and a burst of 10,000 (or 100,000) messages.
+//!
+//! The process tests need the service binaries next to the test binary: run
+//! `cargo build -p bw-dispatcher -p bw-ingest -p bw-replay -p bw-breaker-coordinator` first.
+
+mod common;
+mod meta;
+mod processes;
+mod servers;
