@@ -113,6 +113,23 @@ fn decode_everything(bytes: &[u8]) {
     }
 }
 
+/// The mutation tests start from a request that passes validation (else they would only test refusals).
+#[test]
+fn the_seed_request_is_valid_and_its_body_is_metas_shape() {
+    let r = valid_request();
+    let bytes = r.encode_to_vec();
+    assert_eq!(
+        validate::validate(&r, Some(PHONE), bytes.len(), &Limits::default(), NOW_MS),
+        Ok(Category::Transactional)
+    );
+    let body = bw_dispatcher::build_body(&r);
+    assert_eq!(body["type"], "template");
+    assert_eq!(
+        body["template"]["components"][0]["parameters"][0]["text"],
+        "1234"
+    );
+}
+
 /// Mutations of a byte string: overwrite, insert, remove, truncate.
 fn mutate(mut bytes: Vec<u8>, edits: &[(u16, u8, u8)]) -> Vec<u8> {
     for &(pos, byte, kind) in edits {
