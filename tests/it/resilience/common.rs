@@ -44,9 +44,11 @@ pub fn requests(phone: &str, prefix: &str, n: usize) -> Vec<SendRequest> {
 /// A simulator without Meta's rate limits (Breakwater's own limits are what the tests exercise), with or
 /// without status webhooks.
 pub fn sim(webhooks: bool) -> SimConfig {
-    let mut cfg = SimConfig::default();
-    cfg.limits = Limits::disabled();
-    cfg.usage_headers = false;
+    let mut cfg = SimConfig {
+        limits: Limits::disabled(),
+        usage_headers: false,
+        ..SimConfig::default()
+    };
     if !webhooks {
         cfg.webhook.sent_delay_ms = None;
         cfg.webhook.delivered_delay_ms = None;
