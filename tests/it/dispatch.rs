@@ -56,7 +56,7 @@ async fn stream_payloads(h: &Harness, stream: &str) -> Vec<bytes::Bytes> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_errors_are_retried_with_backoff_then_sent_once() {
     let mut h = Harness::start(SimConfig::default()).await;
-    h.sim.set_scenario(failing(0, Some(400), FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false }));
+    h.sim.set_scenario(failing(0, Some(1_500), FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false }));
     h.start_ingest(&[]).await;
     h.start_dispatcher(&[]).await;
     submit(&h, &order("retry-1", 1)).await;
@@ -136,7 +136,7 @@ async fn credential_errors_keep_the_message_in_the_dlq_and_raise_a_signal() {
 async fn an_unknown_outcome_is_never_resent_and_a_status_webhook_resolves_it() {
     let mut h = Harness::start(SimConfig::default()).await;
     // Meta accepts the message, then the connection hangs past the client timeout.
-    h.sim.set_scenario(failing(0, Some(1_000), FaultKind::Hang { hold_ms: 3_000, accept: true }));
+    h.sim.set_scenario(failing(0, Some(5_000), FaultKind::Hang { hold_ms: 3_000, accept: true }));
     h.start_ingest(&[]).await;
     h.start_dispatcher(&[("meta.request_timeout_ms", "500".into())]).await;
     submit(&h, &order("unknown-1", 1)).await;

@@ -125,8 +125,22 @@ impl Ledger {
         &self,
         operation_id: &str,
         known: Option<Versioned>,
-        mut f: F,
+        f: F,
     ) -> Result<Option<LedgerEntry>, LedgerError>
+    where
+        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    {
+        Ok(self.update_versioned(operation_id, known, f).await?.map(|v| v.entry))
+    }
+
+    /// Like [`Ledger::update_from`], returning the stored entry with its new revision (for a later
+    /// compare-and-set without another read).
+    pub async fn update_versioned<F>(
+        &self,
+        operation_id: &str,
+        known: Option<Versioned>,
+        mut f: F,
+    ) -> Result<Option<Versioned>, LedgerError>
     where
         F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
     {
@@ -137,12 +151,12 @@ impl Ledger {
                 None => self.get(operation_id).await?,
             };
             let Some(mut next) = f(current.as_ref().map(|v| &v.entry)) else {
-                return Ok(current.map(|v| v.entry));
+                return Ok(current);
             };
             if let Some(cur) = &current {
                 let from = cur.entry.state();
                 if !transition_allowed(from, next.state()) {
-                    return Ok(Some(cur.entry.clone()));
+                    return Ok(current);
                 }
             }
             next.operation_id = operation_id.to_string();
@@ -153,17 +167,15 @@ impl Ledger {
                     .store
                     .update(operation_id, bytes, cur.revision)
                     .await
-                    .map(|_| ())
                     .map_err(|e| (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.to_string())),
                 None => self
                     .store
                     .create(operation_id, bytes)
                     .await
-                    .map(|_| ())
                     .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, e.to_string())),
             };
             match result {
-                Ok(()) => return Ok(Some(next)),
+                Ok(revision) => return Ok(Some(Versioned { entry: next, revision })),
                 Err((true, _)) => continue,
                 Err((false, msg)) => return Err(LedgerError::Unavailable(msg)),
             }

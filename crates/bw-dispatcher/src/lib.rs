@@ -131,6 +131,9 @@ impl Config {
     }
 }
 
+/// Client-side bound on waiting for the answer to a pull request.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Creates (or binds to) the durable pull consumer of a lane.
 pub async fn lane_consumer(
     js: &async_nats::jetstream::Context,
@@ -189,26 +192,33 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             if room == 0 {
                 break;
             }
-            match consumer.fetch().max_messages(room).messages().await {
-                Ok(mut messages) => {
-                    while let Some(next) = messages.next().await {
-                        match next {
-                            Ok(m) => batch.push((*lane, m)),
-                            Err(e) => {
-                                tracing::debug!(error = %e, "fetch ended");
-                                break;
+            // A pull request can go unanswered while a stream or consumer leader moves (cluster node lost):
+            // bound every fetch so the loop never waits on it forever.
+            let fetch = async {
+                match consumer.fetch().max_messages(room).messages().await {
+                    Ok(mut messages) => {
+                        while let Some(next) = messages.next().await {
+                            match next {
+                                Ok(m) => batch.push((*lane, m)),
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "fetch ended");
+                                    break;
+                                }
                             }
                         }
                     }
+                    Err(e) => tracing::warn!(lane = lane.token(), error = %e, "fetch failed"),
                 }
-                Err(e) => tracing::warn!(lane = lane.token(), error = %e, "fetch failed"),
+            };
+            if tokio::time::timeout(FETCH_TIMEOUT, fetch).await.is_err() {
+                tracing::warn!(lane = lane.token(), "fetch unanswered; retrying");
             }
         }
         if batch.is_empty() {
             drop(permits);
             // Long-poll the high lane so an idle dispatcher reacts fast without spinning; other lanes are
             // checked again right after.
-            let wait = async {
+            let wait = tokio::time::timeout(idle_wait + FETCH_TIMEOUT, async {
                 if let Some((lane, consumer)) = consumers.first() {
                     if let Ok(mut messages) = consumer.batch().max_messages(1).expires(idle_wait).messages().await {
                         if let Some(Ok(m)) = messages.next().await {
@@ -217,10 +227,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                     }
                 }
                 None
-            };
+            });
             let got = tokio::select! {
                 _ = shutdown.cancelled() => None,
-                got = wait => got,
+                got = wait => got.ok().flatten(),
             };
             if let Some(m) = got {
                 let permit = in_flight.clone().acquire_owned().await?;

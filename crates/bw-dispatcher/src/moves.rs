@@ -64,27 +64,55 @@ impl Worker {
         }
     }
 
-    pub(crate) async fn sent(&self, w: Work, wamid: String, took: Duration) {
+    /// Meta refused for now (rate limit): clear the on-the-wire mark and redeliver after `delay`.
+    pub(crate) async fn held_back(&self, w: Work, delay: Duration) {
         let ok = self
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
+                e.in_flight_since_unix_ms = 0;
+                Some(e)
+            })
+            .await;
+        let _ = w.msg.ack_with(AckKind::Nak(Some(if ok { delay } else { RETRY_LATER }))).await;
+    }
+
+    pub(crate) async fn sent(&self, w: Work, wamid: String, took: Duration) {
+        // Meta has the message: the ledger must say so before the ack. A short outage of the broker is ridden
+        // out here; past it the message stays unacknowledged and its redelivery finds the on-the-wire mark,
+        // so it is reconciled through status webhooks instead of being sent again.
+        for pause_ms in [0u64, 200, 500, 1_000, 2_000] {
+            if pause_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                let _ = w.msg.ack_with(AckKind::Progress).await;
+            }
+            if self.try_sent(&w, &wamid).await {
+                if let Err(e) = self.ledger.link_wamid(&wamid, &w.request.operation_id).await {
+                    // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
+                    tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
+                }
+                self.outcome(&w, "sent", &ErrorInfo::default(), &wamid, took.as_micros() as u64);
+                self.finish(&w, "sent", true).await;
+                return;
+            }
+        }
+        w.span.record("result", "sent_unrecorded");
+        self.metrics.result("sent_unrecorded");
+        tracing::warn!(parent: &w.span, "Meta accepted the message but the ledger stayed unavailable; left for redelivery and reconciliation");
+    }
+
+    async fn try_sent(&self, w: &Work, wamid: &str) -> bool {
+        self.update_ledger(w, |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Sent);
-                e.wamid = wamid.clone();
+                e.in_flight_since_unix_ms = 0;
+                e.wamid = wamid.to_string();
                 e.attempts += 1;
                 e.reason.clear();
                 e.transient_failures = 0;
                 e.first_failure_at_unix_ms = 0;
                 Some(e)
             })
-            .await;
-        if ok {
-            if let Err(e) = self.ledger.link_wamid(&wamid, &w.request.operation_id).await {
-                // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
-                tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
-            }
-        }
-        self.outcome(&w, "sent", &ErrorInfo::default(), &wamid, took.as_micros() as u64);
-        self.finish(&w, "sent", ok).await;
+            .await
     }
 
     /// Transient failure: retry with decorrelated jitter through a delayed redelivery, or give up to the DLQ.
@@ -112,6 +140,7 @@ impl Worker {
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.attempts += 1;
+                e.in_flight_since_unix_ms = 0;
                 e.transient_failures = failures;
                 e.first_failure_at_unix_ms = first;
                 e.last_retry_delay_ms = delay as i64;
@@ -166,6 +195,7 @@ impl Worker {
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Dlq);
+                e.in_flight_since_unix_ms = 0;
                 if counts_attempt {
                     e.attempts += 1;
                 }
@@ -205,6 +235,7 @@ impl Worker {
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Quarantined);
+                e.in_flight_since_unix_ms = 0;
                 e.attempts += 1;
                 e.last_code = err.meta_code;
                 e.reason = format!("permanent error {}", err.meta_code);
@@ -243,6 +274,7 @@ impl Worker {
                     e.set_state(OperationState::Unknown);
                 }
                 e.attempts += 1;
+                e.in_flight_since_unix_ms = 0;
                 e.flagged_unknown = true;
                 e.reason = "outcome unknown; waiting for a status webhook".into();
                 Some(e)

@@ -106,8 +106,12 @@ impl Worker {
             }
         }
 
-        let mut sends: FuturesUnordered<_> = to_send
+        // Mark every admitted message as "on the wire" in the ledger before its request leaves: a later
+        // delivery that finds the mark knows this try's outcome is unknown and never resends blindly.
+        let marked = futures::future::join_all(to_send.into_iter().map(|(w, canary)| self.mark_in_flight(w, canary))).await;
+        let mut sends: FuturesUnordered<_> = marked
             .into_iter()
+            .flatten()
             .map(|(w, canary)| {
                 let meta = self.meta.clone();
                 async move {
@@ -172,6 +176,35 @@ impl Worker {
             }
             let scope = Scope { waba_id, phone_number_id };
             self.breaker.record(&scope, &items).await;
+        }
+    }
+
+    async fn mark_in_flight(&self, mut w: Work, canary: bool) -> Option<(Work, bool)> {
+        let now = now_ms();
+        match self
+            .ledger
+            .update_versioned(&w.request.operation_id, Some(w.ledger.clone()), |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.in_flight_since_unix_ms = now;
+                Some(e)
+            })
+            .await
+        {
+            Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_since_unix_ms == now => {
+                w.ledger = v;
+                Some((w, canary))
+            }
+            Ok(_) => {
+                // Another delivery moved it meanwhile; this one has nothing left to do.
+                self.metrics.result("already_handled");
+                let _ = w.msg.ack().await;
+                None
+            }
+            Err(e) => {
+                tracing::warn!(parent: &w.span, error = %e, "ledger unavailable before sending; message will be redelivered");
+                let _ = w.msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                None
+            }
         }
     }
 
@@ -240,7 +273,19 @@ impl Worker {
             return None;
         }
         span.record("attempt", versioned.entry.attempts + 1);
+        let in_flight_since = versioned.entry.in_flight_since_unix_ms;
         let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "" };
+        if in_flight_since > 0 {
+            // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
+            // died, or lost the broker, mid-call). Meta may have it: reconcile, do not resend.
+            let err = ErrorInfo {
+                details: "an earlier try stopped mid-call; outcome unknown".into(),
+                at_unix_ms: in_flight_since,
+                ..Default::default()
+            };
+            self.to_unknown(work, err).await;
+            return None;
+        }
         if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
             self.expire(work).await;
             return None;
@@ -287,7 +332,7 @@ impl Worker {
                         self.metrics.result("rate_limited");
                         w.span.record("result", "rate_limited");
                         self.outcome(&w, "rate_limited", &err, "", 0);
-                        let _ = w.msg.ack_with(AckKind::Nak(Some(Duration::from_millis(delay.min(60_000))))).await;
+                        self.held_back(w, Duration::from_millis(delay.min(60_000))).await;
                     }
                     ErrorClass::Permanent => self.to_quarantine(w, QuarantineReason::PermanentError, err).await,
                     ErrorClass::Credentials => {

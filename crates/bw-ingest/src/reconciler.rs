@@ -103,6 +103,14 @@ impl Reconciler {
                 return;
             }
         };
+        // The dispatcher stores the entry here before it moves the ledger to UNKNOWN; until that update lands
+        // (or the dispatcher's redelivery repeats it) the ledger still says QUEUED. Acking then would drop the
+        // only copy, so wait for the ledger to catch up.
+        if current.as_ref().is_none_or(|c| c.entry.state() == OperationState::Queued) {
+            self.metrics.reconciled("ledger_behind");
+            let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            return;
+        }
         if current.as_ref().is_some_and(|c| c.entry.state() != OperationState::Unknown) {
             self.metrics.reconciled("resolved");
             tracing::info!(operation_id = %op, "unknown outcome already resolved");

@@ -652,6 +652,11 @@ pub struct LedgerEntry {
     /// Transient failures in the current dispatch pass (retry budget: 3 retries).
     #[prost(uint32, tag = "18")]
     pub transient_failures: u32,
+    /// Set (Unix ms) right before a request goes to Meta, cleared when its outcome is recorded. A delivery that
+    /// finds it set while the state is still QUEUED knows an earlier try may have reached Meta (the worker died
+    /// or lost the broker mid-call): that operation goes to reconciliation, never straight to a resend.
+    #[prost(int64, tag = "19")]
+    pub in_flight_since_unix_ms: i64,
 }
 /// What one dispatch try ended in, published on bw.outcome.v1.<phone_number_id> (stream BW_EVENTS)
 /// for dashboards, the drill and alerting. The ledger stays the source of truth.
