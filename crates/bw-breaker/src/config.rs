@@ -75,7 +75,7 @@ impl Default for ScopeLimits {
             ramp_ms: 60_000,
             ramp_start: 0.1,
             rate_per_s: 60.0,
-            burst: 20.0,
+            burst: 10.0,
             reserve_fraction: 0.25,
             replay_headroom: 2.0,
             pair_interval_ms: 6_000,

@@ -37,6 +37,8 @@ pub fn init(service_name: &str, cfg: &TelemetryConfig) -> TelemetryGuard {
         tracing_subscriber::fmt::layer().with_target(false).boxed()
     };
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    // The OTLP exporter's HTTP client needs the process-wide rustls provider.
+    crate::service::install_crypto();
     let provider = if cfg.otlp_endpoint.is_empty() {
         None
     } else {
