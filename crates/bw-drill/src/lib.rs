@@ -184,6 +184,9 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
                 ("replay.soak_ms", "2000".into()),
                 ("replay.rate_per_s", format!("{}", sender_rate * opts.senders as f64)),
                 ("replay.idle_ms", "500".into()),
+                // A shallow replay lane: the dispatcher admits replayed messages only with the spare rate, and
+                // a deep lane would spend that rate on redeliveries of refused messages.
+                ("replay.max_lane_depth", "16".into()),
             ],
         )?;
     }
@@ -284,7 +287,8 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     for w in watchers {
         w.abort();
     }
-    let observed = Arc::try_unwrap(observed).map(|m| m.into_inner()).unwrap_or_default();
+    // The watcher tasks may still hold their handles for a moment after abort: take the data, not the Arc.
+    let observed = std::mem::take(&mut *observed.lock().await);
     let report = report::build(report::Inputs {
         opts: &opts,
         produced: &produced,
