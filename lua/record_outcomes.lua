@@ -1,7 +1,8 @@
 -- record_outcomes.lua: records a batch of send outcomes of one sender scope and runs the breaker.
 --
--- Transient upstream errors (5xx, 131000, timeouts) count as failures in the sliding window; successes count as
--- calls; permanent client errors count as neither. CLOSED trips to OPEN when failures / calls reaches the
+-- Transient upstream errors (5xx, 131000, timeouts) and throughput rate limits (130429) count as failures in the
+-- sliding window; successes count as calls; permanent client errors and the other rate limits (pair, spam,
+-- WABA, app) count as neither. CLOSED trips to OPEN when failures / calls reaches the
 -- threshold with at least min_calls calls in the window, or after consecutive_rate_limits sender-level rate
 -- limits in a row. HALF_OPEN closes after close_after_successes canary successes and re-opens on a failure.
 -- Rate limits pause their scope (sender-level: the whole scope until now + pause; pair: that recipient), and
@@ -38,6 +39,19 @@ local function pause(ms, reason)
   end
 end
 
+-- One failed call: into the window, then trip when HALF_OPEN, or when CLOSED and the rate crosses the threshold.
+local function failure(st)
+  window_add(S, c, now, 1, 1)
+  if st == HALF_OPEN then
+    go(S, c, now, OPEN, 'failure while half open', T, rand, tag)
+  elseif st == CLOSED then
+    local calls, fails = window_sum(S, c, now)
+    if calls > 0 and calls >= num(c.min_calls, 50) and fails >= calls * num(c.failure_threshold, 0.05) then
+      go(S, c, now, OPEN, string.format('failure rate %.3f over %d calls', fails / calls, calls), T, rand, tag)
+    end
+  end
+end
+
 for i = 1, n do
   local kind = ARGV[4 + 3 * (i - 1)]
   local pause_ms = num(ARGV[5 + 3 * (i - 1)])
@@ -54,15 +68,7 @@ for i = 1, n do
     end
   elseif kind == 't' then
     set(S, 'rl', 0)
-    window_add(S, c, now, 1, 1)
-    if st == HALF_OPEN then
-      go(S, c, now, OPEN, 'failure while half open', T, rand, tag)
-    elseif st == CLOSED then
-      local calls, fails = window_sum(S, c, now)
-      if calls > 0 and calls >= num(c.min_calls, 50) and fails >= calls * num(c.failure_threshold, 0.05) then
-        go(S, c, now, OPEN, string.format('failure rate %.3f over %d calls', fails / calls, calls), T, rand, tag)
-      end
-    end
+    failure(st)
   elseif kind == 'rr' then
     local key = KEYS[2 + i]
     local until_ms = now + pause_ms
@@ -72,6 +78,10 @@ for i = 1, n do
   elseif string.sub(kind, 1, 2) == 'r:' then
     set(S, 'rl', num(S.rl) + 1)
     pause(pause_ms, 'rate limit: ' .. string.sub(kind, 3))
+    if kind == 'r:throughput' then
+      failure(st)
+      st = num(S.st, CLOSED)
+    end
     if (st == CLOSED or st == HALF_OPEN) and num(S.rl) >= num(c.consecutive_rate_limits, 5) then
       go(S, c, now, OPEN, string.format('%d consecutive rate limits', num(S.rl)), T, rand, tag)
     end

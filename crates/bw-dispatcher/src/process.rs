@@ -40,6 +40,8 @@ pub(crate) struct Work {
     pub received: Instant,
     /// Admission decision label, for outcome events.
     pub decision: &'static str,
+    /// Time from `received` to the admission decision.
+    pub decided_after: Duration,
 }
 
 impl Work {
@@ -84,6 +86,7 @@ impl Worker {
             let admission = self.breaker.admit(&scope, &items).await;
             let state = format!("{:?}", admission.state);
             for (mut w, decision) in works.into_iter().zip(admission.decisions.into_iter()) {
+                w.decided_after = w.received.elapsed();
                 w.span.record("breaker_state", state.as_str());
                 match decision {
                     Decision::Allow { canary } => {
@@ -274,7 +277,7 @@ impl Worker {
         }
         span.record("attempt", versioned.entry.attempts + 1);
         let in_flight_since = versioned.entry.in_flight_since_unix_ms;
-        let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "" };
+        let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "", decided_after: Duration::ZERO };
         if in_flight_since > 0 {
             // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
             // died, or lost the broker, mid-call). Meta may have it: reconcile, do not resend.
@@ -372,6 +375,7 @@ impl Worker {
             decision: w.decision.to_string(),
             meta_latency_us: latency_us,
             handling_us: w.received.elapsed().as_micros() as u64,
+            decision_us: w.decided_after.as_micros() as u64,
         };
         let nats = self.nats.clone();
         let subject = bw_common::names::outcome_subject(&w.request.phone_number_id);

@@ -91,8 +91,10 @@ pub(crate) struct Observed {
     pub calls_total: u64,
     pub failed_calls_total: u64,
     pub by_result: BTreeMap<String, u64>,
-    /// handling time (µs) of messages failed fast while OPEN.
+    /// Decision time (µs) of messages refused while OPEN, and their whole handling time including the durable
+    /// move to the DLQ.
     pub fail_fast_us: Vec<u64>,
+    pub fail_fast_moved_us: Vec<u64>,
     /// Sent via the replay lane (attempt > 1 after a DLQ).
     pub replayed_sent: u64,
 }
@@ -380,7 +382,10 @@ async fn spawn_watchers(
                         o.calls_total += 1;
                         o.failed_calls_total += 1;
                     }
-                    "dlq" if d.decision == "breaker_open" || d.decision == "forced_open" => o.fail_fast_us.push(d.handling_us),
+                    "dlq" if d.decision == "breaker_open" || d.decision == "forced_open" => {
+                        o.fail_fast_us.push(d.decision_us);
+                        o.fail_fast_moved_us.push(d.handling_us);
+                    }
                     _ => {}
                 }
             }

@@ -54,6 +54,9 @@ pub struct DrillReport {
     pub time_to_trip_s: Option<f64>,
     pub fail_fast_p50_ms: Option<f64>,
     pub fail_fast_p99_ms: Option<f64>,
+    /// Including the durable move to the DLQ.
+    pub fail_fast_moved_p50_ms: Option<f64>,
+    pub fail_fast_moved_p99_ms: Option<f64>,
     pub time_to_close_s: Option<f64>,
     pub replay_drain_s: Option<f64>,
     /// Replayed operations per second over the drain, as a fraction of the senders' configured rate.
@@ -113,6 +116,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     let replay_rate = replay_drain_s.map(|d| replayed as f64 / d.max(1.0));
     let configured = i.sender_rate * i.opts.senders as f64;
     let mut fail_fast = i.observed.fail_fast_us.clone();
+    let mut fail_fast_moved = i.observed.fail_fast_moved_us.clone();
     DrillReport {
         requested: i.opts.messages,
         accepted: i.produced.accepted.len(),
@@ -140,6 +144,8 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         time_to_trip_s: first_trip.map(|t| (t - outage_start).max(0.0)),
         fail_fast_p50_ms: percentile(&mut fail_fast, 0.50),
         fail_fast_p99_ms: percentile(&mut fail_fast, 0.99),
+        fail_fast_moved_p50_ms: percentile(&mut fail_fast_moved, 0.50),
+        fail_fast_moved_p99_ms: percentile(&mut fail_fast_moved, 0.99),
         time_to_close_s: last_close.map(|t| t - outage_end),
         replay_drain_s,
         replay_rate_per_s: replay_rate,
@@ -169,10 +175,12 @@ pub fn text(r: &DrillReport) -> String {
         r.duplicates_at_meta, r.duplicates_flagged_unknown
     ));
     s.push_str(&format!(
-        "time to trip after the outage began {}; fail-fast while OPEN p50 {} p99 {}; time to close after recovery {}\n",
+        "time to trip after the outage began {}; fail-fast while OPEN (decision) p50 {} p99 {}, with the durable DLQ move p50 {} p99 {}; time to close after recovery {}\n",
         opt(r.time_to_trip_s, "s"),
         opt(r.fail_fast_p50_ms, "ms"),
         opt(r.fail_fast_p99_ms, "ms"),
+        opt(r.fail_fast_moved_p50_ms, "ms"),
+        opt(r.fail_fast_moved_p99_ms, "ms"),
         opt(r.time_to_close_s, "s")
     ));
     s.push_str(&format!(
@@ -194,6 +202,7 @@ pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &
         "misplaced": r.misplaced, "duplicates_at_meta": r.duplicates_at_meta,
         "duplicates_flagged_unknown": r.duplicates_flagged_unknown, "time_to_trip_s": r.time_to_trip_s,
         "fail_fast_p50_ms": r.fail_fast_p50_ms, "fail_fast_p99_ms": r.fail_fast_p99_ms,
+        "fail_fast_with_dlq_move_p50_ms": r.fail_fast_moved_p50_ms, "fail_fast_with_dlq_move_p99_ms": r.fail_fast_moved_p99_ms,
         "time_to_close_s": r.time_to_close_s, "replay_drain_s": r.replay_drain_s,
         "replay_rate_per_s": r.replay_rate_per_s, "replay_rate_fraction": r.replay_rate_fraction,
         "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips, "passed": r.passed(),

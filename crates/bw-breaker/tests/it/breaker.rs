@@ -90,6 +90,8 @@ async fn consecutive_rate_limits_trip_and_pause_the_scope() {
         &redis.url(),
         ScopeLimits {
             consecutive_rate_limits: 3,
+            // Only the streak can trip here (130429 also counts toward the failure rate; see below).
+            min_calls: 1_000,
             ..limits()
         },
     )
@@ -344,4 +346,21 @@ async fn forced_states_override_and_clear_ramps_the_rate_up() {
     // Reset gives the full rate at once.
     let (status, _) = breaker.reset(&scope).await.expect("reset");
     assert_eq!(status.snapshot.ramp_fraction, 1.0);
+}
+
+#[tokio::test]
+async fn throughput_rate_limits_count_toward_the_failure_rate_and_pair_limits_do_not() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = breaker(&redis.url(), ScopeLimits { consecutive_rate_limits: 1_000, ..limits() }).await;
+    let scope = scope();
+    let pair = OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms: 10 };
+    let throughput = OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: 10 };
+    breaker.record(&scope, &outcomes(2, OutcomeKind::Success, false)).await;
+    // Pair limits are the recipient's business: four of them leave the sender CLOSED.
+    let result = breaker.record(&scope, &outcomes(4, pair, false)).await;
+    assert_eq!(result.state, BreakerState::Closed);
+    // Two 130429 after two successes: 2 failures in 4 calls reaches the 50% threshold.
+    let result = breaker.record(&scope, &outcomes(2, throughput, false)).await;
+    assert_eq!(result.state, BreakerState::Open, "{:?}", result.transitions);
+    assert!(result.transitions[0].reason.contains("failure rate"), "{:?}", result.transitions);
 }

@@ -690,6 +690,10 @@ pub struct DispatchOutcome {
     /// Time from the dispatcher receiving the message to this outcome, microseconds (fail-fast latency when OPEN).
     #[prost(uint64, tag = "12")]
     pub handling_us: u64,
+    /// Time from the dispatcher receiving the message to its admission decision, microseconds (how fast a
+    /// breaker-open message is refused, before the durable move to the DLQ).
+    #[prost(uint64, tag = "13")]
+    pub decision_us: u64,
 }
 /// Where an accepted operation is. Every accepted operation is in exactly one of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
