@@ -6,7 +6,7 @@
 //! Meta accepted goes back to a queue).
 
 use crate::nats::Buckets;
-use crate::proto::{LedgerEntry, OperationState};
+use crate::proto::{LedgerEntry, OperationState, SendRequest};
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use prost::Message;
@@ -68,6 +68,21 @@ pub fn transition_allowed(from: OperationState, to: OperationState) -> bool {
         return to.is_accepted_by_meta();
     }
     true
+}
+
+/// A fresh ledger entry for `request` in `state`, carrying the request's identity fields.
+pub fn entry_for(request: &SendRequest, state: OperationState) -> LedgerEntry {
+    let mut entry = LedgerEntry {
+        operation_id: request.operation_id.clone(),
+        waba_id: request.waba_id.clone(),
+        phone_number_id: request.phone_number_id.clone(),
+        category: request.category,
+        accepted_at_unix_ms: request.accepted_at_unix_ms,
+        deadline_unix_ms: request.deadline_unix_ms,
+        ..Default::default()
+    };
+    entry.set_state(state);
+    entry
 }
 
 /// Handle to the ledger buckets. Cheap to clone.

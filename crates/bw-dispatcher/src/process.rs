@@ -9,7 +9,7 @@ use bw_breaker::{AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeK
 use bw_common::classify::ErrorClass;
 use bw_common::ledger::{Ledger, Versioned};
 use bw_common::names::Lane;
-use bw_common::proto::{DispatchOutcome, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineReason, SendRequest};
+use bw_common::proto::{DispatchOutcome, DlqReason, ErrorInfo, OperationState, QuarantineReason, SendRequest};
 use bw_common::time::now_ms;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -242,17 +242,7 @@ impl Worker {
             Ok(Some(v)) => v,
             Ok(None) => {
                 // Ingest stores the message before the ledger entry; a crash in between leaves this case.
-                let entry = LedgerEntry {
-                    operation_id: request.operation_id.clone(),
-                    state: OperationState::Queued as i32,
-                    waba_id: request.waba_id.clone(),
-                    phone_number_id: request.phone_number_id.clone(),
-                    category: request.category,
-                    accepted_at_unix_ms: request.accepted_at_unix_ms,
-                    deadline_unix_ms: request.deadline_unix_ms,
-                    ..Default::default()
-                };
-                let _ = self.ledger.create(&entry).await;
+                let _ = self.ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Queued)).await;
                 match self.ledger.get(&request.operation_id).await {
                     Ok(Some(v)) => v,
                     _ => {

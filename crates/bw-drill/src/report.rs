@@ -91,23 +91,10 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     let outage_end = outage_start + i.opts.outage_length_s as f64;
     let trips: Vec<&(f64, BreakerState, BreakerState, String)> =
         i.observed.transitions.iter().filter(|t| t.2 == BreakerState::Open && t.1 == BreakerState::Closed).collect();
-    let first_trip = trips.iter().map(|t| t.0).filter(|t| *t >= outage_start - 1.0).fold(None, |m: Option<f64>, t| {
-        Some(m.map_or(t, |m| m.min(t)))
-    });
-    let last_close = i
-        .observed
-        .transitions
-        .iter()
-        .filter(|t| t.2 == BreakerState::Closed && t.0 >= outage_end)
-        .map(|t| t.0)
-        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.max(t))));
-    let first_close = i
-        .observed
-        .transitions
-        .iter()
-        .filter(|t| t.2 == BreakerState::Closed && t.0 >= outage_start)
-        .map(|t| t.0)
-        .fold(None, |m: Option<f64>, t| Some(m.map_or(t, |m| m.min(t))));
+    let first_trip = trips.iter().map(|t| t.0).filter(|t| *t >= outage_start - 1.0).reduce(f64::min);
+    let closes = || i.observed.transitions.iter().filter(|t| t.2 == BreakerState::Closed).map(|t| t.0);
+    let last_close = closes().filter(|t| *t >= outage_end).reduce(f64::max);
+    let first_close = closes().filter(|t| *t >= outage_start).reduce(f64::min);
     let replayed = i.entries.iter().filter(|e| e.replays > 0).count() as u64;
     let replay_drain_s = match (first_close, i.drained_at) {
         (Some(c), Some(d)) if d > c => Some(d - c),

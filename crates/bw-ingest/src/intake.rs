@@ -12,7 +12,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
 use bw_common::names;
-use bw_common::proto::{IntakeReply, LedgerEntry, OperationState, RejectReason, RejectedRequest, SendRequest};
+use bw_common::proto::{IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest};
 use bw_common::time::now_ms;
 use futures::StreamExt;
 use prost::Message as _;
@@ -179,17 +179,10 @@ impl Intake {
                     return self.unavailable(source, &op, "request could not be stored");
                 }
             };
-        let entry = LedgerEntry {
-            operation_id: op.clone(),
-            state: OperationState::Queued as i32,
-            waba_id: request.waba_id.clone(),
-            phone_number_id: request.phone_number_id.clone(),
-            category: category as i32,
-            accepted_at_unix_ms: accepted_at,
-            updated_at_unix_ms: accepted_at,
-            deadline_unix_ms: request.deadline_unix_ms,
-            ..Default::default()
-        };
+        let mut entry = bw_common::ledger::entry_for(&request, OperationState::Queued);
+        entry.category = category as i32;
+        entry.accepted_at_unix_ms = accepted_at;
+        entry.updated_at_unix_ms = accepted_at;
         // On a JetStream duplicate the first try may have died before this create: do it anyway (idempotent).
         if let Err(e) = self.ledger.create(&entry).await {
             tracing::warn!(error = %e, "ledger entry not created");

@@ -151,14 +151,7 @@ impl Reconciler {
                 let mut next = match cur {
                     Some(c) if c.state() != OperationState::Unknown => return None,
                     Some(c) => c.clone(),
-                    None => bw_common::proto::LedgerEntry {
-                        waba_id: request.waba_id.clone(),
-                        phone_number_id: request.phone_number_id.clone(),
-                        category: request.category,
-                        accepted_at_unix_ms: request.accepted_at_unix_ms,
-                        deadline_unix_ms: request.deadline_unix_ms,
-                        ..Default::default()
-                    },
+                    None => bw_common::ledger::entry_for(&request, OperationState::Unknown),
                 };
                 next.set_state(state);
                 next.flagged_unknown = true;

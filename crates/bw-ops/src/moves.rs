@@ -178,18 +178,7 @@ pub struct Mover {
 }
 
 fn entry_from(request: &SendRequest, replays: u32, state: OperationState) -> LedgerEntry {
-    let mut e = LedgerEntry {
-        operation_id: request.operation_id.clone(),
-        waba_id: request.waba_id.clone(),
-        phone_number_id: request.phone_number_id.clone(),
-        category: request.category,
-        accepted_at_unix_ms: request.accepted_at_unix_ms,
-        deadline_unix_ms: request.deadline_unix_ms,
-        replays,
-        ..Default::default()
-    };
-    e.set_state(state);
-    e
+    LedgerEntry { replays, ..bw_common::ledger::entry_for(request, state) }
 }
 
 impl Mover {
