@@ -212,10 +212,16 @@ impl Processor {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", key.as_str());
         let subject = names::inbound_subject(&m.phone_number_id);
-        bw_common::nats::publish_durable(&self.js, subject, headers, m.encode_to_vec().into())
+        let duplicate = bw_common::nats::publish_durable(&self.js, subject, headers, m.encode_to_vec().into())
             .await
             .map_err(|e| Retry(e.to_string()))?;
-        self.metrics.inbound_forwarded.inc();
+        // Two deliveries of the same message processed at once both pass the check above; the stream's
+        // message-id dedup keeps one, and says so.
+        if duplicate {
+            self.metrics.duplicate("inbound");
+        } else {
+            self.metrics.inbound_forwarded.inc();
+        }
         self.mark(&key).await;
         Ok(())
     }
