@@ -78,7 +78,28 @@ impl Processor {
         let parsed = match webhook::parse(&stored.body) {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(error = %e, body_sha256 = %stored.body_sha256, "webhook body not understood; dropped");
+                // Signed by Meta but not understood: keep the bytes for inspection, never just drop them.
+                let rejected = bw_common::proto::RejectedRequest {
+                    raw: stored.body.clone(),
+                    source: "webhook".into(),
+                    reason: bw_common::proto::RejectReason::Undecodable as i32,
+                    error: e.to_string(),
+                    at_unix_ms: now_ms(),
+                };
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Msg-Id", format!("webhook.{}", stored.body_sha256).as_str());
+                let kept = bw_common::nats::publish_durable(
+                    &self.js,
+                    names::rejected_subject("webhook"),
+                    headers,
+                    rejected.encode_to_vec().into(),
+                )
+                .await;
+                if kept.is_err() {
+                    let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                    return;
+                }
+                tracing::warn!(error = %e, body_sha256 = %stored.body_sha256, "webhook body not understood; kept in BW_REJECTED");
                 self.metrics.processed("bad_json");
                 let _ = msg.ack().await;
                 return;

@@ -210,5 +210,7 @@ async fn bad_bodies_never_block_the_consumer() {
     assert!(env.wait_state("op-ok", OperationState::Delivered).await, "later delivery still processed");
     assert!(wait_metric(&env, r#"bw_webhooks_processed_total{result="bad_json"} 3"#).await, "{}", env.metrics_text());
     assert!(env.wait_count(names::WEBHOOK_STREAM, 0).await);
+    // Signed but not understood: kept for inspection, not dropped.
+    assert!(env.wait_count(names::REJECTED_STREAM, 3).await, "bad bodies kept in BW_REJECTED");
     env.stop().await;
 }
