@@ -137,6 +137,24 @@ impl Harness {
         self.instances.len() - 1
     }
 
+    /// Starts a replay instance.
+    pub async fn start_replay(&mut self, overrides: &[(&str, String)]) -> usize {
+        let mut pairs = vec![
+            ("nats.url", self.nats.url()),
+            ("admin.listen", "127.0.0.1:0".to_string()),
+            ("replay.soak_ms", "0".to_string()),
+            ("replay.idle_ms", "100".to_string()),
+        ];
+        pairs.extend(overrides.iter().cloned());
+        let cfg: bw_replay::Config = bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
+            .expect("replay config");
+        let deps = self.deps("replay", false).await;
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(bw_replay::run(cfg, deps, token.clone()));
+        self.instances.push(Instance { token, handle });
+        self.instances.len() - 1
+    }
+
     /// Stops instance `index` gracefully (SIGTERM path) and returns what its `run` returned.
     pub async fn stop(&mut self, index: usize) -> anyhow::Result<()> {
         let token = self.instances[index].token.clone();

@@ -1,0 +1,120 @@
+//! `bw-stack`: every Breakwater service in one process, for local use (production runs each service as its own
+//! binary, N copies each). Each service reads its usual config (compiled defaults, then `BW_<SERVICE>__*`
+//! environment variables) and serves its own admin port; `--with-simulator` also starts the Meta simulator
+//! and points the dispatcher and its webhooks at it. Stop with SIGTERM or Ctrl-C.
+//!
+//! Example: `scripts/setup.sh --start && cargo run --release -p bw-stack -- --with-simulator`.
+
+use bw_common::service::{Deps, ServiceConfig};
+use clap::Parser;
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(about = "Every Breakwater service in one process (local use)")]
+struct Args {
+    /// Also run the Meta simulator on this address and aim the dispatcher and its webhooks at it.
+    #[arg(long)]
+    with_simulator: bool,
+    #[arg(long, default_value = "127.0.0.1:8089")]
+    simulator_listen: std::net::SocketAddr,
+}
+
+const SIM_TOKEN: &str = "local-access-token";
+const SIM_SECRET: &str = "local-app-secret";
+
+fn load<C: ServiceConfig>(service: &str, defaults: &str, env: &HashMap<String, String>) -> anyhow::Result<C> {
+    bw_common::config::load(service, defaults, None, env).map_err(|e| anyhow::anyhow!("bw-{service}: {e}"))
+}
+
+async fn start<C, F, Fut>(
+    service: &'static str,
+    cfg: C,
+    own_admin: bool,
+    run: F,
+    token: CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>>
+where
+    C: ServiceConfig,
+    F: FnOnce(C, Deps, CancellationToken) -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let deps = Deps::connect(service, cfg.nats(), cfg.redis(), Duration::from_secs(30)).await?;
+    if !own_admin {
+        let addr = bw_common::admin::serve(&cfg.admin().listen, deps.health.clone(), deps.metrics.clone(), None, token.clone()).await?;
+        tracing::info!(service, admin = %addr, "started");
+    }
+    Ok(tokio::spawn(run(cfg, deps, token)))
+}
+
+async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
+    let mut env = bw_common::config::process_env();
+    let sim = if args.with_simulator {
+        let ingest: bw_ingest::Config = load("ingest", bw_ingest::DEFAULT_CONFIG, &env)?;
+        let mut cfg = bw_meta_sim::SimConfig {
+            listen: args.simulator_listen,
+            access_tokens: vec![SIM_TOKEN.into()],
+            app_secret: SIM_SECRET.into(),
+            ..Default::default()
+        };
+        cfg.webhook.url = Some(format!("http://{}{}", ingest.http.listen, ingest.webhook.path));
+        let sim = bw_meta_sim::MetaSim::start(cfg).await?;
+        tracing::info!(url = %sim.base_url(), "Meta simulator started");
+        for (key, value) in [
+            ("BW_DISPATCHER__META__BASE_URL", sim.base_url()),
+            ("BW_DISPATCHER__META__ACCESS_TOKEN", SIM_TOKEN.to_string()),
+            ("BW_INGEST__WEBHOOK__APP_SECRET", SIM_SECRET.to_string()),
+        ] {
+            env.entry(key.to_string()).or_insert(value);
+        }
+        Some(sim)
+    } else {
+        None
+    };
+    let handles = vec![
+        start("breaker-coordinator", load::<bw_breaker_coordinator::Config>("breaker-coordinator", bw_breaker_coordinator::DEFAULT_CONFIG, &env)?, true, bw_breaker_coordinator::run, token.clone()).await?,
+        start("ingest", bw_ingest::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-ingest: {e}"))?, false, bw_ingest::run, token.clone()).await?,
+        start("dispatcher", bw_dispatcher::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-dispatcher: {e}"))?, false, bw_dispatcher::run, token.clone()).await?,
+        start("replay", load::<bw_replay::Config>("replay", bw_replay::DEFAULT_CONFIG, &env)?, false, bw_replay::run, token.clone()).await?,
+        start("alerting", load::<bw_alerting::Config>("alerting", bw_alerting::DEFAULT_CONFIG, &env)?, false, bw_alerting::run, token.clone()).await?,
+    ];
+    tracing::info!("all services running; SIGTERM or Ctrl-C stops them");
+    let mut failed = None;
+    for h in handles {
+        match h.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                token.cancel();
+                failed.get_or_insert(e);
+            }
+            Err(e) => {
+                token.cancel();
+                failed.get_or_insert(anyhow::anyhow!("service task failed: {e}"));
+            }
+        }
+    }
+    if let Some(sim) = sim {
+        sim.shutdown().await;
+    }
+    failed.map_or(Ok(()), Err)
+}
+
+fn main() {
+    let args = Args::parse();
+    bw_common::service::install_crypto();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let code = runtime.block_on(async move {
+        let _telemetry = bw_common::telemetry::init("bw-stack", &bw_common::config::TelemetryConfig::default());
+        let token = bw_common::shutdown::signal_token();
+        match stack(args, token).await {
+            Ok(()) => 0,
+            Err(e) => {
+                tracing::error!(error = format!("{e:#}"), "stack failed");
+                1
+            }
+        }
+    });
+    std::process::exit(code)
+}
