@@ -194,9 +194,18 @@ impl Verdict {
         oracle: &OracleSnapshot,
         ops: &[String],
     ) -> Verdict {
-        let report = bw_ops::account::account_expected(js, buckets, ops)
-            .await
-            .expect("accounting runs");
+        // A copy the reconciler has yet to acknowledge (its operation already resolved by a status webhook) is
+        // a moment of the system settling, not a loss: give it a few seconds to settle before judging.
+        let settle_until = Instant::now() + Duration::from_secs(20);
+        let report = loop {
+            let report = bw_ops::account::account_expected(js, buckets, ops)
+                .await
+                .expect("accounting runs");
+            if report.is_clean() || Instant::now() >= settle_until {
+                break report;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
         let entries = ledger(js, buckets).await;
         let mut reached_meta = 0;
         let mut duplicates = Vec::new();
