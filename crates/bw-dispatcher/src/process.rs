@@ -184,15 +184,26 @@ impl Worker {
 
     async fn mark_in_flight(&self, mut w: Work, canary: bool) -> Option<(Work, bool)> {
         let now = now_ms();
-        match self
-            .ledger
-            .update_versioned(&w.request.operation_id, Some(w.ledger.clone()), |cur| {
-                let mut e = cur.cloned().unwrap_or_default();
-                e.in_flight_since_unix_ms = now;
-                Some(e)
-            })
-            .await
-        {
+        // A write whose answer is lost (broker failover) may still have landed: retry the same mark a few times
+        // rather than give up, or the next delivery would find a mark for a request that never left.
+        let mut result = Err(bw_common::ledger::LedgerError::Unavailable(String::new()));
+        for pause_ms in [0u64, 100, 300, 1_000] {
+            if pause_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            }
+            result = self
+                .ledger
+                .update_versioned(&w.request.operation_id, Some(w.ledger.clone()), |cur| {
+                    let mut e = cur.cloned().unwrap_or_default();
+                    e.in_flight_since_unix_ms = now;
+                    Some(e)
+                })
+                .await;
+            if result.is_ok() {
+                break;
+            }
+        }
+        match result {
             Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_since_unix_ms == now => {
                 w.ledger = v;
                 Some((w, canary))

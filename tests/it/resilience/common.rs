@@ -19,6 +19,24 @@ pub const SENT: [OperationState; 3] = [
     OperationState::Read,
 ];
 
+/// Settled states under broker faults: Meta accepted it, or a write whose answer was lost made its outcome
+/// ambiguous and it waits, flagged, for reconciliation (never resent blindly).
+pub const SETTLED: [OperationState; 4] = [
+    OperationState::Sent,
+    OperationState::Delivered,
+    OperationState::Read,
+    OperationState::Unknown,
+];
+
+/// Every operation of `ops` that is UNKNOWN is flagged as such, and there are at most `max` of them.
+pub async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &Buckets, ops: &[String], max: usize) {
+    let entries = ledger(js, buckets).await;
+    let unknown: Vec<&LedgerEntry> =
+        ops.iter().filter_map(|op| entries.get(op)).filter(|e| e.state() == OperationState::Unknown).collect();
+    assert!(unknown.iter().all(|e| e.flagged_unknown), "unknown outcomes are flagged");
+    assert!(unknown.len() <= max, "at most {max} ambiguous outcomes, got {}", unknown.len());
+}
+
 /// A transactional template request to a recipient unique to `i`.
 pub fn request(phone: &str, op: &str, i: usize) -> SendRequest {
     bw_client::Request::template(

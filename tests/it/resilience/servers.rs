@@ -2,8 +2,8 @@
 //! stream leader, Redis restarts (losing its data) and Redis is unreachable for a while.
 
 use super::common::{
-    SENT, Verdict, blocking, breaker, dispatcher_settings, requests, services, sim, submit,
-    wait_states,
+    SENT, SETTLED, Verdict, assert_unknowns_flagged, blocking, breaker, dispatcher_settings, requests,
+    services, sim, submit, wait_states,
 };
 use bw_common::names;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, Harness, WABA_ID};
@@ -34,7 +34,8 @@ async fn nats_server_restarted_under_load_loses_nothing() {
     eprintln!("nats-server restarted after {before} sends");
     let ops = submitting.await.expect("producer task");
     assert_eq!(ops.len(), 800, "every request was eventually accepted");
-    wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;
+    wait_states(&h.js, &h.buckets, &ops, &SETTLED, WAIT).await;
+    assert_unknowns_flagged(&h.js, &h.buckets, &ops, 16).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
     verdict.assert_no_blind_duplicates();
@@ -149,7 +150,8 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
 
     let ops = submitting.await.expect("producer task");
     assert_eq!(ops.len(), 600, "every request was eventually accepted");
-    wait_states(&js, &buckets, &ops, &SENT, Duration::from_secs(90)).await;
+    wait_states(&js, &buckets, &ops, &SETTLED, Duration::from_secs(90)).await;
+    assert_unknowns_flagged(&js, &buckets, &ops, 16).await;
     let new_leader = stream
         .info()
         .await
