@@ -215,12 +215,13 @@ impl Verdict {
         // A copy the reconciler has yet to acknowledge (its operation already resolved by a status webhook) is
         // a moment of the system settling, not a loss: give it a few seconds to settle before judging.
         let settle_until = Instant::now() + Duration::from_secs(20);
+        // The same goes for a read that times out while a cluster is still electing leaders.
         let report = loop {
-            let report = bw_ops::account::account_expected(js, buckets, ops)
-                .await
-                .expect("accounting runs");
-            if report.is_clean() || Instant::now() >= settle_until {
-                break report;
+            match bw_ops::account::account_expected(js, buckets, ops).await {
+                Ok(report) if report.is_clean() || Instant::now() >= settle_until => break report,
+                Ok(_) => {}
+                Err(e) if Instant::now() >= settle_until => panic!("accounting cannot run: {e}"),
+                Err(e) => eprintln!("accounting read failed, retrying: {e}"),
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         };

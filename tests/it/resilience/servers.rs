@@ -35,7 +35,8 @@ async fn nats_server_restarted_under_load_loses_nothing() {
     let ops = submitting.await.expect("producer task");
     assert_eq!(ops.len(), 800, "every request was eventually accepted");
     wait_states(&h.js, &h.buckets, &ops, &SETTLED, WAIT).await;
-    assert_unknowns_flagged(&h.js, &h.buckets, &ops, 16).await;
+    // Only what was in flight around the restart can be ambiguous: a small share, never most of the run.
+    assert_unknowns_flagged(&h.js, &h.buckets, &ops, ops.len() / 10).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
     verdict.assert_no_blind_duplicates();
@@ -151,7 +152,8 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     let ops = submitting.await.expect("producer task");
     assert_eq!(ops.len(), 600, "every request was eventually accepted");
     wait_states(&js, &buckets, &ops, &SETTLED, Duration::from_secs(90)).await;
-    assert_unknowns_flagged(&js, &buckets, &ops, 16).await;
+    // Only what was in flight around the failover can be ambiguous: a small share, never most of the run.
+    assert_unknowns_flagged(&js, &buckets, &ops, ops.len() / 10).await;
     let new_leader = stream
         .info()
         .await
