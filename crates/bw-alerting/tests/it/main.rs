@@ -208,6 +208,13 @@ async fn duplicate_and_stale_transitions_notify_once_across_two_instances() {
         transition("3002", BreakerState::Closed, t0 + 10),
     )
     .await;
+    // Two instances consume concurrently: make sure the CLOSED is handled before the stale OPEN arrives.
+    assert!(
+        wait_until(WAIT, || async {
+            harness::consumer_drained(&a.deps.js).await
+        })
+        .await
+    );
     publish(
         &a.deps.js,
         names::breaker_subject("3002"),
