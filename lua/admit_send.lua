@@ -4,7 +4,8 @@
 -- bounded number of canaries per second), Meta usage throttle, recipient-pair rate (GCRA, 131056 semantics),
 -- sender rate (token bucket at the ramped rate, with a reserve only priority traffic may take; replay needs
 -- extra headroom above the reserve so it only gets spare rate), slow throttle for low priority. A message
--- takes its tokens only when every check passes. An OPEN scope whose cooldown ended moves to HALF_OPEN here.
+-- takes its tokens only when every check passes. The retry-after of a refusal for sender tokens counts the
+-- messages refused before it in the same call (the n-th waits for n more tokens). An OPEN scope whose cooldown ended moves to HALF_OPEN here.
 --
 -- KEYS[1]    cfg hash of the scope (bw:{<waba>:<phone>}:cfg)
 -- KEYS[2]    state hash of the scope (bw:{<waba>:<phone>}:state)
@@ -46,6 +47,10 @@ local stop_low = usage >= num(c.throttle_pause_percent, 90)
 local pair_tat = {}
 local decisions = {}
 local took = false
+-- Messages of this call already refused for want of sender tokens: each later refusal is told to come back
+-- after the ones before it have had their tokens, so a caller holding refused messages can re-submit each at
+-- its own slot instead of all at once.
+local queued = 0
 
 for i = 1, n do
   local class = ARGV[3 + i]
@@ -80,7 +85,8 @@ for i = 1, n do
     if class == 'r' then need = reserve + num(c.replay_headroom, 2) + 1 end
     if tokens < need then
       if tokens >= 1 then code = 7 else code = 5 end
-      retry = math.ceil((need - tokens) * 1000 / rate)
+      retry = math.ceil((need + queued - tokens) * 1000 / rate)
+      queued = queued + 1
     end
   end
   local new_lo

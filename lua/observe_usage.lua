@@ -1,6 +1,6 @@
 -- observe_usage.lua: stores the Meta usage percent of a scope (X-Business-Use-Case-Usage), which admit_send.lua
 -- turns into throttle levels (above throttle_slow_percent low priority is slowed; above throttle_pause_percent
--- marketing and replay are paused) for usage_ttl_ms.
+-- marketing and replay are paused); the stored reading fades linearly to 0 over usage_ttl_ms.
 --
 -- KEYS[1]  cfg hash of the scope (unused; passed so every scope script has the same key layout)
 -- KEYS[2]  state hash of the scope

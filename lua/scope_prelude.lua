@@ -127,10 +127,15 @@ local function refill(S, c, now, f)
   return tk, cap, rate, reserve
 end
 
+-- Meta usage percent, fading linearly to 0 over usage_ttl_ms after the report. A report is never trusted at
+-- full strength for long: once low priority is paused, only priority traffic brings fresh reports, and a stale
+-- high reading must not keep the pause in force for the whole ttl.
 local function usage_level(S, c, now)
   local ua = num(S.ua)
-  if ua <= 0 or now - ua > num(c.usage_ttl_ms, 60000) then return 0 end
-  return num(S.us)
+  local ttl = num(c.usage_ttl_ms, 60000)
+  local age = math.max(0, now - ua)
+  if ua <= 0 or ttl <= 0 or age >= ttl then return 0 end
+  return num(S.us) * (1 - age / ttl)
 end
 
 -- Moves the breaker to `to` and appends {from, to, now, reason} to T. Mints the incident id when the scope
@@ -212,7 +217,7 @@ local function snapshot(S, c, now)
   out[#out + 1] = fmt(f)
   out[#out + 1] = num(S.trips)
   out[#out + 1] = fmt(tokens)
-  out[#out + 1] = usage_level(S, c, now)
+  out[#out + 1] = math.floor(usage_level(S, c, now) + 0.5)
   out[#out + 1] = num(S.streak)
   return out
 end

@@ -18,11 +18,13 @@ fn main() {
     bw_common::service::install_crypto();
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(125_000);
     let rate: f64 = std::env::var("BW_BENCH_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000.0);
+    let meta_burst: u32 = std::env::var("BW_BENCH_META_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
+    let burst: u32 = std::env::var("BW_BENCH_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(25);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async move {
         let mut sim = bw_meta_sim::SimConfig::default();
         sim.limits.throughput_mps = rate / 0.95;
-        sim.limits.throughput_burst = 10;
+        sim.limits.throughput_burst = meta_burst;
         sim.webhook.sent_delay_ms = None;
         sim.webhook.delivered_delay_ms = None;
         sim.webhook.read_delay_ms = None;
@@ -60,12 +62,13 @@ fn main() {
 
         h.start_dispatcher(&[
             ("breaker.defaults.rate_per_s", format!("{rate}")),
-            ("breaker.defaults.burst", "10".into()),
+            ("breaker.defaults.burst", burst.to_string()),
             ("breaker.defaults.ramp_ms", "0".into()),
             ("dispatch.publish_outcomes", "false".into()),
+            ("dispatch.idle_wait_ms", std::env::var("BW_BENCH_IDLE").unwrap_or("50".into())),
         ])
         .await;
-        h.start_replay(&[("replay.rate_per_s", format!("{rate}")), ("replay.burst", "10".into()), ("replay.max_lane_depth", "64".into())]).await;
+        h.start_replay(&[("replay.rate_per_s", format!("{rate}")), ("replay.burst", burst.to_string()), ("replay.max_lane_depth", "64".into())]).await;
         // The breaker is CLOSED: replay may start.
         let snapshot = ScopeSnapshot {
             scope: Some(Scope { waba_id: WABA_ID.into(), phone_number_id: PHONE.into() }),
@@ -76,10 +79,20 @@ fn main() {
 
         let t0 = Instant::now();
         let mut first: Option<Instant> = None;
+        let verbose = std::env::var("BW_BENCH_VERBOSE").is_ok();
+        let (mut last_print, mut last_accepted) = (Instant::now(), 0u64);
         loop {
             let accepted = h.sim.oracle().total_accepted();
             if accepted > 0 && first.is_none() {
                 first = Some(Instant::now());
+            }
+            if verbose && last_print.elapsed() >= Duration::from_secs(2) {
+                let lane = bw_ops::scan::subject_depth(&h.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, PHONE)).await.unwrap_or(0);
+                let dlq = bw_ops::scan::subject_depth(&h.js, names::DLQ_STREAM, &names::dlq_subject(PHONE)).await.unwrap_or(0);
+                let rate = (accepted - last_accepted) as f64 / last_print.elapsed().as_secs_f64();
+                let limited = h.sim.counters().outcome("130429");
+                println!("  t={:>5.1}s accepted {accepted} ({rate:.0}/s) replay lane {lane} dlq {dlq} 130429 so far {limited}", t0.elapsed().as_secs_f64());
+                (last_print, last_accepted) = (Instant::now(), accepted);
             }
             if accepted >= n as u64 || t0.elapsed() > Duration::from_secs(n as u64 / (rate as u64).max(1) * 3 + 60) {
                 break;

@@ -227,3 +227,65 @@ async fn transactional_traffic_is_served_before_marketing() {
     let last_txn = (0..5).filter_map(|i| oracle.get(&format!("txn-{i}"))).map(|e| e.first_accepted_ms).max().expect("txns");
     assert!(last_txn <= first_promo, "every transactional message went before any marketing one");
 }
+
+/// Sends of one class when the sender's bucket is short of tokens: the refused messages wait in the dispatcher
+/// for their slot (one delivery each, no trip through the broker) and reach Meta under the sender's rate.
+async fn paced_from_memory(lane: names::Lane, class: &str) {
+    let mut h = Harness::start(SimConfig::default()).await;
+    let (n, rate, burst) = (40u64, 40.0, 5.0);
+    for i in 0..n as usize {
+        let request = order(&format!("{class}-{i}"), i);
+        h.ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Queued)).await.expect("ledger");
+        h.js.publish(names::outbox_subject(lane, PHONE), request.encode_to_vec().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    h.start_dispatcher(&[
+        ("breaker.defaults.rate_per_s", rate.to_string()),
+        ("breaker.defaults.burst", burst.to_string()),
+        ("breaker.defaults.ramp_ms", "0".into()),
+        ("dispatch.hold_max_ms", "2500".into()),
+    ])
+    .await;
+    assert!(
+        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= n }).await,
+        "all {n} sent"
+    );
+    let oracle = h.sim.oracle();
+    let mut times: Vec<u64> = (0..n).filter_map(|i| oracle.get(&format!("{class}-{i}"))).map(|e| e.first_accepted_ms).collect();
+    assert_eq!(times.len() as u64, n);
+    assert!(oracle.duplicates().is_empty());
+    assert_eq!(h.sim.counters().outcome("130429"), 0, "no self-inflicted throughput errors");
+    times.sort();
+    // Over every window, n messages need at least (n - burst) / rate seconds (5 ms of clock slack).
+    for i in 0..times.len() {
+        for j in i + 1..times.len() {
+            let k = (j - i + 1) as f64;
+            let elapsed_s = ((times[j] - times[i]) as f64 + 5.0) / 1000.0;
+            assert!(k <= rate * elapsed_s + burst, "{k} sends in {elapsed_s:.3} s exceed {rate}/s + {burst}");
+        }
+    }
+    // Every message was delivered to the dispatcher once: the refusals waited in memory, not in the broker.
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer = h
+        .js
+        .get_stream(names::SEND_STREAM)
+        .await
+        .expect("stream")
+        .get_consumer(lane.dispatcher_consumer())
+        .await
+        .expect("consumer");
+    let info = consumer.info().await.expect("consumer info");
+    assert_eq!(info.delivered.consumer_sequence, n, "deliveries of {n} messages");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_short_of_sender_tokens_wait_in_memory_for_their_slot() {
+    paced_from_memory(names::Lane::High, "txn").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_sends_wait_in_memory_for_spare_rate() {
+    paced_from_memory(names::Lane::Replay, "rp").await;
+}

@@ -52,7 +52,7 @@ pub struct ScopeLimits {
     pub throttle_pause_percent: u32,
     /// Share of the sender rate low priority gets while slowed.
     pub throttle_slow_factor: f64,
-    /// How long a usage report stays valid, ms.
+    /// How long a usage report takes to fade to nothing (linearly), ms.
     pub usage_ttl_ms: u64,
     /// Retry-after given to low priority while throttled, ms.
     pub throttle_retry_ms: u64,

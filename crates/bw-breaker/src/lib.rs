@@ -488,7 +488,9 @@ impl Breaker {
     }
 
     /// Feeds the Meta usage percent (X-Business-Use-Case-Usage). Sent to Redis only when the throttle band
-    /// changes or the last report is getting old, so it costs almost no round trips.
+    /// changes or the last report is getting old, so it costs almost no round trips. The scripts fade a
+    /// reading over `usage_ttl_ms`, so a reading in a throttling band is refreshed every twentieth of it (it
+    /// fades by at most 5 % before the next one), a calm reading every third.
     pub async fn observe_usage(&self, scope: &Scope, usage_percent: u32) {
         let limits = &self.inner.cfg.defaults;
         let band: u8 = if usage_percent >= limits.throttle_pause_percent {
@@ -498,7 +500,7 @@ impl Breaker {
         } else {
             0
         };
-        let refresh = Duration::from_millis(limits.usage_ttl_ms / 3);
+        let refresh = Duration::from_millis(if band > 0 { limits.usage_ttl_ms / 20 } else { limits.usage_ttl_ms / 3 });
         let key = scope.index_member();
         {
             let sent = lock(&self.inner.usage_sent);

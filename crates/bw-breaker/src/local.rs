@@ -111,6 +111,8 @@ impl LocalBreakers {
         let retry = |need: f64, have: f64| {
             ((need - have).max(0.0) * 1000.0 / cfg.fallback_rate_per_s).ceil() as u64
         };
+        // Refusals for want of tokens queue up: the n-th is told to wait for n more tokens (as the script does).
+        let mut queued = 0.0;
         let decisions = items
             .iter()
             .map(|item| {
@@ -152,7 +154,8 @@ impl LocalBreakers {
                     } else {
                         DenyReason::SenderRate
                     };
-                    return deny(reason, retry(need, s.tokens));
+                    queued += 1.0;
+                    return deny(reason, retry(need + queued - 1.0, s.tokens));
                 }
                 s.tokens -= 1.0;
                 s.pairs

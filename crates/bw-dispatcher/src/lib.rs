@@ -88,6 +88,8 @@ pub struct DispatchConfig {
     pub publish_outcomes: bool,
     pub shutdown_grace_ms: u64,
     pub idle_wait_ms: u64,
+    pub hold_max_ms: u64,
+    pub readmit_interval_ms: u64,
 }
 
 impl ServiceConfig for Config {
@@ -124,6 +126,9 @@ impl Config {
         if self.dispatch.batch_size == 0 || self.dispatch.max_in_flight < self.dispatch.batch_size {
             return invalid("dispatch.batch_size must be > 0 and <= dispatch.max_in_flight");
         }
+        if self.dispatch.hold_max_ms * 2 > self.dispatch.ack_wait_ms {
+            return invalid("dispatch.hold_max_ms must be at most half of dispatch.ack_wait_ms");
+        }
         if self.dispatch.retry_base_ms == 0 || self.dispatch.retry_cap_ms < self.dispatch.retry_base_ms {
             return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
         }
@@ -133,6 +138,68 @@ impl Config {
 
 /// Client-side bound on waiting for the answer to a pull request.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An outstanding long-poll pull request (one message) on a lane.
+struct Parked {
+    since: tokio::time::Instant,
+    batch: pull::Batch,
+}
+
+/// Takes the message a parked request received, if any, and clears the slot when the request is over
+/// (answered, expired, failed, or unanswered for too long).
+fn take_parked(slot: &mut Option<Parked>) -> Option<async_nats::jetstream::Message> {
+    use futures::FutureExt;
+    let parked = slot.as_mut()?;
+    match parked.batch.next().now_or_never() {
+        Some(Some(Ok(m))) => {
+            *slot = None;
+            Some(m)
+        }
+        Some(_) => {
+            *slot = None;
+            None
+        }
+        None => {
+            if parked.since.elapsed() > FETCH_TIMEOUT * 2 {
+                *slot = None;
+            }
+            None
+        }
+    }
+}
+
+/// Waits, at most about `idle_wait`, for a message on any lane: every lane without an outstanding long-poll
+/// gets one, then the first message to arrive is returned. The other requests stay parked for the next turn.
+async fn idle_wait_any(
+    consumers: &[(Lane, consumer::Consumer<pull::Config>)],
+    parked: &mut [Option<Parked>],
+    idle_wait: Duration,
+) -> Option<(Lane, async_nats::jetstream::Message)> {
+    use futures::FutureExt;
+    for (slot, (lane, consumer)) in parked.iter_mut().zip(consumers) {
+        if slot.is_none() {
+            match tokio::time::timeout(FETCH_TIMEOUT, consumer.batch().max_messages(1).expires(idle_wait).messages()).await {
+                Ok(Ok(batch)) => *slot = Some(Parked { since: tokio::time::Instant::now(), batch }),
+                Ok(Err(e)) => tracing::debug!(lane = lane.token(), error = %e, "long poll failed"),
+                Err(_) => tracing::debug!(lane = lane.token(), "long poll unanswered"),
+            }
+        }
+    }
+    let polls: Vec<_> = parked
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, slot)| slot.as_mut().map(|p| async move { (i, p.batch.next().await) }.boxed()))
+        .collect();
+    if polls.is_empty() {
+        return None;
+    }
+    let ((i, next), _, _) = tokio::time::timeout(idle_wait + FETCH_TIMEOUT, futures::future::select_all(polls)).await.ok()?;
+    parked[i] = None;
+    match next {
+        Some(Ok(m)) => Some((consumers[i].0, m)),
+        _ => None,
+    }
+}
 
 /// Creates (or binds to) the durable pull consumer of a lane.
 pub async fn lane_consumer(
@@ -173,6 +240,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         meta,
         cfg: cfg.dispatch.clone(),
         metrics,
+        shutdown: shutdown.clone(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
@@ -181,12 +249,22 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     deps.health.set_started();
     tracing::info!(lanes = consumers.len(), batch_size, "dispatcher consuming");
 
+    // Long-poll pull requests left outstanding by earlier idle waits, one slot per lane: whatever arrives on any
+    // lane wakes an idle dispatcher, and a request still pending when work resumes is read at the next turn.
+    let mut parked: Vec<Option<Parked>> = consumers.iter().map(|_| None).collect();
     while !shutdown.is_cancelled() {
         let permits = tokio::select! {
             _ = shutdown.cancelled() => break,
             p = in_flight.clone().acquire_many_owned(batch_size as u32) => p?,
         };
         let mut batch = Vec::with_capacity(batch_size);
+        for (slot, (lane, _)) in parked.iter_mut().zip(&consumers) {
+            if batch.len() < batch_size
+                && let Some(m) = take_parked(slot)
+            {
+                batch.push((*lane, m));
+            }
+        }
         for (lane, consumer) in &consumers {
             let room = batch_size - batch.len();
             if room == 0 {
@@ -216,21 +294,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         }
         if batch.is_empty() {
             drop(permits);
-            // Long-poll the high lane so an idle dispatcher reacts fast without spinning; other lanes are
-            // checked again right after.
-            let wait = tokio::time::timeout(idle_wait + FETCH_TIMEOUT, async {
-                if let Some((lane, consumer)) = consumers.first() {
-                    if let Ok(mut messages) = consumer.batch().max_messages(1).expires(idle_wait).messages().await {
-                        if let Some(Ok(m)) = messages.next().await {
-                            return Some((*lane, m));
-                        }
-                    }
-                }
-                None
-            });
             let got = tokio::select! {
                 _ = shutdown.cancelled() => None,
-                got = wait => got.ok().flatten(),
+                got = idle_wait_any(&consumers, &mut parked, idle_wait) => got,
             };
             if let Some(m) = got {
                 let permit = in_flight.clone().acquire_owned().await?;
@@ -252,6 +318,12 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             worker.process_batch(batch).await;
             drop(used);
         });
+    }
+    // A message that reached a parked request meanwhile goes back at once rather than after the ack wait.
+    for slot in &mut parked {
+        if let Some(m) = take_parked(slot) {
+            let _ = m.ack_with(async_nats::jetstream::AckKind::Nak(None)).await;
+        }
     }
 
     deps.health.set_shutting_down();

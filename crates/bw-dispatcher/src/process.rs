@@ -27,6 +27,7 @@ pub(crate) struct Worker {
     pub meta: MetaClient,
     pub cfg: DispatchConfig,
     pub metrics: Metrics,
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// A message that passed the pre-checks and waits for admission.
@@ -67,16 +68,94 @@ impl Work {
 const RECORD_FLUSH_ITEMS: usize = 32;
 const RECORD_FLUSH_AGE: Duration = Duration::from_millis(20);
 
+type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(Work, bool, MetaAnswer, Duration)>> + Send>>;
+
+/// A message refused for now, held in memory until its slot instead of going back through the broker.
+struct Held {
+    due: Instant,
+    work: Work,
+}
+
 impl Worker {
     pub(crate) async fn process_batch(self: Arc<Self>, batch: Vec<(Lane, jetstream::Message)>) {
         let prepared = futures::future::join_all(batch.into_iter().map(|(lane, msg)| self.prepare(lane, msg))).await;
+
+        let mut sends: FuturesUnordered<Sending> = FuturesUnordered::new();
+        let mut finals: FuturesUnordered<Pending> = FuturesUnordered::new();
+        let mut held: Vec<Held> = Vec::new();
+        self.admit_round(prepared.into_iter().flatten().collect(), &mut sends, &mut finals, &mut held).await;
+        let mut last_round = Instant::now();
+        let round_gap = Duration::from_millis(self.cfg.readmit_interval_ms);
+
+        let mut pending: HashMap<(String, String), Vec<OutcomeItem>> = HashMap::new();
+        let mut pending_count = 0usize;
+        let mut oldest: Option<Instant> = None;
+        while !(sends.is_empty() && held.is_empty()) {
+            let flush_at = oldest.map(|since| since + RECORD_FLUSH_AGE);
+            // Held messages go back to admission together, at most once per round gap, so a sender refilling
+            // a token per millisecond costs one round trip per few messages, not one per message.
+            let readmit_at = held.iter().map(|h| h.due).min().map(|due| due.max(last_round + round_gap));
+            tokio::select! {
+                Some(done) = sends.next(), if !sends.is_empty() => {
+                    let Some((w, canary, answer, took)) = done else { continue };
+                    self.metrics.meta_seconds.observe(took.as_secs_f64());
+                    let kind = outcome_kind(&answer, &self.cfg);
+                    pending
+                        .entry((w.request.waba_id.clone(), w.request.phone_number_id.clone()))
+                        .or_default()
+                        .push(OutcomeItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), kind, canary });
+                    pending_count += 1;
+                    oldest.get_or_insert_with(Instant::now);
+                    let this = self.clone();
+                    finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
+                    if pending_count >= RECORD_FLUSH_ITEMS {
+                        self.flush_outcomes(&mut pending).await;
+                        pending_count = 0;
+                        oldest = None;
+                    }
+                }
+                Some(()) = finals.next(), if !finals.is_empty() => {}
+                _ = sleep_until_opt(flush_at), if flush_at.is_some() => {
+                    self.flush_outcomes(&mut pending).await;
+                    pending_count = 0;
+                    oldest = None;
+                }
+                _ = sleep_until_opt(readmit_at), if readmit_at.is_some() => {
+                    let now = Instant::now() + Duration::from_millis(1);
+                    let (due, later): (Vec<Held>, Vec<Held>) = std::mem::take(&mut held).into_iter().partition(|h| h.due <= now);
+                    held = later;
+                    last_round = Instant::now();
+                    self.admit_round(due.into_iter().map(|h| h.work).collect(), &mut sends, &mut finals, &mut held).await;
+                }
+                _ = self.shutdown.cancelled(), if !held.is_empty() => {
+                    // Shutting down: held messages go back to the broker for their slot.
+                    for h in held.drain(..) {
+                        let this = self.clone();
+                        let delay = h.due.saturating_duration_since(Instant::now());
+                        finals.push(Box::pin(async move { this.release(h.work, delay).await }));
+                    }
+                }
+            }
+        }
+        self.flush_outcomes(&mut pending).await;
+        while finals.next().await.is_some() {}
+    }
+
+    /// One admission round: one breaker round trip per scope for `works`. Admitted messages start their mark and
+    /// send; refusals with a short wait are held for another round, the rest go to their next place.
+    async fn admit_round(
+        self: &Arc<Self>,
+        works: Vec<Work>,
+        sends: &mut FuturesUnordered<Sending>,
+        finals: &mut FuturesUnordered<Pending>,
+        held: &mut Vec<Held>,
+    ) {
         let mut groups: HashMap<(String, String), Vec<Work>> = HashMap::new();
-        for w in prepared.into_iter().flatten() {
+        for w in works {
             groups.entry((w.request.waba_id.clone(), w.request.phone_number_id.clone())).or_default().push(w);
         }
-
-        let mut to_send = Vec::new();
-        let mut finals = FuturesUnordered::new();
+        let hold_max = Duration::from_millis(self.cfg.hold_max_ms);
         for (_, works) in groups {
             let scope = works[0].scope();
             let items: Vec<AdmitItem> = works
@@ -93,83 +172,40 @@ impl Worker {
                         w.decision = if canary { "canary" } else { "allow" };
                         w.span.record("decision", w.decision);
                         self.metrics.decision(w.decision);
-                        to_send.push((w, canary));
+                        let this = self.clone();
+                        // Mark the message as "on the wire" in the ledger before its request leaves: a later
+                        // delivery that finds the mark knows this try's outcome is unknown and never resends.
+                        sends.push(Box::pin(async move {
+                            let (w, canary) = this.mark_in_flight(w, canary).await?;
+                            let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
+                            let (answer, took) = this.meta.send(&w.request).instrument(span).await;
+                            Some((w, canary, answer, took))
+                        }));
                     }
                     Decision::Deny { reason, retry_after_ms } => {
                         let label = reason.label();
                         w.decision = label;
                         w.span.record("decision", label);
                         self.metrics.decision(label);
+                        let wait = Duration::from_millis(retry_after_ms);
+                        let holdable = !matches!(reason, DenyReason::BreakerOpen | DenyReason::ForcedOpen);
+                        if holdable && w.received.elapsed() + wait <= hold_max && !self.shutdown.is_cancelled() {
+                            held.push(Held { due: Instant::now() + wait, work: w });
+                            continue;
+                        }
                         let incident = admission.incident_id.clone();
                         let this = self.clone();
-                        finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await })
-                            as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
+                        finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await }));
                     }
                 }
             }
         }
+    }
 
-        // Mark every admitted message as "on the wire" in the ledger before its request leaves: a later
-        // delivery that finds the mark knows this try's outcome is unknown and never resends blindly.
-        let marked = futures::future::join_all(to_send.into_iter().map(|(w, canary)| self.mark_in_flight(w, canary))).await;
-        let mut sends: FuturesUnordered<_> = marked
-            .into_iter()
-            .flatten()
-            .map(|(w, canary)| {
-                let meta = self.meta.clone();
-                async move {
-                    let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
-                    let (answer, took) = meta.send(&w.request).instrument(span).await;
-                    (w, canary, answer, took)
-                }
-            })
-            .collect();
-
-        let mut pending: HashMap<(String, String), Vec<OutcomeItem>> = HashMap::new();
-        let mut pending_count = 0usize;
-        let mut oldest: Option<Instant> = None;
-        loop {
-            let next = if let Some(since) = oldest {
-                let left = RECORD_FLUSH_AGE.saturating_sub(since.elapsed());
-                match tokio::time::timeout(left, sends.next()).await {
-                    Ok(n) => n.map(Some),
-                    Err(_) => Some(None),
-                }
-            } else {
-                sends.next().await.map(Some)
-            };
-            match next {
-                None => break,
-                Some(None) => {
-                    self.flush_outcomes(&mut pending).await;
-                    pending_count = 0;
-                    oldest = None;
-                }
-                Some(Some((w, canary, answer, took))) => {
-                    self.metrics.meta_seconds.observe(took.as_secs_f64());
-                    let kind = outcome_kind(&answer, &self.cfg);
-                    pending
-                        .entry((w.request.waba_id.clone(), w.request.phone_number_id.clone()))
-                        .or_default()
-                        .push(OutcomeItem {
-                            recipient_key: bw_common::mask::recipient_key(&w.request.recipient),
-                            kind,
-                            canary,
-                        });
-                    pending_count += 1;
-                    oldest.get_or_insert_with(Instant::now);
-                    let this = self.clone();
-                    finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
-                    if pending_count >= RECORD_FLUSH_ITEMS {
-                        self.flush_outcomes(&mut pending).await;
-                        pending_count = 0;
-                        oldest = None;
-                    }
-                }
-            }
-        }
-        self.flush_outcomes(&mut pending).await;
-        while finals.next().await.is_some() {}
+    /// Gives a held message back to the broker, redelivered after `delay`.
+    async fn release(&self, w: Work, delay: Duration) {
+        self.metrics.result("held");
+        let _ = w.msg.ack_with(AckKind::Nak(Some(delay.clamp(Duration::from_millis(20), Duration::from_secs(60))))).await;
     }
 
     async fn flush_outcomes(&self, pending: &mut HashMap<(String, String), Vec<OutcomeItem>>) {
@@ -309,11 +345,7 @@ impl Worker {
                 let err = ErrorInfo { details: "sender paused".into(), at_unix_ms: now_ms(), ..Default::default() };
                 self.to_dlq(w, DlqReason::Credentials, incident, err, now_ms() + retry_after_ms as i64, 0).await;
             }
-            _ => {
-                let delay = Duration::from_millis(retry_after_ms.clamp(20, 60_000));
-                self.metrics.result("held");
-                let _ = w.msg.ack_with(AckKind::Nak(Some(delay))).await;
-            }
+            _ => self.release(w, Duration::from_millis(retry_after_ms)).await,
         }
     }
 
@@ -399,5 +431,12 @@ fn outcome_kind(answer: &MetaAnswer, cfg: &DispatchConfig) -> OutcomeKind {
             ErrorClass::Permanent => OutcomeKind::Permanent,
             ErrorClass::Credentials => OutcomeKind::Credentials { pause_ms: cfg.long_pause_ms.max(60_000) * 5 },
         },
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }

@@ -216,3 +216,50 @@ async fn credentials_pause_every_class() {
     assert_eq!(snap.pause_reason, "credentials");
     assert!(snap.paused_until_unix_ms > snap.updated_at_unix_ms);
 }
+
+#[tokio::test]
+async fn refusals_for_tokens_queue_up_one_slot_each() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = breaker(
+        &redis.url(),
+        ScopeLimits { rate_per_s: 100.0, burst: 4.0, reserve_fraction: 0.0, ..limits() },
+    )
+    .await;
+    let scope = scope();
+    let a = breaker.admit(&scope, &items(8, TrafficClass::Priority)).await;
+    assert_eq!(allowed(&a.decisions), 4);
+    let waits: Vec<u64> = a.decisions[4..]
+        .iter()
+        .map(|d| match d {
+            Decision::Deny { reason: DenyReason::SenderRate, retry_after_ms } => *retry_after_ms,
+            other => panic!("expected sender rate, got {other:?}"),
+        })
+        .collect();
+    // At 100/s a token takes 10 ms: the n-th refusal waits for n tokens (less what refilled meanwhile).
+    for (n, wait) in waits.iter().enumerate() {
+        let full = 10 * (n as u64 + 1);
+        assert!(*wait <= full && *wait + 3 >= full, "refusal {n} waits {wait} ms, expected about {full}");
+    }
+}
+
+#[tokio::test]
+async fn a_stale_usage_report_fades_and_stops_throttling() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = breaker(&redis.url(), ScopeLimits { usage_ttl_ms: 1_000, ..limits() }).await;
+    let scope = scope();
+    breaker.observe_usage(&scope, 95).await;
+    let a = breaker.admit(&scope, &items(1, TrafficClass::Marketing)).await;
+    assert_eq!(reasons(&a.decisions), [Some(DenyReason::Throttled)]);
+    // No fresher report comes (nothing low priority is sent): the reading fades below the pause band (90 %)
+    // after about 60 ms of the 1 s ttl, and marketing flows again (slowed) without a new report.
+    let resumed = bw_testkit::wait_until(std::time::Duration::from_secs(2), || async {
+        allowed(&breaker.admit(&scope, &items(1, TrafficClass::Marketing)).await.decisions) == 1
+    })
+    .await;
+    assert!(resumed, "a stale report kept throttling marketing");
+    let faded = bw_testkit::wait_until(std::time::Duration::from_secs(2), || async {
+        breaker.tick(&scope).await.expect("tick").0.usage_percent == 0
+    })
+    .await;
+    assert!(faded, "the reading fades to nothing over its ttl");
+}
