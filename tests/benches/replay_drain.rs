@@ -4,7 +4,12 @@
 //! would). Prints the achieved rate as a fraction of the configured rate and the rate-limit errors (130429,
 //! 131056) the drain caused at Meta. Target: above 90 % and zero.
 //!
-//! Run: `cargo bench -p bw-e2e --bench replay_drain` (BW_BENCH_N and BW_BENCH_RATE change N and R).
+//! Meta documents no burst size for its throughput limit. The simulator is given 50 ms of it (BW_BENCH_META_BURST,
+//! default 50 messages) and the breaker half of that (BW_BENCH_BURST, default 25): a sender's burst must stay
+//! well under Meta's tolerance, because admitted sends reach Meta with some scheduling jitter.
+//!
+//! Run: `cargo bench -p bw-e2e --bench replay_drain` (BW_BENCH_N and BW_BENCH_RATE change N and R;
+//! BW_BENCH_VERBOSE=1 prints progress every 2 s; BW_BENCH_IDLE sets the dispatcher's idle wait, ms).
 
 use bw_common::names;
 use bw_common::proto::{BreakerState, Category, DlqEnvelope, DlqReason, OperationState, Scope, ScopeSnapshot};

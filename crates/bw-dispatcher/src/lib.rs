@@ -7,8 +7,12 @@
 //! to Meta, classified by error code, and moved to exactly one next place: SENT, a delayed redelivery, the
 //! DLQ, the quarantine, or the unknown-outcome queue. Any number of instances share the consumers.
 //!
-//! Must not: resend an operation the ledger shows as accepted by Meta, retry an unknown outcome, or block a
-//! worker while waiting for a retry (delays are JetStream delayed redeliveries).
+//! A message the limits refuse for a short while (sender or pair rate, reserve, canary budget) waits in memory
+//! for the slot the admission script names and goes back to admission with the others due then (one round
+//! trip per scope and round); longer waits and retries of failed sends are JetStream delayed redeliveries.
+//!
+//! Must not: resend an operation the ledger shows as accepted by Meta, retry an unknown outcome, or hold a
+//! message in memory for longer than `hold_max_ms`.
 //!
 //! Entry point: [`run`].
 

@@ -3,6 +3,7 @@
 use bw_common::admin::MetricsRegistry;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 type Labels = Vec<(&'static str, String)>;
@@ -19,6 +20,8 @@ pub(crate) struct Metrics {
     pub meta_responses: Family<Labels, Counter>,
     /// Duration of Meta calls.
     pub meta_seconds: Histogram,
+    /// Messages refused for now and waiting in memory for their slot.
+    pub held: Gauge,
 }
 
 impl Metrics {
@@ -28,12 +31,14 @@ impl Metrics {
             decisions: Family::default(),
             meta_responses: Family::default(),
             meta_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            held: Gauge::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
             r.register("bw_admission_decisions", "Admission decisions by reason", m.decisions.clone());
             r.register("bw_meta_responses", "Meta answers by error code", m.meta_responses.clone());
             r.register("bw_meta_request_seconds", "Duration of Meta send calls", m.meta_seconds.clone());
+            r.register("bw_dispatch_held_messages", "Messages waiting in memory for an admission slot", m.held.clone());
         }
         m
     }

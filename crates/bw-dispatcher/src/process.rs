@@ -125,11 +125,13 @@ impl Worker {
                     let now = Instant::now() + Duration::from_millis(1);
                     let (due, later): (Vec<Held>, Vec<Held>) = std::mem::take(&mut held).into_iter().partition(|h| h.due <= now);
                     held = later;
+                    self.metrics.held.dec_by(due.len() as i64);
                     last_round = Instant::now();
                     self.admit_round(due.into_iter().map(|h| h.work).collect(), &mut sends, &mut finals, &mut held).await;
                 }
                 _ = self.shutdown.cancelled(), if !held.is_empty() => {
                     // Shutting down: held messages go back to the broker for their slot.
+                    self.metrics.held.dec_by(held.len() as i64);
                     for h in held.drain(..) {
                         let this = self.clone();
                         let delay = h.due.saturating_duration_since(Instant::now());
@@ -191,6 +193,7 @@ impl Worker {
                         let holdable = !matches!(reason, DenyReason::BreakerOpen | DenyReason::ForcedOpen);
                         if holdable && w.received.elapsed() + wait <= hold_max && !self.shutdown.is_cancelled() {
                             held.push(Held { due: Instant::now() + wait, work: w });
+                            self.metrics.held.inc();
                             continue;
                         }
                         let incident = admission.incident_id.clone();

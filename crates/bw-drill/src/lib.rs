@@ -188,8 +188,8 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
                 ("replay.soak_ms", "2000".into()),
                 ("replay.rate_per_s", format!("{}", sender_rate * opts.senders as f64)),
                 ("replay.idle_ms", "500".into()),
-                // A shallow replay lane: the dispatcher admits replayed messages only with the spare rate, and
-                // a deep lane would spend that rate on redeliveries of refused messages.
+                // A shallow replay lane: the dispatcher admits replayed messages only with the spare rate and
+                // holds the refused ones for their slot; a fifth of a second of work per sender is plenty.
                 ("replay.max_lane_depth", "16".into()),
             ],
         )?;
