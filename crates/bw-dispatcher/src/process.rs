@@ -41,8 +41,10 @@ pub(crate) struct Work {
     pub received: Instant,
     /// Admission decision label, for outcome events.
     pub decision: &'static str,
-    /// Time from `received` to the admission decision.
+    /// Time from `received` to the admission decision, less the time spent waiting in memory for a slot.
     pub decided_after: Duration,
+    /// Time spent waiting in memory for an admission slot.
+    pub waited: Duration,
 }
 
 impl Work {
@@ -74,6 +76,7 @@ type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(Work, 
 /// A message refused for now, held in memory until its slot instead of going back through the broker.
 struct Held {
     due: Instant,
+    since: Instant,
     work: Work,
 }
 
@@ -127,7 +130,14 @@ impl Worker {
                     held = later;
                     self.metrics.held.dec_by(due.len() as i64);
                     last_round = Instant::now();
-                    self.admit_round(due.into_iter().map(|h| h.work).collect(), &mut sends, &mut finals, &mut held).await;
+                    let works = due
+                        .into_iter()
+                        .map(|mut h| {
+                            h.work.waited += h.since.elapsed();
+                            h.work
+                        })
+                        .collect();
+                    self.admit_round(works, &mut sends, &mut finals, &mut held).await;
                 }
                 _ = self.shutdown.cancelled(), if !held.is_empty() => {
                     // Shutting down: held messages go back to the broker for their slot.
@@ -167,7 +177,7 @@ impl Worker {
             let admission = self.breaker.admit(&scope, &items).await;
             let state = format!("{:?}", admission.state);
             for (mut w, decision) in works.into_iter().zip(admission.decisions.into_iter()) {
-                w.decided_after = w.received.elapsed();
+                w.decided_after = w.received.elapsed().saturating_sub(w.waited);
                 w.span.record("breaker_state", state.as_str());
                 match decision {
                     Decision::Allow { canary } => {
@@ -192,7 +202,8 @@ impl Worker {
                         let wait = Duration::from_millis(retry_after_ms);
                         let holdable = !matches!(reason, DenyReason::BreakerOpen | DenyReason::ForcedOpen);
                         if holdable && w.received.elapsed() + wait <= hold_max && !self.shutdown.is_cancelled() {
-                            held.push(Held { due: Instant::now() + wait, work: w });
+                            let now = Instant::now();
+                            held.push(Held { due: now + wait, since: now, work: w });
                             self.metrics.held.inc();
                             continue;
                         }
@@ -317,7 +328,7 @@ impl Worker {
         }
         span.record("attempt", versioned.entry.attempts + 1);
         let in_flight_since = versioned.entry.in_flight_since_unix_ms;
-        let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "", decided_after: Duration::ZERO };
+        let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "", decided_after: Duration::ZERO, waited: Duration::ZERO };
         if in_flight_since > 0 {
             // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
             // died, or lost the broker, mid-call). Meta may have it: reconcile, do not resend.
@@ -410,8 +421,9 @@ impl Worker {
             at_unix_ms: now_ms(),
             decision: w.decision.to_string(),
             meta_latency_us: latency_us,
-            handling_us: w.received.elapsed().as_micros() as u64,
+            handling_us: w.received.elapsed().saturating_sub(w.waited).as_micros() as u64,
             decision_us: w.decided_after.as_micros() as u64,
+            lane: w.lane.token().to_string(),
         };
         let nats = self.nats.clone();
         let subject = bw_common::names::outcome_subject(&w.request.phone_number_id);

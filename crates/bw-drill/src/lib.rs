@@ -97,6 +97,15 @@ pub(crate) struct Observed {
     pub fail_fast_moved_us: Vec<u64>,
     /// Sent via the replay lane (attempt > 1 after a DLQ).
     pub replayed_sent: u64,
+    /// Per sender, every call Meta answered, as (seconds since start, counted as a breaker failure): the report
+    /// replays the breaker's window over them to find when the error rate crossed the threshold.
+    pub calls: BTreeMap<String, Vec<(f64, bool)>>,
+    /// Wall clock (unix ms) at the drill's time 0, to place observed calls in the breaker's window buckets.
+    pub started_unix_ms: i64,
+    /// When the last message from a live lane (hi, lo) was sent, seconds since start.
+    pub last_live_sent_s: f64,
+    /// When each replayed message (rp lane) was sent, seconds since start.
+    pub replay_sent_s: Vec<f64>,
 }
 
 /// Runs the drill and returns its report (also written to `opts.dir`).
@@ -209,7 +218,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     .await?;
 
     let started = Instant::now();
-    let observed = Arc::new(Mutex::new(Observed::default()));
+    let observed = Arc::new(Mutex::new(Observed { started_unix_ms: bw_common::time::now_ms(), ..Default::default() }));
     let watchers = spawn_watchers(nats.clone(), observed.clone(), started).await?;
 
     // The outage clock starts with the producer.
@@ -365,9 +374,30 @@ async fn spawn_watchers(
     let t2 = tokio::spawn(async move {
         while let Some(msg) = outcomes.next().await {
             if let Ok(d) = DispatchOutcome::decode(msg.payload.as_ref()) {
+                let t = started.elapsed().as_secs_f64();
                 let mut o = observed.lock().await;
                 *o.by_result.entry(d.result.clone()).or_default() += 1;
                 let called = d.decision == "allow" || d.decision == "canary";
+                if called {
+                    // What the breaker's window counts: successes as calls, transient errors and throughput
+                    // limits (130429) as failures; permanent errors and other limits not at all.
+                    let failure = match d.result.as_str() {
+                        "sent" => Some(false),
+                        "retry" | "dlq" | "unknown" => Some(true),
+                        "rate_limited" if d.meta_code == 130429 => Some(true),
+                        _ => None,
+                    };
+                    if let Some(failure) = failure {
+                        o.calls.entry(d.phone_number_id.clone()).or_default().push((t, failure));
+                    }
+                }
+                if d.result == "sent" {
+                    if d.lane == "rp" {
+                        o.replay_sent_s.push(t);
+                    } else {
+                        o.last_live_sent_s = o.last_live_sent_s.max(t);
+                    }
+                }
                 match d.result.as_str() {
                     "sent" => {
                         o.sent_total += 1;

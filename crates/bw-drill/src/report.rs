@@ -52,6 +52,10 @@ pub struct DrillReport {
     /// Of those, how many had an unknown outcome at some point (flagged, expected).
     pub duplicates_flagged_unknown: usize,
     pub time_to_trip_s: Option<f64>,
+    /// Per trip, time from the window's error rate crossing the threshold (as replayed from the observed
+    /// outcomes) to the trip: the worst and the median, ms.
+    pub trip_latency_max_ms: Option<f64>,
+    pub trip_latency_p50_ms: Option<f64>,
     pub fail_fast_p50_ms: Option<f64>,
     pub fail_fast_p99_ms: Option<f64>,
     /// Including the durable move to the DLQ.
@@ -62,6 +66,10 @@ pub struct DrillReport {
     /// Replayed operations per second over the drain, as a fraction of the senders' configured rate.
     pub replay_rate_per_s: Option<f64>,
     pub replay_rate_fraction: Option<f64>,
+    /// Replay rate once live traffic had ended (replay had the senders to itself), and its fraction of the
+    /// senders' configured rate.
+    pub replay_solo_rate_per_s: Option<f64>,
+    pub replay_solo_rate_fraction: Option<f64>,
     pub max_dlq_depth: u64,
     pub breaker_trips: usize,
 }
@@ -102,6 +110,16 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     };
     let replay_rate = replay_drain_s.map(|d| replayed as f64 / d.max(1.0));
     let configured = i.sender_rate * i.opts.senders as f64;
+    let mut trip_latency_us: Vec<u64> =
+        trip_latencies(i.observed, &bw_breaker::ScopeLimits::default()).iter().map(|s| (s * 1e6) as u64).collect();
+    let live_end = i.observed.last_live_sent_s;
+    let solo: Vec<f64> = i.observed.replay_sent_s.iter().copied().filter(|t| *t > live_end).collect();
+    let solo_rate = solo
+        .iter()
+        .copied()
+        .reduce(f64::max)
+        .filter(|last| *last - live_end >= 1.0)
+        .map(|last| solo.len() as f64 / (last - live_end));
     let mut fail_fast = i.observed.fail_fast_us.clone();
     let mut fail_fast_moved = i.observed.fail_fast_moved_us.clone();
     DrillReport {
@@ -129,6 +147,8 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
             .filter(|d| d.operation_id.as_deref().is_some_and(|op| flagged.contains(op)))
             .count(),
         time_to_trip_s: first_trip.map(|t| (t - outage_start).max(0.0)),
+        trip_latency_max_ms: percentile(&mut trip_latency_us, 1.0),
+        trip_latency_p50_ms: percentile(&mut trip_latency_us, 0.50),
         fail_fast_p50_ms: percentile(&mut fail_fast, 0.50),
         fail_fast_p99_ms: percentile(&mut fail_fast, 0.99),
         fail_fast_moved_p50_ms: percentile(&mut fail_fast_moved, 0.50),
@@ -137,13 +157,61 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         replay_drain_s,
         replay_rate_per_s: replay_rate,
         replay_rate_fraction: replay_rate.map(|r| r / configured),
+        replay_solo_rate_per_s: solo_rate,
+        replay_solo_rate_fraction: solo_rate.map(|r| r / configured),
         max_dlq_depth: i.max_dlq,
         breaker_trips: trips.len(),
     }
 }
 
+fn pct(v: Option<f64>) -> String {
+    v.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "n/a".into())
+}
+
 fn opt(v: Option<f64>, unit: &str) -> String {
     v.map(|v| format!("{v:.2} {unit}")).unwrap_or_else(|| "n/a".into())
+}
+
+/// For every CLOSED → OPEN transition, the time from the moment the breaker's failure rule first held over
+/// the calls observed since the sender's previous close, to the trip (seconds; 0 when the trip was seen first).
+/// The window is replayed as the breaker keeps it: `window_buckets` buckets of the wall clock, the current one
+/// included.
+fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<f64> {
+    let buckets = i64::from(limits.window_buckets.max(1));
+    let bucket_ms = (limits.window_ms as i64 / buckets).max(1);
+    let bucket = |t: f64| (observed.started_unix_ms + (t * 1000.0) as i64).div_euclid(bucket_ms);
+    let mut out = Vec::new();
+    for (i, (at, from, to, phone)) in observed.transitions.iter().enumerate() {
+        if *from != BreakerState::Closed || *to != BreakerState::Open {
+            continue;
+        }
+        let since = observed.transitions[..i]
+            .iter()
+            .filter(|t| &t.3 == phone && t.2 == BreakerState::Closed)
+            .map(|t| t.0)
+            .fold(0.0, f64::max);
+        let Some(calls) = observed.calls.get(phone) else { continue };
+        // Outcome events are published after the move that follows the answer, so allow them to arrive a
+        // little after the trip they caused.
+        let calls: Vec<&(f64, bool)> = calls.iter().filter(|c| c.0 >= since && c.0 <= at + 1.0).collect();
+        let mut start = 0;
+        let (mut n, mut failed) = (0u64, 0u64);
+        for &&(t, failure) in &calls {
+            n += 1;
+            failed += u64::from(failure);
+            let current = bucket(t);
+            while bucket(calls[start].0) <= current - buckets {
+                n -= 1;
+                failed -= u64::from(calls[start].1);
+                start += 1;
+            }
+            if n >= u64::from(limits.min_calls) && failed as f64 >= n as f64 * limits.failure_threshold {
+                out.push((at - t).max(0.0));
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// The human-readable report.
@@ -162,8 +230,10 @@ pub fn text(r: &DrillReport) -> String {
         r.duplicates_at_meta, r.duplicates_flagged_unknown
     ));
     s.push_str(&format!(
-        "time to trip after the outage began {}; fail-fast while OPEN (decision) p50 {} p99 {}, with the durable DLQ move p50 {} p99 {}; time to close after recovery {}\n",
+        "time to trip after the outage began {}; trip after the window's error rate crossed the threshold p50 {} max {}; fail-fast while OPEN (decision) p50 {} p99 {}, with the durable DLQ move p50 {} p99 {}; time to close after recovery {}\n",
         opt(r.time_to_trip_s, "s"),
+        opt(r.trip_latency_p50_ms, "ms"),
+        opt(r.trip_latency_max_ms, "ms"),
         opt(r.fail_fast_p50_ms, "ms"),
         opt(r.fail_fast_p99_ms, "ms"),
         opt(r.fail_fast_moved_p50_ms, "ms"),
@@ -171,17 +241,19 @@ pub fn text(r: &DrillReport) -> String {
         opt(r.time_to_close_s, "s")
     ));
     s.push_str(&format!(
-        "replay drain {}; replay rate {} ({} of the senders' configured rate)\n",
+        "replay drain {}; replay rate {} ({} of the senders' configured rate; replay yields to live traffic), {} ({}) once live traffic ended\n",
         opt(r.replay_drain_s, "s"),
         opt(r.replay_rate_per_s, "msg/s"),
-        r.replay_rate_fraction.map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "n/a".into())
+        pct(r.replay_rate_fraction),
+        opt(r.replay_solo_rate_per_s, "msg/s"),
+        pct(r.replay_solo_rate_fraction)
     ));
     s.push_str(if r.passed() { "RESULT: PASS (zero lost, no unflagged duplicates)\n" } else { "RESULT: FAIL\n" });
     s
 }
 
 pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &Observed, opts: &DrillOptions) -> anyhow::Result<()> {
-    let json = json!({
+    let mut json = json!({
         "requested": r.requested, "accepted": r.accepted, "rejected": r.rejected, "unanswered": r.unanswered,
         "sent": r.sent, "delivered": r.delivered, "read": r.read, "failed": r.failed, "in_dlq": r.in_dlq,
         "quarantined": r.quarantined, "expired": r.expired, "unknown": r.unknown, "queued": r.queued,
@@ -195,6 +267,10 @@ pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &
         "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips, "passed": r.passed(),
         "transitions": observed.transitions.iter().map(|t| json!({"t": t.0, "from": format!("{:?}", t.1), "to": format!("{:?}", t.2), "scope": t.3})).collect::<Vec<_>>(),
     });
+    json["trip_latency_p50_ms"] = json!(r.trip_latency_p50_ms);
+    json["trip_latency_max_ms"] = json!(r.trip_latency_max_ms);
+    json["replay_solo_rate_per_s"] = json!(r.replay_solo_rate_per_s);
+    json["replay_solo_rate_fraction"] = json!(r.replay_solo_rate_fraction);
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&json)?)?;
     let outage_start = opts.outage_start_s as f64;
     let marks = vec![
@@ -209,4 +285,38 @@ pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &
     );
     std::fs::write(dir.join("report.html"), html)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn calls(from: f64, count: usize, step: f64, failure: bool) -> Vec<(f64, bool)> {
+        (0..count).map(|i| (from + i as f64 * step, failure)).collect()
+    }
+
+    #[test]
+    fn trip_latency_runs_from_the_first_crossing_since_the_last_close() {
+        let limits = bw_breaker::ScopeLimits::default();
+        assert_eq!((limits.window_ms, limits.window_buckets, limits.min_calls), (10_000, 10, 50));
+        let mut o = Observed::default();
+        // Sender a: 60 successes, then failures 10 ms apart from 8.0 s. 5 % of 64 calls is 3.2, so the rule holds
+        // at the 4th failure (8.03 s); the trip is seen at 8.5 s.
+        let mut a = calls(1.0, 60, 0.1, false);
+        a.extend(calls(8.0, 20, 0.01, true));
+        o.calls.insert("a".into(), a);
+        o.transitions.push((8.5, BreakerState::Closed, BreakerState::Open, "a".into()));
+        // Sender b: an old failure streak before its last close does not count; after the close it needs its own
+        // 50 calls, and the trip is seen before the outcome that crossed (latency 0).
+        let mut b = calls(0.0, 50, 0.01, true);
+        b.extend(calls(20.0, 50, 0.01, false));
+        b.extend(calls(20.6, 5, 0.01, true));
+        o.calls.insert("b".into(), b);
+        o.transitions.push((5.0, BreakerState::HalfOpen, BreakerState::Closed, "b".into()));
+        o.transitions.push((20.62, BreakerState::Closed, BreakerState::Open, "b".into()));
+        let got = trip_latencies(&o, &limits);
+        assert_eq!(got.len(), 2);
+        assert!((got[0] - 0.47).abs() < 1e-6, "{got:?}");
+        assert_eq!(got[1], 0.0);
+    }
 }

@@ -687,13 +687,17 @@ pub struct DispatchOutcome {
     /// Time spent in the Meta call, microseconds (0 if none).
     #[prost(uint64, tag = "11")]
     pub meta_latency_us: u64,
-    /// Time from the dispatcher receiving the message to this outcome, microseconds (fail-fast latency when OPEN).
+    /// Time from the dispatcher receiving the message to this outcome, less any wait in memory for an admission
+    /// slot, microseconds (fail-fast latency when OPEN).
     #[prost(uint64, tag = "12")]
     pub handling_us: u64,
-    /// Time from the dispatcher receiving the message to its admission decision, microseconds (how fast a
-    /// breaker-open message is refused, before the durable move to the DLQ).
+    /// Time from the dispatcher receiving the message to its admission decision, less any wait in memory for an
+    /// admission slot, microseconds (how fast a breaker-open message is refused, before the durable move to the DLQ).
     #[prost(uint64, tag = "13")]
     pub decision_us: u64,
+    /// Lane the message came from: "hi", "lo" or "rp" (replayed from the DLQ).
+    #[prost(string, tag = "14")]
+    pub lane: ::prost::alloc::string::String,
 }
 /// Where an accepted operation is. Every accepted operation is in exactly one of these.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
