@@ -56,6 +56,8 @@ pub struct DrillReport {
     /// outcomes) to the trip: the worst and the median, ms.
     pub trip_latency_max_ms: Option<f64>,
     pub trip_latency_p50_ms: Option<f64>,
+    /// (seconds since start, sender, latency in seconds) per trip.
+    pub trip_latencies: Vec<(f64, String, f64)>,
     pub fail_fast_p50_ms: Option<f64>,
     pub fail_fast_p99_ms: Option<f64>,
     /// Including the durable move to the DLQ.
@@ -110,8 +112,8 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     };
     let replay_rate = replay_drain_s.map(|d| replayed as f64 / d.max(1.0));
     let configured = i.sender_rate * i.opts.senders as f64;
-    let mut trip_latency_us: Vec<u64> =
-        trip_latencies(i.observed, &bw_breaker::ScopeLimits::default()).iter().map(|s| (s * 1e6) as u64).collect();
+    let trips_latency = trip_latencies(i.observed, &bw_breaker::ScopeLimits::default());
+    let mut trip_latency_us: Vec<u64> = trips_latency.iter().map(|t| (t.2 * 1e6) as u64).collect();
     let live_end = i.observed.last_live_sent_s;
     let solo: Vec<f64> = i.observed.replay_sent_s.iter().copied().filter(|t| *t > live_end).collect();
     let solo_rate = solo
@@ -149,6 +151,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         time_to_trip_s: first_trip.map(|t| (t - outage_start).max(0.0)),
         trip_latency_max_ms: percentile(&mut trip_latency_us, 1.0),
         trip_latency_p50_ms: percentile(&mut trip_latency_us, 0.50),
+        trip_latencies: trips_latency,
         fail_fast_p50_ms: percentile(&mut fail_fast, 0.50),
         fail_fast_p99_ms: percentile(&mut fail_fast, 0.99),
         fail_fast_moved_p50_ms: percentile(&mut fail_fast_moved, 0.50),
@@ -176,7 +179,7 @@ fn opt(v: Option<f64>, unit: &str) -> String {
 /// the calls observed since the sender's previous close, to the trip (seconds; 0 when the trip was seen first).
 /// The window is replayed as the breaker keeps it: `window_buckets` buckets of the wall clock, the current one
 /// included.
-fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<f64> {
+fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<(f64, String, f64)> {
     let buckets = i64::from(limits.window_buckets.max(1));
     let bucket_ms = (limits.window_ms as i64 / buckets).max(1);
     let bucket = |t: f64| (observed.started_unix_ms + (t * 1000.0) as i64).div_euclid(bucket_ms);
@@ -206,7 +209,7 @@ fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<
                 start += 1;
             }
             if n >= u64::from(limits.min_calls) && failed as f64 >= n as f64 * limits.failure_threshold {
-                out.push((at - t).max(0.0));
+                out.push((*at, phone.clone(), (at - t).max(0.0)));
                 break;
             }
         }
@@ -269,6 +272,8 @@ pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &
     });
     json["trip_latency_p50_ms"] = json!(r.trip_latency_p50_ms);
     json["trip_latency_max_ms"] = json!(r.trip_latency_max_ms);
+    json["trip_latencies"] =
+        json!(r.trip_latencies.iter().map(|t| json!({"t": t.0, "scope": t.1, "latency_ms": t.2 * 1000.0})).collect::<Vec<_>>());
     json["replay_solo_rate_per_s"] = json!(r.replay_solo_rate_per_s);
     json["replay_solo_rate_fraction"] = json!(r.replay_solo_rate_fraction);
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&json)?)?;
@@ -316,7 +321,7 @@ mod tests {
         o.transitions.push((20.62, BreakerState::Closed, BreakerState::Open, "b".into()));
         let got = trip_latencies(&o, &limits);
         assert_eq!(got.len(), 2);
-        assert!((got[0] - 0.47).abs() < 1e-6, "{got:?}");
-        assert_eq!(got[1], 0.0);
+        assert!((got[0].2 - 0.47).abs() < 1e-6, "{got:?}");
+        assert_eq!(got[1].2, 0.0);
     }
 }
