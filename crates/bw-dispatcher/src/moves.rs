@@ -2,7 +2,7 @@
 //! message id, so a redelivered source does not publish twice), then update the ledger, then ack the source.
 //! A crash anywhere in between is healed by redelivery: the ledger check in `prepare` acks what was moved.
 
-use crate::process::{Work, Worker};
+use crate::process::{Work, Worker, retry_after_pauses};
 use async_nats::jetstream::AckKind;
 use bw_common::names;
 use bw_common::proto::{
@@ -80,20 +80,23 @@ impl Worker {
         // Meta has the message: the ledger must say so before the ack. A short outage of the broker is ridden
         // out here; past it the message stays unacknowledged and its redelivery finds the on-the-wire mark,
         // so it is reconciled through status webhooks instead of being sent again.
-        for pause_ms in [0u64, 200, 500, 1_000, 2_000] {
-            if pause_ms > 0 {
-                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                let _ = w.msg.ack_with(AckKind::Progress).await;
+        let (this, work, id) = (self, &w, wamid.as_str());
+        let recorded = retry_after_pauses(
+            &[200, 500, 1_000, 2_000],
+            move || async move {
+                let _ = work.msg.ack_with(AckKind::Progress).await;
+            },
+            move || async move { if this.try_sent(work, id).await { Ok(()) } else { Err(()) } },
+        )
+        .await;
+        if recorded.is_ok() {
+            if let Err(e) = self.ledger.link_wamid(&wamid, &w.request.operation_id).await {
+                // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
+                tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
             }
-            if self.try_sent(&w, &wamid).await {
-                if let Err(e) = self.ledger.link_wamid(&wamid, &w.request.operation_id).await {
-                    // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
-                    tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
-                }
-                self.outcome(&w, "sent", &ErrorInfo::default(), &wamid, took.as_micros() as u64);
-                self.finish(&w, "sent", true).await;
-                return;
-            }
+            self.outcome(&w, "sent", &ErrorInfo::default(), &wamid, took.as_micros() as u64);
+            self.finish(&w, "sent", true).await;
+            return;
         }
         w.span.record("result", "sent_unrecorded");
         self.metrics.result("sent_unrecorded");

@@ -168,16 +168,23 @@ impl Worker {
             groups.entry((w.request.waba_id.clone(), w.request.phone_number_id.clone())).or_default().push(w);
         }
         let hold_max = Duration::from_millis(self.cfg.hold_max_ms);
-        for (_, works) in groups {
+        // The scopes of a batch are admitted concurrently, so one sender's round trip never delays another's.
+        let admitted = futures::future::join_all(groups.into_values().map(|mut works| async move {
             let scope = works[0].scope();
             let items: Vec<AdmitItem> = works
                 .iter()
                 .map(|w| AdmitItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), class: w.class() })
                 .collect();
             let admission = self.breaker.admit(&scope, &items).await;
+            for w in &mut works {
+                w.decided_after = w.received.elapsed().saturating_sub(w.waited);
+            }
+            (works, admission)
+        }))
+        .await;
+        for (works, admission) in admitted {
             let state = format!("{:?}", admission.state);
             for (mut w, decision) in works.into_iter().zip(admission.decisions.into_iter()) {
-                w.decided_after = w.received.elapsed().saturating_sub(w.waited);
                 w.span.record("breaker_state", state.as_str());
                 match decision {
                     Decision::Allow { canary } => {
@@ -236,23 +243,17 @@ impl Worker {
         let now = now_ms();
         // A write whose answer is lost (broker failover) may still have landed: retry the same mark a few times
         // rather than give up, or the next delivery would find a mark for a request that never left.
-        let mut result = Err(bw_common::ledger::LedgerError::Unavailable(String::new()));
-        for pause_ms in [0u64, 100, 300, 1_000] {
-            if pause_ms > 0 {
-                tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-            }
-            result = self
-                .ledger
-                .update_versioned(&w.request.operation_id, Some(w.ledger.clone()), |cur| {
+        let (ledger, op, expected) = (&self.ledger, &w.request.operation_id, &w.ledger);
+        let result = retry_after_pauses(&[100, 300, 1_000], || async {}, move || async move {
+            ledger
+                .update_versioned(op, Some(expected.clone()), |cur| {
                     let mut e = cur.cloned().unwrap_or_default();
                     e.in_flight_since_unix_ms = now;
                     Some(e)
                 })
-                .await;
-            if result.is_ok() {
-                break;
-            }
-        }
+                .await
+        })
+        .await;
         match result {
             Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_since_unix_ms == now => {
                 w.ledger = v;
@@ -453,5 +454,69 @@ async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+/// Runs `attempt` until it succeeds: once at once, then again after each of `pauses_ms`, running `before_retry`
+/// after each pause. Returns the last result.
+pub(crate) async fn retry_after_pauses<T, E, A, AF, B, BF>(pauses_ms: &[u64], mut before_retry: B, mut attempt: A) -> Result<T, E>
+where
+    A: FnMut() -> AF,
+    AF: std::future::Future<Output = Result<T, E>>,
+    B: FnMut() -> BF,
+    BF: std::future::Future<Output = ()>,
+{
+    let mut result = attempt().await;
+    for &pause_ms in pauses_ms {
+        if result.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        before_retry().await;
+        result = attempt().await;
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_after_pauses;
+    use std::cell::Cell;
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_after_each_pause_until_success() {
+        let (tries, hooks) = (Cell::new(0u32), Cell::new(0u32));
+        let started = tokio::time::Instant::now();
+        let result: Result<u32, ()> = retry_after_pauses(
+            &[100, 300, 1_000],
+            || async { hooks.set(hooks.get() + 1) },
+            || async {
+                tries.set(tries.get() + 1);
+                if tries.get() == 3 { Ok(tries.get()) } else { Err(()) }
+            },
+        )
+        .await;
+        assert_eq!(result, Ok(3));
+        assert_eq!(hooks.get(), 2, "the hook runs before each retry only");
+        assert_eq!(started.elapsed().as_millis(), 400, "paused 100 then 300 ms");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_the_last_error_after_the_last_pause() {
+        let tries = Cell::new(0u32);
+        let result: Result<(), u32> = retry_after_pauses(&[10, 20], || async {}, || async {
+            tries.set(tries.get() + 1);
+            Err(tries.get())
+        })
+        .await;
+        assert_eq!(result, Err(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_success_needs_no_pause() {
+        let started = tokio::time::Instant::now();
+        let result: Result<(), ()> = retry_after_pauses(&[1_000], || async {}, || async { Ok(()) }).await;
+        assert_eq!(result, Ok(()));
+        assert_eq!(started.elapsed().as_millis(), 0);
     }
 }
