@@ -73,6 +73,26 @@ const RECORD_FLUSH_AGE: Duration = Duration::from_millis(20);
 type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(Work, bool, MetaAnswer, Duration)>> + Send>>;
 
+/// Outcomes waiting to be recorded in the breaker, by scope.
+#[derive(Default)]
+struct Outcomes {
+    by_scope: HashMap<(String, String), Vec<OutcomeItem>>,
+    count: usize,
+    /// When the oldest buffered outcome came in.
+    oldest: Option<Instant>,
+}
+
+impl Outcomes {
+    fn push(&mut self, w: &Work, kind: OutcomeKind, canary: bool) {
+        self.by_scope
+            .entry((w.request.waba_id.clone(), w.request.phone_number_id.clone()))
+            .or_default()
+            .push(OutcomeItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), kind, canary });
+        self.count += 1;
+        self.oldest.get_or_insert_with(Instant::now);
+    }
+}
+
 /// A message refused for now, held in memory until its slot instead of going back through the broker.
 struct Held {
     due: Instant,
@@ -91,11 +111,9 @@ impl Worker {
         let mut last_round = Instant::now();
         let round_gap = Duration::from_millis(self.cfg.readmit_interval_ms);
 
-        let mut pending: HashMap<(String, String), Vec<OutcomeItem>> = HashMap::new();
-        let mut pending_count = 0usize;
-        let mut oldest: Option<Instant> = None;
+        let mut outcomes = Outcomes::default();
         while !(sends.is_empty() && held.is_empty()) {
-            let flush_at = oldest.map(|since| since + RECORD_FLUSH_AGE);
+            let flush_at = outcomes.oldest.map(|since| since + RECORD_FLUSH_AGE);
             // Held messages go back to admission together, at most once per round gap, so a sender refilling
             // a token per millisecond costs one round trip per few messages, not one per message.
             let readmit_at = held.iter().map(|h| h.due).min().map(|due| due.max(last_round + round_gap));
@@ -103,27 +121,15 @@ impl Worker {
                 Some(done) = sends.next(), if !sends.is_empty() => {
                     let Some((w, canary, answer, took)) = done else { continue };
                     self.metrics.meta_seconds.observe(took.as_secs_f64());
-                    let kind = outcome_kind(&answer, &self.cfg);
-                    pending
-                        .entry((w.request.waba_id.clone(), w.request.phone_number_id.clone()))
-                        .or_default()
-                        .push(OutcomeItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), kind, canary });
-                    pending_count += 1;
-                    oldest.get_or_insert_with(Instant::now);
+                    outcomes.push(&w, outcome_kind(&answer, &self.cfg), canary);
                     let this = self.clone();
                     finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
-                    if pending_count >= RECORD_FLUSH_ITEMS {
-                        self.flush_outcomes(&mut pending).await;
-                        pending_count = 0;
-                        oldest = None;
+                    if outcomes.count >= RECORD_FLUSH_ITEMS {
+                        self.flush_outcomes(&mut outcomes).await;
                     }
                 }
                 Some(()) = finals.next(), if !finals.is_empty() => {}
-                _ = sleep_until_opt(flush_at), if flush_at.is_some() => {
-                    self.flush_outcomes(&mut pending).await;
-                    pending_count = 0;
-                    oldest = None;
-                }
+                _ = sleep_until_opt(flush_at), if flush_at.is_some() => self.flush_outcomes(&mut outcomes).await,
                 _ = sleep_until_opt(readmit_at), if readmit_at.is_some() => {
                     let now = Instant::now() + Duration::from_millis(1);
                     let (due, later): (Vec<Held>, Vec<Held>) = std::mem::take(&mut held).into_iter().partition(|h| h.due <= now);
@@ -150,7 +156,7 @@ impl Worker {
                 }
             }
         }
-        self.flush_outcomes(&mut pending).await;
+        self.flush_outcomes(&mut outcomes).await;
         while finals.next().await.is_some() {}
     }
 
@@ -229,13 +235,10 @@ impl Worker {
         let _ = w.msg.ack_with(AckKind::Nak(Some(delay.clamp(Duration::from_millis(20), Duration::from_secs(60))))).await;
     }
 
-    async fn flush_outcomes(&self, pending: &mut HashMap<(String, String), Vec<OutcomeItem>>) {
-        for ((waba_id, phone_number_id), items) in pending.drain() {
-            if items.is_empty() {
-                continue;
-            }
-            let scope = Scope { waba_id, phone_number_id };
-            self.breaker.record(&scope, &items).await;
+    /// Records the buffered outcomes, one breaker round trip per scope.
+    async fn flush_outcomes(&self, outcomes: &mut Outcomes) {
+        for ((waba_id, phone_number_id), items) in std::mem::take(outcomes).by_scope {
+            self.breaker.record(&Scope { waba_id, phone_number_id }, &items).await;
         }
     }
 
