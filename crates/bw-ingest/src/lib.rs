@@ -124,6 +124,7 @@ impl std::fmt::Debug for WebhookConfig {
 pub struct ReconcilerConfig {
     pub enabled: bool,
     pub review_delay_ms: u64,
+    pub recheck_ms: u64,
     pub max_in_flight: usize,
     pub policy: Policies,
 }
@@ -361,6 +362,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             ledger: ledger.clone(),
             policies: cfg.reconciler.policy.clone(),
             review_delay_ms: cfg.reconciler.review_delay_ms as i64,
+            recheck: Duration::from_millis(cfg.reconciler.recheck_ms.max(100)),
             metrics: metrics.clone(),
         });
         let max = cfg.reconciler.max_in_flight;

@@ -73,6 +73,8 @@ pub(crate) struct Reconciler {
     pub policies: Policies,
     /// Used when an entry carries no review time: `sent_at + review_delay`.
     pub review_delay_ms: i64,
+    /// Longest wait before looking at a waiting entry again.
+    pub recheck: Duration,
     pub metrics: Metrics,
 }
 
@@ -125,7 +127,7 @@ impl Reconciler {
         let now = now_ms();
         if now < review_at {
             self.metrics.reconciled("waiting");
-            let wait = Duration::from_millis((review_at - now) as u64);
+            let wait = Duration::from_millis((review_at - now) as u64).min(self.recheck);
             let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
             return;
         }

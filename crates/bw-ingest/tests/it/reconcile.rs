@@ -140,3 +140,28 @@ async fn undecodable_unknown_entries_are_kept_aside() {
     assert_eq!(RejectedRequest::decode(kept.payload.as_ref()).expect("kept").raw, vec![0xff, 0x01]);
     env.stop().await;
 }
+
+#[tokio::test]
+async fn an_entry_resolved_while_it_waits_for_review_leaves_soon_not_at_review_time() {
+    let env = start(|cfg| cfg.reconciler.recheck_ms = 300).await;
+    // Review in an hour; the first try's late ledger write (or a status) resolves the operation meanwhile.
+    put_unknown(&env, "op-late", Category::Transactional, now_ms() + 3_600_000).await;
+    assert!(
+        bw_testkit::wait_until(WAIT, || async { env.count(names::UNKNOWN_STREAM).await == 1 }).await,
+        "stored"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await; // the reconciler has looked once
+    let current = env.ledger.get("op-late").await.expect("ledger").expect("entry");
+    env.ledger
+        .update_from("op-late", Some(current), |cur| {
+            let mut e = cur.cloned().unwrap_or_default();
+            e.set_state(OperationState::Sent);
+            Some(e)
+        })
+        .await
+        .expect("sent");
+    assert!(env.wait_count(names::UNKNOWN_STREAM, 0).await, "left BW_UNKNOWN well before its review time");
+    assert_eq!(env.entry("op-late").await.expect("entry").state(), OperationState::Sent);
+    assert_eq!(env.count(names::DLQ_STREAM).await + env.count(names::QUARANTINE_STREAM).await, 0);
+    env.stop().await;
+}
