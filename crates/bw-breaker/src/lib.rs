@@ -279,6 +279,10 @@ struct Inner {
     usage_sent: Mutex<HashMap<String, (u8, tokio::time::Instant)>>,
     /// Unix ms until which calls go straight to the fallback.
     redis_down_until: AtomicI64,
+    /// Scopes Redis last reported OPEN, until their cooldown ends, with the incident: admissions for them are
+    /// refused here without a round trip. Only used once [`Breaker::follow_transitions`] keeps it fresh.
+    open_until: Mutex<HashMap<String, (tokio::time::Instant, String)>>,
+    cache_open: std::sync::atomic::AtomicBool,
     round_trips: AtomicU64,
     metrics: metrics::Metrics,
 }
@@ -321,6 +325,8 @@ impl Breaker {
                 registered: Mutex::new(HashSet::new()),
                 usage_sent: Mutex::new(HashMap::new()),
                 redis_down_until: AtomicI64::new(0),
+                open_until: Mutex::new(HashMap::new()),
+                cache_open: std::sync::atomic::AtomicBool::new(false),
                 round_trips: AtomicU64::new(0),
                 metrics: metrics::Metrics::default(),
             }),
@@ -392,10 +398,60 @@ impl Breaker {
         }
     }
 
-    fn remember(&self, scope: &Scope, state: BreakerState, incident_id: &str) {
+    fn remember(&self, scope: &Scope, head: &scripts::Head) {
         let key = scope.index_member();
         lock(&self.inner.local).forget(&key);
-        lock(&self.inner.last_known).insert(key, (state, incident_id.to_string()));
+        lock(&self.inner.last_known).insert(key.clone(), (head.state, head.incident_id.clone()));
+        // While OPEN nothing but an operator (force, reset: both publish a transition) changes the state before
+        // the cooldown ends, so until then the answer is known without asking Redis.
+        let mut open = lock(&self.inner.open_until);
+        if head.state == BreakerState::Open && head.open_until_ms > head.now_ms {
+            let left = Duration::from_millis((head.open_until_ms - head.now_ms) as u64);
+            open.insert(key, (tokio::time::Instant::now() + left, head.incident_id.clone()));
+        } else {
+            open.remove(&key);
+        }
+    }
+
+    /// Keeps the OPEN cache fresh from the transitions every process publishes, and turns it on: from then on
+    /// admissions for a scope known to be OPEN are refused without a Redis round trip until its cooldown ends
+    /// or a transition of the scope arrives. Needs the NATS client; the subscription lives as long as the
+    /// breaker.
+    pub async fn follow_transitions(&self) -> Result<(), async_nats::SubscribeError> {
+        let Some(nats) = &self.inner.nats else { return Ok(()) };
+        let mut events = nats.subscribe(bw_common::names::breaker_subject("*")).await?;
+        let inner = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            while let Some(msg) = events.next().await {
+                let Some(inner) = inner.upgrade() else { return };
+                if let Ok(event) = BreakerTransition::decode(msg.payload.as_ref())
+                    && let Some(scope) = event.scope
+                {
+                    let key = Scope { waba_id: scope.waba_id, phone_number_id: scope.phone_number_id }.index_member();
+                    lock(&inner.open_until).remove(&key);
+                }
+            }
+        });
+        self.inner.cache_open.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The refusal for a scope known to be OPEN, if it is.
+    fn known_open(&self, scope: &Scope, n: usize) -> Option<Admission> {
+        if !self.inner.cache_open.load(Ordering::Relaxed) {
+            return None;
+        }
+        let key = scope.index_member();
+        let mut open = lock(&self.inner.open_until);
+        let (until, incident_id) = open.get(&key)?.clone();
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            open.remove(&key);
+            return None;
+        }
+        let deny = Decision::Deny { reason: DenyReason::BreakerOpen, retry_after_ms: left.as_millis().max(1) as u64 };
+        Some(Admission { decisions: vec![deny; n], state: BreakerState::Open, incident_id, degraded: false })
     }
 
     fn last_known(&self, scope: &Scope) -> Option<(BreakerState, String)> {
@@ -407,13 +463,12 @@ impl Breaker {
     /// Admits a batch of sends of one scope in one round trip. Never fails: without Redis it answers from the
     /// local fallback with `degraded = true`.
     pub async fn admit(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {
-        let admission = match self.admit_redis(scope, items).await {
-            Some(admission) => admission,
-            None => {
-                metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "admit");
-                let last = self.last_known(scope);
-                lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items)
+        let admission = match self.known_open(scope, items.len()) {
+            Some(admission) => {
+                metrics::Metrics::inc(&self.inner.metrics.known_open, "op", "admit");
+                admission
             }
+            None => self.admit_uncached(scope, items).await,
         };
         for d in &admission.decisions {
             let label = match d {
@@ -424,6 +479,17 @@ impl Breaker {
             metrics::Metrics::inc(&self.inner.metrics.decisions, "reason", label);
         }
         admission
+    }
+
+    async fn admit_uncached(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {
+        match self.admit_redis(scope, items).await {
+            Some(admission) => admission,
+            None => {
+                metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "admit");
+                let last = self.last_known(scope);
+                lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items)
+            }
+        }
     }
 
     async fn admit_redis(&self, scope: &Scope, items: &[AdmitItem]) -> Option<Admission> {
@@ -438,7 +504,7 @@ impl Breaker {
         };
         match parsed {
             Ok((admission, head, transitions)) => {
-                self.remember(scope, admission.state, &admission.incident_id);
+                self.remember(scope, &head);
                 self.register_scope(scope).await;
                 self.publish(scope, &head, transitions).await;
                 Some(admission)
@@ -462,7 +528,7 @@ impl Breaker {
             };
             match parsed {
                 Ok((head, raw)) => {
-                    self.remember(scope, head.state, &head.incident_id);
+                    self.remember(scope, &head);
                     self.register_scope(scope).await;
                     let transitions = self.publish(scope, &head, raw).await;
                     return RecordResult {
@@ -593,7 +659,7 @@ impl Breaker {
             failures: status.failures_in_window,
             now_ms: status.snapshot.updated_at_unix_ms,
         };
-        self.remember(scope, head.state, &head.incident_id);
+        self.remember(scope, &head);
         let transitions = self.publish(scope, &head, raw).await;
         Ok((status, transitions))
     }

@@ -17,6 +17,8 @@ pub(crate) struct Metrics {
     pub degraded: Family<Labels, Counter>,
     /// Redis script round trips made, by script.
     pub round_trips: Family<Labels, Counter>,
+    /// Admissions refused without a round trip because the scope is known to be OPEN.
+    pub known_open: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -40,6 +42,11 @@ impl Metrics {
             "bw_breaker_redis_round_trips",
             "Redis script round trips made by the breaker library, by script",
             self.round_trips.clone(),
+        );
+        registry.register(
+            "bw_breaker_known_open_admissions",
+            "Admission batches refused without a Redis round trip because the scope is known to be OPEN",
+            self.known_open.clone(),
         );
     }
 

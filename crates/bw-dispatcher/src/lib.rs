@@ -229,6 +229,8 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let metrics = metrics::Metrics::register(&deps.metrics);
     let breaker = bw_breaker::Breaker::new(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
     breaker.register_metrics(&deps.metrics);
+    // Fail fast without Redis while a scope is known to be OPEN; operators' changes arrive as transitions.
+    breaker.follow_transitions().await?;
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let meta = MetaClient::new(&cfg.meta)?;
     let ack_wait = Duration::from_millis(cfg.dispatch.ack_wait_ms);

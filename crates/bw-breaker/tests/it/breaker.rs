@@ -364,3 +364,53 @@ async fn throughput_rate_limits_count_toward_the_failure_rate_and_pair_limits_do
     assert_eq!(result.state, BreakerState::Open, "{:?}", result.transitions);
     assert!(result.transitions[0].reason.contains("failure rate"), "{:?}", result.transitions);
 }
+
+#[tokio::test]
+async fn a_scope_known_open_is_refused_without_redis_until_a_transition_arrives() {
+    let redis = bw_testkit::RedisServer::start();
+    let nats = bw_testkit::NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.expect("nats");
+    let dispatcher = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));
+    dispatcher.follow_transitions().await.expect("subscribe");
+    let operator = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client), config(limits()));
+    let scope = scope();
+    let tripped = dispatcher.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
+    assert_eq!(tripped.state, BreakerState::Open);
+
+    // Known OPEN: the refusal comes without a round trip, with the incident and the cooldown left.
+    let before = dispatcher.round_trips();
+    for _ in 0..5 {
+        let a = dispatcher.admit(&scope, &items(3, TrafficClass::Priority)).await;
+        assert_eq!(a.state, BreakerState::Open);
+        assert_eq!(a.incident_id, tripped.incident_id);
+        assert!(!a.degraded);
+        for d in &a.decisions {
+            match d {
+                Decision::Deny { reason: DenyReason::BreakerOpen, retry_after_ms } => {
+                    assert!(*retry_after_ms > 50_000 && *retry_after_ms <= 60_000, "cooldown left {retry_after_ms}")
+                }
+                other => panic!("expected breaker open, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(dispatcher.round_trips(), before, "no round trip while known OPEN");
+
+    // An operator closes it from another process: the transition event clears the cache.
+    operator.force(&scope, Forced::Closed).await.expect("force closed");
+    let reopened = bw_testkit::wait_until(Duration::from_secs(5), || async {
+        matches!(dispatcher.admit(&scope, &items(1, TrafficClass::Priority)).await.decisions[0], Decision::Allow { .. })
+    })
+    .await;
+    assert!(reopened, "the operator's close reached the dispatcher");
+}
+
+#[tokio::test]
+async fn without_following_transitions_every_admission_asks_redis() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = breaker(&redis.url(), limits()).await;
+    let scope = scope();
+    assert_eq!(breaker.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await.state, BreakerState::Open);
+    let before = breaker.round_trips();
+    breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
+    assert_eq!(breaker.round_trips(), before + 1);
+}
