@@ -463,13 +463,24 @@ impl Breaker {
     /// Admits a batch of sends of one scope in one round trip. Never fails: without Redis it answers from the
     /// local fallback with `degraded = true`.
     pub async fn admit(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {
-        let admission = match self.known_open(scope, items.len()) {
-            Some(admission) => {
-                metrics::Metrics::inc(&self.inner.metrics.known_open, "op", "admit");
-                admission
-            }
-            None => self.admit_uncached(scope, items).await,
-        };
+        if let Some(admission) = self.admit_known_open(scope, items.len()) {
+            return admission;
+        }
+        let admission = self.admit_uncached(scope, items).await;
+        self.count_decisions(&admission);
+        admission
+    }
+
+    /// Refuses `n` sends of a scope known to be OPEN, at once and without I/O; None when the scope is not known
+    /// to be OPEN (then ask [`Breaker::admit`]). Always None unless [`Breaker::follow_transitions`] was called.
+    pub fn admit_known_open(&self, scope: &Scope, n: usize) -> Option<Admission> {
+        let admission = self.known_open(scope, n)?;
+        metrics::Metrics::inc(&self.inner.metrics.known_open, "op", "admit");
+        self.count_decisions(&admission);
+        Some(admission)
+    }
+
+    fn count_decisions(&self, admission: &Admission) {
         for d in &admission.decisions {
             let label = match d {
                 Decision::Allow { canary: false } => "allow",
@@ -478,7 +489,6 @@ impl Breaker {
             };
             metrics::Metrics::inc(&self.inner.metrics.decisions, "reason", label);
         }
-        admission
     }
 
     async fn admit_uncached(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {

@@ -93,6 +93,14 @@ impl Outcomes {
     }
 }
 
+/// What one batch has under way: sends (mark, then the call), final moves, and messages held for a slot.
+#[derive(Default)]
+struct Flight {
+    sends: FuturesUnordered<Sending>,
+    finals: FuturesUnordered<Pending>,
+    held: Vec<Held>,
+}
+
 /// A message refused for now, held in memory until its slot instead of going back through the broker.
 struct Held {
     due: Instant,
@@ -102,38 +110,57 @@ struct Held {
 
 impl Worker {
     pub(crate) async fn process_batch(self: Arc<Self>, batch: Vec<(Lane, jetstream::Message)>) {
-        let prepared = futures::future::join_all(batch.into_iter().map(|(lane, msg)| self.prepare(lane, msg))).await;
-
-        let mut sends: FuturesUnordered<Sending> = FuturesUnordered::new();
-        let mut finals: FuturesUnordered<Pending> = FuturesUnordered::new();
-        let mut held: Vec<Held> = Vec::new();
-        self.admit_round(prepared.into_iter().flatten().collect(), &mut sends, &mut finals, &mut held).await;
+        let mut f = Flight::default();
+        // A message whose sender is known to be OPEN is refused as soon as its own checks are done, without
+        // waiting for the rest of the batch or a round trip; the others are admitted together.
+        let mut preparing: FuturesUnordered<_> = batch.into_iter().map(|(lane, msg)| self.prepare(lane, msg)).collect();
+        let mut to_admit = Vec::new();
+        loop {
+            tokio::select! {
+                prepared = preparing.next() => match prepared {
+                    None => break,
+                    Some(None) => {}
+                    Some(Some(mut w)) => match self.breaker.admit_known_open(&w.scope(), 1) {
+                        Some(admission) => {
+                            w.decided_after = w.received.elapsed();
+                            let state = format!("{:?}", admission.state);
+                            if let Some(decision) = admission.decisions.into_iter().next() {
+                                self.apply(w, decision, &state, &admission.incident_id, &mut f);
+                            }
+                        }
+                        None => to_admit.push(w),
+                    },
+                },
+                Some(()) = f.finals.next(), if !f.finals.is_empty() => {}
+            }
+        }
+        self.admit_round(to_admit, &mut f).await;
         let mut last_round = Instant::now();
         let round_gap = Duration::from_millis(self.cfg.readmit_interval_ms);
 
         let mut outcomes = Outcomes::default();
-        while !(sends.is_empty() && held.is_empty()) {
+        while !(f.sends.is_empty() && f.held.is_empty()) {
             let flush_at = outcomes.oldest.map(|since| since + RECORD_FLUSH_AGE);
             // Held messages go back to admission together, at most once per round gap, so a sender refilling
             // a token per millisecond costs one round trip per few messages, not one per message.
-            let readmit_at = held.iter().map(|h| h.due).min().map(|due| due.max(last_round + round_gap));
+            let readmit_at = f.held.iter().map(|h| h.due).min().map(|due| due.max(last_round + round_gap));
             tokio::select! {
-                Some(done) = sends.next(), if !sends.is_empty() => {
+                Some(done) = f.sends.next(), if !f.sends.is_empty() => {
                     let Some((w, canary, answer, took)) = done else { continue };
                     self.metrics.meta_seconds.observe(took.as_secs_f64());
                     outcomes.push(&w, outcome_kind(&answer, &self.cfg), canary);
                     let this = self.clone();
-                    finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
+                    f.finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
                     if outcomes.count >= RECORD_FLUSH_ITEMS {
                         self.flush_outcomes(&mut outcomes).await;
                     }
                 }
-                Some(()) = finals.next(), if !finals.is_empty() => {}
+                Some(()) = f.finals.next(), if !f.finals.is_empty() => {}
                 _ = sleep_until_opt(flush_at), if flush_at.is_some() => self.flush_outcomes(&mut outcomes).await,
                 _ = sleep_until_opt(readmit_at), if readmit_at.is_some() => {
                     let now = Instant::now() + Duration::from_millis(1);
-                    let (due, later): (Vec<Held>, Vec<Held>) = std::mem::take(&mut held).into_iter().partition(|h| h.due <= now);
-                    held = later;
+                    let (due, later): (Vec<Held>, Vec<Held>) = std::mem::take(&mut f.held).into_iter().partition(|h| h.due <= now);
+                    f.held = later;
                     self.metrics.held.dec_by(due.len() as i64);
                     last_round = Instant::now();
                     let works = due
@@ -143,37 +170,30 @@ impl Worker {
                             h.work
                         })
                         .collect();
-                    self.admit_round(works, &mut sends, &mut finals, &mut held).await;
+                    self.admit_round(works, &mut f).await;
                 }
-                _ = self.shutdown.cancelled(), if !held.is_empty() => {
+                _ = self.shutdown.cancelled(), if !f.held.is_empty() => {
                     // Shutting down: held messages go back to the broker for their slot.
-                    self.metrics.held.dec_by(held.len() as i64);
-                    for h in held.drain(..) {
+                    self.metrics.held.dec_by(f.held.len() as i64);
+                    for h in f.held.drain(..) {
                         let this = self.clone();
                         let delay = h.due.saturating_duration_since(Instant::now());
-                        finals.push(Box::pin(async move { this.release(h.work, delay).await }));
+                        f.finals.push(Box::pin(async move { this.release(h.work, delay).await }));
                     }
                 }
             }
         }
         self.flush_outcomes(&mut outcomes).await;
-        while finals.next().await.is_some() {}
+        while f.finals.next().await.is_some() {}
     }
 
     /// One admission round: one breaker round trip per scope for `works`. Admitted messages start their mark and
     /// send; refusals with a short wait are held for another round, the rest go to their next place.
-    async fn admit_round(
-        self: &Arc<Self>,
-        works: Vec<Work>,
-        sends: &mut FuturesUnordered<Sending>,
-        finals: &mut FuturesUnordered<Pending>,
-        held: &mut Vec<Held>,
-    ) {
+    async fn admit_round(self: &Arc<Self>, works: Vec<Work>, f: &mut Flight) {
         let mut groups: HashMap<(String, String), Vec<Work>> = HashMap::new();
         for w in works {
             groups.entry((w.request.waba_id.clone(), w.request.phone_number_id.clone())).or_default().push(w);
         }
-        let hold_max = Duration::from_millis(self.cfg.hold_max_ms);
         // The scopes of a batch are admitted concurrently, so one sender's round trip never delays another's.
         let admitted = futures::future::join_all(groups.into_values().map(|mut works| async move {
             let scope = works[0].scope();
@@ -190,41 +210,48 @@ impl Worker {
         .await;
         for (works, admission) in admitted {
             let state = format!("{:?}", admission.state);
-            for (mut w, decision) in works.into_iter().zip(admission.decisions.into_iter()) {
-                w.span.record("breaker_state", state.as_str());
-                match decision {
-                    Decision::Allow { canary } => {
-                        w.decision = if canary { "canary" } else { "allow" };
-                        w.span.record("decision", w.decision);
-                        self.metrics.decision(w.decision);
-                        let this = self.clone();
-                        // Mark the message as "on the wire" in the ledger before its request leaves: a later
-                        // delivery that finds the mark knows this try's outcome is unknown and never resends.
-                        sends.push(Box::pin(async move {
-                            let (w, canary) = this.mark_in_flight(w, canary).await?;
-                            let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
-                            let (answer, took) = this.meta.send(&w.request).instrument(span).await;
-                            Some((w, canary, answer, took))
-                        }));
-                    }
-                    Decision::Deny { reason, retry_after_ms } => {
-                        let label = reason.label();
-                        w.decision = label;
-                        w.span.record("decision", label);
-                        self.metrics.decision(label);
-                        let wait = Duration::from_millis(retry_after_ms);
-                        let holdable = !matches!(reason, DenyReason::BreakerOpen | DenyReason::ForcedOpen);
-                        if holdable && w.received.elapsed() + wait <= hold_max && !self.shutdown.is_cancelled() {
-                            let now = Instant::now();
-                            held.push(Held { due: now + wait, since: now, work: w });
-                            self.metrics.held.inc();
-                            continue;
-                        }
-                        let incident = admission.incident_id.clone();
-                        let this = self.clone();
-                        finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await }));
-                    }
+            for (w, decision) in works.into_iter().zip(admission.decisions) {
+                self.apply(w, decision, &state, &admission.incident_id, f);
+            }
+        }
+    }
+
+    /// Acts on one admission decision: an admitted message starts its mark and send; a refusal with a short
+    /// wait is held for another round; any other refusal goes to its next place.
+    fn apply(self: &Arc<Self>, mut w: Work, decision: Decision, state: &str, incident: &str, f: &mut Flight) {
+        w.span.record("breaker_state", state);
+        match decision {
+            Decision::Allow { canary } => {
+                w.decision = if canary { "canary" } else { "allow" };
+                w.span.record("decision", w.decision);
+                self.metrics.decision(w.decision);
+                let this = self.clone();
+                // Mark the message as "on the wire" in the ledger before its request leaves: a later delivery
+                // that finds the mark knows this try's outcome is unknown and never resends.
+                f.sends.push(Box::pin(async move {
+                    let (w, canary) = this.mark_in_flight(w, canary).await?;
+                    let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
+                    let (answer, took) = this.meta.send(&w.request).instrument(span).await;
+                    Some((w, canary, answer, took))
+                }));
+            }
+            Decision::Deny { reason, retry_after_ms } => {
+                let label = reason.label();
+                w.decision = label;
+                w.span.record("decision", label);
+                self.metrics.decision(label);
+                let wait = Duration::from_millis(retry_after_ms);
+                let holdable = !matches!(reason, DenyReason::BreakerOpen | DenyReason::ForcedOpen);
+                let hold_max = Duration::from_millis(self.cfg.hold_max_ms);
+                if holdable && w.received.elapsed() + wait <= hold_max && !self.shutdown.is_cancelled() {
+                    let now = Instant::now();
+                    f.held.push(Held { due: now + wait, since: now, work: w });
+                    self.metrics.held.inc();
+                    return;
                 }
+                let incident = incident.to_string();
+                let this = self.clone();
+                f.finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await }));
             }
         }
     }
