@@ -155,6 +155,31 @@ impl Harness {
         self.instances.len() - 1
     }
 
+    /// Starts a breaker-coordinator (fast ticks and scope snapshots, admin API on a free port).
+    pub async fn start_coordinator(&mut self, overrides: &[(&str, String)]) -> usize {
+        let mut pairs = vec![
+            ("nats.url", self.nats.url()),
+            ("redis.url", self.redis.url()),
+            ("admin.listen", "127.0.0.1:0".to_string()),
+            ("coordinator.tick_ms", "100".to_string()),
+            ("coordinator.scope_discovery_ms", "200".to_string()),
+            ("coordinator.snapshot_refresh_ms", "500".to_string()),
+        ];
+        pairs.extend(overrides.iter().cloned());
+        let cfg: bw_breaker_coordinator::Config = bw_common::config::load(
+            "breaker-coordinator",
+            bw_breaker_coordinator::DEFAULT_CONFIG,
+            None,
+            &env_for("breaker-coordinator", &pairs),
+        )
+        .expect("coordinator config");
+        let deps = self.deps("breaker-coordinator", true).await;
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(bw_breaker_coordinator::run(cfg, deps, token.clone()));
+        self.instances.push(Instance { token, handle });
+        self.instances.len() - 1
+    }
+
     /// Stops instance `index` gracefully (SIGTERM path) and returns what its `run` returned.
     pub async fn stop(&mut self, index: usize) -> anyhow::Result<()> {
         let token = self.instances[index].token.clone();

@@ -18,7 +18,7 @@ fn order(op: &str, i: usize) -> SendRequest {
         .build()
 }
 
-fn failing(start_ms: u64, duration_ms: Option<u64>, kind: FaultKind) -> Scenario {
+pub(crate) fn failing(start_ms: u64, duration_ms: Option<u64>, kind: FaultKind) -> Scenario {
     Scenario {
         name: "test".into(),
         seed: Some(7),

@@ -3,6 +3,7 @@
 mod crash;
 mod dispatch;
 mod flow;
+mod outage;
 mod fuzz;
 mod redaction;
 mod resilience;

@@ -1,0 +1,94 @@
+//! A real outage end to end: Meta fails, the breaker trips on the error rate, sends fail fast into the DLQ
+//! instead of hammering Meta, and once Meta recovers and the breaker closes, replay sends every operation exactly
+//! once.
+
+use crate::dispatch::failing;
+use bw_common::proto::{BreakerState, BreakerTransition, Category, OperationState};
+use bw_e2e::{Harness, WABA_ID};
+use bw_meta_sim::{FaultKind, SimConfig};
+use futures::StreamExt;
+use prost::Message as _;
+use std::time::Duration;
+
+const PHONE: &str = "106540352240001";
+const N: usize = 60;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_everything_once() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    // Every call fails with a 503 for the first 1.5 s.
+    h.sim.set_scenario(failing(0, Some(1_500), FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false }));
+    let mut transitions = h.client.subscribe(bw_common::names::breaker_subject(PHONE)).await.expect("subscribe");
+    let limits = [
+        ("failure_threshold", "0.5"),
+        ("min_calls", "5"),
+        ("cooldown_ms", "500"),
+        ("cooldown_max_ms", "1000"),
+        ("cooldown_jitter", "0"),
+        ("ramp_ms", "0"),
+        ("rate_per_s", "200"),
+        ("burst", "20"),
+        ("canaries_per_s", "20"),
+        ("close_after_successes", "2"),
+        ("pair_burst", "1000"),
+    ];
+    let keys = |prefix: &str| -> Vec<(String, String)> {
+        limits.iter().map(|(k, v)| (format!("{prefix}.{k}"), v.to_string())).collect()
+    };
+    let (coordinator, dispatcher) = (keys("limits.default"), keys("breaker.defaults"));
+    h.start_ingest(&[]).await;
+    h.start_coordinator(&coordinator.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;
+    h.start_dispatcher(&dispatcher.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;
+    h.start_replay(&[("replay.rate_per_s", "100".into()), ("replay.burst", "5".into()), ("replay.probe_rate_per_s", "5".into())]).await;
+
+    let producer = h.producer();
+    let mut ops = Vec::new();
+    for i in 0..N {
+        let op = format!("outage-{i}");
+        let request = bw_client::Request::template(&op, WABA_ID, PHONE, &format!("+54911444{i:05}"), "order_confirmation", "es_AR")
+            .param("1")
+            .category(Category::Transactional)
+            .build();
+        let reply = producer.send(&request).await.expect("ingest answers");
+        assert!(reply.accepted, "rejected: {}", reply.error);
+        ops.push(op);
+    }
+
+    let settled = bw_testkit::wait_until(Duration::from_secs(40), || async {
+        let mut all = true;
+        for op in &ops {
+            let state = h.ledger_entry(op).await.map(|v| v.entry.state());
+            all &= matches!(state, Some(OperationState::Sent | OperationState::Delivered | OperationState::Read));
+        }
+        all
+    })
+    .await;
+    assert!(settled, "every operation reached Meta after the recovery");
+
+    let oracle = h.sim.oracle();
+    for op in &ops {
+        assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted exactly once");
+    }
+    let mut replayed = 0;
+    for op in &ops {
+        if h.ledger_entry(op).await.expect("entry").entry.replays > 0 {
+            replayed += 1;
+        }
+    }
+    assert!(replayed > 0, "some operations went through the DLQ and were replayed");
+    // Without the breaker, 60 messages with 3 retries each would have made up to 240 failed calls.
+    let failed_calls = h.sim.counters().outcome("2");
+    eprintln!("outage: {failed_calls} failed calls, {replayed} of {N} replayed from the DLQ");
+    assert!(failed_calls > 0 && failed_calls <= 30, "failed calls during the outage: {failed_calls}");
+
+    let mut seen = Vec::new();
+    while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(100), transitions.next()).await {
+        let t = BreakerTransition::decode(msg.payload.as_ref()).expect("transition");
+        seen.push((t.from(), t.to()));
+    }
+    assert!(seen.contains(&(BreakerState::Closed, BreakerState::Open)), "tripped on the error rate: {seen:?}");
+    assert_eq!(seen.last().map(|t| t.1), Some(BreakerState::Closed), "closed after the recovery: {seen:?}");
+
+    let report = bw_ops::account::account_expected(&h.js, &h.buckets, &ops).await.expect("accounting");
+    assert!(report.is_clean(), "{report}");
+}
