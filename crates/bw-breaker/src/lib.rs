@@ -414,8 +414,8 @@ impl Breaker {
     }
 
     /// Keeps the OPEN cache fresh from the transitions every process publishes, and turns it on: from then on
-    /// admissions for a scope known to be OPEN are refused without a Redis round trip until its cooldown ends
-    /// or a transition of the scope arrives. Needs the NATS client; the subscription lives as long as the
+    /// admissions for a scope known to be OPEN (from a Redis reply or a trip event) are refused without a Redis
+    /// round trip until its cooldown ends or another transition of the scope arrives. Needs the NATS client; the subscription lives as long as the
     /// breaker.
     pub async fn follow_transitions(&self) -> Result<(), async_nats::SubscribeError> {
         let Some(nats) = &self.inner.nats else { return Ok(()) };
@@ -426,10 +426,20 @@ impl Breaker {
             while let Some(msg) = events.next().await {
                 let Some(inner) = inner.upgrade() else { return };
                 if let Ok(event) = BreakerTransition::decode(msg.payload.as_ref())
-                    && let Some(scope) = event.scope
+                    && let Some(scope) = &event.scope
                 {
-                    let key = Scope { waba_id: scope.waba_id, phone_number_id: scope.phone_number_id }.index_member();
-                    lock(&inner.open_until).remove(&key);
+                    let key = Scope { waba_id: scope.waba_id.clone(), phone_number_id: scope.phone_number_id.clone() }
+                        .index_member();
+                    // A trip seen by another instance is known here at once; any other transition ends what
+                    // this instance knew.
+                    let left = event.open_until_unix_ms - bw_common::time::now_ms();
+                    let mut open = lock(&inner.open_until);
+                    if event.to() == BreakerState::Open && left > 0 {
+                        let until = tokio::time::Instant::now() + Duration::from_millis(left as u64);
+                        open.insert(key, (until, event.incident_id.clone()));
+                    } else {
+                        open.remove(&key);
+                    }
                 }
             }
         });

@@ -372,10 +372,20 @@ async fn a_scope_known_open_is_refused_without_redis_until_a_transition_arrives(
     let client = async_nats::connect(nats.url()).await.expect("nats");
     let dispatcher = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));
     dispatcher.follow_transitions().await.expect("subscribe");
+    let other = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));
+    other.follow_transitions().await.expect("subscribe");
     let operator = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client), config(limits()));
     let scope = scope();
     let tripped = dispatcher.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
     assert_eq!(tripped.state, BreakerState::Open);
+
+    // Another instance learns of the trip from its event, without asking Redis.
+    let known = bw_testkit::wait_until(Duration::from_secs(5), || async {
+        other.admit_known_open(&scope, 1).is_some_and(|a| a.incident_id == tripped.incident_id)
+    })
+    .await;
+    assert!(known, "the trip event reached the other instance");
+    assert_eq!(other.round_trips(), 0);
 
     // Known OPEN: the refusal comes without a round trip, with the incident and the cooldown left.
     let before = dispatcher.round_trips();
