@@ -108,10 +108,7 @@ impl Harness {
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
         let deps = self.deps("ingest", false).await;
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(bw_ingest::run(cfg, deps, token.clone()));
-        self.instances.push(Instance { token, handle });
-        self.instances.len() - 1
+        self.keep(|token| tokio::spawn(bw_ingest::run(cfg, deps, token)))
     }
 
     /// Starts a dispatcher instance talking to the simulator.
@@ -131,10 +128,7 @@ impl Harness {
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
         let deps = self.deps("dispatcher", true).await;
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(bw_dispatcher::run(cfg, deps, token.clone()));
-        self.instances.push(Instance { token, handle });
-        self.instances.len() - 1
+        self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
     }
 
     /// Starts a replay instance.
@@ -149,10 +143,7 @@ impl Harness {
         let cfg: bw_replay::Config = bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
             .expect("replay config");
         let deps = self.deps("replay", false).await;
-        let token = CancellationToken::new();
-        let handle = tokio::spawn(bw_replay::run(cfg, deps, token.clone()));
-        self.instances.push(Instance { token, handle });
-        self.instances.len() - 1
+        self.keep(|token| tokio::spawn(bw_replay::run(cfg, deps, token)))
     }
 
     /// Starts a breaker-coordinator (fast ticks and scope snapshots, admin API on a free port).
@@ -174,8 +165,13 @@ impl Harness {
         )
         .expect("coordinator config");
         let deps = self.deps("breaker-coordinator", true).await;
+        self.keep(|token| tokio::spawn(bw_breaker_coordinator::run(cfg, deps, token)))
+    }
+
+    /// Keeps a started instance; returns its index.
+    fn keep(&mut self, start: impl FnOnce(CancellationToken) -> JoinHandle<anyhow::Result<()>>) -> usize {
         let token = CancellationToken::new();
-        let handle = tokio::spawn(bw_breaker_coordinator::run(cfg, deps, token.clone()));
+        let handle = start(token.clone());
         self.instances.push(Instance { token, handle });
         self.instances.len() - 1
     }
@@ -201,6 +197,41 @@ impl Harness {
     /// Reads an operation's ledger entry.
     pub async fn ledger_entry(&self, operation_id: &str) -> Option<Versioned> {
         self.ledger.get(operation_id).await.ok().flatten()
+    }
+
+    /// Submits `n` transactional order confirmations from `phone` to distinct recipients through ingest,
+    /// concurrently, asserting each is accepted; returns their operation ids (`<prefix>-0000`...).
+    pub async fn submit_orders(&self, phone: &str, prefix: &str, n: usize) -> Vec<String> {
+        let producer = self.producer();
+        let mut ops = Vec::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let op = format!("{prefix}-{i:04}");
+            let r = bw_client::Request::template(&op, WABA_ID, phone, &format!("+54911666{i:05}"), "order_confirmation", "es_AR")
+                .param("1")
+                .category(bw_common::proto::Category::Transactional)
+                .build();
+            let p = producer.clone();
+            tasks.spawn(async move { p.send(&r).await.map(|reply| reply.accepted) });
+            ops.push(op);
+        }
+        while let Some(r) = tasks.join_next().await {
+            assert!(r.expect("task").expect("answer"), "accepted");
+        }
+        ops
+    }
+
+    /// Waits until every operation's ledger state is one of `states`.
+    pub async fn wait_all(&self, ops: &[String], states: &[OperationState], timeout: Duration) -> bool {
+        bw_testkit::wait_until(timeout, || async {
+            for op in ops {
+                if !self.ledger_entry(op).await.is_some_and(|v| states.contains(&v.entry.state())) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
     }
 
     /// Waits until the operation's ledger state is one of `states`.

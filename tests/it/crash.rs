@@ -1,32 +1,12 @@
 //! Horizontal scaling and crash safety of the dispatcher: two instances share the load, one dies mid-run,
 //! and the accounting check proves nothing was lost.
 
-use bw_common::proto::{Category, OperationState};
-use bw_e2e::{Harness, WABA_ID};
+use bw_common::proto::OperationState;
+use bw_e2e::Harness;
 use bw_meta_sim::{Latency, Scenario, SimConfig};
 use std::time::Duration;
 
 const PHONE: &str = "106540352242923";
-
-async fn submit_many(h: &Harness, prefix: &str, n: usize) -> Vec<String> {
-    let producer = h.producer();
-    let mut ops = Vec::new();
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let op = format!("{prefix}-{i:04}");
-        let r = bw_client::Request::template(&op, WABA_ID, PHONE, &format!("+54911666{i:05}"), "order_confirmation", "es_AR")
-            .param("1")
-            .category(Category::Transactional)
-            .build();
-        let p = producer.clone();
-        tasks.spawn(async move { p.send(&r).await.map(|reply| reply.accepted) });
-        ops.push(op);
-    }
-    while let Some(r) = tasks.join_next().await {
-        assert!(r.expect("task").expect("answer"), "accepted");
-    }
-    ops
-}
 
 fn slow_meta() -> Scenario {
     // Every call takes ~20 ms so work is in flight when an instance dies.
@@ -42,15 +22,7 @@ fn unlimited() -> SimConfig {
 
 async fn settled(h: &Harness, ops: &[String]) -> bool {
     let done = [OperationState::Sent, OperationState::Delivered, OperationState::Read, OperationState::Unknown];
-    bw_testkit::wait_until(Duration::from_secs(60), || async {
-        for op in ops {
-            if !h.ledger_entry(op).await.is_some_and(|v| done.contains(&v.entry.state())) {
-                return false;
-            }
-        }
-        true
-    })
-    .await
+    h.wait_all(ops, &done, Duration::from_secs(60)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +32,7 @@ async fn two_dispatchers_share_the_load_and_send_each_message_once() {
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     h.start_dispatcher(&[]).await;
     h.start_dispatcher(&[]).await;
-    let ops = submit_many(&h, "share", 300).await;
+    let ops = h.submit_orders(PHONE, "share", 300).await;
     assert!(settled(&h, &ops).await, "all sent");
     let oracle = h.sim.oracle();
     for op in &ops {
@@ -78,7 +50,7 @@ async fn a_dispatcher_killed_under_load_loses_nothing() {
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     let victim = h.start_dispatcher(&[("dispatch.ack_wait_ms", "3000".into())]).await;
     h.start_dispatcher(&[("dispatch.ack_wait_ms", "3000".into())]).await;
-    let ops = submit_many(&h, "kill", 400).await;
+    let ops = h.submit_orders(PHONE, "kill", 400).await;
     // Kill one instance while it holds unacknowledged messages.
     assert!(bw_testkit::wait_until(Duration::from_secs(20), || async { h.sim.oracle().total_accepted() >= 50 }).await);
     h.abort(victim);
@@ -106,7 +78,7 @@ async fn graceful_shutdown_finishes_in_flight_messages() {
     h.sim.set_scenario(Scenario { name: "slow".into(), latency: Some(Latency::Fixed { ms: 200 }), ..Scenario::default() });
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     let d = h.start_dispatcher(&[]).await;
-    let ops = submit_many(&h, "drain", 100).await;
+    let ops = h.submit_orders(PHONE, "drain", 100).await;
     assert!(bw_testkit::wait_until(Duration::from_secs(20), || async { h.sim.counters().requests >= 10 }).await);
     h.stop(d).await.expect("run returns Ok on shutdown");
     // Every call that reached Meta before the stop was finished and recorded: nothing Meta accepted is left

@@ -3,8 +3,8 @@
 //! once.
 
 use crate::dispatch::failing;
-use bw_common::proto::{BreakerState, BreakerTransition, Category, OperationState};
-use bw_e2e::{Harness, WABA_ID};
+use bw_common::proto::{BreakerState, BreakerTransition, OperationState};
+use bw_e2e::Harness;
 use bw_meta_sim::{FaultKind, SimConfig};
 use futures::StreamExt;
 use prost::Message as _;
@@ -41,29 +41,9 @@ async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_eve
     h.start_dispatcher(&dispatcher.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;
     h.start_replay(&[("replay.rate_per_s", "100".into()), ("replay.burst", "5".into()), ("replay.probe_rate_per_s", "5".into())]).await;
 
-    let producer = h.producer();
-    let mut ops = Vec::new();
-    for i in 0..N {
-        let op = format!("outage-{i}");
-        let request = bw_client::Request::template(&op, WABA_ID, PHONE, &format!("+54911444{i:05}"), "order_confirmation", "es_AR")
-            .param("1")
-            .category(Category::Transactional)
-            .build();
-        let reply = producer.send(&request).await.expect("ingest answers");
-        assert!(reply.accepted, "rejected: {}", reply.error);
-        ops.push(op);
-    }
-
-    let settled = bw_testkit::wait_until(Duration::from_secs(40), || async {
-        let mut all = true;
-        for op in &ops {
-            let state = h.ledger_entry(op).await.map(|v| v.entry.state());
-            all &= matches!(state, Some(OperationState::Sent | OperationState::Delivered | OperationState::Read));
-        }
-        all
-    })
-    .await;
-    assert!(settled, "every operation reached Meta after the recovery");
+    let ops = h.submit_orders(PHONE, "outage", N).await;
+    let sent = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+    assert!(h.wait_all(&ops, &sent, Duration::from_secs(40)).await, "every operation reached Meta after the recovery");
 
     let oracle = h.sim.oracle();
     for op in &ops {

@@ -44,13 +44,35 @@ impl Deps {
     ) -> anyhow::Result<Deps> {
         let nats = crate::nats::connect(nats_cfg, service, wait).await?;
         let js = jetstream::new(nats.clone());
-        let buckets = crate::nats::ensure_topology(&js, nats_cfg).await?;
+        // A cluster still electing its JetStream leaders answers API requests with timeouts for a while.
+        let buckets = retry_during_startup("jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
         let redis = match redis_cfg {
             Some(r) => Some(crate::redis_conn::connect(&r.url, Duration::from_millis(r.timeout_ms), wait).await?),
             None => None,
         };
         let health = Health::new(Some(nats.clone()), redis.clone());
         Ok(Deps { nats, js, buckets, redis, metrics: admin::new_registry(), health })
+    }
+}
+
+/// Retries a start-up step (creating streams, consumers) every half second until it succeeds or `budget` has
+/// passed, then returns its last error. For steps a broker that is still starting (leader elections) fails.
+pub async fn retry_during_startup<T, E, F, Fut>(what: &str, budget: Duration, mut step: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + budget;
+    loop {
+        match step().await {
+            Ok(v) => return Ok(v),
+            Err(e) if tokio::time::Instant::now() + Duration::from_millis(500) < deadline => {
+                tracing::warn!(step = what, error = %e, "start-up step failed; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -115,4 +137,33 @@ where
     });
     runtime.shutdown_timeout(Duration::from_secs(2));
     std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_during_startup;
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_step_that_fails_for_a_while_is_retried_until_it_succeeds() {
+        let tries = Cell::new(0);
+        let got: Result<u32, String> = retry_during_startup("step", Duration::from_secs(5), || async {
+            tries.set(tries.get() + 1);
+            if tries.get() < 2 { Err("timed out".to_string()) } else { Ok(7) }
+        })
+        .await;
+        assert_eq!((got, tries.get()), (Ok(7), 2));
+    }
+
+    #[tokio::test]
+    async fn past_the_budget_the_last_error_is_returned() {
+        let tries = Cell::new(0);
+        let got: Result<(), String> = retry_during_startup("step", Duration::from_millis(600), || async {
+            tries.set(tries.get() + 1);
+            Err(format!("try {}", tries.get()))
+        })
+        .await;
+        assert_eq!(got, Err("try 2".to_string()));
+    }
 }

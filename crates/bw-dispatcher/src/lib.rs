@@ -236,7 +236,11 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let ack_wait = Duration::from_millis(cfg.dispatch.ack_wait_ms);
     let mut consumers = Vec::new();
     for lane in Lane::ALL {
-        consumers.push((lane, lane_consumer(&deps.js, lane, ack_wait).await?));
+        let consumer = bw_common::service::retry_during_startup("lane consumer", Duration::from_secs(30), || {
+            lane_consumer(&deps.js, lane, ack_wait)
+        })
+        .await?;
+        consumers.push((lane, consumer));
     }
     let worker = Arc::new(process::Worker {
         js: deps.js.clone(),

@@ -30,6 +30,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use std::future::Future;
 use std::sync::Arc;
+use bw_common::service::retry_during_startup;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -310,10 +311,18 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let tracker = TaskTracker::new();
 
     // Consumers are created before readiness so a failure to bind them fails start-up.
-    let webhook_messages =
-        if cfg.webhook.process { Some(webhook_consumer(&deps.js, &cfg.webhook).await?) } else { None };
-    let unknown_messages =
-        if cfg.reconciler.enabled { Some(reconciler_consumer(&deps.js, &cfg.reconciler).await?) } else { None };
+    // A cluster still electing leaders times out for a while: retry within a budget first.
+    let budget = Duration::from_secs(30);
+    let webhook_messages = if cfg.webhook.process {
+        Some(retry_during_startup("webhook consumer", budget, || webhook_consumer(&deps.js, &cfg.webhook)).await?)
+    } else {
+        None
+    };
+    let unknown_messages = if cfg.reconciler.enabled {
+        Some(retry_during_startup("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler)).await?)
+    } else {
+        None
+    };
 
     let intake_router = http::intake_routes(state.clone());
     let webhook_router = http::webhook_routes(state, &cfg.webhook.path);
