@@ -293,6 +293,17 @@ pub struct Breaker {
     inner: Arc<Inner>,
 }
 
+/// Records what is known of scope `key`: OPEN for `open_for_ms` more (with its incident), or nothing.
+fn know_open(inner: &Inner, key: String, state: BreakerState, open_for_ms: i64, incident_id: &str) {
+    let mut open = lock(&inner.open_until);
+    if state == BreakerState::Open && open_for_ms > 0 {
+        let until = tokio::time::Instant::now() + Duration::from_millis(open_for_ms as u64);
+        open.insert(key, (until, incident_id.to_string()));
+    } else {
+        open.remove(&key);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -404,19 +415,14 @@ impl Breaker {
         lock(&self.inner.last_known).insert(key.clone(), (head.state, head.incident_id.clone()));
         // While OPEN nothing but an operator (force, reset: both publish a transition) changes the state before
         // the cooldown ends, so until then the answer is known without asking Redis.
-        let mut open = lock(&self.inner.open_until);
-        if head.state == BreakerState::Open && head.open_until_ms > head.now_ms {
-            let left = Duration::from_millis((head.open_until_ms - head.now_ms) as u64);
-            open.insert(key, (tokio::time::Instant::now() + left, head.incident_id.clone()));
-        } else {
-            open.remove(&key);
-        }
+        let open_for = head.open_until_ms - head.now_ms;
+        know_open(&self.inner, key, head.state, open_for, &head.incident_id);
     }
 
     /// Keeps the OPEN cache fresh from the transitions every process publishes, and turns it on: from then on
     /// admissions for a scope known to be OPEN (from a Redis reply or a trip event) are refused without a Redis
-    /// round trip until its cooldown ends or another transition of the scope arrives. Needs the NATS client; the subscription lives as long as the
-    /// breaker.
+    /// round trip until its cooldown ends or another transition of the scope arrives. Needs the NATS client;
+    /// the subscription lives as long as the breaker.
     pub async fn follow_transitions(&self) -> Result<(), async_nats::SubscribeError> {
         let Some(nats) = &self.inner.nats else { return Ok(()) };
         let mut events = nats.subscribe(bw_common::names::breaker_subject("*")).await?;
@@ -432,14 +438,8 @@ impl Breaker {
                         .index_member();
                     // A trip seen by another instance is known here at once; any other transition ends what
                     // this instance knew.
-                    let left = event.open_until_unix_ms - bw_common::time::now_ms();
-                    let mut open = lock(&inner.open_until);
-                    if event.to() == BreakerState::Open && left > 0 {
-                        let until = tokio::time::Instant::now() + Duration::from_millis(left as u64);
-                        open.insert(key, (until, event.incident_id.clone()));
-                    } else {
-                        open.remove(&key);
-                    }
+                    let open_for = event.open_until_unix_ms - bw_common::time::now_ms();
+                    know_open(&inner, key, event.to(), open_for, &event.incident_id);
                 }
             }
         });
