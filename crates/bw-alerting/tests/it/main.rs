@@ -352,7 +352,8 @@ async fn dlq_depth_and_near_limit_fire_then_resolve_when_drained() {
         &nats,
         &sinks,
         &[
-            ("RULES__DLQ_DEPTH_THRESHOLD", "3"),
+            // Above 5: the alert can only fire once all six entries of 2001 are in, whenever the poll runs.
+            ("RULES__DLQ_DEPTH_THRESHOLD", "5"),
             ("RULES__STREAM_NEAR_LIMIT_RATIO", "0.5"),
             ("NATS__LIMITS__DLQ_MAX_MSGS", "10"),
         ],
