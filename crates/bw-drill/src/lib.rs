@@ -95,8 +95,6 @@ pub(crate) struct Observed {
     /// move to the DLQ.
     pub fail_fast_us: Vec<u64>,
     pub fail_fast_moved_us: Vec<u64>,
-    /// Sent via the replay lane (attempt > 1 after a DLQ).
-    pub replayed_sent: u64,
     /// Per sender, every call Meta answered, as (seconds since start, counted as a breaker failure): the report
     /// replays the breaker's window over them to find when the error rate crossed the threshold.
     pub calls: BTreeMap<String, Vec<(f64, bool)>>,
@@ -402,9 +400,6 @@ async fn spawn_watchers(
                     "sent" => {
                         o.sent_total += 1;
                         o.calls_total += 1;
-                        if d.attempt > 1 {
-                            o.replayed_sent += 1;
-                        }
                     }
                     "retry" | "rate_limited" | "unknown" | "quarantined" if called => {
                         o.calls_total += 1;
