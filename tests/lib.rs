@@ -49,10 +49,7 @@ pub struct Harness {
 
 fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
     let prefix = format!("BW_{}__", service.to_ascii_uppercase().replace('-', "_"));
-    pairs
-        .iter()
-        .map(|(k, v)| (format!("{prefix}{}", k.to_ascii_uppercase().replace('.', "__")), v.clone()))
-        .collect()
+    pairs.iter().map(|(k, v)| (format!("{prefix}{}", k.to_ascii_uppercase().replace('.', "__")), v.clone())).collect()
 }
 
 impl Harness {
@@ -140,8 +137,9 @@ impl Harness {
             ("replay.idle_ms", "100".to_string()),
         ];
         pairs.extend(overrides.iter().cloned());
-        let cfg: bw_replay::Config = bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
-            .expect("replay config");
+        let cfg: bw_replay::Config =
+            bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
+                .expect("replay config");
         let deps = self.deps("replay", false).await;
         self.keep(|token| tokio::spawn(bw_replay::run(cfg, deps, token)))
     }
@@ -207,10 +205,17 @@ impl Harness {
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..n {
             let op = format!("{prefix}-{i:04}");
-            let r = bw_client::Request::template(&op, WABA_ID, phone, &format!("+54911666{i:05}"), "order_confirmation", "es_AR")
-                .param("1")
-                .category(bw_common::proto::Category::Transactional)
-                .build();
+            let r = bw_client::Request::template(
+                &op,
+                WABA_ID,
+                phone,
+                &format!("+54911666{i:05}"),
+                "order_confirmation",
+                "es_AR",
+            )
+            .param("1")
+            .category(bw_common::proto::Category::Transactional)
+            .build();
             let p = producer.clone();
             tasks.spawn(async move { p.send(&r).await.map(|reply| reply.accepted) });
             ops.push(op);

@@ -16,10 +16,17 @@ use std::time::{Duration, Instant};
 const PHONE: &str = "106540352249999";
 
 fn request(i: usize, tag: &str) -> SendRequest {
-    let mut r = bw_client::Request::template(&format!("{tag}-{i:07}"), WABA_ID, PHONE, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
-        .param("1")
-        .category(Category::Transactional)
-        .build();
+    let mut r = bw_client::Request::template(
+        &format!("{tag}-{i:07}"),
+        WABA_ID,
+        PHONE,
+        &format!("+5491{i:09}"),
+        "order_confirmation",
+        "es_AR",
+    )
+    .param("1")
+    .category(Category::Transactional)
+    .build();
     r.accepted_at_unix_ms = bw_common::time::now_ms();
     r
 }
@@ -98,7 +105,9 @@ async fn pipeline(n: usize, dispatchers: usize) -> f64 {
     for _ in 0..dispatchers {
         h.start_dispatcher(&dispatcher_overrides()).await;
     }
-    let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 }).await;
+    let done =
+        bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 })
+            .await;
     let took = started.elapsed();
     assert!(done, "pipeline finished");
     n as f64 / took.as_secs_f64()
@@ -133,7 +142,11 @@ async fn raw_jetstream(n: usize) -> f64 {
     let consumer = stream
         .get_or_create_consumer(
             "raw",
-            async_nats::jetstream::consumer::pull::Config { durable_name: Some("raw".into()), max_ack_pending: 100_000, ..Default::default() },
+            async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("raw".into()),
+                max_ack_pending: 100_000,
+                ..Default::default()
+            },
         )
         .await
         .expect("consumer");
@@ -190,17 +203,28 @@ async fn latency(rate: f64, seconds: f64) -> ((f64, f64), (f64, f64)) {
     for i in 0..n {
         tokio::time::sleep_until((started + Duration::from_secs_f64(i as f64 / rate)).into()).await;
         let r = request(i, "lat");
-        let entry = LedgerEntry { operation_id: r.operation_id.clone(), state: OperationState::Queued as i32, ..Default::default() };
+        let entry = LedgerEntry {
+            operation_id: r.operation_id.clone(),
+            state: OperationState::Queued as i32,
+            ..Default::default()
+        };
         h.ledger.create(&entry).await.expect("ledger");
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", r.operation_id.as_str());
         let at = bw_common::time::now_ms();
-        bw_common::nats::publish_durable(&h.js, names::outbox_subject(names::Lane::High, PHONE), headers, r.encode_to_vec().into())
-            .await
-            .expect("publish");
+        bw_common::nats::publish_durable(
+            &h.js,
+            names::outbox_subject(names::Lane::High, PHONE),
+            headers,
+            r.encode_to_vec().into(),
+        )
+        .await
+        .expect("publish");
         published.push((r.operation_id, at));
     }
-    assert!(bw_testkit::wait_until(Duration::from_secs(60), || async { h.sim.oracle().total_accepted() >= n as u64 }).await);
+    assert!(
+        bw_testkit::wait_until(Duration::from_secs(60), || async { h.sim.oracle().total_accepted() >= n as u64 }).await
+    );
     let oracle = h.sim.oracle();
     let pipeline: Vec<f64> = published
         .iter()

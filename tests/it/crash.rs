@@ -75,7 +75,11 @@ async fn a_dispatcher_killed_under_load_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_finishes_in_flight_messages() {
     let mut h = Harness::start(unlimited()).await;
-    h.sim.set_scenario(Scenario { name: "slow".into(), latency: Some(Latency::Fixed { ms: 200 }), ..Scenario::default() });
+    h.sim.set_scenario(Scenario {
+        name: "slow".into(),
+        latency: Some(Latency::Fixed { ms: 200 }),
+        ..Scenario::default()
+    });
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     let d = h.start_dispatcher(&[]).await;
     let ops = h.submit_orders(PHONE, "drain", 100).await;

@@ -56,11 +56,17 @@ async fn stream_payloads(h: &Harness, stream: &str) -> Vec<bytes::Bytes> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transient_errors_are_retried_with_backoff_then_sent_once() {
     let mut h = Harness::start(SimConfig::default()).await;
-    h.sim.set_scenario(failing(0, Some(1_500), FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false }));
+    h.sim.set_scenario(failing(
+        0,
+        Some(1_500),
+        FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
+    ));
     h.start_ingest(&[]).await;
     h.start_dispatcher(&[]).await;
     submit(&h, &order("retry-1", 1)).await;
-    assert!(h.wait_state("retry-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    assert!(
+        h.wait_state("retry-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await
+    );
     let entry = h.ledger_entry("retry-1").await.expect("entry").entry;
     assert!(entry.attempts >= 2, "at least one failed try before success, got {}", entry.attempts);
     assert_eq!(h.sim.oracle().get("retry-1").expect("accepted").count, 1);
@@ -141,14 +147,23 @@ async fn an_unknown_outcome_is_never_resent_and_a_status_webhook_resolves_it() {
     h.start_dispatcher(&[("meta.request_timeout_ms", "500".into())]).await;
     submit(&h, &order("unknown-1", 1)).await;
     assert!(
-        h.wait_state("unknown-1", &[OperationState::Unknown, OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await
+        h.wait_state(
+            "unknown-1",
+            &[OperationState::Unknown, OperationState::Sent, OperationState::Delivered, OperationState::Read],
+            WAIT
+        )
+        .await
     );
     // The simulator's status webhooks prove it was sent: the reconciler resolves it without a resend.
-    assert!(h.wait_state("unknown-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    assert!(
+        h.wait_state("unknown-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await
+    );
     // The dispatcher's timeout may land after the webhook; either way the operation ends flagged.
     assert!(
         bw_testkit::wait_until(WAIT, || async {
-            h.ledger_entry("unknown-1").await.is_some_and(|v| v.entry.flagged_unknown && v.entry.state().is_accepted_by_meta())
+            h.ledger_entry("unknown-1")
+                .await
+                .is_some_and(|v| v.entry.flagged_unknown && v.entry.state().is_accepted_by_meta())
         })
         .await,
         "the operation ends sent and flagged as once unknown: {:?}",
@@ -164,7 +179,9 @@ async fn an_operation_meta_accepted_is_never_sent_again() {
     h.start_dispatcher(&[]).await;
     let request = order("idem-1", 1);
     submit(&h, &request).await;
-    assert!(h.wait_state("idem-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
+    assert!(
+        h.wait_state("idem-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await
+    );
     // A stray copy (a redelivery, a replay, a producer retry past the dedup window) lands in BW_SEND again.
     let mut headers = async_nats::HeaderMap::new();
     headers.insert("Nats-Msg-Id", "idem-1-stray-copy");
@@ -218,13 +235,12 @@ async fn transactional_traffic_is_served_before_marketing() {
     }
     // One message at a time makes the service order visible.
     h.start_dispatcher(&[("dispatch.batch_size", "1".into()), ("dispatch.max_in_flight", "1".into())]).await;
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 25 }).await,
-        "all sent"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 25 }).await, "all sent");
     let oracle = h.sim.oracle();
-    let first_promo = (0..20).filter_map(|i| oracle.get(&format!("promo-{i}"))).map(|e| e.first_accepted_ms).min().expect("promos");
-    let last_txn = (0..5).filter_map(|i| oracle.get(&format!("txn-{i}"))).map(|e| e.first_accepted_ms).max().expect("txns");
+    let first_promo =
+        (0..20).filter_map(|i| oracle.get(&format!("promo-{i}"))).map(|e| e.first_accepted_ms).min().expect("promos");
+    let last_txn =
+        (0..5).filter_map(|i| oracle.get(&format!("txn-{i}"))).map(|e| e.first_accepted_ms).max().expect("txns");
     assert!(last_txn <= first_promo, "every transactional message went before any marketing one");
 }
 
@@ -249,12 +265,10 @@ async fn paced_from_memory(lane: names::Lane, class: &str) {
         ("dispatch.hold_max_ms", "2500".into()),
     ])
     .await;
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= n }).await,
-        "all {n} sent"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= n }).await, "all {n} sent");
     let oracle = h.sim.oracle();
-    let times: Vec<i64> = (0..n).filter_map(|i| oracle.get(&format!("{class}-{i}"))).map(|e| e.first_accepted_ms as i64).collect();
+    let times: Vec<i64> =
+        (0..n).filter_map(|i| oracle.get(&format!("{class}-{i}"))).map(|e| e.first_accepted_ms as i64).collect();
     assert_eq!(times.len() as u64, n);
     assert!(oracle.duplicates().is_empty());
     assert_eq!(h.sim.counters().outcome("130429"), 0, "no self-inflicted throughput errors");
@@ -262,14 +276,13 @@ async fn paced_from_memory(lane: names::Lane, class: &str) {
     // few ms).
     bw_testkit::check_pacing(&times, rate, burst, 20.0).expect("sends kept to the sender's rate");
     // Every message was delivered to the dispatcher once: the refusals waited in memory, not in the broker.
-    let mut consumer: async_nats::jetstream::consumer::PullConsumer = h
-        .js
-        .get_stream(names::SEND_STREAM)
-        .await
-        .expect("stream")
-        .get_consumer(lane.dispatcher_consumer())
-        .await
-        .expect("consumer");
+    let mut consumer: async_nats::jetstream::consumer::PullConsumer =
+        h.js.get_stream(names::SEND_STREAM)
+            .await
+            .expect("stream")
+            .get_consumer(lane.dispatcher_consumer())
+            .await
+            .expect("consumer");
     let info = consumer.info().await.expect("consumer info");
     assert_eq!(info.delivered.consumer_sequence, n, "deliveries of {n} messages");
 }

@@ -11,16 +11,22 @@ async fn a_message_flows_from_producer_to_meta_and_back() {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
     h.start_ingest(&[]).await;
     h.start_dispatcher(&[]).await;
-    let request = bw_client::Request::template("e2e-order-1", WABA_ID, PHONE, "+5491155551234", "order_confirmation", "es_AR")
-        .param("1234")
-        .category(Category::Transactional)
-        .build();
+    let request =
+        bw_client::Request::template("e2e-order-1", WABA_ID, PHONE, "+5491155551234", "order_confirmation", "es_AR")
+            .param("1234")
+            .category(Category::Transactional)
+            .build();
     let reply = h.producer().send(&request).await.expect("ingest answers");
     assert!(reply.accepted, "rejected: {}", reply.error);
     assert!(!reply.duplicate);
 
     assert!(
-        h.wait_state("e2e-order-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], Duration::from_secs(20)).await,
+        h.wait_state(
+            "e2e-order-1",
+            &[OperationState::Sent, OperationState::Delivered, OperationState::Read],
+            Duration::from_secs(20)
+        )
+        .await,
         "message never reached SENT: {:?}",
         h.ledger_entry("e2e-order-1").await.map(|v| v.entry)
     );

@@ -9,9 +9,8 @@
 
 use bw_common::names;
 use bw_common::proto::{
-    Category, DlqEnvelope, IntakeReply, LedgerEntry, QuarantineEntry, RejectReason,
-    RejectedRequest, ScopeSnapshot, SendRequest, StoredWebhook, TemplatePayload, TextPayload,
-    UnknownOutcome, send_request::Payload,
+    Category, DlqEnvelope, IntakeReply, LedgerEntry, QuarantineEntry, RejectReason, RejectedRequest, ScopeSnapshot,
+    SendRequest, StoredWebhook, TemplatePayload, TextPayload, UnknownOutcome, send_request::Payload,
 };
 use bw_e2e::{APP_SECRET, Harness, WABA_ID};
 use bw_ingest::validate::{self, Limits};
@@ -24,26 +23,15 @@ const PHONE: &str = "106540352242961";
 const NOW_MS: i64 = 1_750_000_000_000;
 
 fn config() -> ProptestConfig {
-    ProptestConfig {
-        cases: 256,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
+    ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() }
 }
 
 fn valid_request() -> SendRequest {
-    bw_client::Request::template(
-        "order-42",
-        WABA_ID,
-        PHONE,
-        "+5491155551234",
-        "order_confirmation",
-        "es_AR",
-    )
-    .param("1234")
-    .category(Category::Transactional)
-    .label("order", "A1")
-    .build()
+    bw_client::Request::template("order-42", WABA_ID, PHONE, "+5491155551234", "order_confirmation", "es_AR")
+        .param("1234")
+        .category(Category::Transactional)
+        .label("order", "A1")
+        .build()
 }
 
 /// What an accepted request must satisfy whatever bytes it came from.
@@ -62,27 +50,15 @@ fn check_validation(r: &SendRequest, encoded_len: usize) {
         match validate::validate(r, subject, encoded_len, &Limits::default(), NOW_MS) {
             Ok(_) => assert_accepted_is_sound(r),
             Err(rej) => {
-                assert_ne!(
-                    rej.reason,
-                    RejectReason::Unspecified,
-                    "a refusal names its reason"
-                );
+                assert_ne!(rej.reason, RejectReason::Unspecified, "a refusal names its reason");
                 assert!(!rej.error.is_empty(), "a refusal explains itself");
                 if r.recipient.len() >= 8 {
-                    assert!(
-                        !rej.error.contains(&r.recipient),
-                        "the error never echoes the recipient: {}",
-                        rej.error
-                    );
+                    assert!(!rej.error.contains(&r.recipient), "the error never echoes the recipient: {}", rej.error);
                 }
                 if let Some(Payload::Text(t)) = &r.payload
                     && t.body.trim().len() >= 8
                 {
-                    assert!(
-                        !rej.error.contains(t.body.trim()),
-                        "the error never echoes the body: {}",
-                        rej.error
-                    );
+                    assert!(!rej.error.contains(t.body.trim()), "the error never echoes the body: {}", rej.error);
                 }
             }
         }
@@ -103,12 +79,7 @@ fn decode_everything(bytes: &[u8]) {
     let _ = LedgerEntry::decode(bytes);
     let _ = IntakeReply::decode(bytes);
     let _ = ScopeSnapshot::decode(bytes);
-    for stream in [
-        names::SEND_STREAM,
-        names::DLQ_STREAM,
-        names::QUARANTINE_STREAM,
-        names::UNKNOWN_STREAM,
-    ] {
+    for stream in [names::SEND_STREAM, names::DLQ_STREAM, names::QUARANTINE_STREAM, names::UNKNOWN_STREAM] {
         let _ = bw_ops::account::operation_of(stream, bytes);
     }
 }
@@ -124,20 +95,13 @@ fn the_seed_request_is_valid_and_its_body_is_metas_shape() {
     );
     let body = bw_dispatcher::build_body(&r);
     assert_eq!(body["type"], "template");
-    assert_eq!(
-        body["template"]["components"][0]["parameters"][0]["text"],
-        "1234"
-    );
+    assert_eq!(body["template"]["components"][0]["parameters"][0]["text"], "1234");
 }
 
 /// Mutations of a byte string: overwrite, insert, remove, truncate.
 fn mutate(mut bytes: Vec<u8>, edits: &[(u16, u8, u8)]) -> Vec<u8> {
     for &(pos, byte, kind) in edits {
-        let at = if bytes.is_empty() {
-            0
-        } else {
-            pos as usize % bytes.len()
-        };
+        let at = if bytes.is_empty() { 0 } else { pos as usize % bytes.len() };
         match kind % 4 {
             0 if !bytes.is_empty() => bytes[at] = byte,
             1 => bytes.insert(at, byte),
@@ -191,9 +155,7 @@ fn json_strategy() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         any::<i64>().prop_map(Value::from),
-        any::<f64>().prop_map(|f| serde_json::Number::from_f64(f)
-            .map(Value::Number)
-            .unwrap_or(Value::Null)),
+        any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map(Value::Number).unwrap_or(Value::Null)),
         ".{0,16}".prop_map(Value::String),
     ];
     leaf.prop_recursive(3, 24, 4, |inner| {
@@ -213,11 +175,7 @@ fn graft(doc: &mut Value, picks: &[u8], with: Value) {
     };
     match doc {
         Value::Object(map) if !map.is_empty() => {
-            let key = map
-                .keys()
-                .nth(p as usize % map.len())
-                .cloned()
-                .unwrap_or_default();
+            let key = map.keys().nth(p as usize % map.len()).cloned().unwrap_or_default();
             if let Some(next) = map.get_mut(&key) {
                 graft(next, rest, with);
             }
@@ -234,10 +192,7 @@ fn check_parsed(body: &[u8]) {
     match webhook::parse(body) {
         Ok(parsed) => {
             for s in &parsed.statuses {
-                assert!(
-                    !s.wamid.is_empty(),
-                    "a status without an id is not acted on"
-                );
+                assert!(!s.wamid.is_empty(), "a status without an id is not acted on");
                 assert_ne!(s.status, 0, "a status with an unknown word is not acted on");
             }
         }
@@ -245,11 +200,8 @@ fn check_parsed(body: &[u8]) {
     }
 }
 
-const EXAMPLES: [&str; 3] = [
-    webhook::examples::STATUS_SENT,
-    webhook::examples::STATUS_FAILED,
-    webhook::examples::INBOUND_TEXT,
-];
+const EXAMPLES: [&str; 3] =
+    [webhook::examples::STATUS_SENT, webhook::examples::STATUS_FAILED, webhook::examples::INBOUND_TEXT];
 
 proptest! {
     #![proptest_config(config())]
@@ -370,11 +322,7 @@ fn garbage() -> Vec<Vec<u8>> {
         noise.push(seed as u8);
     }
     let valid = valid_request().encode_to_vec();
-    let missing_recipient = SendRequest {
-        recipient: String::new(),
-        ..valid_request()
-    }
-    .encode_to_vec();
+    let missing_recipient = SendRequest { recipient: String::new(), ..valid_request() }.encode_to_vec();
     vec![
         Vec::new(),
         vec![0xff, 0xfe, 0x00, 0x01],
@@ -387,9 +335,7 @@ fn garbage() -> Vec<Vec<u8>> {
 }
 
 async fn stream_messages(h: &Harness, stream: &str) -> Vec<bytes::Bytes> {
-    let scanned = bw_ops::scan::scan_stream(&h.js, stream, ">")
-        .await
-        .expect("scan");
+    let scanned = bw_ops::scan::scan_stream(&h.js, stream, ">").await.expect("scan");
     scanned.into_iter().map(|m| m.payload).collect()
 }
 
@@ -403,20 +349,13 @@ async fn garbage_sent_to_the_real_services_is_refused_clearly_and_kept() {
 
     // NATS intake (the first request waits until ingest listens).
     let listening = bw_testkit::wait_until(std::time::Duration::from_secs(10), || async {
-        h.client
-            .request(names::intake_subject(PHONE), b"probe".to_vec().into())
-            .await
-            .is_ok()
+        h.client.request(names::intake_subject(PHONE), b"probe".to_vec().into()).await.is_ok()
     })
     .await;
     assert!(listening, "ingest serves the intake subject");
     kept.push(b"probe".to_vec());
     for body in garbage() {
-        let reply = h
-            .client
-            .request(names::intake_subject(PHONE), body.clone().into())
-            .await
-            .expect("ingest answers");
+        let reply = h.client.request(names::intake_subject(PHONE), body.clone().into()).await.expect("ingest answers");
         let reply = IntakeReply::decode(reply.payload.as_ref()).expect("a protobuf reply");
         assert!(!reply.accepted, "garbage accepted: {body:?}");
         assert_ne!(reply.reason(), RejectReason::Unspecified);
@@ -426,18 +365,9 @@ async fn garbage_sent_to_the_real_services_is_refused_clearly_and_kept() {
     }
     // A valid request on a subject whose phone token is not a phone number id.
     let valid = valid_request().encode_to_vec();
-    let reply = h
-        .client
-        .request(names::intake_subject("not-a-phone"), valid.clone().into())
-        .await
-        .expect("answer");
+    let reply = h.client.request(names::intake_subject("not-a-phone"), valid.clone().into()).await.expect("answer");
     let reply = IntakeReply::decode(reply.payload.as_ref()).expect("reply");
-    assert_eq!(
-        reply.reason(),
-        RejectReason::SubjectMismatch,
-        "{}",
-        reply.error
-    );
+    assert_eq!(reply.reason(), RejectReason::SubjectMismatch, "{}", reply.error);
     kept.push(valid);
 
     // HTTP intake.
@@ -449,31 +379,14 @@ async fn garbage_sent_to_the_real_services_is_refused_clearly_and_kept() {
     .await;
     assert!(ready, "ingest serves HTTP");
     kept.push(b"{".to_vec());
-    for body in [
-        &b"{not json"[..],
-        br#"{"operation_id":"x","unknown_field":1}"#,
-        br#"[1,2,3]"#,
-    ] {
-        let resp = http
-            .post(&url)
-            .header("content-type", "application/json")
-            .body(body.to_vec())
-            .send()
-            .await
-            .expect("http");
+    for body in [&b"{not json"[..], br#"{"operation_id":"x","unknown_field":1}"#, br#"[1,2,3]"#] {
+        let resp =
+            http.post(&url).header("content-type", "application/json").body(body.to_vec()).send().await.expect("http");
         assert_eq!(resp.status(), 400);
         let json: Value = resp.json().await.expect("a JSON error");
         assert_eq!(json["accepted"], false);
-        assert!(
-            json["reason"]
-                .as_str()
-                .is_some_and(|r| r.starts_with("REJECT_REASON_")),
-            "{json}"
-        );
-        assert!(
-            json["error"].as_str().is_some_and(|e| !e.is_empty()),
-            "{json}"
-        );
+        assert!(json["reason"].as_str().is_some_and(|r| r.starts_with("REJECT_REASON_")), "{json}");
+        assert!(json["error"].as_str().is_some_and(|e| !e.is_empty()), "{json}");
         kept.push(body.to_vec());
     }
     let resp = http
@@ -484,75 +397,44 @@ async fn garbage_sent_to_the_real_services_is_refused_clearly_and_kept() {
         .await
         .expect("http");
     assert_eq!(resp.status(), 400);
-    let reply =
-        IntakeReply::decode(resp.bytes().await.expect("body").as_ref()).expect("protobuf reply");
+    let reply = IntakeReply::decode(resp.bytes().await.expect("body").as_ref()).expect("protobuf reply");
     assert_eq!(reply.reason(), RejectReason::Undecodable);
     kept.push(vec![0xff, 0xff, 0xff]);
 
     // Webhook route: unsigned, wrongly signed and malformed signatures are refused before anything is stored.
     let hook = format!("http://{}/webhooks/meta", h.ingest_http);
     let body = b"\x00garbage{".to_vec();
-    for sig in [
-        None,
-        Some(webhook::sign(b"another-secret", &body)),
-        Some("sha256=zz".to_string()),
-        Some("md5=00".into()),
-    ] {
+    for sig in
+        [None, Some(webhook::sign(b"another-secret", &body)), Some("sha256=zz".to_string()), Some("md5=00".into())]
+    {
         let mut req = http.post(&hook).body(body.clone());
         if let Some(sig) = sig {
             req = req.header("x-hub-signature-256", sig);
         }
         assert_eq!(req.send().await.expect("http").status(), 401);
     }
-    let verify = http
-        .get(format!(
-            "{hook}?hub.mode=subscribe&hub.verify_token=wrong&hub.challenge=1"
-        ))
-        .send()
-        .await;
+    let verify = http.get(format!("{hook}?hub.mode=subscribe&hub.verify_token=wrong&hub.challenge=1")).send().await;
     assert_eq!(verify.expect("http").status(), 403);
     // A correctly signed body is stored exactly as received, whatever it holds.
     let signed = http
         .post(&hook)
-        .header(
-            "x-hub-signature-256",
-            webhook::sign(APP_SECRET.as_bytes(), &body),
-        )
+        .header("x-hub-signature-256", webhook::sign(APP_SECRET.as_bytes(), &body))
         .body(body.clone())
         .send()
         .await
         .expect("http");
     assert_eq!(signed.status(), 200);
 
-    assert!(
-        stream_messages(&h, names::SEND_STREAM).await.is_empty(),
-        "nothing stored for sending"
-    );
+    assert!(stream_messages(&h, names::SEND_STREAM).await.is_empty(), "nothing stored for sending");
     let mut rejected: Vec<Vec<u8>> = stream_messages(&h, names::REJECTED_STREAM)
         .await
         .iter()
-        .map(|m| {
-            RejectedRequest::decode(m.as_ref())
-                .expect("rejected record")
-                .raw
-        })
+        .map(|m| RejectedRequest::decode(m.as_ref()).expect("rejected record").raw)
         .collect();
     rejected.sort();
     kept.sort();
-    assert_eq!(
-        rejected, kept,
-        "every refused intake body is kept, byte for byte"
-    );
+    assert_eq!(rejected, kept, "every refused intake body is kept, byte for byte");
     let webhooks = stream_messages(&h, names::WEBHOOK_STREAM).await;
-    assert_eq!(
-        webhooks.len(),
-        1,
-        "only the correctly signed delivery was stored"
-    );
-    assert_eq!(
-        StoredWebhook::decode(webhooks[0].as_ref())
-            .expect("stored")
-            .body,
-        body
-    );
+    assert_eq!(webhooks.len(), 1, "only the correctly signed delivery was stored");
+    assert_eq!(StoredWebhook::decode(webhooks[0].as_ref()).expect("stored").body, body);
 }

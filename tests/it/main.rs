@@ -3,8 +3,8 @@
 mod crash;
 mod dispatch;
 mod flow;
-mod outage;
 mod fuzz;
+mod outage;
 mod redaction;
 mod resilience;
 mod tracing;

@@ -17,7 +17,11 @@ const N: usize = 60;
 async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_everything_once() {
     let mut h = Harness::start(SimConfig::default()).await;
     // Every call fails with a 503 for the first 1.5 s.
-    h.sim.set_scenario(failing(0, Some(1_500), FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false }));
+    h.sim.set_scenario(failing(
+        0,
+        Some(1_500),
+        FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
+    ));
     let mut transitions = h.client.subscribe(bw_common::names::breaker_subject(PHONE)).await.expect("subscribe");
     let limits = [
         ("failure_threshold", "0.5"),
@@ -39,7 +43,12 @@ async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_eve
     h.start_ingest(&[]).await;
     h.start_coordinator(&coordinator.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;
     h.start_dispatcher(&dispatcher.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;
-    h.start_replay(&[("replay.rate_per_s", "100".into()), ("replay.burst", "5".into()), ("replay.probe_rate_per_s", "5".into())]).await;
+    h.start_replay(&[
+        ("replay.rate_per_s", "100".into()),
+        ("replay.burst", "5".into()),
+        ("replay.probe_rate_per_s", "5".into()),
+    ])
+    .await;
 
     let ops = h.submit_orders(PHONE, "outage", N).await;
     let sent = [OperationState::Sent, OperationState::Delivered, OperationState::Read];

@@ -69,9 +69,8 @@ async fn tokens_secrets_bodies_and_phone_numbers_stay_out_of_logs_and_spans() {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
     h.start_ingest(&[]).await;
     h.start_dispatcher(&[]).await;
-    let request = bw_client::Request::text("e2e-redact-1", WABA_ID, PHONE, RECIPIENT, BODY)
-        .category(Category::Support)
-        .build();
+    let request =
+        bw_client::Request::text("e2e-redact-1", WABA_ID, PHONE, RECIPIENT, BODY).category(Category::Support).build();
     let reply = h.producer().send(&request).await.expect("ingest answers");
     assert!(reply.accepted, "rejected: {}", reply.error);
     // READ means the signed status webhooks went through ingest as well.

@@ -96,8 +96,12 @@ async fn one_message_is_one_trace_from_producer_through_ingest_to_dispatch() {
     let reply = producer.send(&request).instrument(tracing::info_span!("e2e.produce")).await.expect("ingest answers");
     assert!(reply.accepted, "rejected: {}", reply.error);
     assert!(
-        h.wait_state("e2e-trace-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], Duration::from_secs(20))
-            .await
+        h.wait_state(
+            "e2e-trace-1",
+            &[OperationState::Sent, OperationState::Delivered, OperationState::Read],
+            Duration::from_secs(20)
+        )
+        .await
     );
     // Dropping the guard flushes the batch exporter.
     tokio::task::spawn_blocking(move || drop(guard)).await.expect("flush");

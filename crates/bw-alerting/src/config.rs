@@ -127,10 +127,7 @@ pub struct SinkConfig {
 
 impl std::fmt::Debug for SinkConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SinkConfig")
-            .field("enabled", &self.enabled)
-            .field("url", &"<redacted>")
-            .finish()
+        f.debug_struct("SinkConfig").field("enabled", &self.enabled).field("url", &"<redacted>").finish()
     }
 }
 
@@ -175,42 +172,26 @@ impl Config {
         crate::display::parse_zone(&self.display.time_zone)?;
         let r = &self.rules;
         if !(r.stream_near_limit_ratio > 0.0 && r.stream_near_limit_ratio < 1.0) {
-            return Err(format!(
-                "rules.stream_near_limit_ratio must be in (0, 1), got {}",
-                r.stream_near_limit_ratio
-            ));
+            return Err(format!("rules.stream_near_limit_ratio must be in (0, 1), got {}", r.stream_near_limit_ratio));
         }
         if r.quota_warning_percent > r.quota_critical_percent {
-            return Err(
-                "rules.quota_warning_percent must not exceed rules.quota_critical_percent".into(),
-            );
+            return Err("rules.quota_warning_percent must not exceed rules.quota_critical_percent".into());
         }
         if self.alerting.poll_interval_ms == 0 || self.storm.interval_ms == 0 {
             return Err("alerting.poll_interval_ms and storm.interval_ms must be positive".into());
         }
-        if self.delivery.max_attempts == 0
-            || self.delivery.queue_capacity == 0
-            || self.alerting.batch_size == 0
-        {
-            return Err("delivery.max_attempts, delivery.queue_capacity and alerting.batch_size must be positive".into());
+        if self.delivery.max_attempts == 0 || self.delivery.queue_capacity == 0 || self.alerting.batch_size == 0 {
+            return Err(
+                "delivery.max_attempts, delivery.queue_capacity and alerting.batch_size must be positive".into()
+            );
         }
         for (name, enabled, url) in [
-            (
-                "webhook",
-                self.sinks.webhook.enabled,
-                &self.sinks.webhook.url,
-            ),
+            ("webhook", self.sinks.webhook.enabled, &self.sinks.webhook.url),
             ("slack", self.sinks.slack.enabled, &self.sinks.slack.url),
-            (
-                "pagerduty",
-                self.sinks.pagerduty.enabled,
-                &self.sinks.pagerduty.url,
-            ),
+            ("pagerduty", self.sinks.pagerduty.enabled, &self.sinks.pagerduty.url),
         ] {
             if enabled && !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(format!(
-                    "sinks.{name}.url must be an http(s) URL when the sink is enabled"
-                ));
+                return Err(format!("sinks.{name}.url must be an http(s) URL when the sink is enabled"));
             }
         }
         if self.sinks.pagerduty.enabled && self.sinks.pagerduty.routing_key.is_empty() {
@@ -226,12 +207,10 @@ mod tests {
     use std::collections::HashMap;
 
     fn load(pairs: &[(&str, &str)]) -> Result<Config, String> {
-        let env: HashMap<String, String> = pairs
-            .iter()
-            .map(|(k, v)| (format!("BW_ALERTING__{k}"), v.to_string()))
-            .collect();
-        let cfg: Config = bw_common::config::load("alerting", crate::DEFAULT_CONFIG, None, &env)
-            .map_err(|e| e.to_string())?;
+        let env: HashMap<String, String> =
+            pairs.iter().map(|(k, v)| (format!("BW_ALERTING__{k}"), v.to_string())).collect();
+        let cfg: Config =
+            bw_common::config::load("alerting", crate::DEFAULT_CONFIG, None, &env).map_err(|e| e.to_string())?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -242,34 +221,16 @@ mod tests {
         assert_eq!(cfg.display.time_zone, "America/Argentina/Buenos_Aires");
         assert_eq!(cfg.rules.breaker_escalate_after_ms, 120_000);
         for (pairs, expect) in [
-            (
-                vec![("RULES__DLQ_DEPTH_TRESHOLD", "5")],
-                "dlq_depth_treshold",
-            ),
+            (vec![("RULES__DLQ_DEPTH_TRESHOLD", "5")], "dlq_depth_treshold"),
             (vec![("DISPLAY__TIME_ZONE", "Mars/Olympus")], "Mars/Olympus"),
             (vec![("SINKS__SLACK__ENABLED", "true")], "sinks.slack.url"),
-            (
-                vec![
-                    ("SINKS__PAGERDUTY__ENABLED", "true"),
-                    ("SINKS__PAGERDUTY__URL", "http://pd"),
-                ],
-                "routing_key",
-            ),
-            (
-                vec![("RULES__STREAM_NEAR_LIMIT_RATIO", "1.5")],
-                "stream_near_limit_ratio",
-            ),
+            (vec![("SINKS__PAGERDUTY__ENABLED", "true"), ("SINKS__PAGERDUTY__URL", "http://pd")], "routing_key"),
+            (vec![("RULES__STREAM_NEAR_LIMIT_RATIO", "1.5")], "stream_near_limit_ratio"),
         ] {
             let err = load(&pairs).expect_err("invalid config rejected");
             assert!(err.contains(expect), "{err}");
         }
-        let debug = format!(
-            "{:?}",
-            load(&[("SINKS__PAGERDUTY__ROUTING_KEY", "secret-rk")]).expect("valid")
-        );
-        assert!(
-            !debug.contains("secret-rk"),
-            "routing key must not appear in Debug output"
-        );
+        let debug = format!("{:?}", load(&[("SINKS__PAGERDUTY__ROUTING_KEY", "secret-rk")]).expect("valid"));
+        assert!(!debug.contains("secret-rk"), "routing key must not appear in Debug output");
     }
 }

@@ -8,17 +8,12 @@ use chrono_tz::Tz;
 
 /// Parses an IANA zone name.
 pub fn parse_zone(name: &str) -> Result<Tz, String> {
-    name.parse::<Tz>().map_err(|_| {
-        format!(
-            "unknown time zone `{name}` (use an IANA name such as America/Argentina/Buenos_Aires)"
-        )
-    })
+    name.parse::<Tz>()
+        .map_err(|_| format!("unknown time zone `{name}` (use an IANA name such as America/Argentina/Buenos_Aires)"))
 }
 
 fn instant(unix_ms: i64) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(unix_ms)
-        .single()
-        .unwrap_or_default()
+    Utc.timestamp_millis_opt(unix_ms).single().unwrap_or_default()
 }
 
 /// `01/12/2026 17:03:05 UTC`.
@@ -29,12 +24,7 @@ pub fn format_utc(unix_ms: i64) -> String {
 /// `01/12/2026 14:03:05 America/Argentina/Buenos_Aires (UTC-03:00)`.
 pub fn format_local(unix_ms: i64, zone: Tz) -> String {
     let local = instant(unix_ms).with_timezone(&zone);
-    format!(
-        "{} {} (UTC{})",
-        local.format("%d/%m/%Y %H:%M:%S"),
-        zone.name(),
-        local.format("%:z")
-    )
+    format!("{} {} (UTC{})", local.format("%d/%m/%Y %H:%M:%S"), zone.name(), local.format("%:z"))
 }
 
 /// RFC 3339 in UTC with milliseconds (PagerDuty `timestamp`).
@@ -44,11 +34,7 @@ pub fn rfc3339(unix_ms: i64) -> String {
 
 /// Link to a runbook file (`meta-down.md`) under the configured base, or `deploy/runbooks/` when empty.
 pub fn runbook_url(base: &str, file: &str) -> String {
-    let base = if base.is_empty() {
-        "deploy/runbooks"
-    } else {
-        base.trim_end_matches('/')
-    };
+    let base = if base.is_empty() { "deploy/runbooks" } else { base.trim_end_matches('/') };
     format!("{base}/{file}")
 }
 
@@ -73,19 +59,9 @@ mod tests {
             "01/12/2026 14:03:05 America/Argentina/Buenos_Aires (UTC-03:00)",
             "01/12/2026 17:03:05 UTC",
         );
-        check(
-            t,
-            "UTC",
-            "01/12/2026 17:03:05 UTC (UTC+00:00)",
-            "01/12/2026 17:03:05 UTC",
-        );
+        check(t, "UTC", "01/12/2026 17:03:05 UTC (UTC+00:00)", "01/12/2026 17:03:05 UTC");
         // Crosses midnight and uses a positive, non-whole-hour offset.
-        check(
-            t,
-            "Asia/Kolkata",
-            "01/12/2026 22:33:05 Asia/Kolkata (UTC+05:30)",
-            "01/12/2026 17:03:05 UTC",
-        );
+        check(t, "Asia/Kolkata", "01/12/2026 22:33:05 Asia/Kolkata (UTC+05:30)", "01/12/2026 17:03:05 UTC");
         check(
             t + 7 * 3_600_000,
             "Asia/Kolkata",
@@ -97,13 +73,7 @@ mod tests {
     #[test]
     fn rejects_unknown_zones_and_builds_runbook_links() {
         assert!(parse_zone("Mars/Olympus").is_err());
-        assert_eq!(
-            runbook_url("", "meta-down.md"),
-            "deploy/runbooks/meta-down.md"
-        );
-        assert_eq!(
-            runbook_url("https://wiki.example/rb/", "meta-down.md"),
-            "https://wiki.example/rb/meta-down.md"
-        );
+        assert_eq!(runbook_url("", "meta-down.md"), "deploy/runbooks/meta-down.md");
+        assert_eq!(runbook_url("https://wiki.example/rb/", "meta-down.md"), "https://wiki.example/rb/meta-down.md");
     }
 }

@@ -33,11 +33,7 @@ pub struct Engine {
 pub enum EventError {
     /// The payload is not what the subject promises; retrying cannot help.
     #[error("undecodable {what} on `{subject}`: {detail}")]
-    Malformed {
-        what: &'static str,
-        subject: String,
-        detail: String,
-    },
+    Malformed { what: &'static str, subject: String, detail: String },
     /// State unavailable; retry later.
     #[error(transparent)]
     State(#[from] StateError),
@@ -60,35 +56,20 @@ impl Engine {
         let gate = self.gate.clone();
         let rule = f.rule;
         let admit = move || gate.admit(rule, now);
-        let change = self
-            .store
-            .fire(&f, &admit, &url, now, self.touch_every_ms)
-            .await?;
+        let change = self.store.fire(&f, &admit, &url, now, self.touch_every_ms).await?;
         self.apply(f.rule, change, now).await;
         Ok(())
     }
 
     /// Raises a firing alert's severity.
-    pub async fn escalate(
-        &self,
-        rule: Rule,
-        key: &str,
-        severity: Severity,
-        summary: &str,
-    ) -> Result<(), StateError> {
+    pub async fn escalate(&self, rule: Rule, key: &str, severity: Severity, summary: &str) -> Result<(), StateError> {
         let change = self.store.escalate(key, severity, summary).await?;
         self.apply(rule, change, bw_common::time::now_ms()).await;
         Ok(())
     }
 
     /// Resolves `key` as of `at_ms` and notifies if this instance won.
-    pub async fn resolve(
-        &self,
-        rule: Rule,
-        key: &str,
-        at_ms: i64,
-        tombstone: bool,
-    ) -> Result<(), StateError> {
+    pub async fn resolve(&self, rule: Rule, key: &str, at_ms: i64, tombstone: bool) -> Result<(), StateError> {
         let change = self.store.resolve(key, at_ms, tombstone).await?;
         self.apply(rule, change, at_ms).await;
         Ok(())
@@ -106,10 +87,7 @@ impl Engine {
         match event {
             Event::Fired => {
                 let severity = crate::model::severity_word(alert.severity);
-                self.metrics
-                    .fired
-                    .get_or_create(&labels([("rule", rule.name()), ("severity", severity)]))
-                    .inc();
+                self.metrics.fired.get_or_create(&labels([("rule", rule.name()), ("severity", severity)])).inc();
             }
             Event::Escalated => {
                 self.metrics.escalated.get_or_create(&rule_label).inc();
@@ -129,19 +107,12 @@ impl Engine {
 
     async fn publish(&self, alert: &Alert, event: Event) {
         let mut headers = async_nats::HeaderMap::new();
-        let msg_id = format!(
-            "{}:{}:{}:{}",
-            alert.dedup_key,
-            event.word(),
-            alert.started_at_unix_ms,
-            alert.severity
-        );
+        let msg_id = format!("{}:{}:{}:{}", alert.dedup_key, event.word(), alert.started_at_unix_ms, alert.severity);
         headers.insert("Nats-Msg-Id", msg_id.as_str());
         bw_common::telemetry::inject(&tracing::Span::current(), &mut headers);
         let subject = names::alert_subject(&alert.rule);
         let payload = bytes::Bytes::from(alert.encode_to_vec());
-        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, payload).await
-        {
+        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, payload).await {
             // The sinks still get it; the NATS copy is informational.
             tracing::warn!(dedup_key = %alert.dedup_key, error = %e, "cannot publish alert");
         }
@@ -174,16 +145,10 @@ impl Engine {
                     ("forced".to_string(), forced.to_string()),
                 ];
                 if t.open_until_unix_ms > 0 {
-                    labels.push((
-                        "open_until_unix_ms".into(),
-                        t.open_until_unix_ms.to_string(),
-                    ));
+                    labels.push(("open_until_unix_ms".into(), t.open_until_unix_ms.to_string()));
                 }
                 let summary = if forced {
-                    format!(
-                        "breaker FORCED OPEN by an operator for sender {scope_text}: {}",
-                        t.reason
-                    )
+                    format!("breaker FORCED OPEN by an operator for sender {scope_text}: {}", t.reason)
                 } else {
                     format!(
                         "breaker OPEN for sender {scope_text}: {} (failure rate {:.0}% over {} calls); sends go to the DLQ",
@@ -192,11 +157,7 @@ impl Engine {
                         t.calls_in_window
                     )
                 };
-                let severity = if forced {
-                    Severity::Info
-                } else {
-                    Severity::Warning
-                };
+                let severity = if forced { Severity::Info } else { Severity::Warning };
                 self.fire(Firing {
                     rule: Rule::BreakerOpen,
                     target: phone,
@@ -209,8 +170,7 @@ impl Engine {
                 .await?;
             }
             BreakerState::Closed | BreakerState::ForcedClosed => {
-                self.resolve(Rule::BreakerOpen, &key, t.at_unix_ms, true)
-                    .await?;
+                self.resolve(Rule::BreakerOpen, &key, t.at_unix_ms, true).await?;
             }
             // HALF_OPEN keeps the alert firing: the scope is probing, not healthy yet.
             BreakerState::HalfOpen | BreakerState::Unspecified => {}
@@ -225,37 +185,19 @@ impl Engine {
             subject: subject.into(),
             detail: e.to_string(),
         })?;
-        let target = if s.phone_number_id.is_empty() {
-            s.waba_id.clone()
-        } else {
-            s.phone_number_id.clone()
-        };
+        let target = if s.phone_number_id.is_empty() { s.waba_id.clone() } else { s.phone_number_id.clone() };
         let scope = scope_label(&s.waba_id, &s.phone_number_id);
-        let shown = if scope.is_empty() {
-            "fleet".to_string()
-        } else {
-            scope.clone()
-        };
-        let mut labels = vec![
-            ("kind".to_string(), s.kind.clone()),
-            ("detail".to_string(), s.detail.clone()),
-        ];
+        let shown = if scope.is_empty() { "fleet".to_string() } else { scope.clone() };
+        let mut labels = vec![("kind".to_string(), s.kind.clone()), ("detail".to_string(), s.detail.clone())];
         if s.meta_code != 0 {
             labels.push(("meta_code".into(), s.meta_code.to_string()));
         }
-        let at = if s.at_unix_ms > 0 {
-            s.at_unix_ms
-        } else {
-            bw_common::time::now_ms()
-        };
+        let at = if s.at_unix_ms > 0 { s.at_unix_ms } else { bw_common::time::now_ms() };
         let (rule, severity, summary) = match s.kind.as_str() {
             "credentials" => (
                 Rule::CredentialsInvalid,
                 Severity::Critical,
-                format!(
-                    "Meta rejected the credentials for {shown} (code {}); sending is paused",
-                    s.meta_code
-                ),
+                format!("Meta rejected the credentials for {shown} (code {}); sending is paused", s.meta_code),
             ),
             "poison" => (
                 Rule::PoisonMessages,
@@ -265,16 +207,9 @@ impl Engine {
             "status_error" => (
                 Rule::StatusErrors,
                 Severity::Warning,
-                format!(
-                    "Meta reported failed deliveries for {shown} (code {})",
-                    s.meta_code
-                ),
+                format!("Meta reported failed deliveries for {shown} (code {})", s.meta_code),
             ),
-            "dlq_limit" => (
-                Rule::DlqLimit,
-                Severity::Critical,
-                format!("DLQ limit reached for {shown}: {}", s.detail),
-            ),
+            "dlq_limit" => (Rule::DlqLimit, Severity::Critical, format!("DLQ limit reached for {shown}: {}", s.detail)),
             "quota" => {
                 let Some(percent) = parse_percent(&s.detail) else {
                     return Err(EventError::Malformed {
@@ -285,41 +220,19 @@ impl Engine {
                 };
                 labels.push(("usage_percent".into(), format!("{percent:.1}")));
                 if percent < self.quota_warning_percent {
-                    self.resolve(
-                        Rule::QuotaUsage,
-                        &dedup_key(Rule::QuotaUsage, &target),
-                        at,
-                        false,
-                    )
-                    .await?;
+                    self.resolve(Rule::QuotaUsage, &dedup_key(Rule::QuotaUsage, &target), at, false).await?;
                     return Ok(());
                 }
-                let severity = if percent >= self.quota_critical_percent {
-                    Severity::Critical
-                } else {
-                    Severity::Warning
-                };
-                (
-                    Rule::QuotaUsage,
-                    severity,
-                    format!("quota usage of {shown} at {percent:.0}%"),
-                )
+                let severity =
+                    if percent >= self.quota_critical_percent { Severity::Critical } else { Severity::Warning };
+                (Rule::QuotaUsage, severity, format!("quota usage of {shown} at {percent:.0}%"))
             }
             other => {
                 tracing::debug!(kind = other, "signal kind without an alert rule ignored");
                 return Ok(());
             }
         };
-        self.fire(Firing {
-            rule,
-            target,
-            scope,
-            severity,
-            summary,
-            at_unix_ms: at,
-            labels,
-        })
-        .await?;
+        self.fire(Firing { rule, target, scope, severity, summary, at_unix_ms: at, labels }).await?;
         Ok(())
     }
 }
@@ -329,16 +242,9 @@ impl Engine {
 pub fn parse_percent(detail: &str) -> Option<f64> {
     let numbers = numbers(detail);
     if let Some(at) = detail.find("percent=") {
-        return numbers
-            .iter()
-            .find(|(start, _, _)| *start >= at)
-            .map(|(_, _, v)| *v);
+        return numbers.iter().find(|(start, _, _)| *start >= at).map(|(_, _, v)| *v);
     }
-    numbers
-        .iter()
-        .find(|(_, end, _)| detail[*end..].starts_with('%'))
-        .or_else(|| numbers.first())
-        .map(|(_, _, v)| *v)
+    numbers.iter().find(|(_, end, _)| detail[*end..].starts_with('%')).or_else(|| numbers.first()).map(|(_, _, v)| *v)
 }
 
 fn numbers(text: &str) -> Vec<(usize, usize, f64)> {

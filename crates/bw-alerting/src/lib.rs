@@ -24,8 +24,8 @@ mod sinks;
 mod state;
 
 pub use config::{
-    AlertingConfig, Config, DeliveryConfig, DisplayConfig, PagerDutyConfig, RulesConfig,
-    SinkConfig, SinksConfig, StormConfig,
+    AlertingConfig, Config, DeliveryConfig, DisplayConfig, PagerDutyConfig, RulesConfig, SinkConfig, SinksConfig,
+    StormConfig,
 };
 pub use display::{format_local, format_utc};
 pub use model::{CONSUMER, EVENT_FILTERS, Rule, STATE_BUCKET, dedup_key, storm_key};
@@ -49,8 +49,7 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs the alerting service until `shutdown` is cancelled.
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cfg.validate()
-        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let metrics = metrics::Metrics::register(&deps.metrics);
     let ttl = Duration::from_secs(cfg.alerting.state_ttl_hours * 3600);
     let store = state::StateStore::open(&deps.js, cfg.nats.replicas, ttl).await?;
@@ -58,10 +57,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let notifier = notify::spawn(&cfg, store.clone(), metrics.clone(), &tracker)?;
     let engine = engine::Engine {
         store,
-        gate: Arc::new(notify::StormGate::new(
-            cfg.storm.interval_ms,
-            cfg.storm.max_individual,
-        )),
+        gate: Arc::new(notify::StormGate::new(cfg.storm.interval_ms, cfg.storm.max_individual)),
         notifier,
         metrics,
         js: deps.js.clone(),
@@ -78,10 +74,8 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         .await
         .map_err(|e| anyhow::anyhow!("cannot pull from consumer `{CONSUMER}`: {e}"))?;
     tracker.spawn(
-        consume(engine.clone(), messages, shutdown.clone()).instrument(tracing::info_span!(
-            "alerting.consume",
-            stream = names::EVENTS_STREAM
-        )),
+        consume(engine.clone(), messages, shutdown.clone())
+            .instrument(tracing::info_span!("alerting.consume", stream = names::EVENTS_STREAM)),
     );
     let mut poller = poll::Poller::new(
         engine,
@@ -110,19 +104,13 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     tracing::info!(consumer = CONSUMER, "alerting started");
     shutdown.cancelled().await;
     deps.health.set_shutting_down();
-    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
         tracing::warn!("shutdown grace expired with notifications still in flight");
     }
     Ok(())
 }
 
-async fn event_consumer(
-    deps: &Deps,
-    cfg: &AlertingConfig,
-) -> anyhow::Result<consumer::Consumer<pull::Config>> {
+async fn event_consumer(deps: &Deps, cfg: &AlertingConfig) -> anyhow::Result<consumer::Consumer<pull::Config>> {
     let stream = deps
         .js
         .get_stream(names::EVENTS_STREAM)
@@ -142,10 +130,7 @@ async fn event_consumer(
     // Several instances may race to create it; whoever loses finds it on the next try.
     let mut last_err = None;
     for _ in 0..5 {
-        match stream
-            .get_or_create_consumer(CONSUMER, config.clone())
-            .await
-        {
+        match stream.get_or_create_consumer(CONSUMER, config.clone()).await {
             Ok(c) => return Ok(c),
             Err(e) => {
                 last_err = Some(e);
@@ -153,10 +138,7 @@ async fn event_consumer(
             }
         }
     }
-    Err(anyhow::anyhow!(
-        "cannot create consumer `{CONSUMER}`: {}",
-        last_err.map(|e| e.to_string()).unwrap_or_default()
-    ))
+    Err(anyhow::anyhow!("cannot create consumer `{CONSUMER}`: {}", last_err.map(|e| e.to_string()).unwrap_or_default()))
 }
 
 async fn consume(engine: engine::Engine, mut messages: pull::Stream, shutdown: CancellationToken) {
@@ -200,11 +182,7 @@ async fn handle(engine: &engine::Engine, msg: Message) {
             (kind, "retry", AckKind::Nak(Some(Duration::from_secs(1))))
         }
     };
-    engine
-        .metrics
-        .events
-        .get_or_create(&metrics::labels([("kind", kind), ("result", outcome)]))
-        .inc();
+    engine.metrics.events.get_or_create(&metrics::labels([("kind", kind), ("result", outcome)])).inc();
     if let Err(e) = msg.ack_with(ack).await {
         tracing::warn!(error = %e, "cannot ack event");
     }

@@ -33,26 +33,10 @@ impl Metrics {
     pub fn register(registry: &MetricsRegistry) -> Metrics {
         let m = Metrics::default();
         if let Ok(mut r) = registry.lock() {
-            r.register(
-                "bw_alerts_fired",
-                "Alerts fired, by rule and severity",
-                m.fired.clone(),
-            );
-            r.register(
-                "bw_alerts_resolved",
-                "Alerts resolved, by rule",
-                m.resolved.clone(),
-            );
-            r.register(
-                "bw_alerts_escalated",
-                "Alerts escalated to a higher severity, by rule",
-                m.escalated.clone(),
-            );
-            r.register(
-                "bw_alerts_active",
-                "Alerts firing now, by rule (from the shared state)",
-                m.active.clone(),
-            );
+            r.register("bw_alerts_fired", "Alerts fired, by rule and severity", m.fired.clone());
+            r.register("bw_alerts_resolved", "Alerts resolved, by rule", m.resolved.clone());
+            r.register("bw_alerts_escalated", "Alerts escalated to a higher severity, by rule", m.escalated.clone());
+            r.register("bw_alerts_active", "Alerts firing now, by rule (from the shared state)", m.active.clone());
             r.register(
                 "bw_alert_notifications",
                 "Notifications delivered, by sink and kind (alert, digest)",
@@ -63,37 +47,17 @@ impl Metrics {
                 "Notifications a sink did not accept after every retry",
                 m.sink_failures.clone(),
             );
-            r.register(
-                "bw_alert_sink_retries",
-                "Sink delivery retries",
-                m.sink_retries.clone(),
-            );
-            r.register(
-                "bw_alert_digests",
-                "Storm digests sent, by rule",
-                m.digests.clone(),
-            );
-            r.register(
-                "bw_alert_events",
-                "Events consumed, by kind and result",
-                m.events.clone(),
-            );
+            r.register("bw_alert_sink_retries", "Sink delivery retries", m.sink_retries.clone());
+            r.register("bw_alert_digests", "Storm digests sent, by rule", m.digests.clone());
+            r.register("bw_alert_events", "Events consumed, by kind and result", m.events.clone());
             r.register("bw_dlq_depth", "Messages in BW_DLQ", m.dlq_depth.clone());
             r.register(
                 "bw_dlq_oldest_age_seconds",
                 "Age of the oldest BW_DLQ message over all scopes",
                 m.dlq_oldest_age.clone(),
             );
-            r.register(
-                "bw_dlq_scopes",
-                "Scopes with at least one BW_DLQ message",
-                m.dlq_scopes.clone(),
-            );
-            r.register(
-                "bw_stream_messages",
-                "Messages in a JetStream stream",
-                m.stream_messages.clone(),
-            );
+            r.register("bw_dlq_scopes", "Scopes with at least one BW_DLQ message", m.dlq_scopes.clone());
+            r.register("bw_stream_messages", "Messages in a JetStream stream", m.stream_messages.clone());
             r.register(
                 "bw_stream_max_messages",
                 "Message limit of a JetStream stream (publishes are refused beyond it)",

@@ -63,11 +63,9 @@ impl Rule {
     pub fn runbook(self) -> &'static str {
         match self {
             Rule::BreakerOpen => "meta-down.md",
-            Rule::DlqDepth
-            | Rule::DlqOldestAge
-            | Rule::StreamNearLimit
-            | Rule::DlqLimit
-            | Rule::PoisonMessages => "dlq-growing.md",
+            Rule::DlqDepth | Rule::DlqOldestAge | Rule::StreamNearLimit | Rule::DlqLimit | Rule::PoisonMessages => {
+                "dlq-growing.md"
+            }
             Rule::QuarantineGrowth | Rule::StatusErrors => "quality-restrictions.md",
             Rule::UnknownBacklog => "unknown-outcomes.md",
             Rule::QuotaUsage => "quota-exhausted.md",
@@ -79,11 +77,7 @@ impl Rule {
     pub fn resolves_when_quiet(self) -> bool {
         matches!(
             self,
-            Rule::QuotaUsage
-                | Rule::CredentialsInvalid
-                | Rule::PoisonMessages
-                | Rule::StatusErrors
-                | Rule::DlqLimit
+            Rule::QuotaUsage | Rule::CredentialsInvalid | Rule::PoisonMessages | Rule::StatusErrors | Rule::DlqLimit
         )
     }
 }
@@ -93,11 +87,7 @@ pub const FLEET: &str = "fleet";
 
 /// Dedup key `<rule>.<target>`; the target is sanitised to KV key characters. Same rule and target, same key.
 pub fn dedup_key(rule: Rule, target: &str) -> String {
-    let target: String = if target.is_empty() {
-        FLEET.into()
-    } else {
-        sanitize(target)
-    };
+    let target: String = if target.is_empty() { FLEET.into() } else { sanitize(target) };
     format!("{}.{target}", rule.name())
 }
 
@@ -110,15 +100,7 @@ pub fn storm_key(rule: Rule) -> String {
 }
 
 fn sanitize(raw: &str) -> String {
-    raw.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '_' }).collect()
 }
 
 /// What the KV bucket holds per dedup key: the alert as last notified, plus bookkeeping.
@@ -136,16 +118,11 @@ pub struct AlertState {
 
 impl AlertState {
     pub fn is_firing(&self) -> bool {
-        self.alert
-            .as_ref()
-            .is_some_and(|a| a.status == AlertStatus::Firing as i32)
+        self.alert.as_ref().is_some_and(|a| a.status == AlertStatus::Firing as i32)
     }
 
     pub fn severity(&self) -> Severity {
-        self.alert
-            .as_ref()
-            .and_then(|a| Severity::try_from(a.severity).ok())
-            .unwrap_or(Severity::Unspecified)
+        self.alert.as_ref().and_then(|a| Severity::try_from(a.severity).ok()).unwrap_or(Severity::Unspecified)
     }
 }
 
@@ -179,14 +156,8 @@ mod tests {
     #[test]
     fn dedup_keys_are_stable_and_kv_safe() {
         assert_eq!(dedup_key(Rule::BreakerOpen, "1065"), "breaker_open.1065");
-        assert_eq!(
-            dedup_key(Rule::StreamNearLimit, ""),
-            "stream_near_limit.fleet"
-        );
-        assert_eq!(
-            dedup_key(Rule::QuotaUsage, "a b/c.d*"),
-            "quota_usage.a_b_c_d_"
-        );
+        assert_eq!(dedup_key(Rule::StreamNearLimit, ""), "stream_near_limit.fleet");
+        assert_eq!(dedup_key(Rule::QuotaUsage, "a b/c.d*"), "quota_usage.a_b_c_d_");
         for rule in Rule::ALL {
             assert_eq!(Rule::from_name(rule.name()), Some(rule));
         }

@@ -29,11 +29,7 @@ pub struct StormGate {
 
 impl StormGate {
     pub fn new(interval_ms: u64, max_individual: u32) -> StormGate {
-        StormGate {
-            interval_ms: interval_ms as i64,
-            max_individual,
-            windows: Mutex::new(HashMap::new()),
-        }
+        StormGate { interval_ms: interval_ms as i64, max_individual, windows: Mutex::new(HashMap::new()) }
     }
 
     /// Whether a firing of `rule` at `now_ms` may be notified on its own (takes one unit of budget).
@@ -56,11 +52,7 @@ impl StormGate {
 
 enum Outgoing {
     Individual(Notice),
-    Digested {
-        rule: Rule,
-        alert: Alert,
-        event: Event,
-    },
+    Digested { rule: Rule, alert: Alert, event: Event },
 }
 
 /// Handle the engine and poller use to notify.
@@ -72,22 +64,12 @@ pub struct Notifier {
 impl Notifier {
     /// Notifies `alert` on its own.
     pub async fn individual(&self, alert: Alert, event: Event, at_unix_ms: i64) {
-        let _ = self
-            .tx
-            .send(Outgoing::Individual(Notice::Alert {
-                alert,
-                event,
-                at_unix_ms,
-            }))
-            .await;
+        let _ = self.tx.send(Outgoing::Individual(Notice::Alert { alert, event, at_unix_ms })).await;
     }
 
     /// Adds `alert` to the next digest of its rule.
     pub async fn digested(&self, rule: Rule, alert: Alert, event: Event) {
-        let _ = self
-            .tx
-            .send(Outgoing::Digested { rule, alert, event })
-            .await;
+        let _ = self.tx.send(Outgoing::Digested { rule, alert, event }).await;
     }
 }
 
@@ -107,12 +89,7 @@ struct Pending {
 
 /// Starts the notifier and one worker per enabled sink on `tracker`. They stop once every [`Notifier`]
 /// clone is dropped and the queues are drained (pending digests are flushed first).
-pub fn spawn(
-    cfg: &Config,
-    store: StateStore,
-    metrics: Metrics,
-    tracker: &TaskTracker,
-) -> anyhow::Result<Notifier> {
+pub fn spawn(cfg: &Config, store: StateStore, metrics: Metrics, tracker: &TaskTracker) -> anyhow::Result<Notifier> {
     let ctx = RenderContext {
         zone: crate::display::parse_zone(&cfg.display.time_zone).map_err(anyhow::Error::msg)?,
         source: cfg.display.source.clone(),
@@ -123,21 +100,9 @@ pub fn spawn(
         .map_err(|e| anyhow::anyhow!("cannot build http client: {e}"))?;
     let mut queues = Vec::new();
     let sinks = [
-        (
-            SinkKind::Webhook,
-            cfg.sinks.webhook.enabled,
-            cfg.sinks.webhook.url.clone(),
-        ),
-        (
-            SinkKind::Slack,
-            cfg.sinks.slack.enabled,
-            cfg.sinks.slack.url.clone(),
-        ),
-        (
-            SinkKind::PagerDuty,
-            cfg.sinks.pagerduty.enabled,
-            cfg.sinks.pagerduty.url.clone(),
-        ),
+        (SinkKind::Webhook, cfg.sinks.webhook.enabled, cfg.sinks.webhook.url.clone()),
+        (SinkKind::Slack, cfg.sinks.slack.enabled, cfg.sinks.slack.url.clone()),
+        (SinkKind::PagerDuty, cfg.sinks.pagerduty.enabled, cfg.sinks.pagerduty.url.clone()),
     ];
     for (kind, enabled, url) in sinks {
         if !enabled {
@@ -146,15 +111,8 @@ pub fn spawn(
         let (tx, rx) = mpsc::channel(cfg.delivery.queue_capacity);
         queues.push(SinkQueue { kind, tx });
         tracker.spawn(
-            sink_worker(
-                kind,
-                url,
-                rx,
-                http.clone(),
-                cfg.delivery.clone(),
-                metrics.clone(),
-            )
-            .instrument(tracing::info_span!("alerting.sink", sink = kind.name())),
+            sink_worker(kind, url, rx, http.clone(), cfg.delivery.clone(), metrics.clone())
+                .instrument(tracing::info_span!("alerting.sink", sink = kind.name())),
         );
     }
     let (tx, rx) = mpsc::channel(1024);
@@ -228,10 +186,7 @@ async fn flush(
                 tracing::warn!(rule = rule.name(), error = %e, "cannot record storm state");
             }
         }
-        metrics
-            .digests
-            .get_or_create(&labels([("rule", rule.name())]))
-            .inc();
+        metrics.digests.get_or_create(&labels([("rule", rule.name())])).inc();
         render(&Notice::Digest(Digest {
             rule: rule.name().to_string(),
             dedup_key: storm_key(rule),
@@ -247,13 +202,7 @@ async fn flush(
     }
 }
 
-fn queues_send(
-    queues: &[SinkQueue],
-    ctx: &RenderContext,
-    routing_key: &str,
-    notice: &Notice,
-    metrics: &Metrics,
-) {
+fn queues_send(queues: &[SinkQueue], ctx: &RenderContext, routing_key: &str, notice: &Notice, metrics: &Metrics) {
     let kind = match notice {
         Notice::Alert { .. } => "alert",
         Notice::Digest(_) => "digest",
@@ -265,14 +214,8 @@ fn queues_send(
             SinkKind::PagerDuty => sinks::pagerduty(ctx, routing_key, notice),
         };
         if q.tx.try_send((body, kind)).is_err() {
-            metrics
-                .sink_failures
-                .get_or_create(&labels([("sink", q.kind.name())]))
-                .inc();
-            tracing::error!(
-                sink = q.kind.name(),
-                "sink queue full; notification not delivered to this sink"
-            );
+            metrics.sink_failures.get_or_create(&labels([("sink", q.kind.name())])).inc();
+            tracing::error!(sink = q.kind.name(), "sink queue full; notification not delivered to this sink");
         }
     }
 }
@@ -288,10 +231,7 @@ async fn sink_worker(
     let url = Arc::new(url);
     while let Some((body, notice_kind)) = rx.recv().await {
         if sinks::deliver(&http, kind, &url, &body, &delivery, &metrics).await {
-            metrics
-                .notifications
-                .get_or_create(&labels([("sink", kind.name()), ("kind", notice_kind)]))
-                .inc();
+            metrics.notifications.get_or_create(&labels([("sink", kind.name()), ("kind", notice_kind)])).inc();
         }
     }
 }

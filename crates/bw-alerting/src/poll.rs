@@ -44,14 +44,7 @@ impl Poller {
         rules: RulesConfig,
         alerting: AlertingConfig,
     ) -> Poller {
-        Poller {
-            engine,
-            js,
-            scopes,
-            rules,
-            alerting,
-            quarantine_samples: VecDeque::new(),
-        }
+        Poller { engine, js, scopes, rules, alerting, quarantine_samples: VecDeque::new() }
     }
 
     /// One full pass. Errors are logged; a rule whose input could not be read resolves nothing this tick.
@@ -93,10 +86,7 @@ impl Poller {
         let stream_ref = &stream;
         let ages: Vec<(String, u64, Option<f64>)> = futures::stream::iter(per_subject)
             .map(|(subject, count)| async move {
-                let age = stream_ref
-                    .get_first_raw_message_by_subject(&subject, first_seq.max(1))
-                    .await
-                    .ok();
+                let age = stream_ref.get_first_raw_message_by_subject(&subject, first_seq.max(1)).await.ok();
                 (subject, count, age.map(|m| age_s(now, m.time)))
             })
             .buffer_unordered(8)
@@ -105,45 +95,22 @@ impl Poller {
         let metrics = &self.engine.metrics;
         metrics.dlq_depth.set(total as i64);
         metrics.dlq_scopes.set(ages.len() as i64);
-        metrics
-            .dlq_oldest_age
-            .set(ages.iter().filter_map(|(_, _, a)| *a).fold(0.0, f64::max));
+        metrics.dlq_oldest_age.set(ages.iter().filter_map(|(_, _, a)| *a).fold(0.0, f64::max));
         found.evaluated.extend([Rule::DlqDepth, Rule::DlqOldestAge]);
         for (subject, depth, age) in ages {
             let phone = subject.rsplit('.').next().unwrap_or_default().to_string();
             let age = age.unwrap_or(0.0);
-            let labels = vec![
-                ("depth".to_string(), depth.to_string()),
-                ("oldest_age_s".to_string(), format!("{age:.0}")),
-            ];
+            let labels =
+                vec![("depth".to_string(), depth.to_string()), ("oldest_age_s".to_string(), format!("{age:.0}"))];
             if depth >= self.rules.dlq_depth_threshold {
-                let summary = format!(
-                    "DLQ holds {depth} messages for sender {phone} (oldest {:.0} min)",
-                    age / 60.0
-                );
-                let f = self.firing(
-                    Rule::DlqDepth,
-                    &phone,
-                    Severity::Warning,
-                    summary,
-                    now,
-                    labels.clone(),
-                );
+                let summary = format!("DLQ holds {depth} messages for sender {phone} (oldest {:.0} min)", age / 60.0);
+                let f = self.firing(Rule::DlqDepth, &phone, Severity::Warning, summary, now, labels.clone());
                 self.fire(found, f).await;
             }
             if age >= self.rules.dlq_oldest_age_s as f64 {
-                let summary = format!(
-                    "oldest DLQ message of sender {phone} waits for {:.0} min ({depth} in DLQ)",
-                    age / 60.0
-                );
-                let f = self.firing(
-                    Rule::DlqOldestAge,
-                    &phone,
-                    Severity::Warning,
-                    summary,
-                    now,
-                    labels,
-                );
+                let summary =
+                    format!("oldest DLQ message of sender {phone} waits for {:.0} min ({depth} in DLQ)", age / 60.0);
+                let f = self.firing(Rule::DlqOldestAge, &phone, Severity::Warning, summary, now, labels);
                 self.fire(found, f).await;
             }
         }
@@ -159,60 +126,25 @@ impl Poller {
         now: i64,
         labels: Vec<(String, String)>,
     ) -> Firing {
-        let scope = if target == FLEET {
-            String::new()
-        } else {
-            target.to_string()
-        };
-        Firing {
-            rule,
-            target: target.to_string(),
-            scope,
-            severity,
-            summary,
-            at_unix_ms: now,
-            labels,
-        }
+        let scope = if target == FLEET { String::new() } else { target.to_string() };
+        Firing { rule, target: target.to_string(), scope, severity, summary, at_unix_ms: now, labels }
     }
 
     async fn check_limits(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
-        for name in [
-            names::SEND_STREAM,
-            names::DLQ_STREAM,
-            names::UNKNOWN_STREAM,
-            names::QUARANTINE_STREAM,
-        ] {
+        for name in [names::SEND_STREAM, names::DLQ_STREAM, names::UNKNOWN_STREAM, names::QUARANTINE_STREAM] {
             let mut stream = self.js.get_stream(name).await?;
             let info = stream.info().await?;
             let (messages, max) = (info.state.messages, info.config.max_messages);
             let stream_label = labels([("stream", name)]);
-            self.engine
-                .metrics
-                .stream_messages
-                .get_or_create(&stream_label)
-                .set(messages as i64);
-            self.engine
-                .metrics
-                .stream_max_messages
-                .get_or_create(&stream_label)
-                .set(max);
+            self.engine.metrics.stream_messages.get_or_create(&stream_label).set(messages as i64);
+            self.engine.metrics.stream_max_messages.get_or_create(&stream_label).set(max);
             if max > 0 && messages as f64 >= self.rules.stream_near_limit_ratio * max as f64 {
                 let summary = format!(
                     "{name} holds {messages} of at most {max} messages ({:.0}%); at the limit new messages are refused",
                     100.0 * messages as f64 / max as f64
                 );
-                let labels = vec![
-                    ("messages".into(), messages.to_string()),
-                    ("max_messages".into(), max.to_string()),
-                ];
-                let f = self.firing(
-                    Rule::StreamNearLimit,
-                    name,
-                    Severity::Critical,
-                    summary,
-                    now,
-                    labels,
-                );
+                let labels = vec![("messages".into(), messages.to_string()), ("max_messages".into(), max.to_string())];
+                let f = self.firing(Rule::StreamNearLimit, name, Severity::Critical, summary, now, labels);
                 self.fire(found, f).await;
             }
         }
@@ -238,22 +170,11 @@ impl Poller {
                 (now - oldest_at) as f64 / 60_000.0
             );
             let labels = vec![("growth".into(), growth.to_string())];
-            let f = self.firing(
-                Rule::QuarantineGrowth,
-                FLEET,
-                Severity::Warning,
-                summary,
-                now,
-                labels,
-            );
+            let f = self.firing(Rule::QuarantineGrowth, FLEET, Severity::Warning, summary, now, labels);
             self.fire(found, f).await;
         }
         // Only a full window of history may say "no growth" (a freshly started instance has too little).
-        if now - oldest_at >= window
-            || found
-                .violating
-                .contains(&dedup_key(Rule::QuarantineGrowth, FLEET))
-        {
+        if now - oldest_at >= window || found.violating.contains(&dedup_key(Rule::QuarantineGrowth, FLEET)) {
             found.evaluated.insert(Rule::QuarantineGrowth);
         }
         Ok(())
@@ -262,11 +183,7 @@ impl Poller {
     async fn check_unknown(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
         let mut stream = self.js.get_stream(names::UNKNOWN_STREAM).await?;
         let state = stream.info().await?.state.clone();
-        let age = if state.messages > 0 {
-            age_s(now, state.first_timestamp)
-        } else {
-            0.0
-        };
+        let age = if state.messages > 0 { age_s(now, state.first_timestamp) } else { 0.0 };
         self.engine.metrics.unknown_oldest_age.set(age);
         if state.messages >= self.rules.unknown_backlog_threshold.max(1)
             || (state.messages > 0 && age >= self.rules.unknown_oldest_age_s as f64)
@@ -276,18 +193,9 @@ impl Poller {
                 state.messages,
                 age / 60.0
             );
-            let labels = vec![
-                ("backlog".into(), state.messages.to_string()),
-                ("oldest_age_s".into(), format!("{age:.0}")),
-            ];
-            let f = self.firing(
-                Rule::UnknownBacklog,
-                FLEET,
-                Severity::Warning,
-                summary,
-                now,
-                labels,
-            );
+            let labels =
+                vec![("backlog".into(), state.messages.to_string()), ("oldest_age_s".into(), format!("{age:.0}"))];
+            let f = self.firing(Rule::UnknownBacklog, FLEET, Severity::Warning, summary, now, labels);
             self.fire(found, f).await;
         }
         found.evaluated.insert(Rule::UnknownBacklog);
@@ -322,8 +230,7 @@ impl Poller {
             let result = match rule {
                 Rule::BreakerOpen => self.review_breaker(now, &key, &state).await,
                 r if r.resolves_when_quiet()
-                    && now - state.last_seen_unix_ms
-                        >= self.alerting.signal_quiet_resolve_ms as i64 =>
+                    && now - state.last_seen_unix_ms >= self.alerting.signal_quiet_resolve_ms as i64 =>
                 {
                     self.engine.resolve(rule, &key, now, false).await
                 }
@@ -344,20 +251,11 @@ impl Poller {
             }
         }
         for (rule, n) in active {
-            self.engine
-                .metrics
-                .active
-                .get_or_create(&labels([("rule", rule.name())]))
-                .set(n);
+            self.engine.metrics.active.get_or_create(&labels([("rule", rule.name())])).set(n);
         }
     }
 
-    async fn review_breaker(
-        &self,
-        now: i64,
-        key: &str,
-        state: &AlertState,
-    ) -> Result<(), crate::state::StateError> {
+    async fn review_breaker(&self, now: i64, key: &str, state: &AlertState) -> Result<(), crate::state::StateError> {
         let Some(alert) = state.alert.as_ref() else {
             return Ok(());
         };
@@ -367,32 +265,17 @@ impl Poller {
         }
         // A CLOSED snapshot newer than the firing heals a missed CLOSED event.
         if let Some(snap) = self.snapshot(phone).await {
-            let closed = matches!(
-                BreakerState::try_from(snap.state),
-                Ok(BreakerState::Closed) | Ok(BreakerState::ForcedClosed)
-            );
+            let closed =
+                matches!(BreakerState::try_from(snap.state), Ok(BreakerState::Closed) | Ok(BreakerState::ForcedClosed));
             if closed && snap.since_unix_ms >= alert.started_at_unix_ms {
-                return self
-                    .engine
-                    .resolve(Rule::BreakerOpen, key, snap.since_unix_ms, true)
-                    .await;
+                return self.engine.resolve(Rule::BreakerOpen, key, snap.since_unix_ms, true).await;
             }
         }
         let forced = alert.labels.get("forced").is_some_and(|v| v == "true");
         let open_ms = now - alert.started_at_unix_ms;
-        if !forced
-            && state.severity() != Severity::Critical
-            && open_ms >= self.rules.breaker_escalate_after_ms
-        {
-            let summary = format!(
-                "{} — still OPEN after {} s: escalated",
-                alert.summary,
-                open_ms / 1000
-            );
-            return self
-                .engine
-                .escalate(Rule::BreakerOpen, key, Severity::Critical, &summary)
-                .await;
+        if !forced && state.severity() != Severity::Critical && open_ms >= self.rules.breaker_escalate_after_ms {
+            let summary = format!("{} — still OPEN after {} s: escalated", alert.summary, open_ms / 1000);
+            return self.engine.escalate(Rule::BreakerOpen, key, Severity::Critical, &summary).await;
         }
         Ok(())
     }

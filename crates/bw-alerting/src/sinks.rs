@@ -52,11 +52,7 @@ pub struct Digest {
 /// One notification to render for every sink.
 #[derive(Debug, Clone)]
 pub enum Notice {
-    Alert {
-        alert: Alert,
-        event: Event,
-        at_unix_ms: i64,
-    },
+    Alert { alert: Alert, event: Event, at_unix_ms: i64 },
     Digest(Digest),
 }
 
@@ -75,21 +71,13 @@ fn times(ctx: &RenderContext, unix_ms: i64) -> Value {
 }
 
 fn status_word(alert: &Alert) -> &'static str {
-    if alert.status == AlertStatus::Resolved as i32 {
-        "resolved"
-    } else {
-        "firing"
-    }
+    if alert.status == AlertStatus::Resolved as i32 { "resolved" } else { "firing" }
 }
 
 /// Generic JSON webhook body.
 pub fn generic(ctx: &RenderContext, notice: &Notice) -> Value {
     match notice {
-        Notice::Alert {
-            alert,
-            event,
-            at_unix_ms,
-        } => json!({
+        Notice::Alert { alert, event, at_unix_ms } => json!({
             "kind": "alert",
             "event": event.word(),
             "status": status_word(alert),
@@ -142,33 +130,18 @@ fn headline(alert: &Alert, event: Event) -> String {
         (_, 2) => "WARNING",
         _ => "INFO",
     };
-    let scope = if alert.scope.is_empty() {
-        "fleet"
-    } else {
-        alert.scope.as_str()
-    };
+    let scope = if alert.scope.is_empty() { "fleet" } else { alert.scope.as_str() };
     format!("[{icon}] {} ({scope})", alert.rule)
 }
 
 /// Slack-style incoming webhook body.
 pub fn slack(ctx: &RenderContext, notice: &Notice) -> Value {
     match notice {
-        Notice::Alert {
-            alert,
-            event,
-            at_unix_ms,
-        } => {
+        Notice::Alert { alert, event, at_unix_ms } => {
             let head = headline(alert, *event);
             let mut lines = vec![
                 format!("*{}*", alert.summary),
-                format!(
-                    "*Scope:* {}",
-                    if alert.scope.is_empty() {
-                        "fleet"
-                    } else {
-                        &alert.scope
-                    }
-                ),
+                format!("*Scope:* {}", if alert.scope.is_empty() { "fleet" } else { &alert.scope }),
                 format!("*Severity:* {}", severity_word(alert.severity)),
                 format!(
                     "*Started:* {} / {}",
@@ -183,10 +156,7 @@ pub fn slack(ctx: &RenderContext, notice: &Notice) -> Value {
                     format_local(alert.resolved_at_unix_ms, ctx.zone)
                 ));
             } else if *event == Event::Escalated {
-                lines.push(format!(
-                    "*Escalated:* {}",
-                    format_local(*at_unix_ms, ctx.zone)
-                ));
+                lines.push(format!("*Escalated:* {}", format_local(*at_unix_ms, ctx.zone)));
             }
             json!({
                 "text": format!("{head}: {}", alert.summary),
@@ -223,16 +193,8 @@ pub fn slack(ctx: &RenderContext, notice: &Notice) -> Value {
 /// PagerDuty Events v2 style body.
 pub fn pagerduty(ctx: &RenderContext, routing_key: &str, notice: &Notice) -> Value {
     match notice {
-        Notice::Alert {
-            alert,
-            event,
-            at_unix_ms,
-        } => {
-            let action = if alert.status == AlertStatus::Resolved as i32 {
-                "resolve"
-            } else {
-                "trigger"
-            };
+        Notice::Alert { alert, event, at_unix_ms } => {
+            let action = if alert.status == AlertStatus::Resolved as i32 { "resolve" } else { "trigger" };
             json!({
                 "routing_key": routing_key,
                 "event_action": action,
@@ -328,20 +290,16 @@ pub async fn deliver(
     let sink = labels([("sink", kind.name())]);
     let mut delay = Duration::from_millis(cfg.backoff_base_ms.max(1));
     for attempt in 1..=cfg.max_attempts {
-        let result = http
-            .post(url)
-            .timeout(Duration::from_millis(cfg.timeout_ms))
-            .json(body)
-            .send()
-            .await
-            .map_err(|e| TryError::Transport(e.without_url().to_string()))
-            .and_then(|resp| {
-                if resp.status().is_success() {
-                    Ok(())
-                } else {
-                    Err(TryError::Status(resp.status().as_u16()))
-                }
-            });
+        let result =
+            http.post(url)
+                .timeout(Duration::from_millis(cfg.timeout_ms))
+                .json(body)
+                .send()
+                .await
+                .map_err(|e| TryError::Transport(e.without_url().to_string()))
+                .and_then(|resp| {
+                    if resp.status().is_success() { Ok(()) } else { Err(TryError::Status(resp.status().as_u16())) }
+                });
         match result {
             Ok(()) => return true,
             Err(e) if e.retryable() && attempt < cfg.max_attempts => {

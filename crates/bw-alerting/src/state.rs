@@ -37,11 +37,7 @@ const CAS_TRIES: usize = 8;
 
 impl StateStore {
     /// Opens (creating if missing) the state bucket.
-    pub async fn open(
-        js: &jetstream::Context,
-        replicas: usize,
-        ttl: Duration,
-    ) -> anyhow::Result<StateStore> {
+    pub async fn open(js: &jetstream::Context, replicas: usize, ttl: Duration) -> anyhow::Result<StateStore> {
         let kv = match js.get_key_value(STATE_BUCKET).await {
             Ok(kv) => kv,
             Err(_) => {
@@ -58,9 +54,10 @@ impl StateStore {
                 match created {
                     Ok(kv) => kv,
                     // Another instance created it between our get and create.
-                    Err(e) => js.get_key_value(STATE_BUCKET).await.map_err(|_| {
-                        anyhow::anyhow!("cannot create kv bucket `{STATE_BUCKET}`: {e}")
-                    })?,
+                    Err(e) => js
+                        .get_key_value(STATE_BUCKET)
+                        .await
+                        .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{STATE_BUCKET}`: {e}"))?,
                 }
             }
         };
@@ -68,14 +65,8 @@ impl StateStore {
     }
 
     async fn read(&self, key: &str) -> Result<Option<(AlertState, u64)>, StateError> {
-        let entry = self
-            .kv
-            .entry(key)
-            .await
-            .map_err(|e| StateError::Unavailable {
-                key: key.into(),
-                detail: e.to_string(),
-            })?;
+        let entry =
+            self.kv.entry(key).await.map_err(|e| StateError::Unavailable { key: key.into(), detail: e.to_string() })?;
         Ok(match entry {
             Some(e) if e.operation == kv::Operation::Put => {
                 // An undecodable value is overwritten by the next CAS rather than blocking the key forever.
@@ -126,11 +117,7 @@ impl StateStore {
                     }
                 }
                 Some((state, rev)) => {
-                    let resolved_at = state
-                        .alert
-                        .as_ref()
-                        .map(|a| a.resolved_at_unix_ms)
-                        .unwrap_or(0);
+                    let resolved_at = state.alert.as_ref().map(|a| a.resolved_at_unix_ms).unwrap_or(0);
                     if state.alert.is_some() && f.at_unix_ms <= resolved_at {
                         return Ok(Change::Unchanged);
                     }
@@ -146,19 +133,11 @@ impl StateStore {
                 return Ok(change);
             }
         }
-        Err(StateError::Unavailable {
-            key,
-            detail: "too many concurrent updates".into(),
-        })
+        Err(StateError::Unavailable { key, detail: "too many concurrent updates".into() })
     }
 
     /// Raises a firing alert to `severity` (no-op if not firing or already at least that severe).
-    pub async fn escalate(
-        &self,
-        key: &str,
-        severity: Severity,
-        summary: &str,
-    ) -> Result<Change, StateError> {
+    pub async fn escalate(&self, key: &str, severity: Severity, summary: &str) -> Result<Change, StateError> {
         for _ in 0..CAS_TRIES {
             let Some((state, rev)) = self.read(key).await? else {
                 return Ok(Change::Unchanged);
@@ -175,21 +154,13 @@ impl StateStore {
                 return Ok(Change::Escalated(next));
             }
         }
-        Err(StateError::Unavailable {
-            key: key.into(),
-            detail: "too many concurrent updates".into(),
-        })
+        Err(StateError::Unavailable { key: key.into(), detail: "too many concurrent updates".into() })
     }
 
     /// Resolves `key` as of `at_ms`. A resolution older than the firing is stale and ignored. With
     /// `tombstone_if_missing`, a resolution of an unknown key is remembered so an older firing event that
     /// arrives later (another instance, redelivery) does not fire.
-    pub async fn resolve(
-        &self,
-        key: &str,
-        at_ms: i64,
-        tombstone_if_missing: bool,
-    ) -> Result<Change, StateError> {
+    pub async fn resolve(&self, key: &str, at_ms: i64, tombstone_if_missing: bool) -> Result<Change, StateError> {
         for _ in 0..CAS_TRIES {
             let (next, revision, change) = match self.read(key).await? {
                 Some((state, rev)) if state.is_firing() => {
@@ -203,11 +174,7 @@ impl StateStore {
                     (next.clone(), Some(rev), Change::Resolved(next))
                 }
                 Some((state, rev)) => {
-                    let resolved_at = state
-                        .alert
-                        .as_ref()
-                        .map(|a| a.resolved_at_unix_ms)
-                        .unwrap_or(0);
+                    let resolved_at = state.alert.as_ref().map(|a| a.resolved_at_unix_ms).unwrap_or(0);
                     if !tombstone_if_missing || at_ms <= resolved_at {
                         return Ok(Change::Unchanged);
                     }
@@ -220,23 +187,14 @@ impl StateStore {
                 return Ok(change);
             }
         }
-        Err(StateError::Unavailable {
-            key: key.into(),
-            detail: "too many concurrent updates".into(),
-        })
+        Err(StateError::Unavailable { key: key.into(), detail: "too many concurrent updates".into() })
     }
 
     /// Every state in the bucket (firing and resolved), for the periodic checks.
     pub async fn all(&self) -> Result<Vec<(String, AlertState)>, StateError> {
-        let unavailable = |e: String| StateError::Unavailable {
-            key: "*".into(),
-            detail: e,
-        };
+        let unavailable = |e: String| StateError::Unavailable { key: "*".into(), detail: e };
         let keys: Vec<String> = match self.kv.keys().await {
-            Ok(keys) => keys
-                .try_collect()
-                .await
-                .map_err(|e| unavailable(e.to_string()))?,
+            Ok(keys) => keys.try_collect().await.map_err(|e| unavailable(e.to_string()))?,
             Err(e) => return Err(unavailable(e.to_string())),
         };
         let mut out = Vec::with_capacity(keys.len());
@@ -257,13 +215,7 @@ fn merge_labels(alert: &mut Alert, labels: &[(String, String)]) {
     }
 }
 
-fn new_state(
-    f: &Firing,
-    key: &str,
-    individual: bool,
-    runbook_url: &str,
-    now_ms: i64,
-) -> AlertState {
+fn new_state(f: &Firing, key: &str, individual: bool, runbook_url: &str, now_ms: i64) -> AlertState {
     let mut alert = Alert {
         dedup_key: key.to_string(),
         rule: f.rule.name().to_string(),
@@ -277,11 +229,7 @@ fn new_state(
         labels: Default::default(),
     };
     merge_labels(&mut alert, &f.labels);
-    AlertState {
-        alert: Some(alert),
-        last_seen_unix_ms: now_ms,
-        individual,
-    }
+    AlertState { alert: Some(alert), last_seen_unix_ms: now_ms, individual }
 }
 
 fn tombstone(key: &str, at_ms: i64) -> AlertState {

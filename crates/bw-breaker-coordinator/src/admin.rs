@@ -76,10 +76,7 @@ async fn list(State(c): State<Coordinator>) -> Response {
         match c.breaker().status(&scope).await {
             Ok(status) => out.push(status_json(&c, &scope, &status)),
             Err(e) => {
-                return error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("redis unavailable: {e}"),
-                );
+                return error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}"));
             }
         }
     }
@@ -92,18 +89,11 @@ async fn one(State(c): State<Coordinator>, Path(phone): Path<String>) -> Respons
     };
     match c.breaker().status(&scope).await {
         Ok(status) => axum::Json(status_json(&c, &scope, &status)).into_response(),
-        Err(e) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("redis unavailable: {e}"),
-        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}")),
     }
 }
 
-async fn act(
-    State(c): State<Coordinator>,
-    Path((phone, action)): Path<(String, String)>,
-    body: Bytes,
-) -> Response {
+async fn act(State(c): State<Coordinator>, Path((phone, action)): Path<(String, String)>, body: Bytes) -> Response {
     let Some(scope) = c.scope(&phone) else {
         return error(StatusCode::NOT_FOUND, format!("scope `{phone}` not found"));
     };
@@ -111,13 +101,7 @@ async fn act(
         String::new()
     } else {
         match serde_json::from_slice::<Value>(&body) {
-            Ok(v) => v
-                .get("reason")
-                .and_then(|r| r.as_str())
-                .unwrap_or_default()
-                .chars()
-                .take(200)
-                .collect(),
+            Ok(v) => v.get("reason").and_then(|r| r.as_str()).unwrap_or_default().chars().take(200).collect(),
             Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
         }
     };
@@ -142,18 +126,13 @@ async fn act(
             body["transitions"] = json!(transitions.len());
             axum::Json(body).into_response()
         }
-        Err(e) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("redis unavailable: {e}"),
-        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}")),
     }
 }
 
 async fn reload(State(c): State<Coordinator>) -> Response {
     match c.reload().await {
-        Ok(n) => {
-            axum::Json(json!({ "reloaded": true, "scopes_with_overrides": n })).into_response()
-        }
+        Ok(n) => axum::Json(json!({ "reloaded": true, "scopes_with_overrides": n })).into_response(),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }

@@ -73,16 +73,12 @@ pub struct Limits {
 impl Limits {
     /// Effective limits of a scope.
     pub fn for_scope(&self, phone_number_id: &str) -> &ScopeLimits {
-        self.scopes
-            .get(phone_number_id)
-            .map(|(_, l)| l)
-            .unwrap_or(&self.default)
+        self.scopes.get(phone_number_id).map(|(_, l)| l).unwrap_or(&self.default)
     }
 }
 
 fn parse_limits(table: toml::Table, what: &str) -> Result<ScopeLimits, String> {
-    let limits =
-        ScopeLimits::deserialize(toml::Value::Table(table)).map_err(|e| format!("{what}: {e}"))?;
+    let limits = ScopeLimits::deserialize(toml::Value::Table(table)).map_err(|e| format!("{what}: {e}"))?;
     limits.validate().map_err(|e| format!("{what}: {e}"))?;
     Ok(limits)
 }
@@ -95,17 +91,13 @@ impl LimitsTable {
         for (phone, table) in &self.scopes {
             let what = format!("limits.scopes.\"{phone}\"");
             if phone.is_empty() || !phone.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(format!(
-                    "{what}: the key must be a phone_number_id (digits)"
-                ));
+                return Err(format!("{what}: the key must be a phone_number_id (digits)"));
             }
             let mut table = table.clone();
             let waba_id = match table.remove("waba_id") {
                 Some(toml::Value::String(w)) if !w.is_empty() => w,
                 _ => {
-                    return Err(format!(
-                        "{what}: `waba_id` (a non-empty string) is required"
-                    ));
+                    return Err(format!("{what}: `waba_id` (a non-empty string) is required"));
                 }
             };
             let mut merged = self.default.clone();
@@ -126,10 +118,8 @@ struct LimitsFile {
 
 /// Reads and resolves a limits file.
 pub fn load_limits_file(path: &Path) -> Result<Limits, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
-    let file: LimitsFile =
-        toml::from_str(&text).map_err(|e| format!("invalid `{}`: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{}`: {e}", path.display()))?;
+    let file: LimitsFile = toml::from_str(&text).map_err(|e| format!("invalid `{}`: {e}", path.display()))?;
     file.limits.resolve()
 }
 
@@ -152,13 +142,8 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let path = dir.path().join("c.toml");
         std::fs::write(&path, extra).map_err(|e| e.to_string())?;
-        bw_common::config::load(
-            "breaker-coordinator",
-            crate::DEFAULT_CONFIG,
-            Some(&path),
-            &HashMap::new(),
-        )
-        .map_err(|e| e.to_string())
+        bw_common::config::load("breaker-coordinator", crate::DEFAULT_CONFIG, Some(&path), &HashMap::new())
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -166,8 +151,7 @@ mod tests {
         let cfg = load("").expect("defaults load");
         let limits = cfg.initial_limits().expect("resolve");
         assert_eq!(limits.default, ScopeLimits::default());
-        let cfg =
-            load("[limits.scopes.\"123\"]\nwaba_id = \"9\"\nrate_per_s = 200.0\n").expect("loads");
+        let cfg = load("[limits.scopes.\"123\"]\nwaba_id = \"9\"\nrate_per_s = 200.0\n").expect("loads");
         let limits = cfg.initial_limits().expect("resolve");
         let (scope, l) = &limits.scopes["123"];
         assert_eq!(scope.waba_id, "9");
@@ -178,28 +162,11 @@ mod tests {
     #[test]
     fn bad_limits_are_clear_errors() {
         let cfg = load("[limits.scopes.\"123\"]\nrate_per_s = 2.0\n").expect("loads");
-        assert!(
-            cfg.initial_limits()
-                .expect_err("no waba")
-                .contains("waba_id")
-        );
-        let cfg =
-            load("[limits.scopes.\"123\"]\nwaba_id = \"9\"\nrate_per_sec = 2.0\n").expect("loads");
-        assert!(
-            cfg.initial_limits()
-                .expect_err("typo")
-                .contains("rate_per_sec")
-        );
+        assert!(cfg.initial_limits().expect_err("no waba").contains("waba_id"));
+        let cfg = load("[limits.scopes.\"123\"]\nwaba_id = \"9\"\nrate_per_sec = 2.0\n").expect("loads");
+        assert!(cfg.initial_limits().expect_err("typo").contains("rate_per_sec"));
         let cfg = load("[limits.default]\nfailure_threshold = 2.0\n").expect("loads");
-        assert!(
-            cfg.initial_limits()
-                .expect_err("range")
-                .contains("failure_threshold")
-        );
-        assert!(
-            load("[coordinator]\ntick_msec = 5\n")
-                .expect_err("unknown")
-                .contains("tick_msec")
-        );
+        assert!(cfg.initial_limits().expect_err("range").contains("failure_threshold"));
+        assert!(load("[coordinator]\ntick_msec = 5\n").expect_err("unknown").contains("tick_msec"));
     }
 }

@@ -81,19 +81,13 @@ pub struct Coordinator {
 impl Coordinator {
     /// Validates the limits and registers the metrics. Writes nothing yet.
     pub fn new(cfg: Config, deps: &Deps) -> anyhow::Result<Coordinator> {
-        let limits = cfg
-            .initial_limits()
-            .map_err(|e| anyhow::anyhow!("invalid limits: {e}"))?;
+        let limits = cfg.initial_limits().map_err(|e| anyhow::anyhow!("invalid limits: {e}"))?;
         let redis = deps.redis.clone().context("the coordinator needs redis")?;
         let mut breaker_cfg = cfg.breaker.clone();
         breaker_cfg.defaults = limits.default.clone();
         let breaker = Breaker::new(Some(redis.clone()), Some(deps.nats.clone()), breaker_cfg);
         let metrics = metrics::Metrics::register(&deps.metrics);
-        let known = limits
-            .scopes
-            .iter()
-            .map(|(phone, (scope, _))| (phone.clone(), scope.clone()))
-            .collect();
+        let known = limits.scopes.iter().map(|(phone, (scope, _))| (phone.clone(), scope.clone())).collect();
         let limits_mtime = Mutex::new(file_mtime(&cfg.coordinator.limits_file));
         Ok(Coordinator {
             inner: Arc::new(Inner {
@@ -117,35 +111,20 @@ impl Coordinator {
     }
 
     fn limits(&self) -> Arc<Limits> {
-        self.inner
-            .limits
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.limits.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Every known scope, sorted by phone_number_id.
     pub fn known_scopes(&self) -> Vec<Scope> {
-        let mut scopes: Vec<Scope> = self
-            .inner
-            .known
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let mut scopes: Vec<Scope> =
+            self.inner.known.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
         scopes.sort_by(|a, b| a.phone_number_id.cmp(&b.phone_number_id));
         scopes
     }
 
     /// The known scope of a phone_number_id.
     pub fn scope(&self, phone_number_id: &str) -> Option<Scope> {
-        self.inner
-            .known
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(phone_number_id)
-            .cloned()
+        self.inner.known.read().unwrap_or_else(|p| p.into_inner()).get(phone_number_id).cloned()
     }
 
     /// Adds a scope; returns true when it was new.
@@ -164,12 +143,7 @@ impl Coordinator {
         let key = bw_breaker::scripts::cfg_key(scope);
         let fields = limits.for_scope(&scope.phone_number_id).fields();
         let mut conn = self.inner.redis.clone();
-        redis::pipe()
-            .atomic()
-            .del(&key)
-            .hset_multiple(&key, &fields)
-            .query_async::<()>(&mut conn)
-            .await?;
+        redis::pipe().atomic().del(&key).hset_multiple(&key, &fields).query_async::<()>(&mut conn).await?;
         Ok(())
     }
 
@@ -192,20 +166,12 @@ impl Coordinator {
                 let n = limits.scopes.len();
                 *self.inner.limits.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(limits);
                 self.write_all_configs().await;
-                self.inner
-                    .metrics
-                    .reloads
-                    .get_or_create(&vec![("result".into(), "ok".into())])
-                    .inc();
+                self.inner.metrics.reloads.get_or_create(&vec![("result".into(), "ok".into())]).inc();
                 tracing::info!(scopes_with_overrides = n, "limits reloaded");
                 Ok(n)
             }
             Err(e) => {
-                self.inner
-                    .metrics
-                    .reloads
-                    .get_or_create(&vec![("result".into(), "error".into())])
-                    .inc();
+                self.inner.metrics.reloads.get_or_create(&vec![("result".into(), "error".into())]).inc();
                 tracing::error!(error = %e, "limits reload rejected; keeping the previous limits");
                 Err(e)
             }
@@ -233,12 +199,7 @@ impl Coordinator {
         if !due {
             return;
         }
-        match self
-            .inner
-            .scopes_kv
-            .put(phone.as_str(), status.snapshot.encode_to_vec().into())
-            .await
-        {
+        match self.inner.scopes_kv.put(phone.as_str(), status.snapshot.encode_to_vec().into()).await {
             Ok(_) => {
                 lock(&self.inner.written).insert(phone, (key, Instant::now()));
             }
@@ -252,8 +213,7 @@ impl Coordinator {
     pub async fn tick_scope(&self, scope: &Scope, force_store: bool) -> Option<ScopeStatus> {
         match self.inner.breaker.tick(scope).await {
             Ok((status, transitions)) => {
-                self.store(&status, force_store || !transitions.is_empty())
-                    .await;
+                self.store(&status, force_store || !transitions.is_empty()).await;
                 Some(status)
             }
             Err(e) => {
@@ -277,17 +237,14 @@ impl Coordinator {
     /// Reads the scope index other services fill; writes the config of newly seen scopes.
     async fn discover(&self) {
         let mut conn = self.inner.redis.clone();
-        let members: Vec<String> = match redis::cmd("SMEMBERS")
-            .arg(bw_common::names::SCOPES_INDEX_KEY)
-            .query_async(&mut conn)
-            .await
-        {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read the scope index");
-                return;
-            }
-        };
+        let members: Vec<String> =
+            match redis::cmd("SMEMBERS").arg(bw_common::names::SCOPES_INDEX_KEY).query_async(&mut conn).await {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read the scope index");
+                    return;
+                }
+            };
         for member in members {
             if let Some(scope) = Scope::from_index_member(&member)
                 && self.learn(&scope)
@@ -308,11 +265,7 @@ impl Coordinator {
             return;
         }
         if event.to() == BreakerState::Open {
-            self.inner
-                .metrics
-                .trips
-                .get_or_create(&vec![("scope".into(), scope.phone_number_id.clone())])
-                .inc();
+            self.inner.metrics.trips.get_or_create(&vec![("scope".into(), scope.phone_number_id.clone())]).inc();
         }
         if self.learn(&scope)
             && let Err(e) = self.write_config(&scope).await
@@ -414,10 +367,7 @@ impl Coordinator {
 
         shutdown.cancelled().await;
         tracker.close();
-        if tokio::time::timeout(Duration::from_secs(5), tracker.wait())
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.is_err() {
             tracing::warn!("coordinator tasks did not stop within 5 s");
         }
         Ok(())
@@ -428,9 +378,7 @@ fn file_mtime(path: &str) -> Option<SystemTime> {
     if path.is_empty() {
         return None;
     }
-    std::fs::metadata(PathBuf::from(path))
-        .and_then(|m| m.modified())
-        .ok()
+    std::fs::metadata(PathBuf::from(path)).and_then(|m| m.modified()).ok()
 }
 
 /// Runs the coordinator: admin server with the breaker API, then the loops until `shutdown`.
@@ -438,14 +386,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let listen = cfg.admin.listen.clone();
     let coordinator = Coordinator::new(cfg, &deps)?;
     let router = admin::router(coordinator.clone());
-    let addr = bw_common::admin::serve(
-        &listen,
-        deps.health.clone(),
-        deps.metrics.clone(),
-        Some(router),
-        shutdown.clone(),
-    )
-    .await?;
+    let addr =
+        bw_common::admin::serve(&listen, deps.health.clone(), deps.metrics.clone(), Some(router), shutdown.clone())
+            .await?;
     tracing::info!(admin = %addr, "breaker-coordinator admin API listening");
     deps.health.set_started();
     let result = coordinator.run(shutdown).await;

@@ -18,23 +18,19 @@ struct Args {
 fn main() {
     let args = Args::parse();
     let env = bw_common::config::process_env();
-    let cfg: Config =
-        match bw_common::config::load(SERVICE, DEFAULT_CONFIG, args.config.as_deref(), &env) {
-            Ok(cfg) => cfg,
-            Err(e) => {
-                eprintln!("bw-{SERVICE}: {e}");
-                std::process::exit(64);
-            }
-        };
+    let cfg: Config = match bw_common::config::load(SERVICE, DEFAULT_CONFIG, args.config.as_deref(), &env) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("bw-{SERVICE}: {e}");
+            std::process::exit(64);
+        }
+    };
     if let Err(e) = cfg.initial_limits() {
         eprintln!("bw-{SERVICE}: invalid limits: {e}");
         std::process::exit(64);
     }
     bw_common::service::install_crypto();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("bw-{SERVICE}: cannot start runtime: {e}");
@@ -46,20 +42,14 @@ fn main() {
         let token = bw_common::shutdown::signal_token();
         let wait = Duration::from_secs(30);
         let result = async {
-            let deps =
-                bw_common::service::Deps::connect(SERVICE, &cfg.nats, Some(&cfg.redis), wait)
-                    .await?;
+            let deps = bw_common::service::Deps::connect(SERVICE, &cfg.nats, Some(&cfg.redis), wait).await?;
             bw_breaker_coordinator::run(cfg, deps, token.clone()).await
         }
         .await;
         match result {
             Ok(()) => 0,
             Err(e) => {
-                tracing::error!(
-                    service = SERVICE,
-                    error = format!("{e:#}"),
-                    "service failed"
-                );
+                tracing::error!(service = SERVICE, error = format!("{e:#}"), "service failed");
                 1
             }
         }

@@ -23,22 +23,14 @@ impl Metrics {
     pub(crate) fn register(registry: &MetricsRegistry) -> Metrics {
         let m = Metrics::default();
         if let Ok(mut r) = registry.lock() {
+            r.register("bw_breaker_trips", "Breaker trips (to OPEN) by scope", m.trips.clone());
             r.register(
-                "bw_breaker_trips",
-                "Breaker trips (to OPEN) by scope",
-                m.trips.clone(),
+                "bw_breaker_state",
+                "Breaker state by scope (1 closed, 2 open, 3 half open, 4 forced open, 5 forced closed)",
+                m.state.clone(),
             );
-            r.register("bw_breaker_state", "Breaker state by scope (1 closed, 2 open, 3 half open, 4 forced open, 5 forced closed)", m.state.clone());
-            r.register(
-                "bw_breaker_coordinator_ticks",
-                "Tick rounds over every known scope",
-                m.ticks.clone(),
-            );
-            r.register(
-                "bw_breaker_limit_reloads",
-                "Limit reloads by result",
-                m.reloads.clone(),
-            );
+            r.register("bw_breaker_coordinator_ticks", "Tick rounds over every known scope", m.ticks.clone());
+            r.register("bw_breaker_limit_reloads", "Limit reloads by result", m.reloads.clone());
         }
         m
     }

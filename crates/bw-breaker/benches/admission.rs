@@ -6,8 +6,7 @@
 //! `INFO commandstats` deltas (eval + evalsha calls).
 
 use bw_breaker::{
-    AdmitItem, Breaker, BreakerConfig, Decision, OutcomeItem, OutcomeKind, Scope, ScopeLimits,
-    TrafficClass,
+    AdmitItem, Breaker, BreakerConfig, Decision, OutcomeItem, OutcomeKind, Scope, ScopeLimits, TrafficClass,
 };
 use std::time::{Duration, Instant};
 
@@ -40,43 +39,20 @@ return c
 "#;
 
 async fn script_calls(conn: &mut redis::aio::ConnectionManager) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("info");
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("info");
     info.lines()
         .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
         .sum()
 }
 
 fn open_limits() -> ScopeLimits {
-    ScopeLimits {
-        rate_per_s: 1e9,
-        burst: 1e9,
-        pair_burst: 1_000_000,
-        ramp_ms: 0,
-        ..ScopeLimits::default()
-    }
+    ScopeLimits { rate_per_s: 1e9, burst: 1e9, pair_burst: 1_000_000, ramp_ms: 0, ..ScopeLimits::default() }
 }
 
 async fn batched(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
-    let breaker = Breaker::new(
-        Some(conn.clone()),
-        None,
-        BreakerConfig {
-            defaults: open_limits(),
-            ..BreakerConfig::default()
-        },
-    );
+    let breaker =
+        Breaker::new(Some(conn.clone()), None, BreakerConfig { defaults: open_limits(), ..BreakerConfig::default() });
     let start = Instant::now();
     let mut tasks = Vec::new();
     for task in 0..TASKS {
@@ -87,10 +63,7 @@ async fn batched(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
             let mut round = 0u64;
             while start.elapsed() < RUN {
                 let items: Vec<AdmitItem> = (0..BATCH)
-                    .map(|i| AdmitItem {
-                        recipient_key: format!("{task}-{round}-{i}"),
-                        class: TrafficClass::Marketing,
-                    })
+                    .map(|i| AdmitItem { recipient_key: format!("{task}-{round}-{i}"), class: TrafficClass::Marketing })
                     .collect();
                 let a = breaker.admit(&scope, &items).await;
                 assert!(!a.degraded);
@@ -130,20 +103,9 @@ async fn naive(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
             let key = format!("naive:{{{}}}", task % 4);
             let mut n = 0u64;
             while start.elapsed() < RUN {
-                let allowed: i64 = check
-                    .key(&key)
-                    .arg(1e9)
-                    .arg(1e9)
-                    .invoke_async(&mut conn)
-                    .await
-                    .expect("check");
+                let allowed: i64 = check.key(&key).arg(1e9).arg(1e9).invoke_async(&mut conn).await.expect("check");
                 if allowed == 1 {
-                    let _: i64 = record
-                        .key(&key)
-                        .arg(0)
-                        .invoke_async(&mut conn)
-                        .await
-                        .expect("record");
+                    let _: i64 = record.key(&key).arg(0).invoke_async(&mut conn).await.expect("record");
                 }
                 n += 1;
             }
@@ -159,21 +121,10 @@ async fn naive(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
 
 /// Replay alone drains at what share of the configured rate; then with greedy live marketing traffic.
 async fn replay_share(conn: &redis::aio::ConnectionManager, with_live: bool) -> (f64, f64) {
-    let limits = ScopeLimits {
-        rate_per_s: 200.0,
-        burst: 20.0,
-        ramp_ms: 0,
-        pair_burst: 1_000_000,
-        ..ScopeLimits::default()
-    };
-    let breaker = Breaker::new(
-        Some(conn.clone()),
-        None,
-        BreakerConfig {
-            defaults: limits,
-            ..BreakerConfig::default()
-        },
-    );
+    let limits =
+        ScopeLimits { rate_per_s: 200.0, burst: 20.0, ramp_ms: 0, pair_burst: 1_000_000, ..ScopeLimits::default() };
+    let breaker =
+        Breaker::new(Some(conn.clone()), None, BreakerConfig { defaults: limits, ..BreakerConfig::default() });
     let scope = Scope::new("share", if with_live { "2" } else { "1" });
     let run = Duration::from_secs(4);
     let start = Instant::now();
@@ -185,10 +136,7 @@ async fn replay_share(conn: &redis::aio::ConnectionManager, with_live: bool) -> 
             let mut i = 0u64;
             while start.elapsed() < run {
                 i += 1;
-                let item = AdmitItem {
-                    recipient_key: format!("{class:?}{i}"),
-                    class,
-                };
+                let item = AdmitItem { recipient_key: format!("{class:?}{i}"), class };
                 match breaker.admit(&scope, &[item]).await.decisions[0] {
                     Decision::Allow { .. } => n += 1,
                     Decision::Deny { retry_after_ms, .. } => {
@@ -213,13 +161,9 @@ async fn replay_share(conn: &redis::aio::ConnectionManager, with_live: bool) -> 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let server = bw_testkit::RedisServer::start();
-    let conn = bw_common::redis_conn::connect(
-        &server.url(),
-        Duration::from_secs(2),
-        Duration::from_secs(5),
-    )
-    .await
-    .expect("redis");
+    let conn = bw_common::redis_conn::connect(&server.url(), Duration::from_secs(2), Duration::from_secs(5))
+        .await
+        .expect("redis");
     let mut stats = conn.clone();
 
     let before = script_calls(&mut stats).await;
@@ -248,13 +192,6 @@ async fn main() {
     let (alone, _) = replay_share(&conn, false).await;
     let (with_live, live) = replay_share(&conn, true).await;
     println!("replay share of a 200/s sender (burst 20, reserve 25%, headroom 2):");
-    println!(
-        "  replay alone: {:.1}% of the configured rate",
-        alone * 100.0
-    );
-    println!(
-        "  with greedy live marketing: replay {:.1}%, marketing {:.1}%",
-        with_live * 100.0,
-        live * 100.0
-    );
+    println!("  replay alone: {:.1}% of the configured rate", alone * 100.0);
+    println!("  with greedy live marketing: replay {:.1}%, marketing {:.1}%", with_live * 100.0, live * 100.0);
 }

@@ -97,19 +97,13 @@ impl ScopeLimits {
             ("min_calls", self.min_calls.to_string()),
             ("window_ms", self.window_ms.to_string()),
             ("window_buckets", self.window_buckets.to_string()),
-            (
-                "consecutive_rate_limits",
-                self.consecutive_rate_limits.to_string(),
-            ),
+            ("consecutive_rate_limits", self.consecutive_rate_limits.to_string()),
             ("cooldown_ms", self.cooldown_ms.to_string()),
             ("cooldown_max_ms", self.cooldown_max_ms.to_string()),
             ("cooldown_growth", self.cooldown_growth.to_string()),
             ("cooldown_jitter", self.cooldown_jitter.to_string()),
             ("canaries_per_s", self.canaries_per_s.to_string()),
-            (
-                "close_after_successes",
-                self.close_after_successes.to_string(),
-            ),
+            ("close_after_successes", self.close_after_successes.to_string()),
             ("ramp_ms", self.ramp_ms.to_string()),
             ("ramp_start", self.ramp_start.to_string()),
             ("rate_per_s", self.rate_per_s.to_string()),
@@ -118,18 +112,9 @@ impl ScopeLimits {
             ("replay_headroom", self.replay_headroom.to_string()),
             ("pair_interval_ms", self.pair_interval_ms.to_string()),
             ("pair_burst", self.pair_burst.to_string()),
-            (
-                "throttle_slow_percent",
-                self.throttle_slow_percent.to_string(),
-            ),
-            (
-                "throttle_pause_percent",
-                self.throttle_pause_percent.to_string(),
-            ),
-            (
-                "throttle_slow_factor",
-                self.throttle_slow_factor.to_string(),
-            ),
+            ("throttle_slow_percent", self.throttle_slow_percent.to_string()),
+            ("throttle_pause_percent", self.throttle_pause_percent.to_string()),
+            ("throttle_slow_factor", self.throttle_slow_factor.to_string()),
             ("usage_ttl_ms", self.usage_ttl_ms.to_string()),
             ("throttle_retry_ms", self.throttle_retry_ms.to_string()),
         ]
@@ -150,21 +135,14 @@ impl ScopeLimits {
     /// Checks ranges; the message names the offending field.
     pub fn validate(&self) -> Result<(), String> {
         let unit = |name: &str, v: f64| {
-            if (0.0..=1.0).contains(&v) {
-                Ok(())
-            } else {
-                Err(format!("`{name}` must be within 0..1, got {v}"))
-            }
+            if (0.0..=1.0).contains(&v) { Ok(()) } else { Err(format!("`{name}` must be within 0..1, got {v}")) }
         };
         unit("failure_threshold", self.failure_threshold)?;
         unit("ramp_start", self.ramp_start)?;
         unit("reserve_fraction", self.reserve_fraction)?;
         unit("throttle_slow_factor", self.throttle_slow_factor)?;
         if !(1..=60).contains(&self.window_buckets) {
-            return Err(format!(
-                "`window_buckets` must be within 1..=60, got {}",
-                self.window_buckets
-            ));
+            return Err(format!("`window_buckets` must be within 1..=60, got {}", self.window_buckets));
         }
         if self.window_ms < u64::from(self.window_buckets) {
             return Err("`window_ms` must be at least `window_buckets`".into());
@@ -173,9 +151,7 @@ impl ScopeLimits {
             return Err("`rate_per_s` must be positive and `burst` at least 1".into());
         }
         if self.cooldown_growth < 1.0 || self.cooldown_jitter < 0.0 {
-            return Err(
-                "`cooldown_growth` must be at least 1 and `cooldown_jitter` not negative".into(),
-            );
+            return Err("`cooldown_growth` must be at least 1 and `cooldown_jitter` not negative".into());
         }
         if self.pair_burst == 0 || self.pair_interval_ms == 0 {
             return Err("`pair_burst` and `pair_interval_ms` must be positive".into());
@@ -238,14 +214,7 @@ mod tests {
         let encoded = limits.encode();
         assert_eq!(encoded.matches(';').count(), limits.fields().len());
         assert!(encoded.starts_with("failure_threshold=0.05;min_calls=50;"));
-        let bad = ScopeLimits {
-            failure_threshold: 1.5,
-            ..ScopeLimits::default()
-        };
-        assert!(
-            bad.validate()
-                .expect_err("out of range")
-                .contains("failure_threshold")
-        );
+        let bad = ScopeLimits { failure_threshold: 1.5, ..ScopeLimits::default() };
+        assert!(bad.validate().expect_err("out of range").contains("failure_threshold"));
     }
 }

@@ -35,10 +35,7 @@ pub struct Scope {
 
 impl Scope {
     pub fn new(waba_id: impl Into<String>, phone_number_id: impl Into<String>) -> Scope {
-        Scope {
-            waba_id: waba_id.into(),
-            phone_number_id: phone_number_id.into(),
-        }
+        Scope { waba_id: waba_id.into(), phone_number_id: phone_number_id.into() }
     }
 
     /// `waba_id:phone_number_id`, the member of `names::SCOPES_INDEX_KEY`.
@@ -53,10 +50,7 @@ impl Scope {
     }
 
     fn to_proto(&self) -> proto::Scope {
-        proto::Scope {
-            waba_id: self.waba_id.clone(),
-            phone_number_id: self.phone_number_id.clone(),
-        }
+        proto::Scope { waba_id: self.waba_id.clone(), phone_number_id: self.phone_number_id.clone() }
     }
 }
 
@@ -85,10 +79,7 @@ pub enum Decision {
     /// Send it. `canary` is true while HALF_OPEN; report it back in [`OutcomeItem::canary`].
     Allow { canary: bool },
     /// Do not send now; come back after `retry_after_ms`.
-    Deny {
-        reason: DenyReason,
-        retry_after_ms: u64,
-    },
+    Deny { reason: DenyReason, retry_after_ms: u64 },
 }
 
 /// Why a send was denied.
@@ -218,10 +209,7 @@ pub enum BreakerError {
     #[error("breaker has no redis connection")]
     NoRedis,
     #[error("redis call `{script}` timed out after {timeout_ms} ms")]
-    Timeout {
-        script: &'static str,
-        timeout_ms: u64,
-    },
+    Timeout { script: &'static str, timeout_ms: u64 },
     #[error("redis call failed: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("unexpected script reply: {0}")]
@@ -319,11 +307,7 @@ impl Breaker {
     }
 
     /// A breaker over any [`RedisConn`].
-    pub fn with_conn(
-        redis: Option<RedisConn>,
-        nats: Option<async_nats::Client>,
-        cfg: BreakerConfig,
-    ) -> Breaker {
+    pub fn with_conn(redis: Option<RedisConn>, nats: Option<async_nats::Client>, cfg: BreakerConfig) -> Breaker {
         let defaults = cfg.defaults.encode();
         Breaker {
             inner: Arc::new(Inner {
@@ -361,11 +345,7 @@ impl Breaker {
         &self.inner.cfg
     }
 
-    async fn call(
-        &self,
-        script: &'static str,
-        inv: redis::ScriptInvocation<'_>,
-    ) -> Result<redis::Value, BreakerError> {
+    async fn call(&self, script: &'static str, inv: redis::ScriptInvocation<'_>) -> Result<redis::Value, BreakerError> {
         let redis = self.inner.redis.as_ref().ok_or(BreakerError::NoRedis)?;
         let timeout_ms = self.inner.cfg.command_timeout_ms;
         self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
@@ -379,8 +359,7 @@ impl Breaker {
 
     /// True when the send path should skip Redis for now (a recent failure).
     fn redis_skipped(&self) -> bool {
-        self.inner.redis.is_none()
-            || bw_common::time::now_ms() < self.inner.redis_down_until.load(Ordering::Relaxed)
+        self.inner.redis.is_none() || bw_common::time::now_ms() < self.inner.redis_down_until.load(Ordering::Relaxed)
     }
 
     fn mark_down(&self, op: &'static str, error: &BreakerError) {
@@ -398,11 +377,8 @@ impl Breaker {
         }
         if let Some(redis) = &self.inner.redis {
             let timeout = Duration::from_millis(self.inner.cfg.command_timeout_ms);
-            if let Ok(Ok(())) = tokio::time::timeout(
-                timeout,
-                redis.sadd(bw_common::names::SCOPES_INDEX_KEY, &member),
-            )
-            .await
+            if let Ok(Ok(())) =
+                tokio::time::timeout(timeout, redis.sadd(bw_common::names::SCOPES_INDEX_KEY, &member)).await
             {
                 lock(&self.inner.registered).insert(member);
             }
@@ -465,9 +441,7 @@ impl Breaker {
     }
 
     fn last_known(&self, scope: &Scope) -> Option<(BreakerState, String)> {
-        lock(&self.inner.last_known)
-            .get(&scope.index_member())
-            .cloned()
+        lock(&self.inner.last_known).get(&scope.index_member()).cloned()
     }
 
     /// Admits a batch of sends of one scope in one round trip. Never fails: without Redis it answers from the
@@ -565,12 +539,7 @@ impl Breaker {
         let last = self.last_known(scope);
         let (state, incident_id) =
             lock(&self.inner.local).record(&self.inner.cfg, &scope.index_member(), last, outcomes);
-        RecordResult {
-            state,
-            incident_id,
-            transitions: Vec::new(),
-            degraded: true,
-        }
+        RecordResult { state, incident_id, transitions: Vec::new(), degraded: true }
     }
 
     /// Feeds the Meta usage percent (X-Business-Use-Case-Usage). Sent to Redis only when the throttle band
@@ -601,9 +570,7 @@ impl Breaker {
             return;
         }
         let mut inv = scripts::OBSERVE_USAGE.prepare_invoke();
-        inv.key(scripts::cfg_key(scope))
-            .key(scripts::state_key(scope))
-            .arg(usage_percent);
+        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(usage_percent);
         match self.call("observe_usage", inv).await {
             Ok(_) => {
                 lock(&self.inner.usage_sent).insert(key, (band, tokio::time::Instant::now()));
@@ -627,10 +594,7 @@ impl Breaker {
 
     /// Moves an OPEN scope whose cooldown ended to HALF_OPEN (the coordinator ticks known scopes with this)
     /// and returns its state; publishes the transition if one happened.
-    pub async fn tick(
-        &self,
-        scope: &Scope,
-    ) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
+    pub async fn tick(&self, scope: &Scope) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
         let inv = scripts::scope_invocation(&scripts::TICK_SCOPE, scope, &self.inner.defaults);
         self.status_call("tick_scope", scope, inv).await
     }
@@ -646,19 +610,14 @@ impl Breaker {
             Forced::Closed => "closed",
             Forced::Clear => "clear",
         };
-        let mut inv =
-            scripts::scope_invocation(&scripts::FORCE_BREAKER, scope, &self.inner.defaults);
+        let mut inv = scripts::scope_invocation(&scripts::FORCE_BREAKER, scope, &self.inner.defaults);
         inv.arg(mode);
         self.status_call("force_breaker", scope, inv).await
     }
 
     /// Wipes window, counters, pause, incident and override; the scope is CLOSED at full rate.
-    pub async fn reset(
-        &self,
-        scope: &Scope,
-    ) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
-        let mut inv =
-            scripts::scope_invocation(&scripts::FORCE_BREAKER, scope, &self.inner.defaults);
+    pub async fn reset(&self, scope: &Scope) -> Result<(ScopeStatus, Vec<BreakerTransition>), BreakerError> {
+        let mut inv = scripts::scope_invocation(&scripts::FORCE_BREAKER, scope, &self.inner.defaults);
         inv.arg("reset");
         self.status_call("force_breaker", scope, inv).await
     }
@@ -702,11 +661,7 @@ impl Breaker {
                 reason: t.reason,
                 failure_rate: failure_rate(head.calls, head.failures),
                 calls_in_window: head.calls,
-                open_until_unix_ms: if t.to == BreakerState::Open {
-                    head.open_until_ms
-                } else {
-                    0
-                },
+                open_until_unix_ms: if t.to == BreakerState::Open { head.open_until_ms } else { 0 },
             };
             tracing::info!(
                 phone_number_id = %scope.phone_number_id,
@@ -730,19 +685,12 @@ impl Breaker {
 }
 
 fn failure_rate(calls: u64, failures: u64) -> f64 {
-    if calls == 0 {
-        0.0
-    } else {
-        failures as f64 / calls as f64
-    }
+    if calls == 0 { 0.0 } else { failures as f64 / calls as f64 }
 }
 
 type Parsed<T> = Result<T, BreakerError>;
 
-fn parse_admit(
-    value: redis::Value,
-    n: usize,
-) -> Parsed<(Admission, scripts::Head, Vec<scripts::RawTransition>)> {
+fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Head, Vec<scripts::RawTransition>)> {
     let mut reply = scripts::Reply::new(value)?;
     let head = scripts::head(&mut reply)?;
     let mut decisions = Vec::with_capacity(n);
@@ -753,20 +701,14 @@ fn parse_admit(
             0 => Decision::Allow { canary: false },
             1 => Decision::Allow { canary: true },
             other => Decision::Deny {
-                reason: DenyReason::from_code(other).ok_or_else(|| {
-                    BreakerError::BadReply(format!("unknown decision code {other}"))
-                })?,
+                reason: DenyReason::from_code(other)
+                    .ok_or_else(|| BreakerError::BadReply(format!("unknown decision code {other}")))?,
                 retry_after_ms,
             },
         });
     }
     let transitions = scripts::transitions(&mut reply)?;
-    let admission = Admission {
-        decisions,
-        state: head.state,
-        incident_id: head.incident_id.clone(),
-        degraded: false,
-    };
+    let admission = Admission { decisions, state: head.state, incident_id: head.incident_id.clone(), degraded: false };
     Ok((admission, head, transitions))
 }
 
@@ -778,10 +720,7 @@ fn parse_record(value: redis::Value) -> Parsed<(scripts::Head, Vec<scripts::RawT
     Ok((head, transitions))
 }
 
-fn parse_status(
-    scope: &Scope,
-    value: redis::Value,
-) -> Parsed<(ScopeStatus, Vec<scripts::RawTransition>)> {
+fn parse_status(scope: &Scope, value: redis::Value) -> Parsed<(ScopeStatus, Vec<scripts::RawTransition>)> {
     let mut reply = scripts::Reply::new(value)?;
     let head = scripts::head(&mut reply)?;
     let tail = scripts::snapshot_tail(&mut reply)?;
@@ -792,16 +731,8 @@ fn parse_status(
         since_unix_ms: tail.since_ms,
         incident_id: head.incident_id,
         open_until_unix_ms: head.open_until_ms,
-        paused_until_unix_ms: if tail.paused_until_ms > head.now_ms {
-            tail.paused_until_ms
-        } else {
-            0
-        },
-        pause_reason: if tail.paused_until_ms > head.now_ms {
-            tail.pause_reason
-        } else {
-            String::new()
-        },
+        paused_until_unix_ms: if tail.paused_until_ms > head.now_ms { tail.paused_until_ms } else { 0 },
+        pause_reason: if tail.paused_until_ms > head.now_ms { tail.pause_reason } else { String::new() },
         failure_rate: failure_rate(head.calls, head.failures),
         calls_in_window: head.calls,
         ramp_fraction: tail.ramp_fraction,

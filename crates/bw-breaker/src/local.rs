@@ -6,9 +6,7 @@
 //! written back to Redis; when Redis answers again its state is authoritative.
 
 use crate::AdmitItem;
-use crate::{
-    Admission, BreakerConfig, Decision, DenyReason, OutcomeItem, OutcomeKind, TrafficClass,
-};
+use crate::{Admission, BreakerConfig, Decision, DenyReason, OutcomeItem, OutcomeKind, TrafficClass};
 use bw_common::proto::BreakerState;
 use std::collections::HashMap;
 use tokio::time::{Duration, Instant};
@@ -40,10 +38,7 @@ pub(crate) struct LocalBreakers {
 
 impl LocalBreakers {
     pub(crate) fn new() -> LocalBreakers {
-        LocalBreakers {
-            epoch: Instant::now(),
-            scopes: HashMap::new(),
-        }
+        LocalBreakers { epoch: Instant::now(), scopes: HashMap::new() }
     }
 
     fn scope<'a>(
@@ -55,10 +50,9 @@ impl LocalBreakers {
     ) -> &'a mut LocalScope {
         self.scopes.entry(key.to_string()).or_insert_with(|| {
             let (state, incident_id) = match last_known {
-                Some((
-                    BreakerState::Open | BreakerState::ForcedOpen | BreakerState::HalfOpen,
-                    incident,
-                )) => (BreakerState::Open, incident),
+                Some((BreakerState::Open | BreakerState::ForcedOpen | BreakerState::HalfOpen, incident)) => {
+                    (BreakerState::Open, incident)
+                }
                 _ => (BreakerState::Closed, String::new()),
             };
             LocalScope {
@@ -108,23 +102,15 @@ impl LocalBreakers {
             s.pairs.retain(|_, until| *until > now);
         }
         let reserve = cfg.fallback_burst * cfg.defaults.reserve_fraction;
-        let retry = |need: f64, have: f64| {
-            ((need - have).max(0.0) * 1000.0 / cfg.fallback_rate_per_s).ceil() as u64
-        };
+        let retry = |need: f64, have: f64| ((need - have).max(0.0) * 1000.0 / cfg.fallback_rate_per_s).ceil() as u64;
         // Refusals for want of tokens queue up: the n-th is told to wait for n more tokens (as the script does).
         let mut queued = 0.0;
         let decisions = items
             .iter()
             .map(|item| {
-                let deny = |reason, retry_after_ms| Decision::Deny {
-                    reason,
-                    retry_after_ms,
-                };
+                let deny = |reason, retry_after_ms| Decision::Deny { reason, retry_after_ms };
                 if s.paused_until > now {
-                    return deny(
-                        DenyReason::Paused,
-                        (s.paused_until - now).as_millis() as u64,
-                    );
+                    return deny(DenyReason::Paused, (s.paused_until - now).as_millis() as u64);
                 }
                 if s.state == BreakerState::Open {
                     return deny(
@@ -143,23 +129,14 @@ impl LocalBreakers {
                 {
                     return deny(DenyReason::PairRate, (*until - now).as_millis() as u64);
                 }
-                let need = if item.class == TrafficClass::Priority {
-                    1.0
-                } else {
-                    reserve + 1.0
-                };
+                let need = if item.class == TrafficClass::Priority { 1.0 } else { reserve + 1.0 };
                 if s.tokens < need {
-                    let reason = if s.tokens >= 1.0 {
-                        DenyReason::Reserve
-                    } else {
-                        DenyReason::SenderRate
-                    };
+                    let reason = if s.tokens >= 1.0 { DenyReason::Reserve } else { DenyReason::SenderRate };
                     queued += 1.0;
                     return deny(reason, retry(need + queued - 1.0, s.tokens));
                 }
                 s.tokens -= 1.0;
-                s.pairs
-                    .insert(item.recipient_key.clone(), now + pair_interval);
+                s.pairs.insert(item.recipient_key.clone(), now + pair_interval);
                 if s.state == BreakerState::HalfOpen {
                     s.canaries += 1;
                     Decision::Allow { canary: true }
@@ -168,12 +145,7 @@ impl LocalBreakers {
                 }
             })
             .collect();
-        Admission {
-            decisions,
-            state: s.state,
-            incident_id: s.incident_id.clone(),
-            degraded: true,
-        }
+        Admission { decisions, state: s.state, incident_id: s.incident_id.clone(), degraded: true }
     }
 
     /// Records outcomes locally; returns the local state and incident after them.
@@ -216,8 +188,7 @@ impl LocalBreakers {
                         BreakerState::HalfOpen => true,
                         BreakerState::Closed => {
                             calls >= cfg.fallback_min_calls
-                                && f64::from(fails)
-                                    >= f64::from(calls) * cfg.fallback_failure_threshold
+                                && f64::from(fails) >= f64::from(calls) * cfg.fallback_failure_threshold
                         }
                         _ => false,
                     };
@@ -229,17 +200,10 @@ impl LocalBreakers {
                         }
                     }
                 }
-                OutcomeKind::RateLimited {
-                    scope: bw_common::classify::RateScope::Pair,
-                    pause_ms,
-                } => {
-                    s.pairs.insert(
-                        outcome.recipient_key.clone(),
-                        now + Duration::from_millis(pause_ms),
-                    );
+                OutcomeKind::RateLimited { scope: bw_common::classify::RateScope::Pair, pause_ms } => {
+                    s.pairs.insert(outcome.recipient_key.clone(), now + Duration::from_millis(pause_ms));
                 }
-                OutcomeKind::RateLimited { pause_ms, .. }
-                | OutcomeKind::Credentials { pause_ms } => {
+                OutcomeKind::RateLimited { pause_ms, .. } | OutcomeKind::Credentials { pause_ms } => {
                     s.paused_until = s.paused_until.max(now + Duration::from_millis(pause_ms));
                 }
                 OutcomeKind::Permanent => {}
@@ -259,59 +223,30 @@ mod tests {
     use super::*;
 
     fn item(class: TrafficClass) -> AdmitItem {
-        AdmitItem {
-            recipient_key: format!("r{}", rand::random::<u32>()),
-            class,
-        }
+        AdmitItem { recipient_key: format!("r{}", rand::random::<u32>()), class }
     }
 
     fn outcome(kind: OutcomeKind, canary: bool) -> OutcomeItem {
-        OutcomeItem {
-            recipient_key: "r".into(),
-            kind,
-            canary,
-        }
+        OutcomeItem { recipient_key: "r".into(), kind, canary }
     }
 
     #[tokio::test(start_paused = true)]
     async fn local_breaker_opens_cools_down_probes_and_closes() {
         let cfg = BreakerConfig::default();
         let mut local = LocalBreakers::new();
-        let failures =
-            vec![outcome(OutcomeKind::Transient, false); cfg.fallback_min_calls as usize];
+        let failures = vec![outcome(OutcomeKind::Transient, false); cfg.fallback_min_calls as usize];
         let (state, incident) = local.record(&cfg, "s", None, &failures);
         assert_eq!(state, BreakerState::Open);
         assert!(incident.contains("local"));
         let a = local.admit(&cfg, "s", None, &[item(TrafficClass::Priority)]);
-        assert!(matches!(
-            a.decisions[0],
-            Decision::Deny {
-                reason: DenyReason::BreakerOpen,
-                ..
-            }
-        ));
+        assert!(matches!(a.decisions[0], Decision::Deny { reason: DenyReason::BreakerOpen, .. }));
         tokio::time::advance(Duration::from_millis(cfg.fallback_cooldown_ms + 1)).await;
-        let a = local.admit(
-            &cfg,
-            "s",
-            None,
-            &[item(TrafficClass::Priority), item(TrafficClass::Priority)],
-        );
+        let a = local.admit(&cfg, "s", None, &[item(TrafficClass::Priority), item(TrafficClass::Priority)]);
         assert_eq!(a.state, BreakerState::HalfOpen);
         assert_eq!(a.decisions[0], Decision::Allow { canary: true });
-        assert!(matches!(
-            a.decisions[1],
-            Decision::Deny {
-                reason: DenyReason::CanaryBudget,
-                ..
-            }
-        ));
-        let (state, _) = local.record(
-            &cfg,
-            "s",
-            None,
-            &vec![outcome(OutcomeKind::Success, true); CLOSE_AFTER as usize],
-        );
+        assert!(matches!(a.decisions[1], Decision::Deny { reason: DenyReason::CanaryBudget, .. }));
+        let (state, _) =
+            local.record(&cfg, "s", None, &vec![outcome(OutcomeKind::Success, true); CLOSE_AFTER as usize]);
         assert_eq!(state, BreakerState::Closed);
     }
 
@@ -320,22 +255,11 @@ mod tests {
         let cfg = BreakerConfig::default();
         let mut local = LocalBreakers::new();
         let batch: Vec<AdmitItem> = (0..50).map(|_| item(TrafficClass::Priority)).collect();
-        let allowed = |a: &Admission| {
-            a.decisions
-                .iter()
-                .filter(|d| matches!(d, Decision::Allow { .. }))
-                .count()
-        };
-        assert_eq!(
-            allowed(&local.admit(&cfg, "s", None, &batch)) as f64,
-            cfg.fallback_burst
-        );
+        let allowed = |a: &Admission| a.decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count();
+        assert_eq!(allowed(&local.admit(&cfg, "s", None, &batch)) as f64, cfg.fallback_burst);
         tokio::time::advance(Duration::from_secs(2)).await;
         let a = local.admit(&cfg, "s", None, &batch);
-        assert_eq!(
-            allowed(&a) as f64,
-            (2.0 * cfg.fallback_rate_per_s).min(cfg.fallback_burst)
-        );
+        assert_eq!(allowed(&a) as f64, (2.0 * cfg.fallback_rate_per_s).min(cfg.fallback_burst));
         assert!(a.degraded);
     }
 }

@@ -51,8 +51,6 @@ impl Metrics {
     }
 
     pub(crate) fn inc(family: &Family<Labels, Counter>, name: &str, value: &str) {
-        family
-            .get_or_create(&vec![(name.to_string(), value.to_string())])
-            .inc();
+        family.get_or_create(&vec![(name.to_string(), value.to_string())]).inc();
     }
 }

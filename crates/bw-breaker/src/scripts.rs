@@ -51,11 +51,7 @@ pub fn state_key(scope: &Scope) -> String {
 
 /// Redis key of a (scope, recipient) pair limiter.
 pub fn pair_key(scope: &Scope, recipient_key: &str) -> String {
-    bw_common::names::scope_key(
-        &scope.waba_id,
-        &scope.phone_number_id,
-        &format!("pair:{recipient_key}"),
-    )
+    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("pair:{recipient_key}"))
 }
 
 fn class_code(class: TrafficClass) -> &'static str {
@@ -98,17 +94,10 @@ pub(crate) fn record_invocation(
             OutcomeKind::Transient => ("t".to_string(), 0),
             OutcomeKind::Permanent => ("x".to_string(), 0),
             OutcomeKind::Credentials { pause_ms } => ("c".to_string(), pause_ms),
-            OutcomeKind::RateLimited {
-                scope: RateScope::Pair,
-                pause_ms,
-            } => ("rr".to_string(), pause_ms),
-            OutcomeKind::RateLimited { scope, pause_ms } => {
-                (format!("r:{}", scope.label()), pause_ms)
-            }
+            OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms } => ("rr".to_string(), pause_ms),
+            OutcomeKind::RateLimited { scope, pause_ms } => (format!("r:{}", scope.label()), pause_ms),
         };
-        inv.arg(kind)
-            .arg(pause_ms)
-            .arg(if item.canary { "1" } else { "0" });
+        inv.arg(kind).arg(pause_ms).arg(if item.canary { "1" } else { "0" });
     }
     inv
 }
@@ -134,9 +123,7 @@ impl Reply {
     pub(crate) fn new(value: Value) -> Result<Reply, BreakerError> {
         match value {
             Value::Array(values) => Ok(Reply { values, at: 0 }),
-            other => Err(BreakerError::BadReply(format!(
-                "expected an array, got {other:?}"
-            ))),
+            other => Err(BreakerError::BadReply(format!("expected an array, got {other:?}"))),
         }
     }
 
@@ -145,10 +132,7 @@ impl Reply {
     }
 
     fn next(&mut self) -> Result<&Value, BreakerError> {
-        let v = self
-            .values
-            .get(self.at)
-            .ok_or_else(|| BreakerError::BadReply("reply too short".into()))?;
+        let v = self.values.get(self.at).ok_or_else(|| BreakerError::BadReply("reply too short".into()))?;
         self.at += 1;
         Ok(v)
     }
@@ -162,9 +146,7 @@ impl Reply {
                 .map(|f| f as i64)
                 .ok_or_else(|| BreakerError::BadReply("expected an integer".into())),
             Value::Nil => Ok(0),
-            other => Err(BreakerError::BadReply(format!(
-                "expected an integer, got {other:?}"
-            ))),
+            other => Err(BreakerError::BadReply(format!("expected an integer, got {other:?}"))),
         }
     }
 
@@ -174,16 +156,13 @@ impl Reply {
             Value::SimpleString(s) => Ok(s.clone()),
             Value::Int(i) => Ok(i.to_string()),
             Value::Nil => Ok(String::new()),
-            other => Err(BreakerError::BadReply(format!(
-                "expected a string, got {other:?}"
-            ))),
+            other => Err(BreakerError::BadReply(format!("expected a string, got {other:?}"))),
         }
     }
 
     pub(crate) fn float(&mut self) -> Result<f64, BreakerError> {
         let s = self.string()?;
-        s.parse::<f64>()
-            .map_err(|_| BreakerError::BadReply(format!("expected a number, got `{s}`")))
+        s.parse::<f64>().map_err(|_| BreakerError::BadReply(format!("expected a number, got `{s}`")))
     }
 }
 

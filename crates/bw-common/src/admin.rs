@@ -94,11 +94,7 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
         Err(_) => false,
     };
     if encoded {
-        (
-            StatusCode::OK,
-            [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-            out,
-        )
+        (StatusCode::OK, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], "metrics unavailable\n".to_string())
     }

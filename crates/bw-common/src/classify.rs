@@ -80,8 +80,22 @@ pub fn classify_code(code: i64) -> ErrorClass {
         131048 => RateLimit(RateScope::Spam),
         80007 | 80008 => RateLimit(RateScope::Waba),
         4 | 17 | 32 | 613 => RateLimit(RateScope::App),
-        0 | 3 | 10 | 190 | 200..=299 | 368 | 131005 | 131031 | 131042 | 131045 | 131063 | 131064 | 131037
-        | 133000 | 133010 | 133016 => Credentials,
+        0
+        | 3
+        | 10
+        | 190
+        | 200..=299
+        | 368
+        | 131005
+        | 131031
+        | 131042
+        | 131045
+        | 131063
+        | 131064
+        | 131037
+        | 133000
+        | 133010
+        | 133016 => Credentials,
         _ => Permanent,
     }
 }

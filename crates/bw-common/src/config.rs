@@ -28,13 +28,13 @@ pub fn load<T: DeserializeOwned>(
     file: Option<&Path>,
     env: &HashMap<String, String>,
 ) -> Result<T, ConfigError> {
-    let mut merged: toml::Table = toml::from_str(defaults)
-        .map_err(|source| ConfigError::Toml { origin: "compiled defaults".into(), source })?;
+    let mut merged: toml::Table =
+        toml::from_str(defaults).map_err(|source| ConfigError::Toml { origin: "compiled defaults".into(), source })?;
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        let layer: toml::Table = toml::from_str(&text)
-            .map_err(|source| ConfigError::Toml { origin: path.display().to_string(), source })?;
+        let layer: toml::Table =
+            toml::from_str(&text).map_err(|source| ConfigError::Toml { origin: path.display().to_string(), source })?;
         merge(&mut merged, layer);
     }
     let prefix = format!("BW_{}__", service.to_ascii_uppercase().replace('-', "_"));
@@ -44,8 +44,7 @@ pub fn load<T: DeserializeOwned>(
         let path: Vec<String> = key[prefix.len()..].split("__").map(|s| s.to_ascii_lowercase()).collect();
         set_path(&mut merged, &path, parse_scalar(value));
     }
-    T::deserialize(toml::Value::Table(merged))
-        .map_err(|e| ConfigError::Invalid(e.to_string()))
+    T::deserialize(toml::Value::Table(merged)).map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
 fn parse_scalar(raw: &str) -> toml::Value {
@@ -66,9 +65,7 @@ fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) {
             table.insert(last.clone(), value);
         }
         [first, rest @ ..] => {
-            let entry = table
-                .entry(first.clone())
-                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let entry = table.entry(first.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
             if !entry.is_table() {
                 *entry = toml::Value::Table(toml::Table::new());
             }

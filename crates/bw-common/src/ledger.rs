@@ -100,11 +100,7 @@ impl Ledger {
 
     /// Reads an entry.
     pub async fn get(&self, operation_id: &str) -> Result<Option<Versioned>, LedgerError> {
-        let entry = self
-            .store
-            .entry(operation_id)
-            .await
-            .map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        let entry = self.store.entry(operation_id).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
         match entry {
             Some(e) if e.operation == kv::Operation::Put => {
                 let decoded = LedgerEntry::decode(e.value.as_ref())
@@ -225,11 +221,7 @@ impl Ledger {
 
     /// The operation a wamid belongs to, if known.
     pub async fn operation_for_wamid(&self, wamid: &str) -> Result<Option<String>, LedgerError> {
-        let value = self
-            .wamid
-            .get(wamid_key(wamid))
-            .await
-            .map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        let value = self.wamid.get(wamid_key(wamid)).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
         Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 

@@ -45,7 +45,8 @@ impl Deps {
         let nats = crate::nats::connect(nats_cfg, service, wait).await?;
         let js = jetstream::new(nats.clone());
         // A cluster still electing its JetStream leaders answers API requests with timeouts for a while.
-        let buckets = retry_during_startup("jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
+        let buckets =
+            retry_during_startup("jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
         let redis = match redis_cfg {
             Some(r) => Some(crate::redis_conn::connect(&r.url, Duration::from_millis(r.timeout_ms), wait).await?),
             None => None,

@@ -39,14 +39,9 @@ pub fn init(service_name: &str, cfg: &TelemetryConfig) -> TelemetryGuard {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     // The OTLP exporter's HTTP client needs the process-wide rustls provider.
     crate::service::install_crypto();
-    let provider = if cfg.otlp_endpoint.is_empty() {
-        None
-    } else {
-        build_provider(service_name, &cfg.otlp_endpoint)
-    };
-    let otel_layer = provider
-        .as_ref()
-        .map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service_name.to_string())));
+    let provider = if cfg.otlp_endpoint.is_empty() { None } else { build_provider(service_name, &cfg.otlp_endpoint) };
+    let otel_layer =
+        provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service_name.to_string())));
     let installed = tracing_subscriber::registry().with(filter).with(fmt_layer).with(otel_layer).try_init();
     if installed.is_ok() {
         if let Some(p) = &provider {
@@ -58,10 +53,7 @@ pub fn init(service_name: &str, cfg: &TelemetryConfig) -> TelemetryGuard {
 
 fn build_provider(service_name: &str, endpoint: &str) -> Option<SdkTracerProvider> {
     use opentelemetry_otlp::WithExportConfig;
-    let exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_endpoint(endpoint)
-        .build();
+    let exporter = opentelemetry_otlp::SpanExporter::builder().with_http().with_endpoint(endpoint).build();
     match exporter {
         Ok(exporter) => Some(
             SdkTracerProvider::builder()

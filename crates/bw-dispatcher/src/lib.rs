@@ -182,7 +182,9 @@ async fn idle_wait_any(
     use futures::FutureExt;
     for (slot, (lane, consumer)) in parked.iter_mut().zip(consumers) {
         if slot.is_none() {
-            match tokio::time::timeout(FETCH_TIMEOUT, consumer.batch().max_messages(1).expires(idle_wait).messages()).await {
+            match tokio::time::timeout(FETCH_TIMEOUT, consumer.batch().max_messages(1).expires(idle_wait).messages())
+                .await
+            {
                 Ok(Ok(batch)) => *slot = Some(Parked { since: tokio::time::Instant::now(), batch }),
                 Ok(Err(e)) => tracing::debug!(lane = lane.token(), error = %e, "long poll failed"),
                 Err(_) => tracing::debug!(lane = lane.token(), "long poll unanswered"),
@@ -197,7 +199,8 @@ async fn idle_wait_any(
     if polls.is_empty() {
         return None;
     }
-    let ((i, next), _, _) = tokio::time::timeout(idle_wait + FETCH_TIMEOUT, futures::future::select_all(polls)).await.ok()?;
+    let ((i, next), _, _) =
+        tokio::time::timeout(idle_wait + FETCH_TIMEOUT, futures::future::select_all(polls)).await.ok()?;
     parked[i] = None;
     match next {
         Some(Ok(m)) => Some((consumers[i].0, m)),

@@ -14,7 +14,14 @@ pub enum MetaAnswer {
     /// HTTP 200 with a wamid.
     Accepted { wamid: String, usage_percent: Option<u32> },
     /// Meta (or something in front of it) refused the message; it was not created.
-    Rejected { class: ErrorClass, code: i64, http_status: u16, details: String, fbtrace_id: String, retry_after_ms: Option<u64> },
+    Rejected {
+        class: ErrorClass,
+        code: i64,
+        http_status: u16,
+        details: String,
+        fbtrace_id: String,
+        retry_after_ms: Option<u64>,
+    },
     /// The request never left (connect error): safe to retry, counts as transient.
     NotSent { details: String },
     /// The request may have reached Meta but no answer came (timeout, reset): never resend blindly.
@@ -54,13 +61,8 @@ impl MetaClient {
         let url = format!("{}/{}/{}/messages", self.base_url, self.api_version, request.phone_number_id);
         let body = build_body(request);
         let started = Instant::now();
-        let result = self
-            .http
-            .post(url)
-            .header(reqwest::header::AUTHORIZATION, &self.auth_header)
-            .json(&body)
-            .send()
-            .await;
+        let result =
+            self.http.post(url).header(reqwest::header::AUTHORIZATION, &self.auth_header).json(&body).send().await;
         let answer = match result {
             Ok(response) => read_response(response).await,
             Err(e) => transport_error(&e),
@@ -74,7 +76,11 @@ fn transport_error(e: &reqwest::Error) -> MetaAnswer {
     if e.is_connect() {
         return MetaAnswer::NotSent { details: format!("connect failed: {}", error_chain(e)) };
     }
-    let what = if e.is_timeout() { "timeout after the request went out" } else { "connection lost after the request went out" };
+    let what = if e.is_timeout() {
+        "timeout after the request went out"
+    } else {
+        "connection lost after the request went out"
+    };
     MetaAnswer::Unknown { details: format!("{what}: {}", error_chain(e)), http_status: 0 }
 }
 
@@ -121,7 +127,9 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
             retry_after_ms,
         },
         // A gateway timeout without Meta's body may have been processed upstream: unknown, not retried blindly.
-        None if status == 504 => MetaAnswer::Unknown { details: "504 without a Meta error body".into(), http_status: status },
+        None if status == 504 => {
+            MetaAnswer::Unknown { details: "504 without a Meta error body".into(), http_status: status }
+        }
         None => MetaAnswer::Rejected {
             class: classify::classify_http_status(status),
             code: 0,

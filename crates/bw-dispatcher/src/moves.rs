@@ -6,8 +6,8 @@ use crate::process::{Work, Worker, retry_after_pauses};
 use async_nats::jetstream::AckKind;
 use bw_common::names;
 use bw_common::proto::{
-    Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,
-    Signal, UnknownOutcome,
+    Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason, Signal,
+    UnknownOutcome,
 };
 use bw_common::time::now_ms;
 use prost::Message as _;
@@ -105,17 +105,17 @@ impl Worker {
 
     async fn try_sent(&self, w: &Work, wamid: &str) -> bool {
         self.update_ledger(w, |cur| {
-                let mut e = cur.cloned().unwrap_or_default();
-                e.set_state(OperationState::Sent);
-                e.in_flight_since_unix_ms = 0;
-                e.wamid = wamid.to_string();
-                e.attempts += 1;
-                e.reason.clear();
-                e.transient_failures = 0;
-                e.first_failure_at_unix_ms = 0;
-                Some(e)
-            })
-            .await
+            let mut e = cur.cloned().unwrap_or_default();
+            e.set_state(OperationState::Sent);
+            e.in_flight_since_unix_ms = 0;
+            e.wamid = wamid.to_string();
+            e.attempts += 1;
+            e.reason.clear();
+            e.transient_failures = 0;
+            e.first_failure_at_unix_ms = 0;
+            Some(e)
+        })
+        .await
     }
 
     /// Transient failure: retry with decorrelated jitter through a delayed redelivery, or give up to the DLQ.
@@ -124,13 +124,18 @@ impl Worker {
         let entry = &w.ledger.entry;
         let failures = entry.transient_failures + 1;
         let first = if entry.first_failure_at_unix_ms > 0 { entry.first_failure_at_unix_ms } else { now };
-        let previous = if entry.last_retry_delay_ms > 0 { entry.last_retry_delay_ms as u64 } else { self.cfg.retry_base_ms };
+        let previous =
+            if entry.last_retry_delay_ms > 0 { entry.last_retry_delay_ms as u64 } else { self.cfg.retry_base_ms };
         let delay = decorrelated_jitter(self.cfg.retry_base_ms, self.cfg.retry_cap_ms, previous);
         let over_budget = (now - first) as u64 + delay > self.cfg.retry_budget_ms;
         if w.lane == names::Lane::Replay || failures > self.cfg.max_retries || over_budget {
             // Replayed messages go straight back: replay owns their schedule.
             let (not_before, prev) = if w.lane == names::Lane::Replay {
-                let d = bw_ops::jitter::next_replay_delay(entry.replays, entry.last_retry_delay_ms.max(0) as u64, &mut rand::rng());
+                let d = bw_ops::jitter::next_replay_delay(
+                    entry.replays,
+                    entry.last_retry_delay_ms.max(0) as u64,
+                    &mut rand::rng(),
+                );
                 (now + d as i64, d as i64)
             } else {
                 (0, 0)
@@ -170,11 +175,16 @@ impl Worker {
     ) {
         let mut request = w.request.clone();
         request.attempts.push(self.attempt_record(&w, &err));
-        let first_error = request
-            .attempts
-            .iter()
-            .find(|a| a.meta_code != 0 || a.http_status != 0 || !a.detail.is_empty())
-            .map(|a| ErrorInfo { meta_code: a.meta_code, http_status: a.http_status, details: a.detail.clone(), at_unix_ms: a.at_unix_ms, ..Default::default() });
+        let first_error =
+            request.attempts.iter().find(|a| a.meta_code != 0 || a.http_status != 0 || !a.detail.is_empty()).map(|a| {
+                ErrorInfo {
+                    meta_code: a.meta_code,
+                    http_status: a.http_status,
+                    details: a.detail.clone(),
+                    at_unix_ms: a.at_unix_ms,
+                    ..Default::default()
+                }
+            });
         let envelope = DlqEnvelope {
             request: Some(request),
             reason: reason as i32,
@@ -188,7 +198,9 @@ impl Worker {
         };
         let subject = names::dlq_subject(&w.request.phone_number_id);
         let headers = self.headers(&w, &self.move_id(&w, "dlq"));
-        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, envelope.encode_to_vec().into()).await {
+        if let Err(e) =
+            bw_common::nats::publish_durable(&self.js, subject, headers, envelope.encode_to_vec().into()).await
+        {
             tracing::warn!(parent: &w.span, error = %e, "dlq publish failed; message stays queued");
             let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
             return;
@@ -229,7 +241,8 @@ impl Worker {
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
         let headers = self.headers(&w, &self.move_id(&w, "quarantine"));
-        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await {
+        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await
+        {
             tracing::warn!(parent: &w.span, error = %e, "quarantine publish failed; message stays queued");
             let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
             return;
@@ -263,7 +276,8 @@ impl Worker {
         };
         let subject = names::unknown_subject(&w.request.phone_number_id);
         let headers = self.headers(&w, &self.move_id(&w, "unknown"));
-        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await {
+        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await
+        {
             tracing::warn!(parent: &w.span, error = %e, "unknown-outcome publish failed; message stays queued");
             let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
             return;

@@ -1,9 +1,9 @@
 //! Handling of one fetched batch: prepare (decode, ledger, deadline), admit (one breaker round trip per scope),
 //! send concurrently, record outcomes (batched), and move every message to its next place.
 
+use crate::DispatchConfig;
 use crate::meta::{MetaAnswer, MetaClient};
 use crate::metrics::Metrics;
-use crate::DispatchConfig;
 use async_nats::jetstream::{self, AckKind};
 use bw_breaker::{AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
 use bw_common::classify::ErrorClass;
@@ -199,7 +199,10 @@ impl Worker {
             let scope = works[0].scope();
             let items: Vec<AdmitItem> = works
                 .iter()
-                .map(|w| AdmitItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), class: w.class() })
+                .map(|w| AdmitItem {
+                    recipient_key: bw_common::mask::recipient_key(&w.request.recipient),
+                    class: w.class(),
+                })
                 .collect();
             let admission = self.breaker.admit(&scope, &items).await;
             for w in &mut works {
@@ -259,7 +262,8 @@ impl Worker {
     /// Gives a held message back to the broker, redelivered after `delay`.
     async fn release(&self, w: Work, delay: Duration) {
         self.metrics.result("held");
-        let _ = w.msg.ack_with(AckKind::Nak(Some(delay.clamp(Duration::from_millis(20), Duration::from_secs(60))))).await;
+        let _ =
+            w.msg.ack_with(AckKind::Nak(Some(delay.clamp(Duration::from_millis(20), Duration::from_secs(60))))).await;
     }
 
     /// Records the buffered outcomes, one breaker round trip per scope.
@@ -274,15 +278,19 @@ impl Worker {
         // A write whose answer is lost (broker failover) may still have landed: retry the same mark a few times
         // rather than give up, or the next delivery would find a mark for a request that never left.
         let (ledger, op, expected) = (&self.ledger, &w.request.operation_id, &w.ledger);
-        let result = retry_after_pauses(&[100, 300, 1_000], || async {}, move || async move {
-            ledger
-                .update_versioned(op, Some(expected.clone()), |cur| {
-                    let mut e = cur.cloned().unwrap_or_default();
-                    e.in_flight_since_unix_ms = now;
-                    Some(e)
-                })
-                .await
-        })
+        let result = retry_after_pauses(
+            &[100, 300, 1_000],
+            || async {},
+            move || async move {
+                ledger
+                    .update_versioned(op, Some(expected.clone()), |cur| {
+                        let mut e = cur.cloned().unwrap_or_default();
+                        e.in_flight_since_unix_ms = now;
+                        Some(e)
+                    })
+                    .await
+            },
+        )
         .await;
         match result {
             Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_since_unix_ms == now => {
@@ -359,7 +367,17 @@ impl Worker {
         }
         span.record("attempt", versioned.entry.attempts + 1);
         let in_flight_since = versioned.entry.in_flight_since_unix_ms;
-        let work = Work { lane, msg, request, ledger: versioned, span, received: Instant::now(), decision: "", decided_after: Duration::ZERO, waited: Duration::ZERO };
+        let work = Work {
+            lane,
+            msg,
+            request,
+            ledger: versioned,
+            span,
+            received: Instant::now(),
+            decision: "",
+            decided_after: Duration::ZERO,
+            waited: Duration::ZERO,
+        };
         if in_flight_since > 0 {
             // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
             // died, or lost the broker, mid-call). Meta may have it: reconcile, do not resend.
@@ -381,7 +399,11 @@ impl Worker {
     async fn on_denied(&self, w: Work, reason: DenyReason, retry_after_ms: u64, incident: &str) {
         match reason {
             DenyReason::BreakerOpen | DenyReason::ForcedOpen => {
-                let err = ErrorInfo { details: "breaker open: failed fast".into(), at_unix_ms: now_ms(), ..Default::default() };
+                let err = ErrorInfo {
+                    details: "breaker open: failed fast".into(),
+                    at_unix_ms: now_ms(),
+                    ..Default::default()
+                };
                 self.to_dlq(w, DlqReason::BreakerOpen, incident, err, 0, 0).await;
             }
             DenyReason::Paused if retry_after_ms > self.cfg.long_pause_ms => {
@@ -405,7 +427,13 @@ impl Worker {
             }
             MetaAnswer::Rejected { class, code, http_status, details, fbtrace_id, retry_after_ms } => {
                 self.metrics.meta_response(&code.to_string());
-                let err = ErrorInfo { meta_code: code, http_status: http_status as u32, details, fbtrace_id, at_unix_ms: now_ms() };
+                let err = ErrorInfo {
+                    meta_code: code,
+                    http_status: http_status as u32,
+                    details,
+                    fbtrace_id,
+                    at_unix_ms: now_ms(),
+                };
                 match class {
                     ErrorClass::Transient => self.retry_or_dlq(w, err).await,
                     ErrorClass::RateLimit(scope) => {
@@ -429,7 +457,8 @@ impl Worker {
             }
             MetaAnswer::Unknown { details, http_status } => {
                 self.metrics.meta_response("unknown");
-                let err = ErrorInfo { details, http_status: http_status as u32, at_unix_ms: now_ms(), ..Default::default() };
+                let err =
+                    ErrorInfo { details, http_status: http_status as u32, at_unix_ms: now_ms(), ..Default::default() };
                 self.to_unknown(w, err).await;
             }
         }
@@ -470,10 +499,9 @@ fn outcome_kind(answer: &MetaAnswer, cfg: &DispatchConfig) -> OutcomeKind {
         MetaAnswer::NotSent { .. } | MetaAnswer::Unknown { .. } => OutcomeKind::Transient,
         MetaAnswer::Rejected { class, retry_after_ms, .. } => match class {
             ErrorClass::Transient => OutcomeKind::Transient,
-            ErrorClass::RateLimit(scope) => OutcomeKind::RateLimited {
-                scope: *scope,
-                pause_ms: retry_after_ms.unwrap_or(scope.default_pause_ms()),
-            },
+            ErrorClass::RateLimit(scope) => {
+                OutcomeKind::RateLimited { scope: *scope, pause_ms: retry_after_ms.unwrap_or(scope.default_pause_ms()) }
+            }
             ErrorClass::Permanent => OutcomeKind::Permanent,
             ErrorClass::Credentials => OutcomeKind::Credentials { pause_ms: cfg.long_pause_ms.max(60_000) * 5 },
         },
@@ -489,7 +517,11 @@ async fn sleep_until_opt(at: Option<Instant>) {
 
 /// Runs `attempt` until it succeeds: once at once, then again after each of `pauses_ms`, running `before_retry`
 /// after each pause. Returns the last result.
-pub(crate) async fn retry_after_pauses<T, E, A, AF, B, BF>(pauses_ms: &[u64], mut before_retry: B, mut attempt: A) -> Result<T, E>
+pub(crate) async fn retry_after_pauses<T, E, A, AF, B, BF>(
+    pauses_ms: &[u64],
+    mut before_retry: B,
+    mut attempt: A,
+) -> Result<T, E>
 where
     A: FnMut() -> AF,
     AF: std::future::Future<Output = Result<T, E>>,
@@ -534,10 +566,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn gives_the_last_error_after_the_last_pause() {
         let tries = Cell::new(0u32);
-        let result: Result<(), u32> = retry_after_pauses(&[10, 20], || async {}, || async {
-            tries.set(tries.get() + 1);
-            Err(tries.get())
-        })
+        let result: Result<(), u32> = retry_after_pauses(
+            &[10, 20],
+            || async {},
+            || async {
+                tries.set(tries.get() + 1);
+                Err(tries.get())
+            },
+        )
         .await;
         assert_eq!(result, Err(3));
     }

@@ -71,7 +71,11 @@ pub fn render(samples: &[Sample], marks: &[(f64, String)], title: &str) -> Strin
             escape(label)
         ));
     }
-    svg.push_str(&format!("<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#666\">{t_max:.0} s</text>\n</svg>\n", width - right - 30.0, bottom + 28.0));
+    svg.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#666\">{t_max:.0} s</text>\n</svg>\n",
+        width - right - 30.0,
+        bottom + 28.0
+    ));
     svg
 }
 
@@ -86,7 +90,14 @@ mod tests {
     #[test]
     fn renders_every_panel_and_mark() {
         let samples: Vec<Sample> = (0..10)
-            .map(|i| Sample { t: i as f64, sent_per_s: 50.0, error_rate: if i > 4 { 0.3 } else { 0.0 }, scopes_open: (i > 5) as u32, scopes_half_open: 0, dlq_depth: i * 10 })
+            .map(|i| Sample {
+                t: i as f64,
+                sent_per_s: 50.0,
+                error_rate: if i > 4 { 0.3 } else { 0.0 },
+                scopes_open: (i > 5) as u32,
+                scopes_half_open: 0,
+                dlq_depth: i * 10,
+            })
             .collect();
         let svg = render(&samples, &[(5.0, "outage <start>".into())], "drill");
         assert_eq!(svg.matches("<polyline").count(), 4);

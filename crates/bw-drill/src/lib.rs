@@ -207,12 +207,15 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
 
     let nats = async_nats::connect(&nats_url).await?;
     let js = jetstream::new(nats.clone());
-    let buckets = bw_common::nats::ensure_topology(&js, &bw_common::config::NatsConfig {
-        url: nats_url.clone(),
-        name: "bw-drill".into(),
-        replicas: 1,
-        limits: Default::default(),
-    })
+    let buckets = bw_common::nats::ensure_topology(
+        &js,
+        &bw_common::config::NatsConfig {
+            url: nats_url.clone(),
+            name: "bw-drill".into(),
+            replicas: 1,
+            limits: Default::default(),
+        },
+    )
     .await?;
 
     let started = Instant::now();
@@ -266,7 +269,14 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             sample
         };
         max_dlq = max_dlq.max(depths.dlq);
-        samples.push(chart::Sample { t, sent_per_s, error_rate, scopes_open: open + half_open, scopes_half_open: half_open, dlq_depth: depths.dlq });
+        samples.push(chart::Sample {
+            t,
+            sent_per_s,
+            error_rate,
+            scopes_open: open + half_open,
+            scopes_half_open: half_open,
+            dlq_depth: depths.dlq,
+        });
         if opts.live {
             println!(
                 "[{t:5.0}s] produced {:>6}/{:<6} accepted {:>6} | sent/s {:>5.0} err {:>4.1}% | breakers open {open} half-open {half_open} | queue {:>6} dlq {:>6} unknown {:>4} quarantine {:>4}",
@@ -284,7 +294,11 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         if max_dlq > 0 && depths.dlq == 0 && drained_at.is_none() {
             drained_at = Some(t);
         }
-        let quiet = producer.is_finished() && depths.send == 0 && depths.dlq == 0 && depths.unknown == 0 && open + half_open == 0;
+        let quiet = producer.is_finished()
+            && depths.send == 0
+            && depths.dlq == 0
+            && depths.unknown == 0
+            && open + half_open == 0;
         settled_for = if quiet { settled_for + 1 } else { 0 };
         if settled_for >= 3 || Instant::now() > settle_deadline {
             break;

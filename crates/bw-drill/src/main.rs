@@ -52,7 +52,12 @@ fn main() {
     match runtime.block_on(bw_drill::run(opts)) {
         Ok(report) => {
             print!("{}", bw_drill::report::text(&report));
-            println!("report: {}/report.html, {}/report.json, {}/timeline.svg", args.dir.display(), args.dir.display(), args.dir.display());
+            println!(
+                "report: {}/report.html, {}/report.json, {}/timeline.svg",
+                args.dir.display(),
+                args.dir.display(),
+                args.dir.display()
+            );
             std::process::exit(if report.passed() { 0 } else { 1 });
         }
         Err(e) => {

@@ -52,7 +52,9 @@ pub fn build(run_id: &str, i: usize, waba_id: &str, senders: &[String]) -> bw_co
     let request = match category {
         Category::Support => Request::text(&op, waba_id, sender, &recipient, "Your order #1234 is on its way")
             .customer_last_inbound_unix_ms(bw_common::time::now_ms() - 60_000),
-        Category::Authentication => Request::template(&op, waba_id, sender, &recipient, "otp_code", "es_AR").param("123456"),
+        Category::Authentication => {
+            Request::template(&op, waba_id, sender, &recipient, "otp_code", "es_AR").param("123456")
+        }
         Category::Transactional => {
             Request::template(&op, waba_id, sender, &recipient, "order_confirmation", "es_AR").param("1234")
         }

@@ -221,12 +221,18 @@ fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<
 pub fn text(r: &DrillReport) -> String {
     let mut s = String::new();
     s.push_str("\n==== flash-sale drill report ====\n");
-    s.push_str(&format!("requested {}  accepted {}  rejected {}  unanswered {}\n", r.requested, r.accepted, r.rejected, r.unanswered));
+    s.push_str(&format!(
+        "requested {}  accepted {}  rejected {}  unanswered {}\n",
+        r.requested, r.accepted, r.rejected, r.unanswered
+    ));
     s.push_str(&format!(
         "final states: sent {}  delivered {}  read {}  failed(after Meta accepted) {}  quarantined {}  expired {}  unknown {}  in DLQ {}  queued {}\n",
         r.sent, r.delivered, r.read, r.failed, r.quarantined, r.expired, r.unknown, r.in_dlq, r.queued
     ));
-    s.push_str(&format!("DLQ moves {}  replayed operations {}  max DLQ depth {}  breaker trips {}\n", r.dlq_moves, r.replayed, r.max_dlq_depth, r.breaker_trips));
+    s.push_str(&format!(
+        "DLQ moves {}  replayed operations {}  max DLQ depth {}  breaker trips {}\n",
+        r.dlq_moves, r.replayed, r.max_dlq_depth, r.breaker_trips
+    ));
     s.push_str(&format!("LOST {}   (in two places {}, misplaced {})\n", r.lost, r.in_two_places, r.misplaced));
     s.push_str(&format!(
         "duplicates at Meta {} (flagged unknown outcomes {})\n",
@@ -255,7 +261,13 @@ pub fn text(r: &DrillReport) -> String {
     s
 }
 
-pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &Observed, opts: &DrillOptions) -> anyhow::Result<()> {
+pub(crate) fn write(
+    dir: &Path,
+    r: &DrillReport,
+    samples: &[Sample],
+    observed: &Observed,
+    opts: &DrillOptions,
+) -> anyhow::Result<()> {
     let mut json = json!({
         "requested": r.requested, "accepted": r.accepted, "rejected": r.rejected, "unanswered": r.unanswered,
         "sent": r.sent, "delivered": r.delivered, "read": r.read, "failed": r.failed, "in_dlq": r.in_dlq,
@@ -272,8 +284,12 @@ pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &
     });
     json["trip_latency_p50_ms"] = json!(r.trip_latency_p50_ms);
     json["trip_latency_max_ms"] = json!(r.trip_latency_max_ms);
-    json["trip_latencies"] =
-        json!(r.trip_latencies.iter().map(|t| json!({"t": t.0, "scope": t.1, "latency_ms": t.2 * 1000.0})).collect::<Vec<_>>());
+    json["trip_latencies"] = json!(
+        r.trip_latencies
+            .iter()
+            .map(|t| json!({"t": t.0, "scope": t.1, "latency_ms": t.2 * 1000.0}))
+            .collect::<Vec<_>>()
+    );
     json["replay_solo_rate_per_s"] = json!(r.replay_solo_rate_per_s);
     json["replay_solo_rate_fraction"] = json!(r.replay_solo_rate_fraction);
     std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&json)?)?;

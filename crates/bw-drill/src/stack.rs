@@ -158,14 +158,31 @@ impl Services {
             loop {
                 if !self.procs[i].is_running() && self.procs[i].child.is_some() {
                     let tail = std::fs::read_to_string(&self.procs[i].log).unwrap_or_default();
-                    let tail: String = tail.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
-                    anyhow::bail!("{}-{} exited during start-up; log tail:\n{tail}", self.procs[i].service, self.procs[i].instance);
+                    let tail: String = tail
+                        .lines()
+                        .rev()
+                        .take(20)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    anyhow::bail!(
+                        "{}-{} exited during start-up; log tail:\n{tail}",
+                        self.procs[i].service,
+                        self.procs[i].instance
+                    );
                 }
                 if http_ok(&format!("http://{}/readyz", self.procs[i].admin)).await {
                     break;
                 }
                 if Instant::now() > deadline {
-                    anyhow::bail!("{}-{} not ready after {timeout:?}; see {}", self.procs[i].service, self.procs[i].instance, self.procs[i].log.display());
+                    anyhow::bail!(
+                        "{}-{} not ready after {timeout:?}; see {}",
+                        self.procs[i].service,
+                        self.procs[i].instance,
+                        self.procs[i].log.display()
+                    );
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

@@ -25,12 +25,12 @@ pub use reconciler::{Policies, Policy};
 use async_nats::jetstream::consumer::{self, pull};
 use bw_common::config::{AdminConfig, ConfigError, NatsConfig, TelemetryConfig};
 use bw_common::names;
+use bw_common::service::retry_during_startup;
 use bw_common::service::{Deps, ServiceConfig};
 use futures::StreamExt;
 use serde::Deserialize;
 use std::future::Future;
 use std::sync::Arc;
-use bw_common::service::retry_during_startup;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -319,7 +319,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         None
     };
     let unknown_messages = if cfg.reconciler.enabled {
-        Some(retry_during_startup("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler)).await?)
+        Some(
+            retry_during_startup("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler))
+                .await?,
+        )
     } else {
         None
     };

@@ -10,10 +10,7 @@ use std::time::{Duration, Instant};
 const PHONE: &str = "106540352242922";
 
 async fn hammer(url: &str, total: u64, concurrency: u64) -> (f64, u64, u64) {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(256)
-        .build()
-        .expect("client");
+    let client = reqwest::Client::builder().pool_max_idle_per_host(256).build().expect("client");
     let next = Arc::new(AtomicU64::new(0));
     let ok = Arc::new(AtomicU64::new(0));
     let throttled = Arc::new(AtomicU64::new(0));
@@ -45,21 +42,13 @@ async fn hammer(url: &str, total: u64, concurrency: u64) -> (f64, u64, u64) {
     for t in tasks {
         let _ = t.await;
     }
-    (
-        total as f64 / started.elapsed().as_secs_f64(),
-        ok.load(Ordering::Relaxed),
-        throttled.load(Ordering::Relaxed),
-    )
+    (total as f64 / started.elapsed().as_secs_f64(), ok.load(Ordering::Relaxed), throttled.load(Ordering::Relaxed))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let total = 30_000;
-    let sim = MetaSim::start(SimConfig {
-        limits: Limits::disabled(),
-        ..SimConfig::default()
-    })
-    .await?;
+    let sim = MetaSim::start(SimConfig { limits: Limits::disabled(), ..SimConfig::default() }).await?;
     let (rps, ok, _) = hammer(&sim.messages_url("v21.0", PHONE), total, 64).await;
     println!("limits off, no webhooks: {rps:>8.0} req/s ({ok} accepted)");
     sim.shutdown().await;
@@ -70,16 +59,8 @@ async fn main() -> anyhow::Result<()> {
         let app = axum::Router::new().fallback(|| async { "ok" });
         let _ = axum::serve(receiver, app).await;
     });
-    let webhook = WebhookConfig {
-        url: Some(hook),
-        ..WebhookConfig::default()
-    };
-    let sim = MetaSim::start(SimConfig {
-        limits: Limits::disabled(),
-        webhook,
-        ..SimConfig::default()
-    })
-    .await?;
+    let webhook = WebhookConfig { url: Some(hook), ..WebhookConfig::default() };
+    let sim = MetaSim::start(SimConfig { limits: Limits::disabled(), webhook, ..SimConfig::default() }).await?;
     let (rps, ok, _) = hammer(&sim.messages_url("v21.0", PHONE), total, 64).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while sim.webhooks_pending() > 0 && Instant::now() < deadline {
@@ -92,17 +73,8 @@ async fn main() -> anyhow::Result<()> {
     );
     sim.shutdown().await;
 
-    let limits = Limits {
-        throughput_mps: 1_000.0,
-        throughput_burst: 20,
-        pair_enabled: false,
-        ..Limits::default()
-    };
-    let sim = MetaSim::start(SimConfig {
-        limits,
-        ..SimConfig::default()
-    })
-    .await?;
+    let limits = Limits { throughput_mps: 1_000.0, throughput_burst: 20, pair_enabled: false, ..Limits::default() };
+    let sim = MetaSim::start(SimConfig { limits, ..SimConfig::default() }).await?;
     let (rps, ok, throttled) = hammer(&sim.messages_url("v21.0", PHONE), total, 64).await;
     println!(
         "1,000 mps limit:           {rps:>8.0} req/s ({ok} accepted, {throttled} refused, 130429 counted: {})",

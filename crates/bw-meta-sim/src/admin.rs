@@ -34,10 +34,7 @@ pub(crate) fn routes() -> Router<Arc<Inner>> {
         .route("/_sim/oracle", get(oracle))
         .route("/_sim/counters", get(counters))
         .route("/_sim/reset", post(reset))
-        .route(
-            "/_sim/scenario",
-            get(get_scenario).post(set_scenario).delete(clear_scenario),
-        )
+        .route("/_sim/scenario", get(get_scenario).post(set_scenario).delete(clear_scenario))
         .route("/_sim/scenario/restart", post(restart))
         .route("/_sim/limits", get(get_limits).post(set_limits))
         .route("/_sim/inbound", post(inbound))
@@ -45,11 +42,7 @@ pub(crate) fn routes() -> Router<Arc<Inner>> {
 }
 
 fn bad(msg: impl std::fmt::Display) -> Response {
-    (
-        StatusCode::BAD_REQUEST,
-        axum::Json(json!({ "error": msg.to_string() })),
-    )
-        .into_response()
+    (StatusCode::BAD_REQUEST, axum::Json(json!({ "error": msg.to_string() }))).into_response()
 }
 
 async fn oracle(State(st): State<Arc<Inner>>) -> Response {
@@ -67,8 +60,7 @@ async fn reset(State(st): State<Arc<Inner>>) -> Response {
 
 async fn get_scenario(State(st): State<Arc<Inner>>) -> Response {
     let active = lock_read(&st.scenario).clone();
-    axum::Json(json!({ "scenario": active.scenario, "elapsed_ms": active.elapsed_ms() }))
-        .into_response()
+    axum::Json(json!({ "scenario": active.scenario, "elapsed_ms": active.elapsed_ms() })).into_response()
 }
 
 #[derive(Deserialize)]
@@ -95,10 +87,8 @@ async fn set_scenario(
         )),
         Some(name) => Scenario::builtin(name),
         None => {
-            let json = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.contains("json"));
+            let json =
+                headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("json"));
             if json {
                 Scenario::from_json(&body)
             } else {
@@ -159,15 +149,9 @@ async fn inbound(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
         Ok(m) => m,
         Err(e) => return bad(format!("inbound message is not valid json: {e}")),
     };
-    match st
-        .webhooks
-        .inbound_text(&msg.phone_number_id, &msg.from, &msg.name, &msg.text)
-    {
+    match st.webhooks.inbound_text(&msg.phone_number_id, &msg.from, &msg.name, &msg.text) {
         Some(wamid) => axum::Json(json!({ "wamid": wamid })).into_response(),
-        None => (
-            StatusCode::CONFLICT,
-            axum::Json(json!({ "error": "no webhook url configured or queue full" })),
-        )
+        None => (StatusCode::CONFLICT, axum::Json(json!({ "error": "no webhook url configured or queue full" })))
             .into_response(),
     }
 }
@@ -178,19 +162,11 @@ struct DumpQuery {
 }
 
 async fn dump(State(st): State<Arc<Inner>>, Query(q): Query<DumpQuery>) -> Response {
-    let Some(path) = q
-        .path
-        .map(std::path::PathBuf::from)
-        .or_else(|| st.cfg.dump_path.clone())
-    else {
+    let Some(path) = q.path.map(std::path::PathBuf::from).or_else(|| st.cfg.dump_path.clone()) else {
         return bad("no path given and no dump_path configured");
     };
     match st.dump(&path) {
         Ok(()) => axum::Json(json!({ "path": path.display().to_string() })).into_response(),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            axum::Json(json!({ "error": format!("{e:#}") })),
-        )
-            .into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({ "error": format!("{e:#}") }))).into_response(),
     }
 }

@@ -62,41 +62,21 @@ pub(crate) async fn send_message(
     }
     // Faults that happen in front of Meta's application logic.
     let post_fault = match decision.fault {
-        Some(FaultKind::Http {
-            status,
-            meta_body,
-            code,
-            after_processing: false,
-        }) => {
+        Some(FaultKind::Http { status, meta_body, code, after_processing: false }) => {
             return http_fault(&st, status, meta_body, code);
         }
-        Some(FaultKind::Error {
-            code,
-            http_status,
-            subcode,
-        }) => {
-            let status = http_status
-                .unwrap_or_else(|| errors::http_status(code, st.cfg.throttle_http_status));
+        Some(FaultKind::Error { code, http_status, subcode }) => {
+            let status = http_status.unwrap_or_else(|| errors::http_status(code, st.cfg.throttle_http_status));
             st.oracle.count(&code.to_string());
-            return error_response(
-                status,
-                errors::body(code, None, subcode),
-                Usage::default(),
-                &st,
-            );
+            return error_response(status, errors::body(code, None, subcode), Usage::default(), &st);
         }
-        Some(FaultKind::Hang {
-            hold_ms,
-            accept: false,
-        }) => {
+        Some(FaultKind::Hang { hold_ms, accept: false }) => {
             st.oracle.count("hang");
             pause(&st, Duration::from_millis(hold_ms)).await;
             kill.trigger();
             return StatusCode::GATEWAY_TIMEOUT.into_response();
         }
-        Some(FaultKind::Reset {
-            after_processing: false,
-        }) => {
+        Some(FaultKind::Reset { after_processing: false }) => {
             st.oracle.count("reset");
             kill.trigger();
             return StatusCode::BAD_GATEWAY.into_response();
@@ -165,12 +145,7 @@ pub(crate) async fn send_message(
             kill.trigger();
             StatusCode::BAD_GATEWAY.into_response()
         }
-        Some(FaultKind::Http {
-            status,
-            meta_body,
-            code,
-            ..
-        }) => http_fault(&st, status, meta_body, code),
+        Some(FaultKind::Http { status, meta_body, code, .. }) => http_fault(&st, status, meta_body, code),
         _ => {
             st.oracle.count("200");
             let mut message = json!({ "id": wamid });
@@ -182,11 +157,7 @@ pub(crate) async fn send_message(
                 "contacts": [{ "input": send.to, "wa_id": send.wa_id }],
                 "messages": [message],
             });
-            with_usage(
-                &st,
-                (StatusCode::OK, axum::Json(body)).into_response(),
-                usage,
-            )
+            with_usage(&st, (StatusCode::OK, axum::Json(body)).into_response(), usage)
         }
     }
 }
@@ -203,10 +174,7 @@ fn authorized(st: &Inner, headers: &HeaderMap) -> bool {
     let Some(token) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
         .map(str::trim)
     else {
         return false;
@@ -222,12 +190,7 @@ fn check_limits(st: &Inner, phone: &str, wa_id: &str) -> Result<Usage, (i64, Usa
     if !limits.enabled {
         return Ok(Usage::default());
     }
-    let mps = st
-        .cfg
-        .phone_numbers
-        .get(phone)
-        .and_then(|p| p.throughput_mps)
-        .unwrap_or(limits.throughput_mps);
+    let mps = st.cfg.phone_numbers.get(phone).and_then(|p| p.throughput_mps).unwrap_or(limits.throughput_mps);
     let refused = |wait: Duration, percent| Usage {
         percent,
         regain_minutes: wait.as_secs().div_ceil(60).max(1),
@@ -242,10 +205,7 @@ fn check_limits(st: &Inner, phone: &str, wa_id: &str) -> Result<Usage, (i64, Usa
     {
         return Err((131056, refused(wait, percent)));
     }
-    Ok(Usage {
-        percent,
-        ..Usage::default()
-    })
+    Ok(Usage { percent, ..Usage::default() })
 }
 
 fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
@@ -264,10 +224,7 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
     match body.get("recipient_type").map(|v| v.as_str()) {
         None | Some(Some("individual")) | Some(Some("group")) => {}
         _ => {
-            return invalid(
-                100,
-                "Param recipient_type must be one of {INDIVIDUAL, GROUP}.",
-            );
+            return invalid(100, "Param recipient_type must be one of {INDIVIDUAL, GROUP}.");
         }
     }
     let to = match body.get("to").and_then(Value::as_str) {
@@ -275,9 +232,7 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
         _ => return invalid(100, "The parameter to is required."),
     };
     let wa_id = ids::wa_id(&to);
-    let allowed = to
-        .chars()
-        .all(|c| c.is_ascii_digit() || " +-()".contains(c));
+    let allowed = to.chars().all(|c| c.is_ascii_digit() || " +-()".contains(c));
     if !allowed || !(7..=15).contains(&wa_id.len()) {
         return invalid(131009, "Parameter 'to' is not a valid phone number.");
     }
@@ -295,26 +250,17 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.chars().count() <= 512 => Some(s.clone()),
         Some(Value::String(_)) => {
-            return invalid(
-                100,
-                "Param biz_opaque_callback_data must be at most 512 characters long.",
-            );
+            return invalid(100, "Param biz_opaque_callback_data must be at most 512 characters long.");
         }
         Some(_) => return invalid(100, "Param biz_opaque_callback_data must be a string."),
     };
-    let Some(nested) = body
-        .get(&mtype)
-        .filter(|v| v.is_object() || (mtype == "contacts" && v.is_array()))
-    else {
+    let Some(nested) = body.get(&mtype).filter(|v| v.is_object() || (mtype == "contacts" && v.is_array())) else {
         return invalid(131008, &format!("Parameter '{mtype}' is required."));
     };
     match mtype.as_str() {
         "text" => match nested.get("body") {
             Some(Value::String(b)) if b.chars().count() > 4096 => {
-                return invalid(
-                    100,
-                    "Param text['body'] must be at most 4096 characters long.",
-                );
+                return invalid(100, "Param text['body'] must be at most 4096 characters long.");
             }
             Some(Value::String(b)) if !b.is_empty() => {}
             _ => return invalid(100, "The parameter text['body'] is required."),
@@ -324,47 +270,25 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
             if nested.get("id").and_then(Value::as_str).is_none()
                 && nested.get("link").and_then(Value::as_str).is_none() =>
         {
-            return invalid(
-                131008,
-                &format!("Parameter '{mtype}.link' or '{mtype}.id' is required."),
-            );
+            return invalid(131008, &format!("Parameter '{mtype}.link' or '{mtype}.id' is required."));
         }
         _ => {}
     }
-    Ok(Send {
-        to,
-        wa_id,
-        mtype,
-        biz_opaque,
-    })
+    Ok(Send { to, wa_id, mtype, biz_opaque })
 }
 
 fn validate_template(st: &Inner, t: &Value) -> Result<(), (i64, String)> {
     let invalid = |code: i64, d: String| Err((code, d));
-    let Some(name) = t
-        .get("name")
-        .and_then(Value::as_str)
-        .filter(|n| !n.is_empty())
-    else {
+    let Some(name) = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
         return invalid(131008, "Parameter 'template.name' is required.".into());
     };
-    let Some(lang) = t
-        .get("language")
-        .and_then(|l| l.get("code"))
-        .and_then(Value::as_str)
-        .filter(|c| !c.is_empty())
+    let Some(lang) = t.get("language").and_then(|l| l.get("code")).and_then(Value::as_str).filter(|c| !c.is_empty())
     else {
-        return invalid(
-            131008,
-            "Parameter 'template.language.code' is required.".into(),
-        );
+        return invalid(131008, "Parameter 'template.language.code' is required.".into());
     };
     if let Some(components) = t.get("components") {
         let Some(list) = components.as_array() else {
-            return invalid(
-                131009,
-                "Parameter 'template.components' must be an array.".into(),
-            );
+            return invalid(131009, "Parameter 'template.components' must be an array.".into());
         };
         for c in list {
             let ok_type = c
@@ -373,18 +297,12 @@ fn validate_template(st: &Inner, t: &Value) -> Result<(), (i64, String)> {
                 .is_some_and(|ty| ["header", "body", "button", "footer"].contains(&ty));
             let ok_params = c.get("parameters").is_none_or(Value::is_array);
             if !ok_type || !ok_params {
-                return invalid(
-                    131009,
-                    "Parameter 'template.components' has an invalid component.".into(),
-                );
+                return invalid(131009, "Parameter 'template.components' has an invalid component.".into());
             }
         }
     }
     if !st.cfg.known_templates.is_empty() && !st.cfg.known_templates.iter().any(|k| k == name) {
-        return invalid(
-            132001,
-            format!("template name ({name}) does not exist in {lang}"),
-        );
+        return invalid(132001, format!("template name ({name}) does not exist in {lang}"));
     }
     Ok(())
 }
@@ -397,26 +315,12 @@ fn http_fault(st: &Inner, status: u16, meta_body: bool, code: Option<i64>) -> Re
         return error_response(status, errors::body(code, None, None), Usage::default(), st);
     }
     st.oracle.count(&format!("http_{status}"));
-    let text = format!(
-        "{} {}",
-        status,
-        status_code.canonical_reason().unwrap_or("Error")
-    );
-    (
-        status_code,
-        [(header::CONTENT_TYPE, "text/html")],
-        format!("<html><body><h1>{text}</h1></body></html>"),
-    )
+    let text = format!("{} {}", status, status_code.canonical_reason().unwrap_or("Error"));
+    (status_code, [(header::CONTENT_TYPE, "text/html")], format!("<html><body><h1>{text}</h1></body></html>"))
         .into_response()
 }
 
-fn meta_error(
-    st: &Inner,
-    code: i64,
-    details: Option<&str>,
-    subcode: Option<i64>,
-    usage: Usage,
-) -> Response {
+fn meta_error(st: &Inner, code: i64, details: Option<&str>, subcode: Option<i64>, usage: Usage) -> Response {
     st.oracle.count(&code.to_string());
     let status = errors::http_status(code, st.cfg.throttle_http_status);
     error_response(status, errors::body(code, details, subcode), usage, st)
@@ -426,10 +330,8 @@ fn error_response(status: u16, body: Value, usage: Usage, st: &Inner) -> Respons
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
     let mut resp = with_usage(st, (status, axum::Json(body)).into_response(), usage);
     // Graph answers errors with this header too.
-    resp.headers_mut().insert(
-        "www-authenticate",
-        HeaderValue::from_static("OAuth \"Facebook Platform\" \"invalid_request\""),
-    );
+    resp.headers_mut()
+        .insert("www-authenticate", HeaderValue::from_static("OAuth \"Facebook Platform\" \"invalid_request\""));
     resp
 }
 
@@ -454,8 +356,7 @@ fn with_usage(st: &Inner, mut resp: Response, usage: Usage) -> Response {
     if st.cfg.retry_after
         && let Some(secs) = usage.retry_after_secs
     {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     resp
 }

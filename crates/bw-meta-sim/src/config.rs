@@ -84,22 +84,10 @@ impl SimConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            self.limits.throughput_mps > 0.0,
-            "limits.throughput_mps must be positive"
-        );
-        anyhow::ensure!(
-            (400..=599).contains(&self.throttle_http_status),
-            "throttle_http_status must be 4xx or 5xx"
-        );
-        anyhow::ensure!(
-            self.webhook.batch_max >= 1,
-            "webhook.batch_max must be at least 1"
-        );
-        anyhow::ensure!(
-            self.webhook.max_attempts >= 1,
-            "webhook.max_attempts must be at least 1"
-        );
+        anyhow::ensure!(self.limits.throughput_mps > 0.0, "limits.throughput_mps must be positive");
+        anyhow::ensure!((400..=599).contains(&self.throttle_http_status), "throttle_http_status must be 4xx or 5xx");
+        anyhow::ensure!(self.webhook.batch_max >= 1, "webhook.batch_max must be at least 1");
+        anyhow::ensure!(self.webhook.max_attempts >= 1, "webhook.max_attempts must be at least 1");
         anyhow::ensure!(
             (0.0..=1.0).contains(&self.webhook.duplicate_rate),
             "webhook.duplicate_rate must be between 0 and 1"

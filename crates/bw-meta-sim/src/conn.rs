@@ -33,13 +33,7 @@ impl Listener for SimListener {
             match self.inner.accept().await {
                 Ok((stream, addr)) => {
                     let _ = stream.set_nodelay(true);
-                    return (
-                        SimIo {
-                            inner: stream,
-                            kill: ConnKill::default(),
-                        },
-                        addr,
-                    );
+                    return (SimIo { inner: stream, kill: ConnKill::default() }, addr);
                 }
                 // EMFILE and friends: back off briefly, like axum's own listener.
                 Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
@@ -89,11 +83,7 @@ impl SimIo {
 }
 
 impl AsyncRead for SimIo {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if self.kill.is_set() {
             return Poll::Ready(Err(self.reset()));
         }
@@ -102,11 +92,7 @@ impl AsyncRead for SimIo {
 }
 
 impl AsyncWrite for SimIo {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         if self.kill.is_set() {
             return Poll::Ready(Err(self.reset()));
         }

@@ -26,39 +26,15 @@ pub fn info(code: i64) -> CodeInfo {
         error_type: "OAuthException",
         throttle: false,
     };
-    let throttle = |title, details| CodeInfo {
-        title,
-        details,
-        http_status: 429,
-        error_type: "OAuthException",
-        throttle: true,
-    };
+    let throttle =
+        |title, details| CodeInfo { title, details, http_status: 429, error_type: "OAuthException", throttle: true };
     match code {
-        0 => row(
-            "AuthException",
-            "We were unable to authenticate the app user.",
-            401,
-        ),
-        1 => row(
-            "API Unknown",
-            "Invalid request or possible server error.",
-            400,
-        ),
-        2 => row(
-            "API Service",
-            "Temporary due to downtime or due to being overloaded.",
-            503,
-        ),
+        0 => row("AuthException", "We were unable to authenticate the app user.", 401),
+        1 => row("API Unknown", "Invalid request or possible server error.", 400),
+        2 => row("API Service", "Temporary due to downtime or due to being overloaded.", 503),
         3 => row("API Method", "Capability or permissions issue.", 500),
-        4 => throttle(
-            "API Too Many Calls",
-            "The app has reached its API call rate limit.",
-        ),
-        10 => row(
-            "Permission Denied",
-            "Permission is either not granted or has been removed.",
-            403,
-        ),
+        4 => throttle("API Too Many Calls", "The app has reached its API call rate limit."),
+        10 => row("Permission Denied", "Permission is either not granted or has been removed.", 403),
         100 => row("Invalid parameter", "Invalid parameter", 400),
         190 => row(
             "Error validating access token: Session has expired",
@@ -70,64 +46,22 @@ pub fn info(code: i64) -> CodeInfo {
             "The WhatsApp Business Account associated with the app has been restricted or disabled for violating a platform policy.",
             403,
         ),
-        80007 => throttle(
-            "Rate limit issues",
-            "The WhatsApp Business Account has reached its rate limit.",
-        ),
-        130429 => throttle(
-            "Rate limit hit",
-            "Cloud API message throughput has been reached.",
-        ),
-        130472 => row(
-            "User's number is part of an experiment",
-            "Message was not sent as part of an experiment.",
-            400,
-        ),
-        131000 => row(
-            "Something went wrong",
-            "Message failed to send due to an unknown error.",
-            500,
-        ),
-        131005 => row(
-            "Access denied",
-            "Permission is either not granted or has been removed.",
-            403,
-        ),
-        131008 => row(
-            "Required parameter is missing",
-            "The request is missing a required parameter.",
-            400,
-        ),
-        131009 => row(
-            "Parameter value is not valid",
-            "One or more parameter values are invalid.",
-            400,
-        ),
-        131016 => row(
-            "Service unavailable",
-            "A service is temporarily unavailable.",
-            503,
-        ),
-        131021 => row(
-            "Recipient cannot be sender",
-            "Sender and recipient phone number is the same.",
-            400,
-        ),
+        80007 => throttle("Rate limit issues", "The WhatsApp Business Account has reached its rate limit."),
+        130429 => throttle("Rate limit hit", "Cloud API message throughput has been reached."),
+        130472 => row("User's number is part of an experiment", "Message was not sent as part of an experiment.", 400),
+        131000 => row("Something went wrong", "Message failed to send due to an unknown error.", 500),
+        131005 => row("Access denied", "Permission is either not granted or has been removed.", 403),
+        131008 => row("Required parameter is missing", "The request is missing a required parameter.", 400),
+        131009 => row("Parameter value is not valid", "One or more parameter values are invalid.", 400),
+        131016 => row("Service unavailable", "A service is temporarily unavailable.", 503),
+        131021 => row("Recipient cannot be sender", "Sender and recipient phone number is the same.", 400),
         131026 => row(
             "Message undeliverable",
             "Unable to deliver message. Reasons can include: the recipient phone number is not a WhatsApp phone number.",
             400,
         ),
-        131031 => row(
-            "Account has been locked",
-            "The WhatsApp Business Account is restricted or disabled.",
-            403,
-        ),
-        131042 => row(
-            "Business eligibility payment issue",
-            "There was an error related to your payment method.",
-            400,
-        ),
+        131031 => row("Account has been locked", "The WhatsApp Business Account is restricted or disabled.", 403),
+        131042 => row("Business eligibility payment issue", "There was an error related to your payment method.", 400),
         131047 => row(
             "Re-engagement message",
             "More than 24 hours have passed since the recipient last replied to the sender number.",
@@ -146,11 +80,7 @@ pub fn info(code: i64) -> CodeInfo {
             "(Business Account, Consumer Account) pair rate limit hit",
             "Message failed to send because there were too many messages sent from this phone number to the same phone number in a short period of time.",
         ),
-        131057 => row(
-            "Account in maintenance mode",
-            "Business Account is in maintenance mode.",
-            503,
-        ),
+        131057 => row("Account in maintenance mode", "Business Account is in maintenance mode.", 503),
         132000 => row(
             "Number of parameters does not match the expected number of params",
             "The number of variable parameter values included in the request did not match the number of variable parameters defined in the template.",
@@ -161,16 +91,8 @@ pub fn info(code: i64) -> CodeInfo {
             "The template does not exist in the specified language or the template has not been approved.",
             400,
         ),
-        132015 => row(
-            "Template is Paused",
-            "Template is paused due to low quality so it cannot be sent.",
-            400,
-        ),
-        133004 => row(
-            "Server temporarily unavailable",
-            "Server is temporarily unavailable.",
-            503,
-        ),
+        132015 => row("Template is Paused", "Template is paused due to low quality so it cannot be sent.", 400),
+        133004 => row("Server temporarily unavailable", "Server is temporarily unavailable.", 503),
         133010 => row(
             "Phone number Not Registered",
             "The phone number is not registered on the WhatsApp Business Platform.",
@@ -183,11 +105,7 @@ pub fn info(code: i64) -> CodeInfo {
 /// The HTTP status Meta answers `code` with, given the configured status for throttling codes.
 pub fn http_status(code: i64, throttle_status: u16) -> u16 {
     let i = info(code);
-    if i.throttle {
-        throttle_status
-    } else {
-        i.http_status
-    }
+    if i.throttle { throttle_status } else { i.http_status }
 }
 
 /// Builds Meta's error body. `details` overrides the catalog text (validation errors name the parameter).

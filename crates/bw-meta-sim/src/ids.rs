@@ -14,9 +14,7 @@ const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Rng {
     pub fn new(seed: u64) -> Rng {
-        Rng {
-            state: AtomicU64::new(seed),
-        }
+        Rng { state: AtomicU64::new(seed) }
     }
 
     pub fn reseed(&self, seed: u64) {
@@ -24,10 +22,7 @@ impl Rng {
     }
 
     pub fn next_u64(&self) -> u64 {
-        let mut z = self
-            .state
-            .fetch_add(GAMMA, Ordering::Relaxed)
-            .wrapping_add(GAMMA);
+        let mut z = self.state.fetch_add(GAMMA, Ordering::Relaxed).wrapping_add(GAMMA);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
@@ -51,9 +46,7 @@ fn id_u64() -> u64 {
             | 1;
         let _ = ID_RNG.compare_exchange(0, seed, Ordering::Relaxed, Ordering::Relaxed);
     }
-    let mut z = ID_RNG
-        .fetch_add(GAMMA, Ordering::Relaxed)
-        .wrapping_add(GAMMA);
+    let mut z = ID_RNG.fetch_add(GAMMA, Ordering::Relaxed).wrapping_add(GAMMA);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -65,24 +58,12 @@ const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 pub fn base64(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
+        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         out.push(B64[(n >> 18) as usize & 63] as char);
         out.push(B64[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 {
-            B64[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if chunk.len() > 2 {
-            B64[n as usize & 63] as char
-        } else {
-            '='
-        });
+        out.push(if chunk.len() > 1 { B64[(n >> 6) as usize & 63] as char } else { '=' });
+        out.push(if chunk.len() > 2 { B64[n as usize & 63] as char } else { '=' });
     }
     out
 }
@@ -153,10 +134,7 @@ pub fn recipient_key(number: &str) -> String {
 
 /// Unix time in milliseconds.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -189,20 +167,13 @@ mod tests {
         let xs: Vec<u64> = (0..5).map(|_| a.next_u64()).collect();
         let ys: Vec<u64> = (0..5).map(|_| b.next_u64()).collect();
         assert_eq!(xs, ys);
-        assert!(
-            (0..1000)
-                .map(|_| a.next_f64())
-                .all(|f| (0.0..1.0).contains(&f))
-        );
+        assert!((0..1000).map(|_| a.next_f64()).all(|f| (0.0..1.0).contains(&f)));
     }
 
     #[test]
     fn masking_hides_the_number() {
         assert_eq!(mask_phone("+5491155551234"), "+549*******234");
-        assert_eq!(
-            recipient_key("+5491155551234"),
-            recipient_key("5491155551234")
-        );
+        assert_eq!(recipient_key("+5491155551234"), recipient_key("5491155551234"));
         assert_eq!(recipient_key("+5491155551234").len(), 16);
     }
 }

@@ -89,8 +89,7 @@ impl Inner {
     pub(crate) fn dump(&self, path: &Path) -> anyhow::Result<()> {
         let snap = self.oracle.snapshot();
         let text = serde_json::to_vec_pretty(&snap)?;
-        std::fs::write(path, text)
-            .with_context(|| format!("cannot write oracle dump `{}`", path.display()))
+        std::fs::write(path, text).with_context(|| format!("cannot write oracle dump `{}`", path.display()))
     }
 }
 
@@ -118,26 +117,20 @@ impl MetaSim {
             oracle.clone(),
             shutdown.clone(),
         )?;
-        let listener = tokio::net::TcpListener::bind(cfg.listen)
-            .await
-            .with_context(|| format!("cannot bind {}", cfg.listen))?;
+        let listener =
+            tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("cannot bind {}", cfg.listen))?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
             limits: RwLock::new(cfg.limits),
             limiter: Limiter::new(),
-            scenario: RwLock::new(Arc::new(Active::start(
-                cfg.scenario.clone().unwrap_or_else(Scenario::normal),
-            ))),
+            scenario: RwLock::new(Arc::new(Active::start(cfg.scenario.clone().unwrap_or_else(Scenario::normal)))),
             oracle,
             webhooks,
             shutdown: shutdown.clone(),
             cfg,
         });
         let app = Router::new()
-            .route(
-                "/{version}/{phone_number_id}/messages",
-                post(api::send_message),
-            )
+            .route("/{version}/{phone_number_id}/messages", post(api::send_message))
             .merge(admin::routes())
             .fallback(api::fallback)
             .with_state(inner.clone());
@@ -152,11 +145,7 @@ impl MetaSim {
             }
         });
         tracing::info!(%addr, "meta simulator listening");
-        Ok(SimHandle {
-            inner,
-            addr,
-            server: Mutex::new(Some(server)),
-        })
+        Ok(SimHandle { inner, addr, server: Mutex::new(Some(server)) })
     }
 }
 
@@ -239,16 +228,8 @@ impl SimHandle {
 
     /// Sends an inbound customer text message webhook; returns its wamid (None without a webhook URL or when
     /// the queue is full).
-    pub fn inject_inbound(
-        &self,
-        phone_number_id: &str,
-        from: &str,
-        name: &str,
-        text: &str,
-    ) -> Option<String> {
-        self.inner
-            .webhooks
-            .inbound_text(phone_number_id, from, name, text)
+    pub fn inject_inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+        self.inner.webhooks.inbound_text(phone_number_id, from, name, text)
     }
 
     /// Clears the oracle, counters and limiter state, and restarts the scenario clock.

@@ -46,10 +46,7 @@ impl Default for Limits {
 impl Limits {
     /// Everything off.
     pub fn disabled() -> Limits {
-        Limits {
-            enabled: false,
-            ..Limits::default()
-        }
+        Limits { enabled: false, ..Limits::default() }
     }
 }
 
@@ -120,15 +117,10 @@ impl Limiter {
         if map.len() > SWEEP_AT {
             map.retain(|_, g| g.tat > now);
         }
-        let g = map.entry(phone_number_id.to_string()).or_insert(Gcra {
-            tat: now,
-            burst_start: now,
-        });
+        let g = map.entry(phone_number_id.to_string()).or_insert(Gcra { tat: now, burst_start: now });
         let tat = g.tat.max(now);
         if tat - now > tau {
-            return Err(Refused {
-                wait: Duration::from_nanos(tat - now - tau),
-            });
+            return Err(Refused { wait: Duration::from_nanos(tat - now - tau) });
         }
         g.tat = tat + t;
         Ok(percent(g.tat - now, tau + t))
@@ -147,20 +139,11 @@ impl Limiter {
         }
         match map.get_mut(&key) {
             None => {
-                map.insert(
-                    key,
-                    Gcra {
-                        tat: now + t,
-                        burst_start: now,
-                    },
-                );
+                map.insert(key, Gcra { tat: now + t, burst_start: now });
                 Ok(())
             }
             Some(g) if g.tat <= now => {
-                *g = Gcra {
-                    tat: now + t,
-                    burst_start: now,
-                };
+                *g = Gcra { tat: now + t, burst_start: now };
                 Ok(())
             }
             Some(g) => {
@@ -168,9 +151,7 @@ impl Limiter {
                     g.tat += t;
                     Ok(())
                 } else {
-                    Err(Refused {
-                        wait: Duration::from_nanos(g.tat - now),
-                    })
+                    Err(Refused { wait: Duration::from_nanos(g.tat - now) })
                 }
             }
         }
@@ -195,48 +176,29 @@ mod tests {
     #[test]
     fn throughput_allows_the_burst_then_refuses() {
         let l = Limiter::new();
-        let ok = (0..20)
-            .filter(|_| l.throughput("p", 1.0, 5).is_ok())
-            .count();
+        let ok = (0..20).filter(|_| l.throughput("p", 1.0, 5).is_ok()).count();
         assert_eq!(ok, 5, "burst of 5 at 1 mps, the rest refused");
         let refused = l.throughput("p", 1.0, 5).expect_err("still over");
         assert!(refused.wait > Duration::from_millis(900));
-        assert!(
-            l.throughput("other", 1.0, 5).is_ok(),
-            "numbers are independent"
-        );
+        assert!(l.throughput("other", 1.0, 5).is_ok(), "numbers are independent");
     }
 
     #[test]
     fn pair_burst_must_fit_and_be_repaid() {
         let l = Limiter::new();
-        let lim = Limits {
-            pair_burst: 3,
-            pair_interval_ms: 60_000,
-            pair_burst_window_ms: 60_000,
-            ..Limits::default()
-        };
+        let lim = Limits { pair_burst: 3, pair_interval_ms: 60_000, pair_burst_window_ms: 60_000, ..Limits::default() };
         assert!(l.pair("p", "1", &lim).is_ok());
         assert!(l.pair("p", "1", &lim).is_ok());
         assert!(l.pair("p", "1", &lim).is_ok());
         let r = l.pair("p", "1", &lim).expect_err("burst of 3 used");
-        assert!(
-            r.wait > Duration::from_secs(170),
-            "repay 3 × 60 s: {:?}",
-            r.wait
-        );
+        assert!(r.wait > Duration::from_secs(170), "repay 3 × 60 s: {:?}", r.wait);
         assert!(l.pair("p", "2", &lim).is_ok(), "other recipient unaffected");
     }
 
     #[test]
     fn pair_burst_window_closes() {
         let l = Limiter::new();
-        let lim = Limits {
-            pair_burst: 45,
-            pair_interval_ms: 60_000,
-            pair_burst_window_ms: 0,
-            ..Limits::default()
-        };
+        let lim = Limits { pair_burst: 45, pair_interval_ms: 60_000, pair_burst_window_ms: 0, ..Limits::default() };
         assert!(l.pair("p", "1", &lim).is_ok());
         assert!(l.pair("p", "1", &lim).is_err(), "window of 0: no burst");
     }

@@ -28,12 +28,7 @@ struct Args {
     #[arg(long, env = "BW_META_SIM_APP_SECRET", hide_env_values = true)]
     app_secret: Option<String>,
     /// Accepted bearer token (repeatable; comma-separated in the env var).
-    #[arg(
-        long = "token",
-        env = "BW_META_SIM_TOKENS",
-        value_delimiter = ',',
-        hide_env_values = true
-    )]
+    #[arg(long = "token", env = "BW_META_SIM_TOKENS", value_delimiter = ',', hide_env_values = true)]
     tokens: Vec<String>,
     /// Disable throughput and pair limits.
     #[arg(long)]
@@ -75,10 +70,7 @@ async fn main() {
 fn build_config(args: Args) -> anyhow::Result<SimConfig> {
     let mut cfg = match &args.config {
         Some(path) => SimConfig::from_toml(&std::fs::read_to_string(path)?)?,
-        None => SimConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 8089)),
-            ..SimConfig::default()
-        },
+        None => SimConfig { listen: SocketAddr::from(([127, 0, 0, 1], 8089)), ..SimConfig::default() },
     };
     if let Some(l) = args.listen {
         cfg.listen = l;
@@ -109,14 +101,13 @@ async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -41,9 +41,7 @@ pub struct OracleSnapshot {
 
 impl OracleSnapshot {
     pub fn get(&self, operation_id: &str) -> Option<&OracleEntry> {
-        self.messages
-            .iter()
-            .find(|e| e.operation_id.as_deref() == Some(operation_id))
+        self.messages.iter().find(|e| e.operation_id.as_deref() == Some(operation_id))
     }
 
     /// Sum of `count` over all entries: total acceptances.
@@ -174,11 +172,8 @@ impl Oracle {
     }
 
     pub fn snapshot(&self) -> OracleSnapshot {
-        let mut messages: Vec<OracleEntry> = self
-            .shards
-            .iter()
-            .flat_map(|s| lock(s).values().cloned().collect::<Vec<_>>())
-            .collect();
+        let mut messages: Vec<OracleEntry> =
+            self.shards.iter().flat_map(|s| lock(s).values().cloned().collect::<Vec<_>>()).collect();
         messages.sort_by(|a, b| {
             (a.operation_id.as_deref(), a.first_accepted_ms, &a.wamids).cmp(&(
                 b.operation_id.as_deref(),
@@ -186,10 +181,7 @@ impl Oracle {
                 &b.wamids,
             ))
         });
-        OracleSnapshot {
-            messages,
-            counters: self.counters(),
-        }
+        OracleSnapshot { messages, counters: self.counters() }
     }
 
     pub fn clear(&self) {

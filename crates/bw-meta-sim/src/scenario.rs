@@ -183,10 +183,7 @@ pub enum ScenarioError {
     #[error("scenario is not valid json: {0}")]
     Json(#[from] serde_json::Error),
     #[error("cannot read scenario file `{path}`: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("window `{window}`: {problem}")]
     Invalid { window: String, problem: String },
     #[error("unknown built-in scenario `{0}` (known: flash-sale-outage)")]
@@ -196,10 +193,7 @@ pub enum ScenarioError {
 impl Scenario {
     /// No faults.
     pub fn normal() -> Scenario {
-        Scenario {
-            name: "normal".into(),
-            ..Scenario::default()
-        }
+        Scenario { name: "normal".into(), ..Scenario::default() }
     }
 
     /// Normal, then from `start` for `length` 28% of requests fail with an even mix of 503 (Meta body) and
@@ -217,27 +211,12 @@ impl Scenario {
                 error_rate: 0.28,
                 faults: vec![
                     Fault {
-                        kind: FaultKind::Http {
-                            status: 503,
-                            meta_body: true,
-                            code: None,
-                            after_processing: false,
-                        },
+                        kind: FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
                         weight: 1,
                     },
-                    Fault {
-                        kind: FaultKind::Error {
-                            code: 130429,
-                            http_status: None,
-                            subcode: None,
-                        },
-                        weight: 1,
-                    },
+                    Fault { kind: FaultKind::Error { code: 130429, http_status: None, subcode: None }, weight: 1 },
                 ],
-                latency: Some(Latency::Normal {
-                    mean_ms: 120.0,
-                    stddev_ms: 40.0,
-                }),
+                latency: Some(Latency::Normal { mean_ms: 120.0, stddev_ms: 40.0 }),
                 phone_number_ids: vec![],
             }],
         }
@@ -253,12 +232,7 @@ impl Scenario {
                 duration_ms: Some(length.as_millis() as u64),
                 error_rate: 1.0,
                 faults: vec![Fault {
-                    kind: FaultKind::Http {
-                        status: 503,
-                        meta_body: false,
-                        code: None,
-                        after_processing: false,
-                    },
+                    kind: FaultKind::Http { status: 503, meta_body: false, code: None, after_processing: false },
                     weight: 1,
                 }],
                 latency: None,
@@ -271,10 +245,7 @@ impl Scenario {
     /// A built-in scenario by name, with its default timing (outage at 10 s for 30 s).
     pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
         match name {
-            "flash-sale-outage" => Ok(Scenario::flash_sale_outage(
-                Duration::from_secs(10),
-                Duration::from_secs(30),
-            )),
+            "flash-sale-outage" => Ok(Scenario::flash_sale_outage(Duration::from_secs(10), Duration::from_secs(30))),
             "normal" => Ok(Scenario::normal()),
             other => Err(ScenarioError::UnknownBuiltin(other.to_string())),
         }
@@ -297,26 +268,19 @@ impl Scenario {
         if let Ok(s) = Scenario::builtin(name_or_path) {
             return Ok(s);
         }
-        let text = std::fs::read_to_string(name_or_path).map_err(|source| ScenarioError::Io {
-            path: name_or_path.to_string(),
-            source,
-        })?;
+        let text = std::fs::read_to_string(name_or_path)
+            .map_err(|source| ScenarioError::Io { path: name_or_path.to_string(), source })?;
         Scenario::from_toml(&text)
     }
 
     pub fn validate(&self) -> Result<(), ScenarioError> {
         for w in &self.windows {
-            let bad = |problem: &str| ScenarioError::Invalid {
-                window: w.name.clone(),
-                problem: problem.to_string(),
-            };
+            let bad = |problem: &str| ScenarioError::Invalid { window: w.name.clone(), problem: problem.to_string() };
             if !(0.0..=1.0).contains(&w.error_rate) {
                 return Err(bad("error_rate must be between 0 and 1"));
             }
             if w.error_rate > 0.0 && w.faults.iter().all(|f| f.weight == 0) {
-                return Err(bad(
-                    "error_rate > 0 needs at least one fault with weight > 0",
-                ));
+                return Err(bad("error_rate > 0 needs at least one fault with weight > 0"));
             }
             for f in &w.faults {
                 if let FaultKind::Http { status, .. } = f.kind
@@ -360,18 +324,10 @@ impl Active {
         let windows = scenario
             .windows
             .iter()
-            .map(|w| WindowState {
-                seen: AtomicU64::new(0),
-                swrr: Mutex::new(vec![0; w.faults.len()]),
-            })
+            .map(|w| WindowState { seen: AtomicU64::new(0), swrr: Mutex::new(vec![0; w.faults.len()]) })
             .collect();
         let rng = Rng::new(scenario.seed.unwrap_or(1));
-        Active {
-            scenario,
-            started: Instant::now(),
-            rng,
-            windows,
-        }
+        Active { scenario, started: Instant::now(), rng, windows }
     }
 
     pub fn elapsed_ms(&self) -> u64 {
@@ -386,10 +342,8 @@ impl Active {
             d.latency += l.sample(&self.rng);
         }
         for (w, state) in self.scenario.windows.iter().zip(&self.windows) {
-            let active =
-                now >= w.start_ms && w.duration_ms.is_none_or(|len| now < w.start_ms + len);
-            let matches = w.phone_number_ids.is_empty()
-                || w.phone_number_ids.iter().any(|p| p == phone_number_id);
+            let active = now >= w.start_ms && w.duration_ms.is_none_or(|len| now < w.start_ms + len);
+            let matches = w.phone_number_ids.is_empty() || w.phone_number_ids.iter().any(|p| p == phone_number_id);
             if !active || !matches {
                 continue;
             }

@@ -55,9 +55,7 @@ impl Item {
     fn phone(&self) -> &str {
         match self {
             Item::Status(s) => &s.phone_number_id,
-            Item::Value {
-                phone_number_id, ..
-            } => phone_number_id,
+            Item::Value { phone_number_id, .. } => phone_number_id,
         }
     }
 }
@@ -95,10 +93,7 @@ impl Webhooks {
         cancel: CancellationToken,
     ) -> anyhow::Result<Webhooks> {
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .pool_max_idle_per_host(64)
-            .tcp_nodelay(true)
-            .build()?;
+        let http = reqwest::Client::builder().pool_max_idle_per_host(64).tcp_nodelay(true).build()?;
         let rng = Rng::new(config.seed);
         let shared = Arc::new(Shared {
             config: RwLock::new(Arc::new(config)),
@@ -117,20 +112,12 @@ impl Webhooks {
     }
 
     pub fn config(&self) -> Arc<WebhookConfig> {
-        self.shared
-            .config
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.shared.config.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn set_config(&self, config: WebhookConfig) {
         self.shared.rng.reseed(config.seed);
-        *self
-            .shared
-            .config
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        *self.shared.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
     }
 
     /// Statuses queued or in flight.
@@ -178,21 +165,13 @@ impl Webhooks {
         };
         let now = Instant::now();
         for (kind, delay_ms) in plan {
-            let jitter = if cfg.jitter_ms > 0 {
-                self.shared.rng.next_u64() % (cfg.jitter_ms + 1)
-            } else {
-                0
-            };
+            let jitter = if cfg.jitter_ms > 0 { self.shared.rng.next_u64() % (cfg.jitter_ms + 1) } else { 0 };
             let delay = Duration::from_millis(delay_ms + jitter);
             let mut ev = base.clone();
             ev.kind = kind;
             ev.timestamp = base.timestamp + delay.as_secs();
             let copies =
-                if cfg.duplicate_rate > 0.0 && self.shared.rng.next_f64() < cfg.duplicate_rate {
-                    2
-                } else {
-                    1
-                };
+                if cfg.duplicate_rate > 0.0 && self.shared.rng.next_f64() < cfg.duplicate_rate { 2 } else { 1 };
             for _ in 0..copies {
                 self.enqueue(now + delay, Item::Status(ev.clone()), cfg.queue_capacity);
             }
@@ -200,13 +179,7 @@ impl Webhooks {
     }
 
     /// Sends an inbound customer text message webhook now. Returns its wamid.
-    pub fn inbound_text(
-        &self,
-        phone_number_id: &str,
-        from: &str,
-        name: &str,
-        text: &str,
-    ) -> Option<String> {
+    pub fn inbound_text(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
         let cfg = self.config();
         cfg.url.as_ref()?;
         let wa_id = ids::wa_id(from);
@@ -221,19 +194,14 @@ impl Webhooks {
                 "text": { "body": text },
             }],
         });
-        let item = Item::Value {
-            phone_number_id: phone_number_id.to_string(),
-            value,
-        };
-        self.enqueue(Instant::now(), item, cfg.queue_capacity)
-            .then_some(wamid)
+        let item = Item::Value { phone_number_id: phone_number_id.to_string(), value };
+        self.enqueue(Instant::now(), item, cfg.queue_capacity).then_some(wamid)
     }
 }
 
 /// `sha256=<hex hmac-sha256(secret, body)>`.
 pub fn signature(secret: &str, body: &[u8]) -> String {
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes())
-        .expect("hmac takes keys of any length");
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).expect("hmac takes keys of any length");
     mac.update(body);
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
@@ -320,10 +288,7 @@ fn make_batches(shared: &Shared, cfg: &WebhookConfig, due: Vec<Item>) -> Vec<(St
     for item in due {
         match item {
             Item::Value { .. } => out.push((item.phone().to_string(), vec![item])),
-            Item::Status(_) => per_phone
-                .entry(item.phone().to_string())
-                .or_default()
-                .push(item),
+            Item::Status(_) => per_phone.entry(item.phone().to_string()).or_default().push(item),
         }
     }
     for (phone, mut items) in per_phone {
@@ -350,10 +315,7 @@ async fn deliver(
 ) {
     let (phone, items) = batch;
     let count = items.len();
-    let statuses = items
-        .iter()
-        .filter(|i| matches!(i, Item::Status(_)))
-        .count() as u64;
+    let statuses = items.iter().filter(|i| matches!(i, Item::Status(_))).count() as u64;
     let inbound = count as u64 - statuses;
     let body = envelope(shared, &phone, &items);
     let done = |delivered: bool| {
@@ -379,11 +341,7 @@ async fn deliver(
             return;
         }
     };
-    let secret = shared
-        .app_secret
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let secret = shared.app_secret.read().unwrap_or_else(|e| e.into_inner()).clone();
     let sig = signature(&secret, &body);
     let mut backoff = Duration::from_millis(cfg.retry_initial_ms);
     for attempt in 1..=cfg.max_attempts {
@@ -401,10 +359,7 @@ async fn deliver(
                 done(true);
                 return;
             }
-            Ok(r) => debug!(
-                status = r.status().as_u16(),
-                attempt, "webhook receiver refused"
-            ),
+            Ok(r) => debug!(status = r.status().as_u16(), attempt, "webhook receiver refused"),
             Err(e) => debug!(error = %e, attempt, "webhook post failed"),
         }
         shared.oracle.webhooks(|w| w.post_failures += 1);
@@ -415,9 +370,7 @@ async fn deliver(
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(backoff) => {}
         }
-        backoff = (backoff * 2).min(Duration::from_millis(
-            cfg.retry_max_ms.max(cfg.retry_initial_ms),
-        ));
+        backoff = (backoff * 2).min(Duration::from_millis(cfg.retry_max_ms.max(cfg.retry_initial_ms)));
     }
     warn!(statuses = count, phone_number_id = %phone, "webhook given up after retries");
     done(false);
@@ -467,8 +420,7 @@ pub fn status_json(s: &StatusEvent) -> Value {
             v["pricing"] = pricing;
         }
         StatusKind::Delivered => {
-            v["conversation"] =
-                json!({ "id": s.conversation_id, "origin": { "type": s.category } });
+            v["conversation"] = json!({ "id": s.conversation_id, "origin": { "type": s.category } });
             v["pricing"] = pricing;
         }
         StatusKind::Read => {}
@@ -485,10 +437,7 @@ mod tests {
     fn signature_is_hex_hmac_sha256() {
         // RFC 4231 test case 2.
         let sig = signature("Jefe", b"what do ya want for nothing?");
-        assert_eq!(
-            sig,
-            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
-        );
+        assert_eq!(sig, "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
     }
 
     #[test]
@@ -508,10 +457,7 @@ mod tests {
         assert_eq!(v["biz_opaque_callback_data"], "op-1");
         assert_eq!(v["conversation"]["expiration_timestamp"], "1750116473");
         assert_eq!(v["pricing"]["pricing_model"], "PMP");
-        let failed = status_json(&StatusEvent {
-            kind: StatusKind::Failed(131026),
-            ..ev
-        });
+        let failed = status_json(&StatusEvent { kind: StatusKind::Failed(131026), ..ev });
         assert_eq!(failed["errors"][0]["code"], 131026);
         assert!(failed.get("pricing").is_none());
     }

@@ -13,10 +13,7 @@ pub mod v1 {
 impl v1::Category {
     /// True for traffic that is served first and may use the transactional reserve.
     pub fn is_priority(self) -> bool {
-        matches!(
-            self,
-            v1::Category::Authentication | v1::Category::Transactional | v1::Category::Support
-        )
+        matches!(self, v1::Category::Authentication | v1::Category::Transactional | v1::Category::Support)
     }
 
     /// Short lowercase name used in subjects, metrics and logs.

@@ -17,11 +17,7 @@ fn bootstrap() {
     files.sort();
     let fds = protox::compile(&files, [&proto_dir]).expect("protos compile");
     let out = tempfile::tempdir().expect("tempdir");
-    prost_build::Config::new()
-        .out_dir(out.path())
-        .btree_map(["."])
-        .compile_fds(fds)
-        .expect("prost generates code");
+    prost_build::Config::new().out_dir(out.path()).btree_map(["."]).compile_fds(fds).expect("prost generates code");
     let generated = std::fs::read_to_string(out.path().join("bw.v1.rs")).expect("generated file");
     let committed_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gen/bw.v1.rs");
     let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();

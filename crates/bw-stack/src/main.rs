@@ -43,7 +43,14 @@ where
 {
     let deps = Deps::connect(service, cfg.nats(), cfg.redis(), Duration::from_secs(30)).await?;
     if !own_admin {
-        let addr = bw_common::admin::serve(&cfg.admin().listen, deps.health.clone(), deps.metrics.clone(), None, token.clone()).await?;
+        let addr = bw_common::admin::serve(
+            &cfg.admin().listen,
+            deps.health.clone(),
+            deps.metrics.clone(),
+            None,
+            token.clone(),
+        )
+        .await?;
         tracing::info!(service, admin = %addr, "started");
     }
     Ok(tokio::spawn(run(cfg, deps, token)))
@@ -74,11 +81,50 @@ async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
         None
     };
     let handles = vec![
-        start("breaker-coordinator", load::<bw_breaker_coordinator::Config>("breaker-coordinator", bw_breaker_coordinator::DEFAULT_CONFIG, &env)?, true, bw_breaker_coordinator::run, token.clone()).await?,
-        start("ingest", bw_ingest::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-ingest: {e}"))?, false, bw_ingest::run, token.clone()).await?,
-        start("dispatcher", bw_dispatcher::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-dispatcher: {e}"))?, false, bw_dispatcher::run, token.clone()).await?,
-        start("replay", load::<bw_replay::Config>("replay", bw_replay::DEFAULT_CONFIG, &env)?, false, bw_replay::run, token.clone()).await?,
-        start("alerting", load::<bw_alerting::Config>("alerting", bw_alerting::DEFAULT_CONFIG, &env)?, false, bw_alerting::run, token.clone()).await?,
+        start(
+            "breaker-coordinator",
+            load::<bw_breaker_coordinator::Config>(
+                "breaker-coordinator",
+                bw_breaker_coordinator::DEFAULT_CONFIG,
+                &env,
+            )?,
+            true,
+            bw_breaker_coordinator::run,
+            token.clone(),
+        )
+        .await?,
+        start(
+            "ingest",
+            bw_ingest::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-ingest: {e}"))?,
+            false,
+            bw_ingest::run,
+            token.clone(),
+        )
+        .await?,
+        start(
+            "dispatcher",
+            bw_dispatcher::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-dispatcher: {e}"))?,
+            false,
+            bw_dispatcher::run,
+            token.clone(),
+        )
+        .await?,
+        start(
+            "replay",
+            load::<bw_replay::Config>("replay", bw_replay::DEFAULT_CONFIG, &env)?,
+            false,
+            bw_replay::run,
+            token.clone(),
+        )
+        .await?,
+        start(
+            "alerting",
+            load::<bw_alerting::Config>("alerting", bw_alerting::DEFAULT_CONFIG, &env)?,
+            false,
+            bw_alerting::run,
+            token.clone(),
+        )
+        .await?,
     ];
     tracing::info!("all services running; SIGTERM or Ctrl-C stops them");
     let mut failed = None;

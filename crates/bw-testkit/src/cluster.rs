@@ -13,11 +13,7 @@ impl NatsCluster {
     /// Starts three clustered nodes.
     pub fn start() -> NatsCluster {
         let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let routes = cluster_ports
-            .iter()
-            .map(|p| format!("nats-route://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let routes = cluster_ports.iter().map(|p| format!("nats-route://127.0.0.1:{p}")).collect::<Vec<_>>().join(",");
         let nodes = cluster_ports
             .iter()
             .enumerate()

@@ -60,10 +60,7 @@ fn wait_port(port: u16, child: &mut Child, what: &str, log: &Path) -> bool {
             return true;
         }
         if let Ok(Some(status)) = child.try_wait() {
-            eprintln!(
-                "{what} exited early ({status}); log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
+            eprintln!("{what} exited early ({status}); log:\n{}", std::fs::read_to_string(log).unwrap_or_default());
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));

@@ -13,20 +13,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 /// States in which Meta has accepted the operation.
-pub const SENT: [OperationState; 3] = [
-    OperationState::Sent,
-    OperationState::Delivered,
-    OperationState::Read,
-];
+pub const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
 
 /// Settled states under broker faults: Meta accepted it, or a write whose answer was lost made its outcome
 /// ambiguous and it waits, flagged, for reconciliation (never resent blindly).
-pub const SETTLED: [OperationState; 4] = [
-    OperationState::Sent,
-    OperationState::Delivered,
-    OperationState::Read,
-    OperationState::Unknown,
-];
+pub const SETTLED: [OperationState; 4] =
+    [OperationState::Sent, OperationState::Delivered, OperationState::Read, OperationState::Unknown];
 
 /// Every operation of `ops` that is UNKNOWN is flagged as such, and there are at most `max` of them.
 pub async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &Buckets, ops: &[String], max: usize) {
@@ -39,34 +31,21 @@ pub async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &Buckets,
 
 /// A transactional template request to a recipient unique to `i`.
 pub fn request(phone: &str, op: &str, i: usize) -> SendRequest {
-    bw_client::Request::template(
-        op,
-        WABA_ID,
-        phone,
-        &format!("+5491{i:09}"),
-        "order_confirmation",
-        "es_AR",
-    )
-    .param("1")
-    .category(Category::Transactional)
-    .build()
+    bw_client::Request::template(op, WABA_ID, phone, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
+        .param("1")
+        .category(Category::Transactional)
+        .build()
 }
 
 /// `n` requests with operation ids `<prefix>-<i>`.
 pub fn requests(phone: &str, prefix: &str, n: usize) -> Vec<SendRequest> {
-    (0..n)
-        .map(|i| request(phone, &format!("{prefix}-{i:06}"), i))
-        .collect()
+    (0..n).map(|i| request(phone, &format!("{prefix}-{i:06}"), i)).collect()
 }
 
 /// A simulator without Meta's rate limits (Breakwater's own limits are what the tests exercise), with or
 /// without status webhooks.
 pub fn sim(webhooks: bool) -> SimConfig {
-    let mut cfg = SimConfig {
-        limits: Limits::disabled(),
-        usage_headers: false,
-        ..SimConfig::default()
-    };
+    let mut cfg = SimConfig { limits: Limits::disabled(), usage_headers: false, ..SimConfig::default() };
     if !webhooks {
         cfg.webhook.sent_delay_ms = None;
         cfg.webhook.delivered_delay_ms = None;
@@ -80,10 +59,7 @@ pub fn sim(webhooks: bool) -> SimConfig {
 pub fn breaker(rate_per_s: u32) -> Vec<(&'static str, String)> {
     vec![
         ("breaker.defaults.rate_per_s", rate_per_s.to_string()),
-        (
-            "breaker.defaults.burst",
-            (rate_per_s / 5).max(10).to_string(),
-        ),
+        ("breaker.defaults.burst", (rate_per_s / 5).max(10).to_string()),
         ("breaker.defaults.min_calls", "1000000".into()),
         ("breaker.defaults.ramp_ms", "0".into()),
         ("breaker.defaults.pair_burst", "1000".into()),
@@ -107,15 +83,8 @@ pub async fn submit(
                 while Instant::now() < deadline {
                     match client.send(&r).await {
                         Ok(reply) if reply.accepted => return Ok(r.operation_id),
-                        Ok(reply) if reply.reason() == RejectReason::Unavailable => {
-                            last = reply.error
-                        }
-                        Ok(reply) => panic!(
-                            "{} rejected: {:?} {}",
-                            r.operation_id,
-                            reply.reason(),
-                            reply.error
-                        ),
+                        Ok(reply) if reply.reason() == RejectReason::Unavailable => last = reply.error,
+                        Ok(reply) => panic!("{} rejected: {:?} {}", r.operation_id, reply.reason(), reply.error),
                         Err(e) => last = e.to_string(),
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -128,37 +97,23 @@ pub async fn submit(
         .await;
     let (ok, failed): (Vec<_>, Vec<_>) = results.into_iter().partition(Result::is_ok);
     let failed: Vec<String> = failed.into_iter().filter_map(Result::err).collect();
-    assert!(
-        failed.is_empty(),
-        "{} requests never accepted, first: {:?}",
-        failed.len(),
-        failed.first()
-    );
+    assert!(failed.is_empty(), "{} requests never accepted, first: {:?}", failed.len(), failed.first());
     ok.into_iter().filter_map(Result::ok).collect()
 }
 
 /// Every ledger entry by operation id.
 pub async fn ledger(js: &jetstream::Context, buckets: &Buckets) -> HashMap<String, LedgerEntry> {
     match bw_ops::account::ledger_entries(js, buckets).await {
-        Ok(entries) => entries
-            .into_iter()
-            .map(|e| (e.operation_id.clone(), e))
-            .collect(),
+        Ok(entries) => entries.into_iter().map(|e| (e.operation_id.clone(), e)).collect(),
         Err(_) => HashMap::new(),
     }
 }
 
 /// How many of `ops` are in each state (for failure messages).
-pub fn state_counts(
-    entries: &HashMap<String, LedgerEntry>,
-    ops: &[String],
-) -> BTreeMap<&'static str, usize> {
+pub fn state_counts(entries: &HashMap<String, LedgerEntry>, ops: &[String]) -> BTreeMap<&'static str, usize> {
     let mut out = BTreeMap::new();
     for op in ops {
-        let label = entries
-            .get(op)
-            .map(|e| e.state().label())
-            .unwrap_or("missing");
+        let label = entries.get(op).map(|e| e.state().label()).unwrap_or("missing");
         *out.entry(label).or_default() += 1;
     }
     out
@@ -175,9 +130,7 @@ pub async fn wait_states(
     let deadline = Instant::now() + within;
     loop {
         let entries = ledger(js, buckets).await;
-        let done = ops
-            .iter()
-            .all(|op| entries.get(op).is_some_and(|e| states.contains(&e.state())));
+        let done = ops.iter().all(|op| entries.get(op).is_some_and(|e| states.contains(&e.state())));
         if done {
             return;
         }
@@ -206,12 +159,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// Runs the accounting check for `ops` and reads duplicates from the oracle.
-    pub async fn of(
-        js: &jetstream::Context,
-        buckets: &Buckets,
-        oracle: &OracleSnapshot,
-        ops: &[String],
-    ) -> Verdict {
+    pub async fn of(js: &jetstream::Context, buckets: &Buckets, oracle: &OracleSnapshot, ops: &[String]) -> Verdict {
         // A copy the reconciler has yet to acknowledge (its operation already resolved by a status webhook) is
         // a moment of the system settling, not a loss: give it a few seconds to settle before judging.
         let settle_until = Instant::now() + Duration::from_secs(20);
@@ -257,26 +205,13 @@ impl Verdict {
             duplicates.len(),
             duplicates.iter().filter(|d| d.2).count()
         );
-        Verdict {
-            report,
-            duplicates,
-            reached_meta,
-        }
+        Verdict { report, duplicates, reached_meta }
     }
 
     /// Zero lost, nothing in two places, nothing misplaced.
     pub fn assert_nothing_lost(&self) {
-        assert_eq!(
-            self.report.lost_count(),
-            0,
-            "lost operations:\n{}",
-            self.report
-        );
-        assert!(
-            self.report.is_clean(),
-            "accounting not clean:\n{}",
-            self.report
-        );
+        assert_eq!(self.report.lost_count(), 0, "lost operations:\n{}", self.report);
+        assert!(self.report.is_clean(), "accounting not clean:\n{}", self.report);
     }
 
     /// Duplicates whose outcome was never flagged unknown (the only ones allowed to be sent twice).
@@ -287,10 +222,7 @@ impl Verdict {
     /// No operation was accepted by Meta twice unless its outcome had been unknown.
     pub fn assert_no_blind_duplicates(&self) {
         let blind = self.unflagged_duplicates();
-        assert!(
-            blind.is_empty(),
-            "sent twice without an unknown outcome: {blind:?}"
-        );
+        assert!(blind.is_empty(), "sent twice without an unknown outcome: {blind:?}");
     }
 }
 
@@ -298,11 +230,7 @@ impl Verdict {
 /// binaries for a test).
 pub fn require_binaries(services: &[&str]) {
     let dir = bin_dir();
-    let missing: Vec<String> = services
-        .iter()
-        .map(|s| format!("bw-{s}"))
-        .filter(|b| !dir.join(b).is_file())
-        .collect();
+    let missing: Vec<String> = services.iter().map(|s| format!("bw-{s}")).filter(|b| !dir.join(b).is_file()).collect();
     assert!(
         missing.is_empty(),
         "service binaries {missing:?} not found in {}; build them first: \
@@ -321,11 +249,7 @@ pub fn services(test: &str, needs: &[&str]) -> Services {
 }
 
 /// Dispatcher process settings against the given servers and simulator.
-pub fn dispatcher_settings(
-    nats_url: &str,
-    redis_url: &str,
-    meta_url: &str,
-) -> Vec<(&'static str, String)> {
+pub fn dispatcher_settings(nats_url: &str, redis_url: &str, meta_url: &str) -> Vec<(&'static str, String)> {
     let mut s = vec![
         ("nats.url", nats_url.to_string()),
         ("redis.url", redis_url.to_string()),

@@ -32,27 +32,14 @@ async fn meta_hanging_past_the_timeout_is_reconciled_and_never_resent_blindly() 
             duration_ms: None,
             error_rate: 0.2,
             faults: vec![
-                Fault {
-                    kind: FaultKind::Hang {
-                        hold_ms: 1_500,
-                        accept: true,
-                    },
-                    weight: 1,
-                },
-                Fault {
-                    kind: FaultKind::Hang {
-                        hold_ms: 1_500,
-                        accept: false,
-                    },
-                    weight: 1,
-                },
+                Fault { kind: FaultKind::Hang { hold_ms: 1_500, accept: true }, weight: 1 },
+                Fault { kind: FaultKind::Hang { hold_ms: 1_500, accept: false }, weight: 1 },
             ],
             latency: None,
             phone_number_ids: vec![],
         }],
     });
-    h.start_ingest(&[("reconciler.review_delay_ms", "1500".into())])
-        .await;
+    h.start_ingest(&[("reconciler.review_delay_ms", "1500".into())]).await;
     let mut settings = breaker(200);
     settings.push(("meta.request_timeout_ms", "400".into()));
     settings.push(("dispatch.unknown_review_ms", "1500".into()));
@@ -65,54 +52,26 @@ async fn meta_hanging_past_the_timeout_is_reconciled_and_never_resent_blindly() 
     let oracle = h.sim.oracle();
     let entries = ledger(&h.js, &h.buckets).await;
     let hangs = oracle.counters.outcome("hang");
-    assert_eq!(
-        hangs, 40,
-        "one request in five hung (deterministic selection)"
-    );
-    let flagged: Vec<&LedgerEntry> = ops
-        .iter()
-        .filter_map(|op| entries.get(op))
-        .filter(|e| e.flagged_unknown)
-        .collect();
-    assert_eq!(
-        flagged.len() as u64,
-        hangs,
-        "every hang is an operation flagged unknown"
-    );
+    assert_eq!(hangs, 40, "one request in five hung (deterministic selection)");
+    let flagged: Vec<&LedgerEntry> =
+        ops.iter().filter_map(|op| entries.get(op)).filter(|e| e.flagged_unknown).collect();
+    assert_eq!(flagged.len() as u64, hangs, "every hang is an operation flagged unknown");
     for op in &ops {
         let entry = &entries[op];
         let accepted = oracle.get(op).map(|e| e.count).unwrap_or(0);
         assert!(accepted <= 1, "{op} reached Meta {accepted} times");
         if accepted == 1 {
-            assert!(
-                entry.state().is_accepted_by_meta(),
-                "{op}: Meta accepted it, ledger says {:?}",
-                entry.state()
-            );
+            assert!(entry.state().is_accepted_by_meta(), "{op}: Meta accepted it, ledger says {:?}", entry.state());
         } else {
-            assert_eq!(
-                entry.state(),
-                OperationState::Quarantined,
-                "{op}: never accepted, so never sent"
-            );
-            assert!(
-                entry.flagged_unknown,
-                "{op}: only an unknown outcome ends quarantined here"
-            );
+            assert_eq!(entry.state(), OperationState::Quarantined, "{op}: never accepted, so never sent");
+            assert!(entry.flagged_unknown, "{op}: only an unknown outcome ends quarantined here");
         }
     }
-    let quarantined = ops
-        .iter()
-        .filter(|op| entries[*op].state() == OperationState::Quarantined)
-        .count();
+    let quarantined = ops.iter().filter(|op| entries[*op].state() == OperationState::Quarantined).count();
     assert_eq!(quarantined, 20, "the hangs before acceptance");
     let verdict = Verdict::of(&h.js, &h.buckets, &oracle, &ops).await;
     verdict.assert_nothing_lost();
-    assert!(
-        verdict.duplicates.is_empty(),
-        "never resent blindly: {:?}",
-        verdict.duplicates
-    );
+    assert!(verdict.duplicates.is_empty(), "never resent blindly: {:?}", verdict.duplicates);
 }
 
 /// Stores requests exactly as ingest does (BW_SEND publish with `Nats-Msg-Id` = operation id, then the
@@ -123,11 +82,7 @@ async fn preload(h: &Harness, ops: &[bw_common::proto::SendRequest]) {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", r.operation_id.as_str());
         let subject = names::outbox_subject(names::Lane::High, &r.phone_number_id);
-        acks.push(
-            h.js.publish_with_headers(subject, headers, r.encode_to_vec().into())
-                .await
-                .expect("publish"),
-        );
+        acks.push(h.js.publish_with_headers(subject, headers, r.encode_to_vec().into()).await.expect("publish"));
         if acks.len() == 2048 {
             for a in acks.drain(..) {
                 a.await.expect("stored");
@@ -163,11 +118,7 @@ async fn preload(h: &Harness, ops: &[bw_common::proto::SendRequest]) {
 /// Proves: under a burst every message is sent exactly once and nothing is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_messages_is_sent_once_each_and_nothing_is_lost() {
-    let n: usize = if std::env::var("BW_SLOW_TESTS").as_deref() == Ok("1") {
-        100_000
-    } else {
-        10_000
-    };
+    let n: usize = if std::env::var("BW_SLOW_TESTS").as_deref() == Ok("1") { 100_000 } else { 10_000 };
     let mut h = Harness::start(sim(false)).await;
     let mut batch = requests(PHONE, "burst", n);
     let now = bw_common::time::now_ms();
@@ -187,10 +138,7 @@ async fn a_burst_of_messages_is_sent_once_each_and_nothing_is_lost() {
     h.start_dispatcher(&settings).await;
     let budget = Duration::from_secs(60 + n as u64 / 100);
     assert!(
-        bw_testkit::wait_until(budget, || async {
-            h.sim.oracle().total_accepted() >= n as u64
-        })
-        .await,
+        bw_testkit::wait_until(budget, || async { h.sim.oracle().total_accepted() >= n as u64 }).await,
         "only {} of {n} sent in {budget:?}",
         h.sim.oracle().total_accepted()
     );

@@ -36,25 +36,15 @@ async fn a_dispatcher_process_killed_under_load_loses_nothing() {
     const IN_FLIGHT: usize = 32;
     settings.push(("dispatch.max_in_flight", IN_FLIGHT.to_string()));
     settings.push(("dispatch.batch_size", "16".into()));
-    let victim = procs
-        .spawn("dispatcher", &settings)
-        .expect("spawn dispatcher");
-    procs
-        .spawn("dispatcher", &settings)
-        .expect("spawn dispatcher");
+    let victim = procs.spawn("dispatcher", &settings).expect("spawn dispatcher");
+    procs.spawn("dispatcher", &settings).expect("spawn dispatcher");
     procs.wait_ready(WAIT).await.expect("dispatchers ready");
 
     let ops = submit(&h.producer(), requests(PHONE, "k9d", 600), 64, WAIT).await;
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 150 }).await,
-        "sending started"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 150 }).await, "sending started");
     procs.kill9(victim);
     let at_kill = h.sim.oracle().total_accepted();
-    assert!(
-        at_kill < 600,
-        "the kill happened under load ({at_kill} already sent)"
-    );
+    assert!(at_kill < 600, "the kill happened under load ({at_kill} already sent)");
 
     // What the killed process had on the wire ends UNKNOWN (flagged, waiting for a status webhook, which this
     // test does not process); everything else ends SENT.
@@ -64,7 +54,8 @@ async fn a_dispatcher_process_killed_under_load_loses_nothing() {
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
     let entries = ledger(&h.js, &h.buckets).await;
-    let unknown: Vec<&String> = ops.iter().filter(|op| entries.get(*op).is_some_and(|e| e.state() == OperationState::Unknown)).collect();
+    let unknown: Vec<&String> =
+        ops.iter().filter(|op| entries.get(*op).is_some_and(|e| e.state() == OperationState::Unknown)).collect();
     assert!(unknown.len() <= IN_FLIGHT, "at most what the killed process had in flight is unknown: {}", unknown.len());
     assert!(unknown.iter().all(|op| entries[*op].flagged_unknown), "unknown outcomes are flagged");
     assert!(
@@ -86,27 +77,16 @@ async fn operator_breaker(h: &Harness) -> Breaker {
         replicas: 1,
         limits: Default::default(),
     };
-    let redis_cfg = bw_common::config::RedisConfig {
-        url: h.redis.url(),
-        timeout_ms: 1000,
-    };
-    let deps = bw_common::service::Deps::connect(
-        "e2e-operator",
-        &nats_cfg,
-        Some(&redis_cfg),
-        Duration::from_secs(10),
-    )
-    .await
-    .expect("operator connects");
+    let redis_cfg = bw_common::config::RedisConfig { url: h.redis.url(), timeout_ms: 1000 };
+    let deps = bw_common::service::Deps::connect("e2e-operator", &nats_cfg, Some(&redis_cfg), Duration::from_secs(10))
+        .await
+        .expect("operator connects");
     Breaker::new(deps.redis, Some(deps.nats), BreakerConfig::default())
 }
 
 /// The instance id holding an unexpired replay lease, if any.
 async fn lease_holder(h: &Harness) -> Option<String> {
-    let kv =
-        h.js.get_key_value(bw_ops::names::REPLAY_LEASE_BUCKET)
-            .await
-            .ok()?;
+    let kv = h.js.get_key_value(bw_ops::names::REPLAY_LEASE_BUCKET).await.ok()?;
     let mut keys = kv.keys().await.ok()?;
     let now = bw_common::time::now_ms();
     while let Some(Ok(key)) = keys.next().await {
@@ -171,61 +151,31 @@ async fn a_replay_process_killed_mid_drain_leaves_the_rest_to_the_other() {
         procs.spawn("replay", &replay(0)).expect("spawn replay"),
         procs.spawn("replay", &replay(1)).expect("spawn replay"),
     ];
-    procs
-        .wait_ready(WAIT)
-        .await
-        .expect("coordinator and replays ready");
+    procs.wait_ready(WAIT).await.expect("coordinator and replays ready");
 
     let operator = operator_breaker(&h).await;
     let scope = Scope::new(WABA_ID, PHONE);
-    operator
-        .force(&scope, Forced::Open)
-        .await
-        .expect("forced open");
+    operator.force(&scope, Forced::Open).await.expect("forced open");
     let ops = submit(&h.producer(), requests(PHONE, "k9r", 400), 64, WAIT).await;
     wait_states(&h.js, &h.buckets, &ops, &[OperationState::Dlq], WAIT).await;
-    assert_eq!(
-        h.sim.oracle().total_accepted(),
-        0,
-        "nothing reached Meta while forced open"
-    );
+    assert_eq!(h.sim.oracle().total_accepted(), 0, "nothing reached Meta while forced open");
 
-    operator
-        .force(&scope, Forced::Clear)
-        .await
-        .expect("override cleared");
+    operator.force(&scope, Forced::Clear).await.expect("override cleared");
     assert!(
         bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 60 }).await,
         "replay started draining"
     );
-    let holder = lease_holder(&h)
-        .await
-        .expect("a replay instance holds the scope's lease while draining");
-    let victim = if holder == "replay-0" {
-        replays[0]
-    } else {
-        replays[1]
-    };
+    let holder = lease_holder(&h).await.expect("a replay instance holds the scope's lease while draining");
+    let victim = if holder == "replay-0" { replays[0] } else { replays[1] };
     procs.kill9(victim);
     let at_kill = h.sim.oracle().total_accepted();
-    assert!(
-        at_kill < 400,
-        "killed mid-drain ({at_kill} of 400 already replayed)"
-    );
+    assert!(at_kill < 400, "killed mid-drain ({at_kill} of 400 already replayed)");
 
     wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
     assert_eq!(verdict.reached_meta, ops.len());
-    assert!(
-        verdict.duplicates.is_empty(),
-        "replay never doubles a send: {:?}",
-        verdict.duplicates
-    );
-    let survivor = if victim == replays[0] {
-        "replay-1"
-    } else {
-        "replay-0"
-    };
+    assert!(verdict.duplicates.is_empty(), "replay never doubles a send: {:?}", verdict.duplicates);
+    let survivor = if victim == replays[0] { "replay-1" } else { "replay-0" };
     eprintln!("killed {holder} after {at_kill} replayed; {survivor} finished the drain");
 }

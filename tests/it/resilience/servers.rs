@@ -2,8 +2,8 @@
 //! stream leader, Redis restarts (losing its data) and Redis is unreachable for a while.
 
 use super::common::{
-    SENT, SETTLED, Verdict, assert_unknowns_flagged, blocking, breaker, dispatcher_settings, requests,
-    services, sim, submit, wait_states,
+    SENT, SETTLED, Verdict, assert_unknowns_flagged, blocking, breaker, dispatcher_settings, requests, services, sim,
+    submit, wait_states,
 };
 use bw_common::names;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, Harness, WABA_ID};
@@ -23,12 +23,8 @@ async fn nats_server_restarted_under_load_loses_nothing() {
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     h.start_dispatcher(&breaker(200)).await;
     let producer = h.producer();
-    let submitting =
-        tokio::spawn(async move { submit(&producer, requests(PHONE, "nr", 800), 4, WAIT).await });
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 100 }).await,
-        "sending started"
-    );
+    let submitting = tokio::spawn(async move { submit(&producer, requests(PHONE, "nr", 800), 4, WAIT).await });
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 100 }).await, "sending started");
     blocking(|| h.nats.restart());
     let before = h.sim.oracle().total_accepted();
     eprintln!("nats-server restarted after {before} sends");
@@ -57,9 +53,7 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     sim_cfg.app_secret = APP_SECRET.into();
     sim_cfg.access_tokens = vec![ACCESS_TOKEN.into()];
     sim_cfg.waba_id = WABA_ID.into();
-    let sim = bw_meta_sim::MetaSim::start(sim_cfg)
-        .await
-        .expect("simulator");
+    let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator");
     let urls = cluster.urls();
     let nats_cfg = bw_common::config::NatsConfig {
         url: urls.clone(),
@@ -67,9 +61,7 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
         replicas: 3,
         limits: Default::default(),
     };
-    let client = bw_common::nats::connect(&nats_cfg, "e2e", WAIT)
-        .await
-        .expect("cluster reachable");
+    let client = bw_common::nats::connect(&nats_cfg, "e2e", WAIT).await.expect("cluster reachable");
     let js = async_nats::jetstream::new(client.clone());
     // The cluster needs a moment to elect its JetStream meta leader before streams can be created.
     let deadline = Instant::now() + WAIT;
@@ -77,26 +69,13 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
         match bw_common::nats::ensure_topology(&js, &nats_cfg).await {
             Ok(b) => break b,
             Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "replicated topology not created: {e}"
-                );
+                assert!(Instant::now() < deadline, "replicated topology not created: {e}");
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
         }
     };
-    let info = js
-        .get_stream(names::SEND_STREAM)
-        .await
-        .expect("stream")
-        .info()
-        .await
-        .expect("info")
-        .clone();
-    assert_eq!(
-        info.config.num_replicas, 3,
-        "BW_SEND is replicated on all three nodes"
-    );
+    let info = js.get_stream(names::SEND_STREAM).await.expect("stream").info().await.expect("info").clone();
+    assert_eq!(info.config.num_replicas, 3, "BW_SEND is replicated on all three nodes");
 
     let mut procs = services("nats-cluster", &["dispatcher", "ingest"]);
     procs
@@ -105,10 +84,7 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
             &[
                 ("nats.url", urls.clone()),
                 ("nats.replicas", "3".into()),
-                (
-                    "http.listen",
-                    format!("127.0.0.1:{}", bw_testkit::free_port()),
-                ),
+                ("http.listen", format!("127.0.0.1:{}", bw_testkit::free_port())),
                 ("webhook.app_secret", APP_SECRET.into()),
                 ("webhook.verify_token", "e2e-verify".into()),
                 ("webhook.process", "false".into()),
@@ -117,34 +93,16 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
         .expect("spawn ingest");
     let mut settings = dispatcher_settings(&urls, &redis.url(), &sim.base_url());
     settings.push(("nats.replicas", "3".into()));
-    procs
-        .spawn("dispatcher", &settings)
-        .expect("spawn dispatcher");
-    procs
-        .spawn("dispatcher", &settings)
-        .expect("spawn dispatcher");
+    procs.spawn("dispatcher", &settings).expect("spawn dispatcher");
+    procs.spawn("dispatcher", &settings).expect("spawn dispatcher");
     procs.wait_ready(WAIT).await.expect("services ready");
 
     let producer = bw_client::Client::new(client.clone());
-    let submitting =
-        tokio::spawn(async move { submit(&producer, requests(PHONE, "nc", 600), 8, WAIT).await });
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { sim.oracle().total_accepted() >= 100 }).await,
-        "sending started"
-    );
+    let submitting = tokio::spawn(async move { submit(&producer, requests(PHONE, "nc", 600), 8, WAIT).await });
+    assert!(bw_testkit::wait_until(WAIT, || async { sim.oracle().total_accepted() >= 100 }).await, "sending started");
     let mut stream = js.get_stream(names::SEND_STREAM).await.expect("stream");
-    let leader = stream
-        .info()
-        .await
-        .expect("info")
-        .cluster
-        .as_ref()
-        .and_then(|c| c.leader.clone())
-        .expect("a leader");
-    let index: usize = leader
-        .trim_start_matches("bw-n")
-        .parse()
-        .expect("leader is one of bw-n0..bw-n2");
+    let leader = stream.info().await.expect("info").cluster.as_ref().and_then(|c| c.leader.clone()).expect("a leader");
+    let index: usize = leader.trim_start_matches("bw-n").parse().expect("leader is one of bw-n0..bw-n2");
     blocking(|| cluster.nodes[index].kill());
     let at_kill = sim.oracle().total_accepted();
     eprintln!("killed BW_SEND leader {leader} after {at_kill} sends");
@@ -154,17 +112,8 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     wait_states(&js, &buckets, &ops, &SETTLED, Duration::from_secs(90)).await;
     // Only what was in flight around the failover can be ambiguous: a small share, never most of the run.
     assert_unknowns_flagged(&js, &buckets, &ops, ops.len() / 10).await;
-    let new_leader = stream
-        .info()
-        .await
-        .expect("info")
-        .cluster
-        .as_ref()
-        .and_then(|c| c.leader.clone());
-    assert!(
-        new_leader.is_some_and(|l| l != leader),
-        "a new leader took over"
-    );
+    let new_leader = stream.info().await.expect("info").cluster.as_ref().and_then(|c| c.leader.clone());
+    assert!(new_leader.is_some_and(|l| l != leader), "a new leader took over");
     let verdict = Verdict::of(&js, &buckets, &sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
     verdict.assert_no_blind_duplicates();
@@ -181,24 +130,14 @@ async fn redis_restarted_under_load_loses_nothing() {
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     h.start_dispatcher(&breaker(300)).await;
     let ops = submit(&h.producer(), requests(PHONE, "rr", 900), 64, WAIT).await;
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 150 }).await,
-        "sending started"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 150 }).await, "sending started");
     blocking(|| h.redis.restart());
     let at_restart = h.sim.oracle().total_accepted();
-    assert!(
-        at_restart < 900,
-        "the restart happened under load ({at_restart} sent)"
-    );
+    assert!(at_restart < 900, "the restart happened under load ({at_restart} sent)");
     wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
-    assert!(
-        verdict.duplicates.is_empty(),
-        "nothing sent twice: {:?}",
-        verdict.duplicates
-    );
+    assert!(verdict.duplicates.is_empty(), "nothing sent twice: {:?}", verdict.duplicates);
 }
 
 /// Redis is unreachable for three seconds while 2,000 messages wait. The breaker library answers from its
@@ -220,10 +159,7 @@ async fn redis_unreachable_falls_back_to_a_bounded_local_rate_and_loses_nothing(
     ]);
     h.start_dispatcher(&settings).await;
     let ops = submit(&h.producer(), requests(PHONE, "ru", 2000), 64, WAIT).await;
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 300 }).await,
-        "sending started"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 300 }).await, "sending started");
     blocking(|| h.redis.kill());
     // Calls admitted just before the kill may still be on the wire; measure from half a second later.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -234,25 +170,12 @@ async fn redis_unreachable_falls_back_to_a_bounded_local_rate_and_loses_nothing(
     blocking(|| h.redis.restart());
     let bound = 5 + 20 * window.as_secs() + 20;
     eprintln!("Meta calls in {window:?} without Redis: {during} (bound {bound})");
-    assert!(
-        during <= bound,
-        "sending without Redis must stay within the local fallback rate: {during} > {bound}"
-    );
-    assert!(
-        during > 0,
-        "the local fallback keeps sending at a reduced rate"
-    );
-    assert!(
-        h.sim.oracle().total_accepted() < 2000,
-        "messages were still waiting when Redis went away"
-    );
+    assert!(during <= bound, "sending without Redis must stay within the local fallback rate: {during} > {bound}");
+    assert!(during > 0, "the local fallback keeps sending at a reduced rate");
+    assert!(h.sim.oracle().total_accepted() < 2000, "messages were still waiting when Redis went away");
 
     wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
     verdict.assert_nothing_lost();
-    assert!(
-        verdict.duplicates.is_empty(),
-        "nothing sent twice: {:?}",
-        verdict.duplicates
-    );
+    assert!(verdict.duplicates.is_empty(), "nothing sent twice: {:?}", verdict.duplicates);
 }

@@ -47,12 +47,8 @@ async fn receive(
 impl Receiver {
     pub async fn start() -> Receiver {
         let state = Arc::new(Mutex::new(Recorded::default()));
-        let app = Router::new()
-            .route("/{sink}", post(receive))
-            .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind receiver");
+        let app = Router::new().route("/{sink}", post(receive)).with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -62,11 +58,7 @@ impl Receiver {
 
     /// The next `times` requests to `sink` are answered with `code`.
     pub fn fail(&self, sink: &str, times: usize, code: u16) {
-        self.state
-            .lock()
-            .expect("lock")
-            .failures_left
-            .insert(sink.into(), (times, code));
+        self.state.lock().expect("lock").failures_left.insert(sink.into(), (times, code));
     }
 
     pub fn count(&self, sink: &str) -> usize {
@@ -74,33 +66,15 @@ impl Receiver {
     }
 
     pub fn attempts(&self, sink: &str) -> usize {
-        self.state
-            .lock()
-            .expect("lock")
-            .attempts
-            .get(sink)
-            .copied()
-            .unwrap_or(0)
+        self.state.lock().expect("lock").attempts.get(sink).copied().unwrap_or(0)
     }
 
     pub fn count_where(&self, sink: &str, pred: impl Fn(&Value) -> bool) -> usize {
-        self.state
-            .lock()
-            .expect("lock")
-            .accepted
-            .iter()
-            .filter(|(s, b)| s == sink && pred(b))
-            .count()
+        self.state.lock().expect("lock").accepted.iter().filter(|(s, b)| s == sink && pred(b)).count()
     }
 
     pub fn find(&self, sink: &str, pred: impl Fn(&Value) -> bool) -> Option<Value> {
-        self.state
-            .lock()
-            .expect("lock")
-            .accepted
-            .iter()
-            .find(|(s, b)| s == sink && pred(b))
-            .map(|(_, b)| b.clone())
+        self.state.lock().expect("lock").accepted.iter().find(|(s, b)| s == sink && pred(b)).map(|(_, b)| b.clone())
     }
 
     /// Sum of the integer field `field` over matching bodies.
@@ -153,27 +127,17 @@ impl Service {
             env.insert(format!("BW_ALERTING__{k}"), v.to_string());
         }
         let cfg: bw_alerting::Config =
-            bw_common::config::load("alerting", bw_alerting::DEFAULT_CONFIG, None, &env)
-                .expect("test config loads");
+            bw_common::config::load("alerting", bw_alerting::DEFAULT_CONFIG, None, &env).expect("test config loads");
         bw_common::service::install_crypto();
-        let deps = Deps::connect("alerting", &cfg.nats, None, Duration::from_secs(10))
-            .await
-            .expect("connect");
+        let deps = Deps::connect("alerting", &cfg.nats, None, Duration::from_secs(10)).await.expect("connect");
         let token = CancellationToken::new();
         let handle = tokio::spawn(bw_alerting::run(cfg, deps.clone(), token.clone()));
         let health = deps.health.clone();
         assert!(
-            bw_testkit::wait_until(Duration::from_secs(10), || async {
-                health.check().await.is_empty()
-            })
-            .await,
+            bw_testkit::wait_until(Duration::from_secs(10), || async { health.check().await.is_empty() }).await,
             "alerting did not become ready"
         );
-        Service {
-            deps,
-            token,
-            handle,
-        }
+        Service { deps, token, handle }
     }
 
     /// Sum of every sample of metric `name` (all label sets).
@@ -189,8 +153,7 @@ impl Service {
         }
         text.lines()
             .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
                     && l.contains(label)
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -206,11 +169,7 @@ impl Service {
 
 /// Publishes `msg` durably on `subject`.
 pub async fn publish(js: &async_nats::jetstream::Context, subject: String, msg: impl Message) {
-    js.publish(subject, msg.encode_to_vec().into())
-        .await
-        .expect("publish")
-        .await
-        .expect("ack");
+    js.publish(subject, msg.encode_to_vec().into()).await.expect("publish").await.expect("ack");
 }
 
 /// Whether the alerting consumer has nothing pending or unacked.
@@ -218,9 +177,8 @@ pub async fn consumer_drained(js: &async_nats::jetstream::Context) -> bool {
     let Ok(stream) = js.get_stream(bw_common::names::EVENTS_STREAM).await else {
         return false;
     };
-    let Ok(mut consumer) = stream
-        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_alerting::CONSUMER)
-        .await
+    let Ok(mut consumer) =
+        stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_alerting::CONSUMER).await
     else {
         return false;
     };

@@ -11,73 +11,37 @@ const WAIT: Duration = Duration::from_secs(10);
 #[tokio::test]
 async fn failure_rate_trips_only_with_enough_calls_and_only_transient_errors_count() {
     let redis = bw_testkit::RedisServer::start();
-    let breaker = breaker(
-        &redis.url(),
-        ScopeLimits {
-            min_calls: 10,
-            failure_threshold: 0.3,
-            ..limits()
-        },
-    )
-    .await;
+    let breaker = breaker(&redis.url(), ScopeLimits { min_calls: 10, failure_threshold: 0.3, ..limits() }).await;
     let scope = scope();
     // Permanent errors and rate limits never count as failures or calls.
-    let result = breaker
-        .record(&scope, &outcomes(40, OutcomeKind::Permanent, false))
-        .await;
+    let result = breaker.record(&scope, &outcomes(40, OutcomeKind::Permanent, false)).await;
     assert_eq!(result.state, BreakerState::Closed);
-    let pair_limit = OutcomeKind::RateLimited {
-        scope: RateScope::Pair,
-        pause_ms: 10,
-    };
-    breaker
-        .record(&scope, &outcomes(3, pair_limit, false))
-        .await;
-    assert_eq!(
-        breaker
-            .snapshot(&scope)
-            .await
-            .expect("read")
-            .calls_in_window,
-        0
-    );
+    let pair_limit = OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms: 10 };
+    breaker.record(&scope, &outcomes(3, pair_limit, false)).await;
+    assert_eq!(breaker.snapshot(&scope).await.expect("read").calls_in_window, 0);
     // 6 successes and 3 failures: 9 calls, below min_calls although the rate is 33%.
-    breaker
-        .record(&scope, &outcomes(6, OutcomeKind::Success, false))
-        .await;
-    let result = breaker
-        .record(&scope, &outcomes(3, OutcomeKind::Transient, false))
-        .await;
+    breaker.record(&scope, &outcomes(6, OutcomeKind::Success, false)).await;
+    let result = breaker.record(&scope, &outcomes(3, OutcomeKind::Transient, false)).await;
     assert_eq!(result.state, BreakerState::Closed);
     assert!(result.transitions.is_empty());
     // The 10th call is a failure: 4 / 10 = 40% >= 30%.
-    let result = breaker
-        .record(&scope, &outcomes(1, OutcomeKind::Transient, false))
-        .await;
+    let result = breaker.record(&scope, &outcomes(1, OutcomeKind::Transient, false)).await;
     assert_eq!(result.state, BreakerState::Open);
     assert_eq!(result.transitions.len(), 1);
     let t = &result.transitions[0];
-    assert_eq!(
-        (t.from(), t.to()),
-        (BreakerState::Closed, BreakerState::Open)
-    );
+    assert_eq!((t.from(), t.to()), (BreakerState::Closed, BreakerState::Open));
     assert!(!t.incident_id.is_empty());
     assert_eq!(t.incident_id, result.incident_id);
     assert_eq!(t.calls_in_window, 10);
     assert!((t.failure_rate - 0.4).abs() < 1e-9, "{}", t.failure_rate);
     assert!(t.open_until_unix_ms > t.at_unix_ms + 59_000);
     // OPEN fails fast with the incident id and the time left.
-    let admission = breaker
-        .admit(&scope, &items(2, TrafficClass::Priority))
-        .await;
+    let admission = breaker.admit(&scope, &items(2, TrafficClass::Priority)).await;
     assert_eq!(admission.state, BreakerState::Open);
     assert_eq!(admission.incident_id, result.incident_id);
     for d in admission.decisions {
         match d {
-            Decision::Deny {
-                reason: DenyReason::BreakerOpen,
-                retry_after_ms,
-            } => assert!(retry_after_ms > 50_000),
+            Decision::Deny { reason: DenyReason::BreakerOpen, retry_after_ms } => assert!(retry_after_ms > 50_000),
             other => panic!("expected breaker open, got {other:?}"),
         }
     }
@@ -97,29 +61,16 @@ async fn consecutive_rate_limits_trip_and_pause_the_scope() {
     )
     .await;
     let scope = scope();
-    let limited = OutcomeKind::RateLimited {
-        scope: RateScope::PhoneNumber,
-        pause_ms: 5_000,
-    };
+    let limited = OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: 5_000 };
     breaker.record(&scope, &outcomes(2, limited, false)).await;
     // A success in between resets the streak.
-    breaker
-        .record(&scope, &outcomes(1, OutcomeKind::Success, false))
-        .await;
+    breaker.record(&scope, &outcomes(1, OutcomeKind::Success, false)).await;
     let result = breaker.record(&scope, &outcomes(2, limited, false)).await;
     assert_eq!(result.state, BreakerState::Closed);
-    let admission = breaker
-        .admit(&scope, &items(1, TrafficClass::Priority))
-        .await;
+    let admission = breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
     match admission.decisions[0] {
-        Decision::Deny {
-            reason: DenyReason::Paused,
-            retry_after_ms,
-        } => {
-            assert!(
-                (3_000..=5_000).contains(&retry_after_ms),
-                "{retry_after_ms}"
-            )
+        Decision::Deny { reason: DenyReason::Paused, retry_after_ms } => {
+            assert!((3_000..=5_000).contains(&retry_after_ms), "{retry_after_ms}")
         }
         other => panic!("expected paused, got {other:?}"),
     }
@@ -127,13 +78,7 @@ async fn consecutive_rate_limits_trip_and_pause_the_scope() {
     assert_eq!(snapshot.pause_reason, "rate limit: throughput");
     let result = breaker.record(&scope, &outcomes(1, limited, false)).await;
     assert_eq!(result.state, BreakerState::Open);
-    assert!(
-        result.transitions[0]
-            .reason
-            .contains("3 consecutive rate limits"),
-        "{:?}",
-        result.transitions
-    );
+    assert!(result.transitions[0].reason.contains("3 consecutive rate limits"), "{:?}", result.transitions);
 }
 
 #[tokio::test]
@@ -149,9 +94,7 @@ async fn half_open_canaries_close_or_reopen_with_a_longer_cooldown_and_the_incid
     };
     let breaker = breaker(&redis.url(), limits).await;
     let scope = scope();
-    let opened = breaker
-        .record(&scope, &outcomes(4, OutcomeKind::Transient, false))
-        .await;
+    let opened = breaker.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
     assert_eq!(opened.state, BreakerState::Open);
     let incident = opened.incident_id.clone();
     // After the cooldown an admission moves the scope to HALF_OPEN and admits at most 2 canaries this second.
@@ -172,30 +115,17 @@ async fn half_open_canaries_close_or_reopen_with_a_longer_cooldown_and_the_incid
     );
     let admission = seen.lock().expect("lock").take().expect("set");
     assert_eq!(admission.incident_id, incident);
-    let canaries = admission
-        .decisions
-        .iter()
-        .filter(|d| **d == Decision::Allow { canary: true })
-        .count();
+    let canaries = admission.decisions.iter().filter(|d| **d == Decision::Allow { canary: true }).count();
     assert_eq!(canaries, 2, "{:?}", admission.decisions);
-    assert!(admission.decisions[2..].iter().all(|d| matches!(
-        d,
-        Decision::Deny {
-            reason: DenyReason::CanaryBudget,
-            ..
-        }
-    )));
+    assert!(
+        admission.decisions[2..].iter().all(|d| matches!(d, Decision::Deny { reason: DenyReason::CanaryBudget, .. }))
+    );
     // A canary failure re-opens; the second cooldown is 4x the first.
-    let reopened = breaker
-        .record(&scope, &outcomes(1, OutcomeKind::Transient, true))
-        .await;
+    let reopened = breaker.record(&scope, &outcomes(1, OutcomeKind::Transient, true)).await;
     assert_eq!(reopened.state, BreakerState::Open);
     assert_eq!(reopened.incident_id, incident);
     let t = &reopened.transitions[0];
-    assert_eq!(
-        (t.from(), t.to()),
-        (BreakerState::HalfOpen, BreakerState::Open)
-    );
+    assert_eq!((t.from(), t.to()), (BreakerState::HalfOpen, BreakerState::Open));
     let cooldown = t.open_until_unix_ms - t.at_unix_ms;
     assert!((1_150..=1_250).contains(&cooldown), "cooldown {cooldown}");
     let status = breaker.status(&scope).await.expect("status");
@@ -215,23 +145,14 @@ async fn half_open_canaries_close_or_reopen_with_a_longer_cooldown_and_the_incid
         })
         .await
     );
-    let still = breaker
-        .record(&scope, &outcomes(3, OutcomeKind::Success, false))
-        .await;
+    let still = breaker.record(&scope, &outcomes(3, OutcomeKind::Success, false)).await;
     assert_eq!(still.state, BreakerState::HalfOpen);
-    let closed = breaker
-        .record(&scope, &outcomes(2, OutcomeKind::Success, true))
-        .await;
+    let closed = breaker.record(&scope, &outcomes(2, OutcomeKind::Success, true)).await;
     assert_eq!(closed.state, BreakerState::Closed);
     assert_eq!(closed.incident_id, "");
-    assert_eq!(
-        closed.transitions[0].incident_id, incident,
-        "the closing event names the incident it ends"
-    );
+    assert_eq!(closed.transitions[0].incident_id, incident, "the closing event names the incident it ends");
     // A new trip mints a new incident and starts the cooldown from the base again.
-    let again = breaker
-        .record(&scope, &outcomes(4, OutcomeKind::Transient, false))
-        .await;
+    let again = breaker.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
     assert_eq!(again.state, BreakerState::Open);
     assert_ne!(again.incident_id, incident);
     let t = &again.transitions[0];
@@ -241,18 +162,11 @@ async fn half_open_canaries_close_or_reopen_with_a_longer_cooldown_and_the_incid
 #[tokio::test]
 async fn old_buckets_leave_the_sliding_window() {
     let redis = bw_testkit::RedisServer::start();
-    let limits = ScopeLimits {
-        window_ms: 1_000,
-        window_buckets: 10,
-        min_calls: 10,
-        failure_threshold: 0.5,
-        ..limits()
-    };
+    let limits =
+        ScopeLimits { window_ms: 1_000, window_buckets: 10, min_calls: 10, failure_threshold: 0.5, ..limits() };
     let breaker = breaker(&redis.url(), limits).await;
     let scope = scope();
-    breaker
-        .record(&scope, &outcomes(6, OutcomeKind::Transient, false))
-        .await;
+    breaker.record(&scope, &outcomes(6, OutcomeKind::Transient, false)).await;
     let first = breaker.snapshot(&scope).await.expect("read");
     assert_eq!(first.calls_in_window, 6);
     // The failures slide out bucket by bucket (not all at once at a fixed boundary) within ~1 s.
@@ -260,88 +174,47 @@ async fn old_buckets_leave_the_sliding_window() {
         bw_testkit::wait_until(WAIT, || {
             let b = breaker.clone();
             let s = scope.clone();
-            async move {
-                b.snapshot(&s)
-                    .await
-                    .map(|snap| snap.calls_in_window == 0)
-                    .unwrap_or(false)
-            }
+            async move { b.snapshot(&s).await.map(|snap| snap.calls_in_window == 0).unwrap_or(false) }
         })
         .await
     );
     // 6 new successes and 4 new failures: 40% < 50%, so no trip although 10 failures were seen in total.
-    breaker
-        .record(&scope, &outcomes(6, OutcomeKind::Success, false))
-        .await;
-    let result = breaker
-        .record(&scope, &outcomes(4, OutcomeKind::Transient, false))
-        .await;
+    breaker.record(&scope, &outcomes(6, OutcomeKind::Success, false)).await;
+    let result = breaker.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
     assert_eq!(result.state, BreakerState::Closed);
     // Calls recorded in consecutive sub-buckets are all counted while inside the window.
     let scope2 = crate::support::scope();
     for _ in 0..5 {
-        breaker
-            .record(&scope2, &outcomes(1, OutcomeKind::Success, false))
-            .await;
+        breaker.record(&scope2, &outcomes(1, OutcomeKind::Success, false)).await;
         tokio::time::sleep(Duration::from_millis(110)).await;
     }
     let snap = breaker.snapshot(&scope2).await.expect("read");
-    assert!(
-        snap.calls_in_window >= 4,
-        "sub-buckets summed: {}",
-        snap.calls_in_window
-    );
+    assert!(snap.calls_in_window >= 4, "sub-buckets summed: {}", snap.calls_in_window);
 }
 
 #[tokio::test]
 async fn forced_states_override_and_clear_ramps_the_rate_up() {
     let redis = bw_testkit::RedisServer::start();
-    let limits = ScopeLimits {
-        ramp_ms: 60_000,
-        ramp_start: 0.1,
-        rate_per_s: 100.0,
-        burst: 100.0,
-        ..limits()
-    };
+    let limits = ScopeLimits { ramp_ms: 60_000, ramp_start: 0.1, rate_per_s: 100.0, burst: 100.0, ..limits() };
     let breaker = breaker(&redis.url(), limits).await;
     let scope = scope();
     let (status, transitions) = breaker.force(&scope, Forced::Closed).await.expect("force");
     assert_eq!(status.snapshot.state(), BreakerState::ForcedClosed);
     assert_eq!(transitions.len(), 1);
     // FORCED_CLOSED never trips.
-    let result = breaker
-        .record(&scope, &outcomes(20, OutcomeKind::Transient, false))
-        .await;
+    let result = breaker.record(&scope, &outcomes(20, OutcomeKind::Transient, false)).await;
     assert_eq!(result.state, BreakerState::ForcedClosed);
     let (status, _) = breaker.force(&scope, Forced::Open).await.expect("force");
     assert_eq!(status.snapshot.state(), BreakerState::ForcedOpen);
-    let admission = breaker
-        .admit(&scope, &items(1, TrafficClass::Priority))
-        .await;
-    assert!(matches!(
-        admission.decisions[0],
-        Decision::Deny {
-            reason: DenyReason::ForcedOpen,
-            ..
-        }
-    ));
+    let admission = breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
+    assert!(matches!(admission.decisions[0], Decision::Deny { reason: DenyReason::ForcedOpen, .. }));
     let (status, transitions) = breaker.force(&scope, Forced::Clear).await.expect("clear");
     assert_eq!(status.snapshot.state(), BreakerState::Closed);
     assert_eq!(transitions[0].from(), BreakerState::ForcedOpen);
     // Right after closing the scope gets about 10% of its bucket: 10 of 100 priority sends.
-    assert!(
-        status.snapshot.ramp_fraction < 0.2,
-        "{}",
-        status.snapshot.ramp_fraction
-    );
-    let admission = breaker
-        .admit(&scope, &items(100, TrafficClass::Priority))
-        .await;
-    let allowed = admission
-        .decisions
-        .iter()
-        .filter(|d| matches!(d, Decision::Allow { .. }))
-        .count();
+    assert!(status.snapshot.ramp_fraction < 0.2, "{}", status.snapshot.ramp_fraction);
+    let admission = breaker.admit(&scope, &items(100, TrafficClass::Priority)).await;
+    let allowed = admission.decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count();
     assert!((10..=12).contains(&allowed), "allowed {allowed}");
     // Reset gives the full rate at once.
     let (status, _) = breaker.reset(&scope).await.expect("reset");
@@ -370,7 +243,8 @@ async fn a_scope_known_open_is_refused_without_redis_until_a_transition_arrives(
     let redis = bw_testkit::RedisServer::start();
     let nats = bw_testkit::NatsServer::start();
     let client = async_nats::connect(nats.url()).await.expect("nats");
-    let dispatcher = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));
+    let dispatcher =
+        bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));
     dispatcher.follow_transitions().await.expect("subscribe");
     let other = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));
     other.follow_transitions().await.expect("subscribe");

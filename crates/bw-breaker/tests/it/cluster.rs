@@ -8,34 +8,17 @@ use bw_common::proto::BreakerState;
 async fn scripts_run_unchanged_on_a_redis_cluster() {
     let cluster = bw_testkit::RedisCluster::start();
     let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
-    let conn = client
-        .get_async_connection()
-        .await
-        .expect("cluster connection");
+    let conn = client.get_async_connection().await.expect("cluster connection");
     let breaker = Breaker::with_conn(Some(RedisConn::Cluster(conn)), None, config(limits()));
     // Enough scopes to land on every master.
     let scopes: Vec<_> = (0..12).map(|_| scope()).collect();
     for scope in &scopes {
-        let batch: Vec<AdmitItem> = (0..8)
-            .map(|i| AdmitItem {
-                recipient_key: format!("r{}", i % 3),
-                class: TrafficClass::Priority,
-            })
-            .collect();
+        let batch: Vec<AdmitItem> =
+            (0..8).map(|i| AdmitItem { recipient_key: format!("r{}", i % 3), class: TrafficClass::Priority }).collect();
         let a = breaker.admit(scope, &batch).await;
-        assert!(
-            !a.degraded,
-            "cluster answered for {}",
-            scope.phone_number_id
-        );
-        assert!(
-            a.decisions
-                .iter()
-                .all(|d| *d == Decision::Allow { canary: false })
-        );
-        let r = breaker
-            .record(scope, &outcomes(4, OutcomeKind::Transient, false))
-            .await;
+        assert!(!a.degraded, "cluster answered for {}", scope.phone_number_id);
+        assert!(a.decisions.iter().all(|d| *d == Decision::Allow { canary: false }));
+        let r = breaker.record(scope, &outcomes(4, OutcomeKind::Transient, false)).await;
         assert!(!r.degraded);
         assert_eq!(r.state, BreakerState::Open);
         assert_eq!(r.transitions.len(), 1);
@@ -49,16 +32,10 @@ async fn scripts_run_unchanged_on_a_redis_cluster() {
     let mut masters_with_keys = 0;
     for url in cluster.urls() {
         let mut conn = manager(&url).await;
-        let n: i64 = redis::cmd("DBSIZE")
-            .query_async(&mut conn)
-            .await
-            .expect("dbsize");
+        let n: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.expect("dbsize");
         if n > 0 {
             masters_with_keys += 1;
         }
     }
-    assert!(
-        masters_with_keys >= 2,
-        "scopes landed on {masters_with_keys} masters"
-    );
+    assert!(masters_with_keys >= 2, "scopes landed on {masters_with_keys} masters");
 }

@@ -10,13 +10,7 @@ const WAIT: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tasks_never_exceed_the_bucket_and_lose_no_outcome() {
     let redis = bw_testkit::RedisServer::start();
-    let limits = ScopeLimits {
-        rate_per_s: 0.001,
-        burst: 300.0,
-        reserve_fraction: 0.0,
-        pair_burst: 1000,
-        ..limits()
-    };
+    let limits = ScopeLimits { rate_per_s: 0.001, burst: 300.0, reserve_fraction: 0.0, pair_burst: 1000, ..limits() };
     let scope = scope();
     let mut tasks = Vec::new();
     for task in 0..16 {
@@ -34,14 +28,8 @@ async fn many_tasks_never_exceed_the_bucket_and_lose_no_outcome() {
                     .collect();
                 let a = breaker.admit(&scope, &batch).await;
                 assert!(!a.degraded);
-                allowed += a
-                    .decisions
-                    .iter()
-                    .filter(|d| matches!(d, Decision::Allow { .. }))
-                    .count();
-                breaker
-                    .record(&scope, &outcomes(5, OutcomeKind::Success, false))
-                    .await;
+                allowed += a.decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count();
+                breaker.record(&scope, &outcomes(5, OutcomeKind::Success, false)).await;
             }
             allowed
         }));
@@ -61,30 +49,19 @@ async fn redis_restart_mid_run_reloads_scripts_and_recovers() {
     let mut redis = bw_testkit::RedisServer::start();
     let breaker = breaker(&redis.url(), limits()).await;
     let scope = scope();
-    assert!(
-        !breaker
-            .admit(&scope, &items(1, TrafficClass::Priority))
-            .await
-            .degraded
-    );
+    assert!(!breaker.admit(&scope, &items(1, TrafficClass::Priority)).await.degraded);
     redis.restart();
     // Data and script cache are gone; the connection manager reconnects and EVALSHA falls back to EVAL/LOAD.
     assert!(
         bw_testkit::wait_until(WAIT, || {
             let b = breaker.clone();
             let s = scope.clone();
-            async move {
-                !b.admit(&s, &items(1, TrafficClass::Priority))
-                    .await
-                    .degraded
-            }
+            async move { !b.admit(&s, &items(1, TrafficClass::Priority)).await.degraded }
         })
         .await,
         "breaker did not go back to redis after the restart"
     );
-    let result = breaker
-        .record(&scope, &outcomes(4, OutcomeKind::Transient, false))
-        .await;
+    let result = breaker.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
     assert!(!result.degraded);
     assert_eq!(result.state, BreakerState::Open);
 }
@@ -95,59 +72,25 @@ async fn unreachable_redis_falls_back_to_a_conservative_local_breaker_and_recove
     let breaker = breaker(&redis.url(), limits()).await;
     let cfg = breaker.config().clone();
     let scope = scope();
-    let opened = breaker
-        .record(&scope, &outcomes(4, OutcomeKind::Transient, false))
-        .await;
+    let opened = breaker.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
     assert_eq!(opened.state, BreakerState::Open);
     redis.kill();
     // Redis last said OPEN: the fallback starts OPEN with the same incident.
-    let a = breaker
-        .admit(&scope, &items(3, TrafficClass::Priority))
-        .await;
+    let a = breaker.admit(&scope, &items(3, TrafficClass::Priority)).await;
     assert!(a.degraded);
     assert_eq!(a.state, BreakerState::Open);
     assert_eq!(a.incident_id, opened.incident_id);
-    assert!(
-        a.decisions.iter().all(|d| matches!(
-            d,
-            Decision::Deny {
-                reason: DenyReason::BreakerOpen,
-                ..
-            }
-        )),
-        "{a:?}"
-    );
+    assert!(a.decisions.iter().all(|d| matches!(d, Decision::Deny { reason: DenyReason::BreakerOpen, .. })), "{a:?}");
     // A scope Redis never saw: bounded by the local bucket, replay refused.
     let fresh = crate::support::scope();
-    let a = breaker
-        .admit(&fresh, &items(100, TrafficClass::Priority))
-        .await;
+    let a = breaker.admit(&fresh, &items(100, TrafficClass::Priority)).await;
     assert!(a.degraded);
-    let allowed = a
-        .decisions
-        .iter()
-        .filter(|d| matches!(d, Decision::Allow { .. }))
-        .count();
+    let allowed = a.decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count();
     assert_eq!(allowed as f64, cfg.fallback_burst);
     let a = breaker.admit(&fresh, &items(1, TrafficClass::Replay)).await;
-    assert!(matches!(
-        a.decisions[0],
-        Decision::Deny {
-            reason: DenyReason::Degraded,
-            ..
-        }
-    ));
+    assert!(matches!(a.decisions[0], Decision::Deny { reason: DenyReason::Degraded, .. }));
     // The local breaker trips on failures.
-    let r = breaker
-        .record(
-            &fresh,
-            &outcomes(
-                cfg.fallback_min_calls as usize,
-                OutcomeKind::Transient,
-                false,
-            ),
-        )
-        .await;
+    let r = breaker.record(&fresh, &outcomes(cfg.fallback_min_calls as usize, OutcomeKind::Transient, false)).await;
     assert!(r.degraded);
     assert_eq!(r.state, BreakerState::Open);
     // Redis comes back (empty): answers come from Redis again without any intervention.

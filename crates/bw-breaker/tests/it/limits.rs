@@ -2,16 +2,11 @@
 //! usage throttle, pauses.
 
 use crate::support::*;
-use bw_breaker::{
-    AdmitItem, Decision, DenyReason, OutcomeItem, OutcomeKind, ScopeLimits, TrafficClass,
-};
+use bw_breaker::{AdmitItem, Decision, DenyReason, OutcomeItem, OutcomeKind, ScopeLimits, TrafficClass};
 use bw_common::classify::RateScope;
 
 fn allowed(decisions: &[Decision]) -> usize {
-    decisions
-        .iter()
-        .filter(|d| matches!(d, Decision::Allow { .. }))
-        .count()
+    decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count()
 }
 
 fn reasons(decisions: &[Decision]) -> Vec<Option<DenyReason>> {
@@ -26,13 +21,7 @@ fn reasons(decisions: &[Decision]) -> Vec<Option<DenyReason>> {
 
 /// Near-zero refill so bucket arithmetic is exact within a test.
 fn slow_bucket(burst: f64) -> ScopeLimits {
-    ScopeLimits {
-        rate_per_s: 0.001,
-        burst,
-        reserve_fraction: 0.25,
-        replay_headroom: 2.0,
-        ..limits()
-    }
+    ScopeLimits { rate_per_s: 0.001, burst, reserve_fraction: 0.25, replay_headroom: 2.0, ..limits() }
 }
 
 #[tokio::test]
@@ -41,26 +30,17 @@ async fn marketing_cannot_take_the_reserve_and_replay_leaves_a_headroom() {
     let breaker = breaker(&redis.url(), slow_bucket(20.0)).await;
     // Reserve = 5 tokens. Replay needs reserve + 2 + 1 = 8: it takes 20 -> 7, 13 sends.
     let scope = scope();
-    let a = breaker
-        .admit(&scope, &items(20, TrafficClass::Replay))
-        .await;
+    let a = breaker.admit(&scope, &items(20, TrafficClass::Replay)).await;
     assert_eq!(allowed(&a.decisions), 13);
     assert_eq!(reasons(&a.decisions)[13], Some(DenyReason::Reserve));
     // Marketing needs 6: takes 7 -> 5, 2 sends.
-    let a = breaker
-        .admit(&scope, &items(10, TrafficClass::Marketing))
-        .await;
+    let a = breaker.admit(&scope, &items(10, TrafficClass::Marketing)).await;
     assert_eq!(allowed(&a.decisions), 2);
     // Priority takes the reserve down to 0, then gets SenderRate with a retry-after.
-    let a = breaker
-        .admit(&scope, &items(10, TrafficClass::Priority))
-        .await;
+    let a = breaker.admit(&scope, &items(10, TrafficClass::Priority)).await;
     assert_eq!(allowed(&a.decisions), 5);
     match a.decisions[5] {
-        Decision::Deny {
-            reason: DenyReason::SenderRate,
-            retry_after_ms,
-        } => assert!(retry_after_ms > 100_000),
+        Decision::Deny { reason: DenyReason::SenderRate, retry_after_ms } => assert!(retry_after_ms > 100_000),
         other => panic!("expected sender rate, got {other:?}"),
     }
 }
@@ -72,10 +52,7 @@ async fn a_batch_mixing_classes_keeps_every_limit() {
     let scope = scope();
     // Reserve 2: marketing needs 3, priority 1. Marketing first in the batch cannot starve the priority ones.
     let mut batch = items(10, TrafficClass::Marketing);
-    batch.extend((0..4).map(|i| AdmitItem {
-        recipient_key: format!("p{i}"),
-        class: TrafficClass::Priority,
-    }));
+    batch.extend((0..4).map(|i| AdmitItem { recipient_key: format!("p{i}"), class: TrafficClass::Priority }));
     let a = breaker.admit(&scope, &batch).await;
     assert_eq!(allowed(&a.decisions[..10]), 6);
     assert_eq!(allowed(&a.decisions[10..]), 2);
@@ -84,69 +61,32 @@ async fn a_batch_mixing_classes_keeps_every_limit() {
 #[tokio::test]
 async fn pair_rate_allows_the_burst_then_one_per_interval() {
     let redis = bw_testkit::RedisServer::start();
-    let limits = ScopeLimits {
-        pair_interval_ms: 6_000,
-        pair_burst: 2,
-        ..slow_bucket(1000.0)
-    };
+    let limits = ScopeLimits { pair_interval_ms: 6_000, pair_burst: 2, ..slow_bucket(1000.0) };
     let breaker = breaker(&redis.url(), limits).await;
     let scope = scope();
-    let same = vec![
-        AdmitItem {
-            recipient_key: "same".into(),
-            class: TrafficClass::Priority
-        };
-        4
-    ];
+    let same = vec![AdmitItem { recipient_key: "same".into(), class: TrafficClass::Priority }; 4];
     let a = breaker.admit(&scope, &same).await;
-    assert_eq!(
-        reasons(&a.decisions),
-        vec![
-            None,
-            None,
-            Some(DenyReason::PairRate),
-            Some(DenyReason::PairRate)
-        ]
-    );
+    assert_eq!(reasons(&a.decisions), vec![None, None, Some(DenyReason::PairRate), Some(DenyReason::PairRate)]);
     match a.decisions[2] {
-        Decision::Deny { retry_after_ms, .. } => assert!(
-            (5_000..=6_000).contains(&retry_after_ms),
-            "{retry_after_ms}"
-        ),
+        Decision::Deny { retry_after_ms, .. } => assert!((5_000..=6_000).contains(&retry_after_ms), "{retry_after_ms}"),
         _ => unreachable!(),
     }
     // Other recipients are not affected, and a denied pair takes no sender token.
     let status = breaker.status(&scope).await.expect("status");
     assert!((status.tokens - 998.0).abs() < 0.01, "{}", status.tokens);
-    let a = breaker
-        .admit(&scope, &items(3, TrafficClass::Marketing))
-        .await;
+    let a = breaker.admit(&scope, &items(3, TrafficClass::Marketing)).await;
     assert_eq!(allowed(&a.decisions), 3);
     // A 131056 answer blocks that pair for its pause.
     let scope2 = crate::support::scope();
     let limited = OutcomeItem {
         recipient_key: "x".into(),
-        kind: OutcomeKind::RateLimited {
-            scope: RateScope::Pair,
-            pause_ms: 30_000,
-        },
+        kind: OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms: 30_000 },
         canary: false,
     };
     breaker.record(&scope2, &[limited]).await;
-    let a = breaker
-        .admit(
-            &scope2,
-            &[AdmitItem {
-                recipient_key: "x".into(),
-                class: TrafficClass::Priority,
-            }],
-        )
-        .await;
+    let a = breaker.admit(&scope2, &[AdmitItem { recipient_key: "x".into(), class: TrafficClass::Priority }]).await;
     match a.decisions[0] {
-        Decision::Deny {
-            reason: DenyReason::PairRate,
-            retry_after_ms,
-        } => assert!(retry_after_ms > 20_000),
+        Decision::Deny { reason: DenyReason::PairRate, retry_after_ms } => assert!(retry_after_ms > 20_000),
         other => panic!("expected pair rate, got {other:?}"),
     }
 }
@@ -154,44 +94,25 @@ async fn pair_rate_allows_the_burst_then_one_per_interval() {
 #[tokio::test]
 async fn usage_levels_slow_then_pause_low_priority_only() {
     let redis = bw_testkit::RedisServer::start();
-    let limits = ScopeLimits {
-        rate_per_s: 10.0,
-        burst: 10.0,
-        throttle_slow_factor: 0.5,
-        ..limits()
-    };
+    let limits = ScopeLimits { rate_per_s: 10.0, burst: 10.0, throttle_slow_factor: 0.5, ..limits() };
     let breaker = breaker(&redis.url(), limits).await;
     let scope = scope();
     breaker.observe_usage(&scope, 85).await;
     // Slowed: low priority is paced at 5/s with no burst, so one of a batch passes; priority is untouched.
-    let a = breaker
-        .admit(&scope, &items(4, TrafficClass::Marketing))
-        .await;
-    assert_eq!(
-        reasons(&a.decisions)[..2],
-        [None, Some(DenyReason::Throttled)]
-    );
-    let a = breaker
-        .admit(&scope, &items(3, TrafficClass::Priority))
-        .await;
+    let a = breaker.admit(&scope, &items(4, TrafficClass::Marketing)).await;
+    assert_eq!(reasons(&a.decisions)[..2], [None, Some(DenyReason::Throttled)]);
+    let a = breaker.admit(&scope, &items(3, TrafficClass::Priority)).await;
     assert_eq!(allowed(&a.decisions), 3);
     breaker.observe_usage(&scope, 95).await;
     let a = breaker.admit(&scope, &items(2, TrafficClass::Replay)).await;
     match a.decisions[0] {
-        Decision::Deny {
-            reason: DenyReason::Throttled,
-            retry_after_ms,
-        } => assert_eq!(retry_after_ms, 5_000),
+        Decision::Deny { reason: DenyReason::Throttled, retry_after_ms } => assert_eq!(retry_after_ms, 5_000),
         other => panic!("expected throttled, got {other:?}"),
     }
-    let a = breaker
-        .admit(&scope, &items(1, TrafficClass::Priority))
-        .await;
+    let a = breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
     assert_eq!(allowed(&a.decisions), 1);
     breaker.observe_usage(&scope, 10).await;
-    let a = breaker
-        .admit(&scope, &items(1, TrafficClass::Marketing))
-        .await;
+    let a = breaker.admit(&scope, &items(1, TrafficClass::Marketing)).await;
     assert_eq!(allowed(&a.decisions), 1);
 }
 
@@ -200,15 +121,8 @@ async fn credentials_pause_every_class() {
     let redis = bw_testkit::RedisServer::start();
     let breaker = breaker(&redis.url(), limits()).await;
     let scope = scope();
-    breaker
-        .record(
-            &scope,
-            &outcomes(1, OutcomeKind::Credentials { pause_ms: 300_000 }, false),
-        )
-        .await;
-    let a = breaker
-        .admit(&scope, &items(1, TrafficClass::Priority))
-        .await;
+    breaker.record(&scope, &outcomes(1, OutcomeKind::Credentials { pause_ms: 300_000 }, false)).await;
+    let a = breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
     assert!(
         matches!(a.decisions[0], Decision::Deny { reason: DenyReason::Paused, retry_after_ms } if retry_after_ms > 290_000)
     );
@@ -220,11 +134,8 @@ async fn credentials_pause_every_class() {
 #[tokio::test]
 async fn refusals_for_tokens_queue_up_one_slot_each() {
     let redis = bw_testkit::RedisServer::start();
-    let breaker = breaker(
-        &redis.url(),
-        ScopeLimits { rate_per_s: 100.0, burst: 4.0, reserve_fraction: 0.0, ..limits() },
-    )
-    .await;
+    let breaker =
+        breaker(&redis.url(), ScopeLimits { rate_per_s: 100.0, burst: 4.0, reserve_fraction: 0.0, ..limits() }).await;
     let scope = scope();
     let a = breaker.admit(&scope, &items(8, TrafficClass::Priority)).await;
     assert_eq!(allowed(&a.decisions), 4);

@@ -7,8 +7,7 @@
 
 use crate::support;
 use bw_breaker::{
-    AdmitItem, Breaker, Decision, DenyReason, Forced, OutcomeItem, OutcomeKind, ScopeLimits,
-    TrafficClass,
+    AdmitItem, Breaker, Decision, DenyReason, Forced, OutcomeItem, OutcomeKind, ScopeLimits, TrafficClass,
 };
 use bw_common::classify::RateScope;
 use bw_common::proto::BreakerState as St;
@@ -123,10 +122,7 @@ impl Model {
         items
             .iter()
             .map(|(class, recipient)| {
-                let deny = |reason| Decision::Deny {
-                    reason,
-                    retry_after_ms: 0,
-                };
+                let deny = |reason| Decision::Deny { reason, retry_after_ms: 0 };
                 if self.paused {
                     return deny(DenyReason::Paused);
                 }
@@ -144,17 +140,11 @@ impl Model {
                     TrafficClass::Replay => reserve + 2.0,
                 };
                 if self.tokens < need {
-                    return deny(if self.tokens >= 1.0 {
-                        DenyReason::Reserve
-                    } else {
-                        DenyReason::SenderRate
-                    });
+                    return deny(if self.tokens >= 1.0 { DenyReason::Reserve } else { DenyReason::SenderRate });
                 }
                 self.tokens -= 1.0;
                 *self.pairs.entry(*recipient).or_default() += 1;
-                Decision::Allow {
-                    canary: self.state == St::HalfOpen,
-                }
+                Decision::Allow { canary: self.state == St::HalfOpen }
             })
             .collect()
     }
@@ -194,9 +184,7 @@ impl Model {
                     if self.state == St::HalfOpen || (self.state == St::Closed && rate_trips) {
                         self.go(St::Open);
                     }
-                    if matches!(self.state, St::Closed | St::HalfOpen)
-                        && self.rl >= self.p.consecutive_rl
-                    {
+                    if matches!(self.state, St::Closed | St::HalfOpen) && self.rl >= self.p.consecutive_rl {
                         self.go(St::Open);
                     }
                 }
@@ -234,21 +222,14 @@ fn outcome_kind(k: u8) -> OutcomeKind {
     match k {
         0 => OutcomeKind::Success,
         1 => OutcomeKind::Transient,
-        2 => OutcomeKind::RateLimited {
-            scope: RateScope::PhoneNumber,
-            pause_ms: HOUR,
-        },
+        2 => OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: HOUR },
         3 => OutcomeKind::Permanent,
         _ => OutcomeKind::Credentials { pause_ms: HOUR },
     }
 }
 
 fn class() -> impl Strategy<Value = TrafficClass> {
-    prop_oneof![
-        Just(TrafficClass::Priority),
-        Just(TrafficClass::Marketing),
-        Just(TrafficClass::Replay)
-    ]
+    prop_oneof![Just(TrafficClass::Priority), Just(TrafficClass::Marketing), Just(TrafficClass::Replay)]
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -263,44 +244,23 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn params() -> impl Strategy<Value = Params> {
-    (
-        1u32..6,
-        prop_oneof![Just(0.2), Just(0.5), Just(1.0)],
-        1u32..4,
-        any::<bool>(),
-        1u32..3,
-        3u32..10,
-        1u32..3,
-    )
-        .prop_map(
-            |(
-                min_calls,
-                threshold,
-                consecutive_rl,
-                cooldown_zero,
-                close_after,
-                burst,
-                pair_burst,
-            )| Params {
-                min_calls,
-                threshold,
-                consecutive_rl,
-                cooldown_zero,
-                close_after,
-                burst,
-                pair_burst,
-            },
-        )
+    (1u32..6, prop_oneof![Just(0.2), Just(0.5), Just(1.0)], 1u32..4, any::<bool>(), 1u32..3, 3u32..10, 1u32..3)
+        .prop_map(|(min_calls, threshold, consecutive_rl, cooldown_zero, close_after, burst, pair_burst)| Params {
+            min_calls,
+            threshold,
+            consecutive_rl,
+            cooldown_zero,
+            close_after,
+            burst,
+            pair_burst,
+        })
 }
 
 fn strip(decisions: Vec<Decision>) -> Vec<Decision> {
     decisions
         .into_iter()
         .map(|d| match d {
-            Decision::Deny { reason, .. } => Decision::Deny {
-                reason,
-                retry_after_ms: 0,
-            },
+            Decision::Deny { reason, .. } => Decision::Deny { reason, retry_after_ms: 0 },
             allow => allow,
         })
         .collect()
@@ -315,10 +275,7 @@ async fn run_case(url: &str, p: Params, ops: Vec<Op>) -> Result<(), TestCaseErro
             Op::Admit(items) => {
                 let admit: Vec<AdmitItem> = items
                     .iter()
-                    .map(|(class, r)| AdmitItem {
-                        recipient_key: format!("r{r}"),
-                        class: *class,
-                    })
+                    .map(|(class, r)| AdmitItem { recipient_key: format!("r{r}"), class: *class })
                     .collect();
                 let got = breaker.admit(&scope, &admit).await;
                 prop_assert!(!got.degraded);
@@ -350,40 +307,11 @@ async fn run_case(url: &str, p: Params, ops: Vec<Op>) -> Result<(), TestCaseErro
             }
         }
         let status = breaker.status(&scope).await.expect("status");
-        prop_assert_eq!(
-            status.snapshot.calls_in_window,
-            model.calls,
-            "calls after op {} {:?}",
-            i,
-            op
-        );
-        prop_assert_eq!(
-            status.failures_in_window,
-            model.fails,
-            "failures after op {} {:?}",
-            i,
-            op
-        );
-        prop_assert_eq!(
-            status.snapshot.trips,
-            model.trips,
-            "trips after op {} {:?}",
-            i,
-            op
-        );
-        prop_assert_eq!(
-            status.snapshot.paused_until_unix_ms > 0,
-            model.paused,
-            "pause after op {} {:?}",
-            i,
-            op
-        );
-        prop_assert!(
-            (status.tokens - model.tokens).abs() < 0.01,
-            "tokens {} vs {}",
-            status.tokens,
-            model.tokens
-        );
+        prop_assert_eq!(status.snapshot.calls_in_window, model.calls, "calls after op {} {:?}", i, op);
+        prop_assert_eq!(status.failures_in_window, model.fails, "failures after op {} {:?}", i, op);
+        prop_assert_eq!(status.snapshot.trips, model.trips, "trips after op {} {:?}", i, op);
+        prop_assert_eq!(status.snapshot.paused_until_unix_ms > 0, model.paused, "pause after op {} {:?}", i, op);
+        prop_assert!((status.tokens - model.tokens).abs() < 0.01, "tokens {} vs {}", status.tokens, model.tokens);
     }
     Ok(())
 }
@@ -392,15 +320,8 @@ async fn run_case(url: &str, p: Params, ops: Vec<Op>) -> Result<(), TestCaseErro
 fn scripts_agree_with_the_reference_model() {
     let redis = bw_testkit::RedisServer::start();
     let url = redis.url();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let config = ProptestConfig {
-        cases: 64,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let config = ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() };
     proptest!(config, |(p in params(), ops in prop::collection::vec(op(), 1..30))| {
         runtime.block_on(run_case(&url, p, ops))?;
     });

@@ -9,18 +9,11 @@ async fn every_script_runs_and_a_fresh_scope_is_closed() {
     let redis = bw_testkit::RedisServer::start();
     let breaker = breaker(&redis.url(), limits()).await;
     let scope = scope();
-    let admission = breaker
-        .admit(&scope, &items(3, TrafficClass::Marketing))
-        .await;
+    let admission = breaker.admit(&scope, &items(3, TrafficClass::Marketing)).await;
     assert!(!admission.degraded);
     assert_eq!(admission.state, BreakerState::Closed);
-    assert_eq!(
-        admission.decisions,
-        vec![Decision::Allow { canary: false }; 3]
-    );
-    let result = breaker
-        .record(&scope, &outcomes(3, OutcomeKind::Success, false))
-        .await;
+    assert_eq!(admission.decisions, vec![Decision::Allow { canary: false }; 3]);
+    let result = breaker.record(&scope, &outcomes(3, OutcomeKind::Success, false)).await;
     assert!(!result.degraded);
     assert!(result.transitions.is_empty());
     breaker.observe_usage(&scope, 50).await;
@@ -30,10 +23,7 @@ async fn every_script_runs_and_a_fresh_scope_is_closed() {
     let (status, transitions) = breaker.tick(&scope).await.expect("tick_scope");
     assert!(transitions.is_empty());
     assert_eq!(status.usage_percent, 50);
-    let (status, transitions) = breaker
-        .force(&scope, Forced::Open)
-        .await
-        .expect("force_breaker");
+    let (status, transitions) = breaker.force(&scope, Forced::Open).await.expect("force_breaker");
     assert_eq!(status.snapshot.state(), BreakerState::ForcedOpen);
     assert_eq!(transitions.len(), 1);
     assert!(!status.snapshot.incident_id.is_empty());

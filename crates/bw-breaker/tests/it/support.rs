@@ -1,8 +1,6 @@
 //! Shared helpers: a breaker over a fresh Redis with short windows, unique scopes.
 
-use bw_breaker::{
-    AdmitItem, Breaker, BreakerConfig, OutcomeItem, OutcomeKind, Scope, ScopeLimits, TrafficClass,
-};
+use bw_breaker::{AdmitItem, Breaker, BreakerConfig, OutcomeItem, OutcomeKind, Scope, ScopeLimits, TrafficClass};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -40,12 +38,7 @@ pub fn limits() -> ScopeLimits {
 }
 
 pub fn config(limits: ScopeLimits) -> BreakerConfig {
-    BreakerConfig {
-        command_timeout_ms: 500,
-        redis_retry_after_ms: 200,
-        defaults: limits,
-        ..BreakerConfig::default()
-    }
+    BreakerConfig { command_timeout_ms: 500, redis_retry_after_ms: 200, defaults: limits, ..BreakerConfig::default() }
 }
 
 pub async fn breaker(url: &str, limits: ScopeLimits) -> Breaker {
@@ -53,20 +46,9 @@ pub async fn breaker(url: &str, limits: ScopeLimits) -> Breaker {
 }
 
 pub fn items(n: usize, class: TrafficClass) -> Vec<AdmitItem> {
-    (0..n)
-        .map(|i| AdmitItem {
-            recipient_key: format!("r{i}"),
-            class,
-        })
-        .collect()
+    (0..n).map(|i| AdmitItem { recipient_key: format!("r{i}"), class }).collect()
 }
 
 pub fn outcomes(n: usize, kind: OutcomeKind, canary: bool) -> Vec<OutcomeItem> {
-    (0..n)
-        .map(|i| OutcomeItem {
-            recipient_key: format!("r{i}"),
-            kind,
-            canary,
-        })
-        .collect()
+    (0..n).map(|i| OutcomeItem { recipient_key: format!("r{i}"), kind, canary }).collect()
 }

@@ -146,10 +146,7 @@ async fn an_entry_resolved_while_it_waits_for_review_leaves_soon_not_at_review_t
     let env = start(|cfg| cfg.reconciler.recheck_ms = 300).await;
     // Review in an hour; the first try's late ledger write (or a status) resolves the operation meanwhile.
     put_unknown(&env, "op-late", Category::Transactional, now_ms() + 3_600_000).await;
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { env.count(names::UNKNOWN_STREAM).await == 1 }).await,
-        "stored"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { env.count(names::UNKNOWN_STREAM).await == 1 }).await, "stored");
     tokio::time::sleep(std::time::Duration::from_millis(200)).await; // the reconciler has looked once
     let current = env.ledger.get("op-late").await.expect("ledger").expect("entry");
     env.ledger

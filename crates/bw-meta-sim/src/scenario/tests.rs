@@ -13,14 +13,7 @@ fn window(rate: f64, faults: Vec<Fault>) -> Window {
 }
 
 fn err(code: i64, weight: u32) -> Fault {
-    Fault {
-        kind: FaultKind::Error {
-            code,
-            http_status: None,
-            subcode: None,
-        },
-        weight,
-    }
+    Fault { kind: FaultKind::Error { code, http_status: None, subcode: None }, weight }
 }
 
 #[test]
@@ -44,16 +37,10 @@ fn deterministic_selection_gives_exact_counts_and_mix() {
 
 #[test]
 fn random_selection_is_seeded_and_near_the_rate() {
-    let s = Scenario {
-        seed: Some(9),
-        windows: vec![window(0.28, vec![err(2, 1)])],
-        ..Scenario::default()
-    };
+    let s = Scenario { seed: Some(9), windows: vec![window(0.28, vec![err(2, 1)])], ..Scenario::default() };
     let run = || {
         let active = Active::start(s.clone());
-        (0..5000)
-            .map(|_| active.decide("1").fault.is_some())
-            .collect::<Vec<_>>()
+        (0..5000).map(|_| active.decide("1").fault.is_some()).collect::<Vec<_>>()
     };
     let a = run();
     assert_eq!(a, run(), "same seed, same draws");
@@ -67,18 +54,9 @@ fn windows_respect_time_and_phone_filter() {
     w.start_ms = 60_000;
     let mut f = window(1.0, vec![err(131000, 1)]);
     f.phone_number_ids = vec!["only".into()];
-    let active = Active::start(Scenario {
-        windows: vec![w, f],
-        ..Scenario::default()
-    });
-    assert!(
-        active.decide("other").fault.is_none(),
-        "first window not started, second filtered"
-    );
-    assert!(matches!(
-        active.decide("only").fault,
-        Some(FaultKind::Error { code: 131000, .. })
-    ));
+    let active = Active::start(Scenario { windows: vec![w, f], ..Scenario::default() });
+    assert!(active.decide("other").fault.is_none(), "first window not started, second filtered");
+    assert!(matches!(active.decide("only").fault, Some(FaultKind::Error { code: 131000, .. })));
 }
 
 #[test]
@@ -87,21 +65,14 @@ fn toml_round_trip_and_validation() {
     let s = Scenario::from_toml(text).expect("shipped example parses");
     assert_eq!(s.name, "flash-sale-outage");
     assert_eq!(s.windows[0].error_rate, 0.28);
-    assert_eq!(
-        s,
-        Scenario::builtin("flash-sale-outage").expect("built in"),
-        "example == built-in"
-    );
+    assert_eq!(s, Scenario::builtin("flash-sale-outage").expect("built in"), "example == built-in");
     let back = Scenario::from_toml(&toml::to_string(&s).expect("serializes")).expect("reparses");
     assert_eq!(back, s);
     let json = serde_json::to_vec(&s).expect("json");
     assert_eq!(Scenario::from_json(&json).expect("json parses"), s);
 
     assert!(Scenario::from_toml("[[windows]]\nstart_ms = 0\nerror_rate = 1.5\n").is_err());
-    assert!(
-        Scenario::from_toml("[[windows]]\nstart_ms = 0\nerror_rate = 0.5\n").is_err(),
-        "rate without faults"
-    );
+    assert!(Scenario::from_toml("[[windows]]\nstart_ms = 0\nerror_rate = 0.5\n").is_err(), "rate without faults");
     assert!(Scenario::from_toml("bogus = 1\n").is_err());
     assert!(Scenario::builtin("nope").is_err());
 }
@@ -110,21 +81,10 @@ fn toml_round_trip_and_validation() {
 fn latency_samples_stay_in_range() {
     let rng = Rng::new(3);
     for _ in 0..1000 {
-        let u = Latency::Uniform {
-            min_ms: 10,
-            max_ms: 20,
-        }
-        .sample(&rng);
+        let u = Latency::Uniform { min_ms: 10, max_ms: 20 }.sample(&rng);
         assert!(u >= Duration::from_millis(10) && u <= Duration::from_millis(20));
-        let n = Latency::Normal {
-            mean_ms: 5.0,
-            stddev_ms: 50.0,
-        }
-        .sample(&rng);
+        let n = Latency::Normal { mean_ms: 5.0, stddev_ms: 50.0 }.sample(&rng);
         assert!(n <= Duration::from_millis(305));
     }
-    assert_eq!(
-        Latency::Fixed { ms: 7 }.sample(&rng),
-        Duration::from_millis(7)
-    );
+    assert_eq!(Latency::Fixed { ms: 7 }.sample(&rng), Duration::from_millis(7));
 }

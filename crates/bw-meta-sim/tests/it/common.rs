@@ -30,10 +30,7 @@ pub async fn start(cfg: SimConfig) -> SimHandle {
 
 pub fn client(timeout: Duration) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder()
-        .timeout(timeout)
-        .build()
-        .expect("client builds")
+    reqwest::Client::builder().timeout(timeout).build().expect("client builds")
 }
 
 /// One answer: HTTP status, JSON body (Null when not JSON), headers.
@@ -50,9 +47,7 @@ impl Answer {
         if self.status == 200 {
             return 0;
         }
-        self.body["error"]["code"]
-            .as_i64()
-            .unwrap_or(-i64::from(self.status))
+        self.body["error"]["code"].as_i64().unwrap_or(-i64::from(self.status))
     }
 
     pub fn wamid(&self) -> Option<&str> {
@@ -75,11 +70,7 @@ pub async fn post(
     let headers = resp.headers().clone();
     let bytes = resp.bytes().await?;
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Answer {
-        status,
-        body,
-        headers,
-    })
+    Ok(Answer { status, body, headers })
 }
 
 pub fn text(to: &str, op: Option<&str>) -> Value {
@@ -96,12 +87,7 @@ pub fn text(to: &str, op: Option<&str>) -> Value {
     v
 }
 
-pub async fn send(
-    client: &reqwest::Client,
-    sim: &SimHandle,
-    to: &str,
-    op: Option<&str>,
-) -> reqwest::Result<Answer> {
+pub async fn send(client: &reqwest::Client, sim: &SimHandle, to: &str, op: Option<&str>) -> reqwest::Result<Answer> {
     post(client, sim, &text(to, op), Some(TOKEN)).await
 }
 
@@ -120,10 +106,7 @@ where
         if f().await {
             return;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "condition not met within {timeout:?}"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "condition not met within {timeout:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -154,12 +137,8 @@ impl Receiver {
         let got = Arc::new(Mutex::new(Vec::new()));
         let fail = Arc::new(AtomicUsize::new(fail_first));
         let state = (got.clone(), fail.clone());
-        let app = axum::Router::new()
-            .route("/webhook", axum::routing::post(receive))
-            .with_state(state);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind receiver");
+        let app = axum::Router::new().route("/webhook", axum::routing::post(receive)).with_state(state);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
         let url = format!("http://{}/webhook", listener.local_addr().expect("addr"));
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -173,47 +152,24 @@ impl Receiver {
 
     /// Bodies answered 200.
     pub fn accepted(&self) -> Vec<Value> {
-        self.all()
-            .into_iter()
-            .filter(|r| r.answered == 200)
-            .map(|r| r.json())
-            .collect()
+        self.all().into_iter().filter(|r| r.answered == 200).map(|r| r.json()).collect()
     }
 
     /// Every status in accepted POSTs.
     pub fn statuses(&self) -> Vec<Value> {
         self.accepted()
             .iter()
-            .flat_map(|b| {
-                b["entry"][0]["changes"][0]["value"]["statuses"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-            })
+            .flat_map(|b| b["entry"][0]["changes"][0]["value"]["statuses"].as_array().cloned().unwrap_or_default())
             .collect()
     }
 }
 
 type RecvState = (Arc<Mutex<Vec<Received>>>, Arc<AtomicUsize>);
 
-async fn receive(
-    State((got, fail)): State<RecvState>,
-    headers: HeaderMap,
-    raw: Bytes,
-) -> StatusCode {
-    let failing = fail
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok();
+async fn receive(State((got, fail)): State<RecvState>, headers: HeaderMap, raw: Bytes) -> StatusCode {
+    let failing = fail.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
     let answered = if failing { 500 } else { 200 };
-    let signature = headers
-        .get("x-hub-signature-256")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    got.lock().expect("lock").push(Received {
-        signature,
-        raw,
-        answered,
-    });
+    let signature = headers.get("x-hub-signature-256").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    got.lock().expect("lock").push(Received { signature, raw, answered });
     StatusCode::from_u16(answered).expect("valid status")
 }

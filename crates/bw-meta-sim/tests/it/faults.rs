@@ -4,41 +4,24 @@ use crate::common::*;
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, WebhookConfig, Window};
 use std::time::Duration;
 
-fn window(
-    start_ms: u64,
-    duration_ms: Option<u64>,
-    error_rate: f64,
-    faults: Vec<FaultKind>,
-) -> Window {
+fn window(start_ms: u64, duration_ms: Option<u64>, error_rate: f64, faults: Vec<FaultKind>) -> Window {
     Window {
         name: "w".into(),
         start_ms,
         duration_ms,
         error_rate,
-        faults: faults
-            .into_iter()
-            .map(|kind| Fault { kind, weight: 1 })
-            .collect(),
+        faults: faults.into_iter().map(|kind| Fault { kind, weight: 1 }).collect(),
         latency: None,
         phone_number_ids: vec![],
     }
 }
 
 fn http(status: u16, meta_body: bool) -> FaultKind {
-    FaultKind::Http {
-        status,
-        meta_body,
-        code: None,
-        after_processing: false,
-    }
+    FaultKind::Http { status, meta_body, code: None, after_processing: false }
 }
 
 fn error(code: i64) -> FaultKind {
-    FaultKind::Error {
-        code,
-        http_status: None,
-        subcode: None,
-    }
+    FaultKind::Error { code, http_status: None, subcode: None }
 }
 
 #[tokio::test]
@@ -52,16 +35,7 @@ async fn every_sync_fault_class_is_produced_as_configured() {
         (http(503, true), 503, 2),
         (http(503, false), 503, -503),
         (http(504, false), 504, -504),
-        (
-            FaultKind::Http {
-                status: 500,
-                meta_body: true,
-                code: Some(1),
-                after_processing: false,
-            },
-            500,
-            1,
-        ),
+        (FaultKind::Http { status: 500, meta_body: true, code: Some(1), after_processing: false }, 500, 1),
         (error(130429), 400, 130429),
         (error(131000), 500, 131000),
         (error(131026), 400, 131026),
@@ -71,39 +45,21 @@ async fn every_sync_fault_class_is_produced_as_configured() {
         (error(131048), 400, 131048),
         (error(131056), 400, 131056),
         (error(368), 403, 368),
-        (
-            FaultKind::Error {
-                code: 130429,
-                http_status: Some(429),
-                subcode: Some(2494055),
-            },
-            429,
-            130429,
-        ),
+        (FaultKind::Error { code: 130429, http_status: Some(429), subcode: Some(2494055) }, 429, 130429),
     ];
     // One deterministic window at 100%: equal weights give round-robin in table order.
     sim.set_scenario(Scenario {
         selection: Selection::Deterministic,
-        windows: vec![window(
-            0,
-            None,
-            1.0,
-            table.iter().map(|t| t.0.clone()).collect(),
-        )],
+        windows: vec![window(0, None, 1.0, table.iter().map(|t| t.0.clone()).collect())],
         ..Scenario::default()
     });
     for (i, (fault, status, code)) in table.iter().enumerate() {
-        let a = send(&client, &sim, &recipient(i as u32), Some("op"))
-            .await
-            .expect("answered");
+        let a = send(&client, &sim, &recipient(i as u32), Some("op")).await.expect("answered");
         assert_eq!((a.status, a.code()), (*status, *code), "fault {fault:?}");
         if *code > 0 && *code != 190 {
             let msg = a.body["error"]["message"].as_str().expect("message");
             assert!(msg.starts_with(&format!("(#{code}) ")), "{msg}");
-            assert_eq!(
-                a.body["error"]["error_data"]["messaging_product"],
-                "whatsapp"
-            );
+            assert_eq!(a.body["error"]["error_data"]["messaging_product"], "whatsapp");
             assert!(a.body["error"]["error_data"]["details"].is_string());
         }
         if *code == 190 {
@@ -113,22 +69,12 @@ async fn every_sync_fault_class_is_produced_as_configured() {
             assert!(a.body.is_null(), "bodiless {status} has no JSON");
         }
     }
-    let a = send(&client, &sim, &recipient(99), None)
-        .await
-        .expect("answered");
-    assert_eq!(
-        a.body["error"]["error_subcode"],
-        serde_json::Value::Null,
-        "subcode only when configured"
-    );
+    let a = send(&client, &sim, &recipient(99), None).await.expect("answered");
+    assert_eq!(a.body["error"]["error_subcode"], serde_json::Value::Null, "subcode only when configured");
     let counters = sim.counters();
     assert_eq!(counters.outcome("http_503"), 1);
     assert_eq!(counters.outcome("130429"), 2);
-    assert_eq!(
-        sim.oracle().total_accepted(),
-        0,
-        "no fault above creates a message"
-    );
+    assert_eq!(sim.oracle().total_accepted(), 0, "no fault above creates a message");
 }
 
 #[tokio::test]
@@ -142,12 +88,7 @@ async fn seeded_random_mix_is_reproducible_and_near_the_rate() {
         sim.set_scenario(scenario.clone());
         let mut codes = Vec::new();
         for i in 0..300 {
-            codes.push(
-                send(&client, &sim, &recipient(i), Some(&format!("op-{i}")))
-                    .await
-                    .expect("answered")
-                    .code(),
-            );
+            codes.push(send(&client, &sim, &recipient(i), Some(&format!("op-{i}"))).await.expect("answered").code());
         }
         codes
     };
@@ -155,26 +96,13 @@ async fn seeded_random_mix_is_reproducible_and_near_the_rate() {
     let second = run().await;
     assert_eq!(first, second, "same seed, same sequence");
     let failed = first.iter().filter(|c| **c != 0).count();
-    assert!(
-        (55..=115).contains(&failed),
-        "about 28% of 300 fail: {failed}"
-    );
+    assert!((55..=115).contains(&failed), "about 28% of 300 fail: {failed}");
     let c503 = first.iter().filter(|c| **c == 2).count();
     let c429 = first.iter().filter(|c| **c == 130429).count();
-    assert_eq!(
-        c503 + c429,
-        failed,
-        "only 503 (code 2) and 130429 in the mix"
-    );
-    assert!(
-        c503 > failed / 4 && c429 > failed / 4,
-        "both kinds present: {c503} / {c429}"
-    );
+    assert_eq!(c503 + c429, failed, "only 503 (code 2) and 130429 in the mix");
+    assert!(c503 > failed / 4 && c429 > failed / 4, "both kinds present: {c503} / {c429}");
     let counters = sim.counters();
-    assert_eq!(
-        counters.outcome("2") + counters.outcome("130429"),
-        failed as u64
-    );
+    assert_eq!(counters.outcome("2") + counters.outcome("130429"), failed as u64);
     assert_eq!(sim.oracle().total_accepted(), (300 - failed) as u64);
 }
 
@@ -182,30 +110,19 @@ async fn seeded_random_mix_is_reproducible_and_near_the_rate() {
 async fn windows_start_and_end_on_the_scenario_clock() {
     let sim = start(config()).await;
     let client = client(Duration::from_secs(5));
-    sim.set_scenario(Scenario::outage(
-        Duration::from_millis(300),
-        Duration::from_millis(400),
-    ));
+    sim.set_scenario(Scenario::outage(Duration::from_millis(300), Duration::from_millis(400)));
     let mut seen = Vec::new();
     while sim.scenario_elapsed_ms() < 1_000 {
         let before = sim.scenario_elapsed_ms();
-        let a = send(&client, &sim, &recipient(seen.len() as u32), None)
-            .await
-            .expect("answered");
+        let a = send(&client, &sim, &recipient(seen.len() as u32), None).await.expect("answered");
         let after = sim.scenario_elapsed_ms();
         seen.push((before, after, a.status));
         tokio::time::sleep(Duration::from_millis(15)).await;
     }
     let check = |lo: u64, hi: u64, want: u16| {
-        let inside: Vec<_> = seen
-            .iter()
-            .filter(|(b, a, _)| *b >= lo && *a < hi)
-            .collect();
+        let inside: Vec<_> = seen.iter().filter(|(b, a, _)| *b >= lo && *a < hi).collect();
         assert!(!inside.is_empty(), "some request fell in [{lo}, {hi})");
-        assert!(
-            inside.iter().all(|(_, _, s)| *s == want),
-            "[{lo}, {hi}) → {want}: {inside:?}"
-        );
+        assert!(inside.iter().all(|(_, _, s)| *s == want), "[{lo}, {hi}) → {want}: {inside:?}");
     };
     check(0, 300, 200);
     check(300, 700, 503);
@@ -213,19 +130,9 @@ async fn windows_start_and_end_on_the_scenario_clock() {
 
     // Restarting the clock starts the window over.
     sim.restart_scenario_clock();
-    assert_eq!(
-        send(&client, &sim, &recipient(5000), None)
-            .await
-            .expect("answered")
-            .status,
-        200
-    );
+    assert_eq!(send(&client, &sim, &recipient(5000), None).await.expect("answered").status, 200);
     wait_until(Duration::from_secs(2), || async {
-        send(&client, &sim, &recipient(5001), None)
-            .await
-            .expect("answered")
-            .status
-            == 503
+        send(&client, &sim, &recipient(5001), None).await.expect("answered").status == 503
     })
     .await;
 }
@@ -236,17 +143,8 @@ async fn phone_filter_limits_a_window_to_one_number() {
     let client = client(Duration::from_secs(5));
     let mut w = window(0, None, 1.0, vec![error(131000)]);
     w.phone_number_ids = vec!["999".into()];
-    sim.set_scenario(Scenario {
-        windows: vec![w],
-        ..Scenario::default()
-    });
-    assert_eq!(
-        send(&client, &sim, &recipient(1), None)
-            .await
-            .expect("answered")
-            .status,
-        200
-    );
+    sim.set_scenario(Scenario { windows: vec![w], ..Scenario::default() });
+    assert_eq!(send(&client, &sim, &recipient(1), None).await.expect("answered").status, 200);
     let other = client
         .post(sim.messages_url("v21.0", "999"))
         .bearer_auth(TOKEN)
@@ -262,34 +160,18 @@ async fn hangs_exceed_a_short_client_timeout() {
     let sim = start(config()).await;
     let client = client(Duration::from_millis(300));
     let hang = |accept| Scenario {
-        windows: vec![window(
-            0,
-            None,
-            1.0,
-            vec![FaultKind::Hang {
-                hold_ms: 3_000,
-                accept,
-            }],
-        )],
+        windows: vec![window(0, None, 1.0, vec![FaultKind::Hang { hold_ms: 3_000, accept }])],
         ..Scenario::default()
     };
     sim.set_scenario(hang(false));
-    let err = send(&client, &sim, &recipient(1), Some("op-hang"))
-        .await
-        .expect_err("times out");
+    let err = send(&client, &sim, &recipient(1), Some("op-hang")).await.expect_err("times out");
     assert!(err.is_timeout(), "{err:?}");
     assert!(sim.oracle().get("op-hang").is_none(), "not accepted");
 
     sim.set_scenario(hang(true));
-    let err = send(&client, &sim, &recipient(2), Some("op-hang-accepted"))
-        .await
-        .expect_err("times out");
+    let err = send(&client, &sim, &recipient(2), Some("op-hang-accepted")).await.expect_err("times out");
     assert!(err.is_timeout(), "{err:?}");
-    let entry = sim
-        .oracle()
-        .get("op-hang-accepted")
-        .cloned()
-        .expect("accepted before hanging");
+    let entry = sim.oracle().get("op-hang-accepted").cloned().expect("accepted before hanging");
     assert_eq!((entry.count, entry.unacknowledged), (1, 1));
     assert_eq!(sim.counters().outcome("hang"), 2);
 }
@@ -297,67 +179,35 @@ async fn hangs_exceed_a_short_client_timeout() {
 #[tokio::test]
 async fn resets_are_transport_errors_and_after_processing_is_accepted() {
     let receiver = Receiver::start(0).await;
-    let webhook = WebhookConfig {
-        url: Some(receiver.url.clone()),
-        ..WebhookConfig::default()
-    };
-    let sim = start(SimConfig {
-        webhook,
-        ..config()
-    })
-    .await;
+    let webhook = WebhookConfig { url: Some(receiver.url.clone()), ..WebhookConfig::default() };
+    let sim = start(SimConfig { webhook, ..config() }).await;
     let client = client(Duration::from_secs(5));
     let reset = |after_processing| Scenario {
-        windows: vec![window(
-            0,
-            None,
-            1.0,
-            vec![FaultKind::Reset { after_processing }],
-        )],
+        windows: vec![window(0, None, 1.0, vec![FaultKind::Reset { after_processing }])],
         ..Scenario::default()
     };
 
     sim.set_scenario(reset(false));
-    let err = send(&client, &sim, &recipient(1), Some("op-reset"))
-        .await
-        .expect_err("connection dropped");
-    assert!(
-        !err.is_timeout() && !err.is_status(),
-        "transport error: {err:?}"
-    );
+    let err = send(&client, &sim, &recipient(1), Some("op-reset")).await.expect_err("connection dropped");
+    assert!(!err.is_timeout() && !err.is_status(), "transport error: {err:?}");
     assert!(sim.oracle().get("op-reset").is_none());
 
     sim.set_scenario(reset(true));
-    let err = send(&client, &sim, &recipient(2), Some("op-reset-after"))
-        .await
-        .expect_err("connection dropped");
+    let err = send(&client, &sim, &recipient(2), Some("op-reset-after")).await.expect_err("connection dropped");
     assert!(!err.is_timeout(), "{err:?}");
-    let entry = sim
-        .oracle()
-        .get("op-reset-after")
-        .cloned()
-        .expect("accepted before the reset");
+    let entry = sim.oracle().get("op-reset-after").cloned().expect("accepted before the reset");
     assert_eq!((entry.count, entry.unacknowledged), (1, 1));
     assert_eq!(sim.counters().outcome("reset"), 2);
 
     // The status webhook is what proves the unknown-outcome send.
     wait_until(Duration::from_secs(3), || async {
-        receiver
-            .statuses()
-            .iter()
-            .any(|s| s["biz_opaque_callback_data"] == "op-reset-after" && s["status"] == "sent")
+        receiver.statuses().iter().any(|s| s["biz_opaque_callback_data"] == "op-reset-after" && s["status"] == "sent")
     })
     .await;
 
     // The client recovers on a new connection.
     sim.clear_scenario();
-    assert_eq!(
-        send(&client, &sim, &recipient(3), None)
-            .await
-            .expect("answered")
-            .status,
-        200
-    );
+    assert_eq!(send(&client, &sim, &recipient(3), None).await.expect("answered").status, 200);
 }
 
 #[tokio::test]
@@ -372,30 +222,16 @@ async fn scenario_can_be_switched_over_the_admin_api() {
         error_rate = 0.5
         faults = [{ kind = "error", code = 131000 }]
     "#;
-    let r = client
-        .post(format!("{}/_sim/scenario", sim.base_url()))
-        .body(toml)
-        .send()
-        .await
-        .expect("admin answers");
+    let r = client.post(format!("{}/_sim/scenario", sim.base_url())).body(toml).send().await.expect("admin answers");
     assert_eq!(r.status().as_u16(), 200);
     let codes: Vec<i64> = {
         let mut v = Vec::new();
         for i in 0..10 {
-            v.push(
-                send(&client, &sim, &recipient(i), None)
-                    .await
-                    .expect("answered")
-                    .code(),
-            );
+            v.push(send(&client, &sim, &recipient(i), None).await.expect("answered").code());
         }
         v
     };
-    assert_eq!(
-        codes.iter().filter(|c| **c == 131000).count(),
-        5,
-        "deterministic 50%: {codes:?}"
-    );
+    assert_eq!(codes.iter().filter(|c| **c == 131000).count(), 5, "deterministic 50%: {codes:?}");
     assert_eq!(sim.scenario().name, "admin-outage");
 
     let bad = client
@@ -407,21 +243,14 @@ async fn scenario_can_be_switched_over_the_admin_api() {
     assert_eq!(bad.status().as_u16(), 400);
 
     let r = client
-        .post(format!(
-            "{}/_sim/scenario?builtin=flash-sale-outage&start_ms=0&duration_ms=1000",
-            sim.base_url()
-        ))
+        .post(format!("{}/_sim/scenario?builtin=flash-sale-outage&start_ms=0&duration_ms=1000", sim.base_url()))
         .send()
         .await
         .expect("admin answers");
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(sim.scenario().windows[0].duration_ms, Some(1000));
 
-    let r = client
-        .delete(format!("{}/_sim/scenario", sim.base_url()))
-        .send()
-        .await
-        .expect("admin answers");
+    let r = client.delete(format!("{}/_sim/scenario", sim.base_url())).send().await.expect("admin answers");
     assert_eq!(r.status().as_u16(), 200);
     assert!(sim.scenario().windows.is_empty());
 }
@@ -430,20 +259,8 @@ async fn scenario_can_be_switched_over_the_admin_api() {
 async fn latency_is_added() {
     let sim = start(config()).await;
     let client = client(Duration::from_secs(5));
-    sim.set_scenario(Scenario {
-        latency: Some(bw_meta_sim::Latency::Fixed { ms: 150 }),
-        ..Scenario::default()
-    });
+    sim.set_scenario(Scenario { latency: Some(bw_meta_sim::Latency::Fixed { ms: 150 }), ..Scenario::default() });
     let started = std::time::Instant::now();
-    assert_eq!(
-        send(&client, &sim, &recipient(1), None)
-            .await
-            .expect("answered")
-            .status,
-        200
-    );
-    assert!(
-        started.elapsed() >= Duration::from_millis(150),
-        "latency applied"
-    );
+    assert_eq!(send(&client, &sim, &recipient(1), None).await.expect("answered").status, 200);
+    assert!(started.elapsed() >= Duration::from_millis(150), "latency applied");
 }

@@ -413,7 +413,10 @@ async fn half_open_replays_only_a_trickle_of_canaries() {
     set_scope(&deps, BreakerState::HalfOpen, now_ms()).await;
     let r = start(&nats, &[("REPLAY__PROBE_RATE_PER_S", "5"), ("REPLAY__PROBE_MAX_LANE_DEPTH", "2")]).await;
     // With no live traffic the canaries that can close the breaker must come from the DLQ: some move...
-    assert!(wait_until(WAIT, || async { !rp_lane(&deps).await.is_empty() }).await, "no canary replayed while HALF_OPEN");
+    assert!(
+        wait_until(WAIT, || async { !rp_lane(&deps).await.is_empty() }).await,
+        "no canary replayed while HALF_OPEN"
+    );
     // ...but never more than the probe cap waits in the lane (no dispatcher consumes it here).
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(rp_lane(&deps).await.len(), 2, "HALF_OPEN replay stays within the probe lane cap");
