@@ -1,50 +1,62 @@
--- admit_send.lua: admits a batch of sends of one sender scope in one round trip.
+-- admit_send.lua: admits a batch of sends of one sender scope in one round trip and hands out send slots.
 --
--- Checks, per message and in this order: fleet-wide pause, breaker (OPEN / FORCED_OPEN deny; HALF_OPEN admits a
--- bounded number of canaries per second), Meta usage throttle, recipient-pair rate (GCRA, 131056 semantics),
--- sender rate (token bucket at the ramped rate, with a reserve only priority traffic may take; replay needs
--- extra headroom above the reserve so it only gets spare rate), slow throttle for low priority. A message
--- takes its tokens only when every check passes. The retry-after of a refusal for sender tokens counts the
--- messages refused before it in the same call (the n-th waits for n more tokens). An OPEN scope whose cooldown ended moves to HALF_OPEN here.
+-- Checks, per message and in this order: scope pause (its kind picks the code: paused, spam_paused,
+-- registration_paused), breaker (OPEN / FORCED_OPEN deny; HALF_OPEN admits a bounded number of canaries per
+-- second), Meta usage throttle, 131049 marketing deferral of the recipient, 131056 back-off of the pair, pair
+-- rate (GCRA: emission interval pair_interval_ms, burst pair_burst; Meta's model is 6 s / 45, the default burst
+-- is stricter), sender rate (token bucket at the effective rate, with a reserve only priority traffic may take;
+-- replay needs extra headroom above the reserve so it only gets spare rate), slow throttle for low priority.
+-- A message takes its tokens only when every check passes. The retry-after of a refusal for sender tokens
+-- counts the messages refused before it in the same call (the n-th waits for n more tokens). An OPEN scope
+-- whose cooldown ended moves to HALF_OPEN here.
+--
+-- Send slots: every admitted message gets a wait (ms from now, Redis time): the scope's slots are spaced
+-- 1000 / effective_rate ms apart fleet-wide (F.next_slot), so the sends of every dispatcher reach Meta evenly at
+-- the sender's current rate instead of in bunches. The caller sleeps for the wait right before the POST.
+-- Effective rate = rate_per_s x ramp (after a close or a pause) x adaptive share (AIMD on 130429) x
+-- blind_rate_factor while Meta sends no usage headers.
 --
 -- KEYS[1]    cfg hash of the scope (bw:{<waba>:<phone>}:cfg)
 -- KEYS[2]    state hash of the scope (bw:{<waba>:<phone>}:state)
--- KEYS[2+i]  pair key of message i (bw:{<waba>:<phone>}:pair:<recipient_key>)
+-- KEYS[2+i]  pair hash of message i (bw:{<waba>:<phone>}:pair:<recipient_key>; fields P)
 -- ARGV[1]    compiled defaults "name=value;..."
 -- ARGV[2]    tag used in minted incident ids (the phone_number_id)
 -- ARGV[3]    random number in [0, 1) for cooldown jitter
--- ARGV[3+i]  class of message i: "p" priority, "m" marketing, "r" replay
+-- ARGV[4]    end (ms) of a parent pause (app / WABA / token) that just ended, or 0: starts a ramp from there
+-- ARGV[4+i]  class of message i: "p" priority, "m" marketing, "r" replay
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms,
---            code_1, retry_after_ms_1, ..., code_n, retry_after_ms_n,
+--            code_1, retry_after_or_wait_ms_1, ..., code_n, retry_after_or_wait_ms_n,
 --            then per transition: from, to, at_ms, reason, incident_id }
---   codes: 0 allow, 1 allow as canary, 2 breaker open, 3 forced open, 4 paused, 5 sender rate, 6 pair rate,
---          7 reserve, 8 throttled, 9 canary budget
+--   codes: CODE in scope_prelude.lua; for allow / canary the number is the slot wait, otherwise the retry-after
 
-local now = now_ms()
-local c = load_cfg(ARGV[1], KEYS[1])
-local S = load_state(KEYS[2])
+local now, c, S = begin()
 local tag = ARGV[2]
 local rand = num(ARGV[3])
-local n = #ARGV - 3
+local parent_end = num(ARGV[4])
+local n = #ARGV - 4
 local T = {}
 
+if parent_end > 0 then start_ramp(S, parent_end, num(c.pause_ramp_ms)) end
 maybe_half_open(S, c, now, T, rand, tag)
-local st = num(S.st, CLOSED)
-local f = ramp_fraction(S, c, now)
+local st = num(S[F.state], CLOSED)
+local f = rate_factor(S, c, now)
 local tokens, cap, rate, reserve = refill(S, c, now, f)
 local usage = usage_level(S, c, now)
-local pu = num(S.pu)
+local pu = num(S[F.paused_until])
+local pause_code = PAUSE_CODE[num(S[F.pause_kind], PAUSE.rate_limit)] or CODE.paused
 local sec = math.floor(now / 1000)
-local cc = num(S.cc)
-if num(S.cs) ~= sec then cc = 0 end
+local cc = num(S[F.canary_count])
+if num(S[F.canary_second]) ~= sec then cc = 0 end
 local canaries = num(c.canaries_per_s, 1)
 local pair_t = math.max(1, num(c.pair_interval_ms, 6000))
 local pair_tol = pair_t * math.max(0, num(c.pair_burst, 1) - 1)
-local lo = num(S.lo)
+local lo = num(S[F.slow_tat])
 local lo_t = 1000 / math.max(0.000001, rate * num(c.throttle_slow_factor, 0.5))
 local slow = usage >= num(c.throttle_slow_percent, 80)
 local stop_low = usage >= num(c.throttle_pause_percent, 90)
-local pair_tat = {}
+local slot_gap = 1000 / rate
+local next_slot = math.max(now, num(S[F.next_slot]))
+local pairs_seen = {}
 local decisions = {}
 local took = false
 -- Messages of this call already refused for want of sender tokens: each later refusal is told to come back
@@ -52,59 +64,74 @@ local took = false
 -- its own slot instead of all at once.
 local queued = 0
 
-for i = 1, n do
-  local class = ARGV[3 + i]
-  local low = class ~= 'p'
-  local code, retry = 0, 0
-  if pu > now then
-    code, retry = 4, pu - now
-  elseif st == FORCED_OPEN then
-    code, retry = 3, math.max(1000, num(c.cooldown_ms))
-  elseif st == OPEN then
-    code, retry = 2, math.max(1, num(S.ou) - now)
-  elseif low and stop_low then
-    code, retry = 8, num(c.throttle_retry_ms, 5000)
-  elseif st == HALF_OPEN and cc >= canaries then
-    code, retry = 9, (sec + 1) * 1000 - now
+local function pair_of(key)
+  local p = pairs_seen[key]
+  if p == nil then
+    local h = redis.call('HMGET', key, P.tat, P.backoff_until, P.marketing_deferred)
+    p = { tat = num(h[1], now), b = num(h[2]), md = num(h[3]), dirty = false }
+    pairs_seen[key] = p
   end
-  local pkey = KEYS[2 + i]
-  local new_pair
-  if code == 0 then
-    local tat = pair_tat[pkey]
-    if tat == nil then tat = num(redis.call('GET', pkey), now) end
-    local t0 = math.max(tat, now)
-    if t0 - now > pair_tol then
-      code, retry = 6, math.ceil(t0 - now - pair_tol)
+  return p
+end
+
+for i = 1, n do
+  local class = ARGV[4 + i]
+  local low = class ~= 'p'
+  local code, retry = CODE.allow, 0
+  if pu > now then
+    code, retry = pause_code, pu - now
+  elseif st == FORCED_OPEN then
+    code, retry = CODE.forced_open, math.max(1000, num(c.cooldown_ms))
+  elseif st == OPEN then
+    code, retry = CODE.breaker_open, math.max(1, num(S[F.open_until]) - now)
+  elseif low and stop_low then
+    code, retry = CODE.throttled, num(c.throttle_retry_ms, 5000)
+  elseif st == HALF_OPEN and cc >= canaries then
+    code, retry = CODE.canary_budget, (sec + 1) * 1000 - now
+  end
+  local p, new_tat
+  if code == CODE.allow then
+    p = pair_of(KEYS[2 + i])
+    local t0 = math.max(p.tat, now)
+    if class == 'm' and p.md > now then
+      code, retry = CODE.recipient_deferred, p.md - now
+    elseif p.b > now then
+      code, retry = CODE.pair_rate, p.b - now
+    elseif t0 - now > pair_tol then
+      code, retry = CODE.pair_rate, math.ceil(t0 - now - pair_tol)
     else
-      new_pair = t0 + pair_t
+      new_tat = t0 + pair_t
     end
   end
-  if code == 0 then
+  if code == CODE.allow then
     local need = 1
     if class == 'm' then need = reserve + 1 end
     if class == 'r' then need = reserve + num(c.replay_headroom, 2) + 1 end
     if tokens < need then
-      if tokens >= 1 then code = 7 else code = 5 end
+      if tokens >= 1 then code = CODE.reserve else code = CODE.sender_rate end
       retry = math.ceil((need + queued - tokens) * 1000 / rate)
       queued = queued + 1
     end
   end
   local new_lo
-  if code == 0 and low and slow then
+  if code == CODE.allow and low and slow then
     local t0 = math.max(lo, now)
     if t0 > now then
-      code, retry = 8, math.ceil(t0 - now)
+      code, retry = CODE.throttled, math.ceil(t0 - now)
     else
       new_lo = t0 + lo_t
     end
   end
-  if code == 0 then
+  if code == CODE.allow then
     tokens = tokens - 1
     took = true
-    pair_tat[pkey] = new_pair
+    p.tat = new_tat
+    p.dirty = true
     if new_lo ~= nil then lo = new_lo end
+    retry = next_slot - now
+    next_slot = next_slot + slot_gap
     if st == HALF_OPEN then
-      code = 1
+      code = CODE.canary
       cc = cc + 1
     end
   end
@@ -113,20 +140,24 @@ for i = 1, n do
 end
 
 if took then
-  set(S, 'tk', fmt(tokens))
-  set(S, 'tt', now)
-  set(S, 'lo', math.floor(lo))
+  set(S, F.tokens, fmt(tokens))
+  set(S, F.tokens_at, now)
+  set(S, F.slow_tat, math.floor(lo))
+  set(S, F.next_slot, math.floor(next_slot))
   if st == HALF_OPEN then
-    set(S, 'cs', sec)
-    set(S, 'cc', cc)
+    set(S, F.canary_second, sec)
+    set(S, F.canary_count, cc)
   end
-  for key, tat in pairs(pair_tat) do
-    redis.call('SET', key, math.floor(tat), 'PX', math.max(1, math.floor(tat - now)))
+  for key, p in pairs(pairs_seen) do
+    if p.dirty then
+      redis.call('HSET', key, P.tat, math.floor(p.tat))
+      local keep = math.max(p.tat, p.b, p.md) - now
+      if keep > num(redis.call('PTTL', key)) then redis.call('PEXPIRE', key, math.max(1, math.floor(keep))) end
+    end
   end
 end
-if f >= 1 and num(S.rc) > 0 then set(S, 'rc', 0) end
-save_state(S, KEYS[2])
+if ramp_fraction(S, c, now) >= 1 and num(S[F.ramp_start]) > 0 then set(S, F.ramp_start, 0) end
 
 local out = head(S, c, now)
 for _, v in ipairs(decisions) do out[#out + 1] = v end
-return append_transitions(out, T)
+return finish(S, out, T)

@@ -2,7 +2,7 @@
 --
 -- "open" sets FORCED_OPEN (every send denied), "closed" sets FORCED_CLOSED (never trips; limits still
 -- apply), "clear" returns a forced scope to CLOSED (with the usual ramp-up), "reset" wipes the window,
--- counters, pause and incident and sets CLOSED without a ramp.
+-- counters, pause, adaptive share, usage and incident and sets CLOSED without a ramp.
 --
 -- KEYS[1]  cfg hash of the scope
 -- KEYS[2]  state hash of the scope
@@ -12,12 +12,10 @@
 -- Returns: the read_scope.lua reply, then per transition: from, to, at_ms, reason, incident_id
 --          (error "bad mode" for an unknown mode)
 
-local now = now_ms()
-local c = load_cfg(ARGV[1], KEYS[1])
-local S = load_state(KEYS[2])
+local now, c, S = begin()
 local T = {}
 local mode = ARGV[3]
-local st = num(S.st, CLOSED)
+local st = num(S[F.state], CLOSED)
 if mode == 'open' then
   go(S, c, now, FORCED_OPEN, 'operator forced open', T, 0, ARGV[2])
 elseif mode == 'closed' then
@@ -29,18 +27,15 @@ elseif mode == 'clear' then
 elseif mode == 'reset' then
   go(S, c, now, CLOSED, 'operator reset', T, 0, ARGV[2])
   window_clear(S, c)
-  set(S, 'inc', '')
-  set(S, 'streak', 0)
-  set(S, 'rl', 0)
-  set(S, 'rc', 0)
-  set(S, 'pu', 0)
-  set(S, 'pr', '')
-  set(S, 'hs', 0)
-  set(S, 'lo', 0)
-  set(S, 'us', 0)
-  set(S, 'ua', 0)
+  for _, k in ipairs({ F.streak, F.rate_limit_streak, F.ramp_start, F.paused_until, F.pause_kind,
+    F.half_open_successes, F.slow_tat, F.usage, F.usage_at, F.no_usage_at, F.adaptive_cut_at, F.fast_count,
+    F.next_slot }) do
+    set(S, k, 0)
+  end
+  set(S, F.incident, '')
+  set(S, F.pause_reason, '')
+  set(S, F.adaptive, 1)
 else
   return redis.error_reply('bad mode')
 end
-save_state(S, KEYS[2])
-return append_transitions(snapshot(S, c, now), T)
+return finish(S, snapshot(S, c, now), T)

@@ -5,9 +5,8 @@
 -- ARGV[1]  compiled defaults "name=value;..."
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms, since_ms,
 --            paused_until_ms, pause_reason, ramp_fraction (string), trips, tokens (string), usage_percent,
---            trip_streak }
+--            trip_streak, adaptive_share (string), quota_visibility (1 seen, 0 blind, -1 unknown),
+--            next_slot_wait_ms }
 
-local now = now_ms()
-local c = load_cfg(ARGV[1], KEYS[1])
-local S = load_state(KEYS[2])
+local now, c, S = begin()
 return snapshot(S, c, now)

@@ -1,29 +1,42 @@
 -- record_outcomes.lua: records a batch of send outcomes of one sender scope and runs the breaker.
 --
--- Transient upstream errors (5xx, 131000, timeouts) and throughput rate limits (130429) count as failures in the
--- sliding window; successes count as calls; permanent client errors and the other rate limits (pair, spam,
--- WABA, app) count as neither. CLOSED trips to OPEN when failures / calls reaches the
--- threshold with at least min_calls calls in the window, or after consecutive_rate_limits sender-level rate
--- limits in a row. HALF_OPEN closes after close_after_successes canary successes and re-opens on a failure.
--- Rate limits pause their scope (sender-level: the whole scope until now + pause; pair: that recipient), and
--- credential errors pause the scope. FORCED_* states never change here.
+-- What counts (OUT in scope_prelude.lua):
+--   success       a call in the window; resets the rate-limit streak, the fast-trip streak and the pair's
+--                 131056 back-off; the adaptive share creeps back up by aimd_increase (never above 1)
+--   transient     5xx, 131000, timeouts: a failed call in the window, and one more in the fast-trip streak
+--   throughput    130429: a failed call in the window, pauses the scope for pause_ms, one more in the
+--                 rate-limit streak, and cuts the adaptive share to x aimd_decrease (at most once per
+--                 aimd_cut_gap_ms, so one burst of 130429 answers is one cut)
+--   pair          131056: never a failure; the pair backs off 4^X s (1, 4, 16, 64 s ..., X = consecutive 131056
+--                 of the pair, capped at pair_backoff_max_ms) and its GCRA is treated as full from now on
+--                 (Meta just said so). The hint in pause_ms is ignored: Meta gives none for 131056.
+--   spam          131048: never a failure; pauses the scope for pause_ms with its own kind (deny code
+--                 spam_paused)
+--   registration  133016: never a failure; pauses the scope for pause_ms with kind registration
+--   deferred      131049: never a failure; marketing to that recipient is deferred for max(pause_ms, 24 h)
+--   credentials   pauses the scope for pause_ms (used only when the token is unknown; otherwise the token halt
+--                 in parent_pause.lua covers every number on the token)
+--   permanent     neither a call nor a failure; resets the rate-limit streak
+--   neutral       nothing (app / WABA rate limits: recorded on their own keys by parent_pause.lua)
+-- CLOSED trips to OPEN when failures * 1000 >= calls * threshold_permille with at least min_calls calls in the
+-- window, after consecutive_rate_limits 130429 in a row, or on a fast trip: fast_trip_failures transient
+-- failures in a row (no success between) within fast_trip_window_ms, which trips even while rate-limit pauses
+-- keep the sliding window too thin for min_calls. HALF_OPEN closes after close_after_successes canary
+-- successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
 -- KEYS[2]    state hash of the scope
--- KEYS[2+i]  pair key of outcome i
+-- KEYS[2+i]  pair hash of outcome i (fields P)
 -- ARGV[1]    compiled defaults "name=value;..."
 -- ARGV[2]    tag used in minted incident ids (the phone_number_id)
 -- ARGV[3]    random number in [0, 1) for cooldown jitter
--- ARGV[4+3(i-1)]  kind of outcome i: "s" success, "t" transient, "x" permanent, "c" credentials,
---                 "rr" pair rate limit, "r:<label>" other rate limit (throughput, spam, waba, app)
--- ARGV[5+3(i-1)]  pause in ms for rate limits and credentials (0 otherwise)
+-- ARGV[4+3(i-1)]  kind of outcome i (OUT)
+-- ARGV[5+3(i-1)]  pause in ms for throughput, spam, registration, deferred and credentials (0 otherwise)
 -- ARGV[6+3(i-1)]  1 when the send was admitted as a canary, else 0
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms,
 --            paused_until_ms, then per transition: from, to, at_ms, reason, incident_id }
 
-local now = now_ms()
-local c = load_cfg(ARGV[1], KEYS[1])
-local S = load_state(KEYS[2])
+local now, c, S = begin()
 local tag = ARGV[2]
 local rand = num(ARGV[3])
 local n = math.floor((#ARGV - 3) / 3)
@@ -31,11 +44,11 @@ local T = {}
 
 maybe_half_open(S, c, now, T, rand, tag)
 
-local function pause(ms, reason)
-  local until_ms = now + ms
-  if until_ms > num(S.pu) then
-    set(S, 'pu', until_ms)
-    set(S, 'pr', reason)
+local function trip_rate(st)
+  if st ~= CLOSED then return end
+  local calls, fails = window_sum(S, c, now)
+  if calls > 0 and calls >= num(c.min_calls, 50) and fails * 1000 >= calls * c.threshold_permille then
+    go(S, c, now, OPEN, string.format('failure rate %.3f over %d calls', fails / calls, calls), T, rand, tag)
   end
 end
 
@@ -44,56 +57,94 @@ local function failure(st)
   window_add(S, c, now, 1, 1)
   if st == HALF_OPEN then
     go(S, c, now, OPEN, 'failure while half open', T, rand, tag)
-  elseif st == CLOSED then
-    local calls, fails = window_sum(S, c, now)
-    if calls > 0 and calls >= num(c.min_calls, 50) and fails >= calls * num(c.failure_threshold, 0.05) then
-      go(S, c, now, OPEN, string.format('failure rate %.3f over %d calls', fails / calls, calls), T, rand, tag)
-    end
+  else
+    trip_rate(st)
   end
+end
+
+local function fast_streak(st)
+  local window = num(c.fast_trip_window_ms, 2000)
+  local ft = num(S[F.fast_count])
+  if ft == 0 or now - num(S[F.fast_since]) > window then
+    ft = 0
+    set(S, F.fast_since, now)
+  end
+  ft = ft + 1
+  set(S, F.fast_count, ft)
+  local need = num(c.fast_trip_failures, 0)
+  if st == CLOSED and need > 0 and ft >= need then
+    go(S, c, now, OPEN, string.format('%d transient failures in a row within %d ms', ft, window), T, rand, tag)
+  end
+end
+
+local function pair_update(key, fields)
+  redis.call('HSET', key, unpack(fields))
+  local h = redis.call('HMGET', key, P.tat, P.backoff_until, P.marketing_deferred)
+  local keep = math.max(num(h[1]), num(h[2]), num(h[3])) - now
+  if keep > 0 then redis.call('PEXPIRE', key, math.floor(keep) + 1000) end
 end
 
 for i = 1, n do
   local kind = ARGV[4 + 3 * (i - 1)]
   local pause_ms = num(ARGV[5 + 3 * (i - 1)])
   local canary = ARGV[6 + 3 * (i - 1)] == '1'
-  local st = num(S.st, CLOSED)
-  if kind == 's' then
-    set(S, 'rl', 0)
+  local key = KEYS[2 + i]
+  local st = num(S[F.state], CLOSED)
+  if kind == OUT.success then
+    set(S, F.rate_limit_streak, 0)
+    set(S, F.fast_count, 0)
     window_add(S, c, now, 1, 0)
+    local ar = tonumber(S[F.adaptive])
+    if ar ~= nil and ar < 1 then set(S, F.adaptive, fmt(math.min(1, ar + num(c.aimd_increase, 0.002)))) end
+    if num(redis.call('HGET', key, P.backoffs)) > 0 then
+      redis.call('HSET', key, P.backoffs, 0, P.backoff_until, 0)
+    end
     if st == HALF_OPEN and canary then
-      set(S, 'hs', num(S.hs) + 1)
-      if num(S.hs) >= num(c.close_after_successes, 5) then
+      set(S, F.half_open_successes, num(S[F.half_open_successes]) + 1)
+      if num(S[F.half_open_successes]) >= num(c.close_after_successes, 5) then
         go(S, c, now, CLOSED, 'canaries succeeded', T, rand, tag)
       end
     end
-  elseif kind == 't' then
-    set(S, 'rl', 0)
+  elseif kind == OUT.transient then
+    set(S, F.rate_limit_streak, 0)
     failure(st)
-  elseif kind == 'rr' then
-    local key = KEYS[2 + i]
-    local until_ms = now + pause_ms
-    if until_ms > num(redis.call('GET', key)) then
-      redis.call('SET', key, until_ms, 'PX', math.max(1, pause_ms))
+    fast_streak(num(S[F.state], CLOSED))
+  elseif kind == OUT.pair then
+    local x = num(redis.call('HGET', key, P.backoffs)) + 1
+    local backoff = math.min(num(c.pair_backoff_max_ms, 3600000), 1000 * (4 ^ (x - 1)))
+    local tol = math.max(1, num(c.pair_interval_ms, 6000)) * math.max(0, num(c.pair_burst, 1) - 1)
+    local tat = math.max(num(redis.call('HGET', key, P.tat)), now + tol)
+    pair_update(key, { P.backoffs, x, P.backoff_until, math.floor(now + backoff), P.tat, math.floor(tat) })
+  elseif kind == OUT.throughput then
+    set(S, F.rate_limit_streak, num(S[F.rate_limit_streak]) + 1)
+    pause(S, c, now, pause_ms, PAUSE.rate_limit, 'rate limit: throughput')
+    if now - num(S[F.adaptive_cut_at]) >= num(c.aimd_cut_gap_ms, 1000) then
+      local cut = math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))
+      set(S, F.adaptive, fmt(cut))
+      set(S, F.adaptive_cut_at, now)
     end
-  elseif string.sub(kind, 1, 2) == 'r:' then
-    set(S, 'rl', num(S.rl) + 1)
-    pause(pause_ms, 'rate limit: ' .. string.sub(kind, 3))
-    if kind == 'r:throughput' then
-      failure(st)
-      st = num(S.st, CLOSED)
+    failure(st)
+    st = num(S[F.state], CLOSED)
+    if (st == CLOSED or st == HALF_OPEN) and num(S[F.rate_limit_streak]) >= num(c.consecutive_rate_limits, 5) then
+      go(S, c, now, OPEN, string.format('%d consecutive rate limits', num(S[F.rate_limit_streak])), T, rand, tag)
     end
-    if (st == CLOSED or st == HALF_OPEN) and num(S.rl) >= num(c.consecutive_rate_limits, 5) then
-      go(S, c, now, OPEN, string.format('%d consecutive rate limits', num(S.rl)), T, rand, tag)
+  elseif kind == OUT.spam then
+    pause(S, c, now, pause_ms, PAUSE.spam, 'spam restriction (131048)')
+  elseif kind == OUT.registration then
+    pause(S, c, now, pause_ms, PAUSE.registration, 'registration attempts limited (133016)')
+  elseif kind == OUT.deferred then
+    local until_ms = now + math.max(pause_ms, 86400000)
+    if until_ms > num(redis.call('HGET', key, P.marketing_deferred)) then
+      pair_update(key, { P.marketing_deferred, math.floor(until_ms) })
     end
-  elseif kind == 'c' then
-    set(S, 'rl', 0)
-    pause(pause_ms, 'credentials')
-  else
-    set(S, 'rl', 0)
+  elseif kind == OUT.credentials then
+    set(S, F.rate_limit_streak, 0)
+    pause(S, c, now, pause_ms, PAUSE.credentials, 'credentials')
+  elseif kind == OUT.permanent then
+    set(S, F.rate_limit_streak, 0)
   end
 end
 
-save_state(S, KEYS[2])
 local out = head(S, c, now)
-out[#out + 1] = num(S.pu)
-return append_transitions(out, T)
+out[#out + 1] = num(S[F.paused_until])
+return finish(S, out, T)

@@ -1,22 +1,56 @@
--- scope_prelude.lua: shared functions of the scope scripts (breaker, window, limits).
+-- scope_prelude.lua: shared definitions and functions of the scope scripts (breaker, window, limits).
 --
 -- This file is not a script on its own: bw-breaker prepends it to each `*_*.lua` script of this directory
--- (admit_send, record_outcomes, tick_scope, read_scope, force_breaker, observe_usage) before loading, so the
--- state machine is written once. It reads and writes nothing by itself.
+-- (admit_send, record_outcomes, tick_scope, read_scope, force_breaker, observe_usage, parent_pause) before
+-- loading, so the state machine, the codes and the field names are written once. It reads and writes nothing by
+-- itself. The tables CODE, OUT, PAUSE, F, P and PF below are the only definitions of the decision codes, outcome
+-- kinds, pause kinds and hash field names; `bw_breaker::scripts` mirrors them and a test (tests/it/scripts.rs)
+-- loads this file into a real Redis and checks the two sides agree.
 --
--- Conventions shared by every script:
+-- Conventions shared by every scope script:
 --   KEYS[1]  bw:{<waba>:<phone>}:cfg    hash of per-scope config written by the coordinator (may be missing)
 --   KEYS[2]  bw:{<waba>:<phone>}:state  hash holding breaker state, sliding window, sender bucket, pause, usage
 --   ARGV[1]  compiled defaults "name=value;name=value;..." overlaid by the cfg hash field by field
 -- Clock: Redis server time (TIME), never the caller's.
---
--- State hash fields: st (1 CLOSED, 2 OPEN, 3 HALF_OPEN, 4 FORCED_OPEN, 5 FORCED_CLOSED), since, inc (incident
--- id), ou (open until ms), streak (trips in this incident), trips (total), hs (half-open successes),
--- cs/cc (canary second / count), rc (ramp start ms, 0 none), rl (consecutive rate limits), pu/pr (paused
--- until ms / reason), tk/tt (sender tokens / refill time ms), lo (slow-throttle GCRA TAT ms), us/ua (Meta
--- usage percent / when), wn<i>/wc<i>/wf<i> (window ring: bucket number, calls, failures of slot i).
+-- Keys of other scopes (app, WABA, token) live in their own hash slot and are only touched by parent_pause.lua.
 
+-- Breaker states (bw.v1.BreakerState numbers).
 local CLOSED, OPEN, HALF_OPEN, FORCED_OPEN, FORCED_CLOSED = 1, 2, 3, 4, 5
+
+-- Decision codes of admit_send.lua (bw_breaker::scripts::Code).
+local CODE = {
+  allow = 0, canary = 1, breaker_open = 2, forced_open = 3, paused = 4, sender_rate = 5, pair_rate = 6,
+  reserve = 7, throttled = 8, canary_budget = 9, spam_paused = 10, recipient_deferred = 11,
+  registration_paused = 12,
+}
+
+-- Outcome kinds accepted by record_outcomes.lua (bw_breaker::scripts::Out).
+local OUT = {
+  success = 's', transient = 't', permanent = 'x', credentials = 'c', pair = 'rr', throughput = 'r:throughput',
+  spam = 'r:spam', registration = 'r:registration', deferred = 'd', neutral = 'n',
+}
+
+-- Pause kinds stored in F.pause_kind: what paused the scope, which decides the deny code.
+local PAUSE = { rate_limit = 1, spam = 2, credentials = 3, registration = 4 }
+local PAUSE_CODE = { [1] = CODE.paused, [2] = CODE.spam_paused, [3] = CODE.paused, [4] = CODE.registration_paused }
+
+-- Fields of the scope state hash (KEYS[2]).
+local F = {
+  state = 'st', since = 'since', incident = 'inc', open_until = 'ou', streak = 'streak', trips = 'trips',
+  half_open_successes = 'hs', canary_second = 'cs', canary_count = 'cc', ramp_start = 'rc', ramp_ms = 'rm',
+  rate_limit_streak = 'rl', paused_until = 'pu', pause_reason = 'pr', pause_kind = 'pk', tokens = 'tk',
+  tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
+  adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs',
+  -- window ring: F.win_* .. i for slot i (bucket number, calls, failures)
+  win_bucket = 'wn', win_calls = 'wc', win_fails = 'wf',
+}
+
+-- Fields of a pair hash (bw:{<waba>:<phone>}:pair:<recipient_key>).
+local P = { tat = 't', backoffs = 'x', backoff_until = 'b', marketing_deferred = 'md' }
+
+-- Fields of a parent pause hash (bw:{app:<id>}:pause, bw:{waba:<id>}:pause, bw:{tok:<hash>}:halt).
+local PF = { paused_until = 'pu', reason = 'pr', halted = 'h' }
+
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -39,6 +73,8 @@ local function load_cfg(defaults, cfg_key)
   end
   c.window_buckets = math.max(1, math.min(60, math.floor(num(c.window_buckets, 10))))
   c.window_ms = math.max(c.window_buckets, num(c.window_ms, 10000))
+  -- The threshold compare is exact integer arithmetic in per-mille (0.07 trips at exactly 7 %; resolution 0.1 %).
+  c.threshold_permille = math.floor(num(c.failure_threshold, 0.05) * 1000 + 0.5)
   return c
 end
 
@@ -68,6 +104,14 @@ local function fmt(x)
   return string.format('%.6f', x)
 end
 
+-- Common head of every scope script: server time, config (defaults in ARGV[1] overlaid by the cfg hash), state.
+local function begin()
+  local now = now_ms()
+  local c = load_cfg(ARGV[1], KEYS[1])
+  local S = load_state(KEYS[2])
+  return now, c, S
+end
+
 -- Sliding window of window_buckets sub-buckets of window_ms / window_buckets each.
 local function bucket_ms(c)
   return math.max(1, math.floor(c.window_ms / c.window_buckets))
@@ -76,23 +120,24 @@ end
 local function window_add(S, c, now, calls, fails)
   local n = math.floor(now / bucket_ms(c))
   local i = n % c.window_buckets
-  if num(S['wn' .. i], -1) ~= n then
-    set(S, 'wn' .. i, n)
-    set(S, 'wc' .. i, 0)
-    set(S, 'wf' .. i, 0)
+  local wn, wc, wf = F.win_bucket .. i, F.win_calls .. i, F.win_fails .. i
+  if num(S[wn], -1) ~= n then
+    set(S, wn, n)
+    set(S, wc, 0)
+    set(S, wf, 0)
   end
-  set(S, 'wc' .. i, num(S['wc' .. i]) + calls)
-  set(S, 'wf' .. i, num(S['wf' .. i]) + fails)
+  set(S, wc, num(S[wc]) + calls)
+  set(S, wf, num(S[wf]) + fails)
 end
 
 local function window_sum(S, c, now)
   local n = math.floor(now / bucket_ms(c))
   local calls, fails = 0, 0
   for i = 0, c.window_buckets - 1 do
-    local bn = num(S['wn' .. i], -1)
+    local bn = num(S[F.win_bucket .. i], -1)
     if bn > n - c.window_buckets and bn <= n then
-      calls = calls + num(S['wc' .. i])
-      fails = fails + num(S['wf' .. i])
+      calls = calls + num(S[F.win_calls .. i])
+      fails = fails + num(S[F.win_fails .. i])
     end
   end
   return calls, fails
@@ -100,26 +145,65 @@ end
 
 local function window_clear(S, c)
   for i = 0, c.window_buckets - 1 do
-    if S['wn' .. i] ~= nil then set(S, 'wn' .. i, -1) end
+    if S[F.win_bucket .. i] ~= nil then set(S, F.win_bucket .. i, -1) end
   end
 end
 
--- Share of the sender rate allowed while ramping up after a close (1 when not ramping).
+-- Share of the sender rate allowed while ramping up (1 when not ramping). A ramp starts when the breaker closes
+-- (over ramp_ms) and when a pause ends (over pause_ramp_ms, starting at the pause's end): after any pause the
+-- backlog is released gradually, never at once.
 local function ramp_fraction(S, c, now)
-  local rc = num(S.rc)
-  if rc <= 0 or num(c.ramp_ms) <= 0 then return 1 end
-  local p = (now - rc) / c.ramp_ms
-  if p >= 1 or p < 0 then return 1 end
+  local rc = num(S[F.ramp_start])
+  local rm = num(S[F.ramp_ms], num(c.ramp_ms))
+  if rc <= 0 or rm <= 0 then return 1 end
   local start = math.max(0.01, math.min(1, num(c.ramp_start, 0.1)))
+  local p = (now - rc) / rm
+  if p >= 1 then return 1 end
+  if p < 0 then return start end
   return start + (1 - start) * p
 end
 
--- Sender token bucket at the ramped rate: returns tokens, cap, rate per second, reserve.
+local function start_ramp(S, from_ms, length_ms)
+  if length_ms <= 0 then return end
+  if from_ms + length_ms > num(S[F.ramp_start]) + num(S[F.ramp_ms]) then
+    set(S, F.ramp_start, math.floor(from_ms))
+    set(S, F.ramp_ms, math.floor(length_ms))
+  end
+end
+
+-- Last Meta usage percent, trusted for Meta's real window: usage is an hourly rolling window, so a reading fades
+-- linearly to 0 over usage_ttl_ms (default one hour; a 95 % reading stays above 90 % for over three minutes).
+local function usage_level(S, c, now)
+  local ua = num(S[F.usage_at])
+  local ttl = num(c.usage_ttl_ms, 3600000)
+  local age = math.max(0, now - ua)
+  if ua <= 0 or ttl <= 0 or age >= ttl then return 0 end
+  return num(S[F.usage]) * (1 - age / ttl)
+end
+
+-- True when the latest answer of Meta carried no usage headers (a later answer with them ends it): quota blind.
+local function quota_blind(S)
+  return num(S[F.no_usage_at]) > num(S[F.usage_at])
+end
+
+-- Learned share of the configured rate (AIMD: x aimd_decrease on a 130429, + aimd_increase per success).
+local function adaptive(S)
+  return math.max(0.01, math.min(1, num(S[F.adaptive], 1)))
+end
+
+-- Effective sender rate factor: ramp x adaptive x (blind_rate_factor while quota blind).
+local function rate_factor(S, c, now)
+  local f = ramp_fraction(S, c, now) * adaptive(S)
+  if quota_blind(S) then f = f * math.max(0.01, math.min(1, num(c.blind_rate_factor, 1))) end
+  return f
+end
+
+-- Sender token bucket at the effective rate: returns tokens, cap, rate per second, reserve.
 local function refill(S, c, now, f)
   local cap = math.max(1, c.burst * f)
   local rate = math.max(0.000001, c.rate_per_s * f)
-  local tk = tonumber(S.tk)
-  local tt = num(S.tt, now)
+  local tk = tonumber(S[F.tokens])
+  local tt = num(S[F.tokens_at], now)
   if tk == nil then tk = cap end
   if now > tt then tk = tk + (now - tt) * rate / 1000 end
   if tk > cap then tk = cap end
@@ -127,64 +211,68 @@ local function refill(S, c, now, f)
   return tk, cap, rate, reserve
 end
 
--- Meta usage percent, fading linearly to 0 over usage_ttl_ms after the report. A report is never trusted at
--- full strength for long: once low priority is paused, only priority traffic brings fresh reports, and a stale
--- high reading must not keep the pause in force for the whole ttl.
-local function usage_level(S, c, now)
-  local ua = num(S.ua)
-  local ttl = num(c.usage_ttl_ms, 60000)
-  local age = math.max(0, now - ua)
-  if ua <= 0 or ttl <= 0 or age >= ttl then return 0 end
-  return num(S.us) * (1 - age / ttl)
+-- Pauses the whole scope until now + ms (never shortens a longer pause), with its kind and reason; the ramp
+-- starts where the pause ends.
+local function pause(S, c, now, ms, kind, reason)
+  local until_ms = now + ms
+  if until_ms > num(S[F.paused_until]) then
+    set(S, F.paused_until, until_ms)
+    set(S, F.pause_reason, reason)
+    set(S, F.pause_kind, kind)
+    start_ramp(S, until_ms, num(c.pause_ramp_ms))
+  end
 end
 
 -- Moves the breaker to `to` and appends {from, to, now, reason} to T. Mints the incident id when the scope
 -- leaves CLOSED and clears it when it closes again.
 local function go(S, c, now, to, reason, T, rand, tag)
-  local from = num(S.st, CLOSED)
+  local from = num(S[F.state], CLOSED)
   if from == to then return end
-  local old_inc = S.inc or ''
-  set(S, 'st', to)
-  set(S, 'since', now)
+  local old_inc = S[F.incident] or ''
+  set(S, F.state, to)
+  set(S, F.since, now)
   if to == OPEN or to == HALF_OPEN or to == FORCED_OPEN then
-    if (S.inc or '') == '' then
+    if (S[F.incident] or '') == '' then
       local t = redis.call('TIME')
-      set(S, 'inc', string.format('%s-%d%06d', tag, tonumber(t[1]), tonumber(t[2])))
+      set(S, F.incident, string.format('%s-%d%06d', tag, tonumber(t[1]), tonumber(t[2])))
     end
   end
   if to == OPEN then
-    local streak = num(S.streak) + 1
-    set(S, 'streak', streak)
-    set(S, 'trips', num(S.trips) + 1)
+    local streak = num(S[F.streak]) + 1
+    set(S, F.streak, streak)
+    set(S, F.trips, num(S[F.trips]) + 1)
+    -- Jitter is applied inside the cap: the cooldown never exceeds max(cooldown_ms, cooldown_max_ms).
     local cd = c.cooldown_ms * (num(c.cooldown_growth, 2) ^ (streak - 1))
-    cd = math.min(math.max(c.cooldown_ms, num(c.cooldown_max_ms)), cd)
     cd = cd * (1 + num(c.cooldown_jitter) * rand)
-    set(S, 'ou', math.floor(now + cd))
+    cd = math.min(math.max(c.cooldown_ms, num(c.cooldown_max_ms)), cd)
+    set(S, F.open_until, math.floor(now + cd))
   else
-    set(S, 'ou', 0)
+    set(S, F.open_until, 0)
   end
   if to == HALF_OPEN then
-    set(S, 'hs', 0)
-    set(S, 'cc', 0)
+    set(S, F.half_open_successes, 0)
+    set(S, F.canary_count, 0)
   end
   if to == CLOSED then
-    set(S, 'inc', '')
-    set(S, 'streak', 0)
-    set(S, 'rl', 0)
+    set(S, F.incident, '')
+    set(S, F.streak, 0)
+    set(S, F.rate_limit_streak, 0)
+    set(S, F.fast_count, 0)
     window_clear(S, c)
     if reason ~= 'operator reset' and num(c.ramp_ms) > 0 and from ~= FORCED_CLOSED then
-      set(S, 'rc', now)
+      set(S, F.ramp_start, now)
+      set(S, F.ramp_ms, num(c.ramp_ms))
     else
-      set(S, 'rc', 0)
+      set(S, F.ramp_start, 0)
     end
   end
-  local inc = S.inc or ''
+  local inc = S[F.incident] or ''
   if inc == '' then inc = old_inc end
   T[#T + 1] = { from, to, now, reason, inc }
 end
 
 local function maybe_half_open(S, c, now, T, rand, tag)
-  if num(S.st, CLOSED) == OPEN and now >= num(S.ou) then
+  if num(S[F.state], CLOSED) == OPEN and now >= num(S[F.open_until]) then
     go(S, c, now, HALF_OPEN, 'cooldown ended', T, rand, tag)
   end
 end
@@ -192,7 +280,7 @@ end
 -- Common reply head: state, incident, open_until, calls, failures, now.
 local function head(S, c, now)
   local calls, fails = window_sum(S, c, now)
-  return { num(S.st, CLOSED), S.inc or '', num(S.ou), calls, fails, now }
+  return { num(S[F.state], CLOSED), S[F.incident] or '', num(S[F.open_until]), calls, fails, now }
 end
 
 local function append_transitions(out, T)
@@ -206,19 +294,30 @@ local function append_transitions(out, T)
   return out
 end
 
--- Snapshot reply: head, then since, paused_until, pause_reason, ramp_fraction, trips, tokens, usage, streak.
+-- Snapshot reply: head, then since, paused_until, pause_reason, ramp_fraction, trips, tokens, usage, streak,
+-- adaptive share, quota visibility (1 seen, 0 blind, -1 unknown), next slot wait ms.
 local function snapshot(S, c, now)
   local out = head(S, c, now)
-  local f = ramp_fraction(S, c, now)
+  local f = rate_factor(S, c, now)
   local tokens = refill(S, c, now, f)
-  out[#out + 1] = num(S.since)
-  out[#out + 1] = num(S.pu)
-  out[#out + 1] = S.pr or ''
-  out[#out + 1] = fmt(f)
-  out[#out + 1] = num(S.trips)
+  out[#out + 1] = num(S[F.since])
+  out[#out + 1] = num(S[F.paused_until])
+  out[#out + 1] = S[F.pause_reason] or ''
+  out[#out + 1] = fmt(ramp_fraction(S, c, now))
+  out[#out + 1] = num(S[F.trips])
   out[#out + 1] = fmt(tokens)
   out[#out + 1] = math.floor(usage_level(S, c, now) + 0.5)
-  out[#out + 1] = num(S.streak)
+  out[#out + 1] = num(S[F.streak])
+  out[#out + 1] = fmt(adaptive(S))
+  local vis = -1
+  if quota_blind(S) then vis = 0 elseif num(S[F.usage_at]) > 0 then vis = 1 end
+  out[#out + 1] = vis
+  out[#out + 1] = math.max(0, num(S[F.next_slot]) - now)
   return out
 end
 
+-- Common tail of every scope script: saves the changed fields and returns `out` with the transitions appended.
+local function finish(S, out, T)
+  save_state(S, KEYS[2])
+  return append_transitions(out, T)
+end

@@ -8,11 +8,8 @@
 -- ARGV[2]  tag used in minted incident ids (the phone_number_id)
 -- Returns: the read_scope.lua reply, then per transition: from, to, at_ms, reason, incident_id
 
-local now = now_ms()
-local c = load_cfg(ARGV[1], KEYS[1])
-local S = load_state(KEYS[2])
+local now, c, S = begin()
 local T = {}
 maybe_half_open(S, c, now, T, 0, ARGV[2])
-if num(S.rc) > 0 and ramp_fraction(S, c, now) >= 1 then set(S, 'rc', 0) end
-save_state(S, KEYS[2])
-return append_transitions(snapshot(S, c, now), T)
+if num(S[F.ramp_start]) > 0 and ramp_fraction(S, c, now) >= 1 then set(S, F.ramp_start, 0) end
+return finish(S, snapshot(S, c, now), T)

@@ -42,17 +42,40 @@ pub struct ScopeLimits {
     pub reserve_fraction: f64,
     /// Extra tokens above the reserve that replay must leave, so live marketing wins ties.
     pub replay_headroom: f64,
-    /// Interval between two sends to one recipient, ms (131056: about 6 s).
+    /// Pair GCRA emission interval: one send per this many ms to one recipient on average (Meta §3.2: 6 s).
     pub pair_interval_ms: u64,
-    /// Sends to one recipient allowed back to back.
+    /// Pair GCRA burst: sends to one recipient allowed back to back, borrowed from future quota (Meta: 45;
+    /// the default 40 is stricter so that network jitter between admission and Meta's clock never costs a
+    /// 131056).
     pub pair_burst: u32,
+    /// Cap of the per-pair back-off after consecutive 131056 (4^X s: 1, 4, 16, 64 s ...), ms.
+    pub pair_backoff_max_ms: u64,
+    /// Fast trip: this many transient failures in a row (no success between) open the breaker even when the
+    /// window holds fewer than `min_calls` calls (0: off).
+    pub fast_trip_failures: u32,
+    /// Fast trip: the failures must fall within this many ms of the first.
+    pub fast_trip_window_ms: u64,
+    /// AIMD: the adaptive share of `rate_per_s` is multiplied by this on a 130429.
+    pub aimd_decrease: f64,
+    /// AIMD: share of `rate_per_s` given back per success (never above the configured rate).
+    pub aimd_increase: f64,
+    /// AIMD: lowest adaptive share.
+    pub aimd_min: f64,
+    /// AIMD: at most one cut per this many ms (one burst of 130429 answers is one cut).
+    pub aimd_cut_gap_ms: u64,
+    /// Ramp after a pause (rate limit, spam, app / WABA / token pause) ends, ms: the backlog is released
+    /// gradually from `ramp_start` of the rate (0: full rate at once).
+    pub pause_ramp_ms: u64,
+    /// Share of the rate used while Meta sends no usage headers (quota blind).
+    pub blind_rate_factor: f64,
     /// Meta usage percent above which low priority (marketing, replay) is slowed.
     pub throttle_slow_percent: u32,
     /// Meta usage percent above which marketing and replay are paused.
     pub throttle_pause_percent: u32,
     /// Share of the sender rate low priority gets while slowed.
     pub throttle_slow_factor: f64,
-    /// How long a usage report takes to fade to nothing (linearly), ms.
+    /// How long a usage report takes to fade to nothing (linearly), ms. Meta's usage is an hourly rolling
+    /// window, so the default is an hour: a 95 % reading stays above 90 % for more than three minutes.
     pub usage_ttl_ms: u64,
     /// Retry-after given to low priority while throttled, ms.
     pub throttle_retry_ms: u64,
@@ -79,11 +102,20 @@ impl Default for ScopeLimits {
             reserve_fraction: 0.25,
             replay_headroom: 2.0,
             pair_interval_ms: 6_000,
-            pair_burst: 2,
+            pair_burst: 40,
+            pair_backoff_max_ms: 3_600_000,
+            fast_trip_failures: 8,
+            fast_trip_window_ms: 1_500,
+            aimd_decrease: 0.7,
+            aimd_increase: 0.002,
+            aimd_min: 0.1,
+            aimd_cut_gap_ms: 1_000,
+            pause_ramp_ms: 10_000,
+            blind_rate_factor: 0.8,
             throttle_slow_percent: 80,
             throttle_pause_percent: 90,
             throttle_slow_factor: 0.5,
-            usage_ttl_ms: 60_000,
+            usage_ttl_ms: 3_600_000,
             throttle_retry_ms: 5_000,
         }
     }
@@ -112,6 +144,15 @@ impl ScopeLimits {
             ("replay_headroom", self.replay_headroom.to_string()),
             ("pair_interval_ms", self.pair_interval_ms.to_string()),
             ("pair_burst", self.pair_burst.to_string()),
+            ("pair_backoff_max_ms", self.pair_backoff_max_ms.to_string()),
+            ("fast_trip_failures", self.fast_trip_failures.to_string()),
+            ("fast_trip_window_ms", self.fast_trip_window_ms.to_string()),
+            ("aimd_decrease", self.aimd_decrease.to_string()),
+            ("aimd_increase", self.aimd_increase.to_string()),
+            ("aimd_min", self.aimd_min.to_string()),
+            ("aimd_cut_gap_ms", self.aimd_cut_gap_ms.to_string()),
+            ("pause_ramp_ms", self.pause_ramp_ms.to_string()),
+            ("blind_rate_factor", self.blind_rate_factor.to_string()),
             ("throttle_slow_percent", self.throttle_slow_percent.to_string()),
             ("throttle_pause_percent", self.throttle_pause_percent.to_string()),
             ("throttle_slow_factor", self.throttle_slow_factor.to_string()),
@@ -141,6 +182,13 @@ impl ScopeLimits {
         unit("ramp_start", self.ramp_start)?;
         unit("reserve_fraction", self.reserve_fraction)?;
         unit("throttle_slow_factor", self.throttle_slow_factor)?;
+        unit("aimd_decrease", self.aimd_decrease)?;
+        unit("aimd_increase", self.aimd_increase)?;
+        unit("aimd_min", self.aimd_min)?;
+        unit("blind_rate_factor", self.blind_rate_factor)?;
+        if self.aimd_min <= 0.0 || self.blind_rate_factor <= 0.0 {
+            return Err("`aimd_min` and `blind_rate_factor` must be positive".into());
+        }
         if !(1..=60).contains(&self.window_buckets) {
             return Err(format!("`window_buckets` must be within 1..=60, got {}", self.window_buckets));
         }
@@ -183,6 +231,14 @@ pub struct BreakerConfig {
     pub fallback_cooldown_ms: u64,
     /// Retry-after given to replay while degraded (replay does not run without Redis), ms.
     pub fallback_replay_retry_ms: u64,
+    /// How long a read of the app / WABA / token pause keys is trusted before admission reads them again, ms.
+    /// A pause recorded by this process is known here at once; one recorded elsewhere within this bound.
+    pub parent_refresh_ms: u64,
+    /// Lifetime of a token halt key, ms: the halt lasts until an operator clears it or the token changes; the
+    /// key of a token no longer used expires after this.
+    pub token_halt_ttl_ms: u64,
+    /// Retry-after given to sends while their token is halted, ms.
+    pub token_halt_retry_ms: u64,
     /// Limits used when a scope has no config hash in Redis (the coordinator normally writes one).
     pub defaults: ScopeLimits,
 }
@@ -198,6 +254,9 @@ impl Default for BreakerConfig {
             fallback_min_calls: 10,
             fallback_cooldown_ms: 10_000,
             fallback_replay_retry_ms: 5_000,
+            parent_refresh_ms: 1_000,
+            token_halt_ttl_ms: 7 * 86_400_000,
+            token_halt_retry_ms: 600_000,
             defaults: ScopeLimits::default(),
         }
     }

@@ -2,9 +2,17 @@
 //! dispatcher and replay instance through atomic Redis Lua scripts (`lua/`).
 //!
 //! [`Breaker::admit`] decides a batch of sends of one scope in one round trip (pause, breaker, usage throttle,
-//! pair rate, sender rate with a priority reserve, replay only on spare rate); [`Breaker::record`] feeds a
+//! pair rate, sender rate with a priority reserve, replay only on spare rate) and gives every admitted send a
+//! slot (a wait, so the fleet's sends of a number are spaced at its current rate); [`Breaker::record`] feeds a
 //! batch of outcomes back in one round trip and reports the transitions it caused, which the library also
-//! publishes on `bw.breaker.v1.<phone>`. State changes only inside the scripts, on Redis server time. When
+//! publishes on `bw.breaker.v1.<phone>`.
+//!
+//! Limits above the number (app: code 4 and friends; WABA: 80007 / 80008; token: credentials codes) live in
+//! their own keys with their own hash tag (`lua/parent_pause.lua`). Admission reads them (concurrently, at most
+//! once per `parent_refresh_ms` per key and process; a pause this process records is known at once) and refuses
+//! every send under them with [`DenyReason::AppPaused`], [`DenyReason::WabaPaused`] or
+//! [`DenyReason::TokenHalted`]. A token halt is keyed by a fingerprint of the token ([`token_fingerprint`]), so it
+//! lifts by itself when the token changes ([`Breaker::set_account`]). State changes only inside the scripts, on Redis server time. When
 //! Redis is unreachable the library never errors on the send path: it answers from a local conservative
 //! fallback ([`BreakerConfig`] `fallback_*`) with `degraded = true`, and goes back to Redis on its own.
 //!
@@ -76,8 +84,9 @@ pub struct AdmitItem {
 /// The answer for one send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
-    /// Send it. `canary` is true while HALF_OPEN; report it back in [`OutcomeItem::canary`].
-    Allow { canary: bool },
+    /// Send it, after sleeping `wait_ms` (its send slot, measured from the admission; sleep right before the
+    /// POST). `canary` is true while HALF_OPEN; report it back in [`OutcomeItem::canary`].
+    Allow { canary: bool, wait_ms: u64 },
     /// Do not send now; come back after `retry_after_ms`.
     Deny { reason: DenyReason, retry_after_ms: u64 },
 }
@@ -99,6 +108,19 @@ pub enum DenyReason {
     CanaryBudget,
     /// Redis unreachable and the local fallback refuses this class (replay).
     Degraded,
+    /// 131048: the number is restricted for spam / quality; paused for minutes.
+    SpamPaused,
+    /// 131049: marketing to this recipient is deferred (at least 24 h); other classes are not.
+    RecipientDeferred,
+    /// 133016: register / deregister attempts of the number are limited.
+    RegistrationPaused,
+    /// Code 4 (17, 32, 613): the app's call budget; every number on the app is paused.
+    AppPaused,
+    /// 80007 / 80008: the WABA's budget; every number of the WABA is paused.
+    WabaPaused,
+    /// A credentials error on the access token: every number on it is halted until the token changes or an
+    /// operator clears the halt.
+    TokenHalted,
 }
 
 impl DenyReason {
@@ -114,21 +136,38 @@ impl DenyReason {
             DenyReason::Throttled => "throttled",
             DenyReason::CanaryBudget => "canary_budget",
             DenyReason::Degraded => "degraded",
+            DenyReason::SpamPaused => "spam_paused",
+            DenyReason::RecipientDeferred => "recipient_deferred",
+            DenyReason::RegistrationPaused => "registration_paused",
+            DenyReason::AppPaused => "app_paused",
+            DenyReason::WabaPaused => "waba_paused",
+            DenyReason::TokenHalted => "token_halted",
         }
     }
 
-    fn from_code(code: i64) -> Option<DenyReason> {
-        Some(match code {
-            2 => DenyReason::BreakerOpen,
-            3 => DenyReason::ForcedOpen,
-            4 => DenyReason::Paused,
-            5 => DenyReason::SenderRate,
-            6 => DenyReason::PairRate,
-            7 => DenyReason::Reserve,
-            8 => DenyReason::Throttled,
-            9 => DenyReason::CanaryBudget,
-            _ => return None,
-        })
+    /// Every reason.
+    pub const ALL: [DenyReason; 15] = [
+        DenyReason::BreakerOpen,
+        DenyReason::ForcedOpen,
+        DenyReason::Paused,
+        DenyReason::SenderRate,
+        DenyReason::PairRate,
+        DenyReason::Reserve,
+        DenyReason::Throttled,
+        DenyReason::CanaryBudget,
+        DenyReason::Degraded,
+        DenyReason::SpamPaused,
+        DenyReason::RecipientDeferred,
+        DenyReason::RegistrationPaused,
+        DenyReason::AppPaused,
+        DenyReason::WabaPaused,
+        DenyReason::TokenHalted,
+    ];
+
+    /// The `admit_send.lua` code of this reason; None for the reasons decided in Rust (the local fallback and
+    /// the parent pauses, which live outside the scope's hash slot).
+    pub fn lua_code(self) -> Option<scripts::Code> {
+        scripts::Code::ALL.into_iter().find(|c| c.deny_reason() == Some(self))
     }
 }
 
@@ -156,9 +195,20 @@ pub enum OutcomeKind {
     },
     /// Permanent client error: never counts.
     Permanent,
-    /// Credentials or account error: pauses the scope for `pause_ms`.
+    /// Credentials or account error (0, 190 and the other credentials codes): halts the access token set with
+    /// [`Breaker::set_account`] (every number on it) until the token changes or an operator clears it; without a
+    /// token set, pauses the scope for `pause_ms`. Never a health failure.
     Credentials {
         pause_ms: u64,
+    },
+    /// 133016: register / deregister attempt limit of the number; pauses the number for `pause_ms`.
+    RegistrationLimited {
+        pause_ms: u64,
+    },
+    /// 131049: per-user marketing limit; marketing to this recipient is deferred for at least 24 h (`defer_ms`
+    /// when longer). Not a sender failure.
+    RecipientDeferred {
+        defer_ms: u64,
     },
 }
 
@@ -201,6 +251,90 @@ pub struct ScopeStatus {
     pub usage_percent: u32,
     /// Trips within the current incident (drives the cooldown growth).
     pub trip_streak: u32,
+    /// Learned share of the configured rate (AIMD on 130429; 1 = the configured rate).
+    pub adaptive_share: f64,
+    /// Whether Meta's answers carry usage headers for this scope.
+    pub quota_visibility: QuotaVisibility,
+    /// Wait the next admitted send would get for its slot, ms.
+    pub next_slot_wait_ms: u64,
+}
+
+/// Whether Breakwater can see the scope's Meta quota (usage headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaVisibility {
+    /// The last answer carried usage headers.
+    Seen,
+    /// The last answer carried none: conservative limits apply (`blind_rate_factor`).
+    Blind,
+    /// No answer seen yet.
+    Unknown,
+}
+
+/// A scope above the sender whose pause covers many numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Parent {
+    /// An app, by app id.
+    App(String),
+    /// A WABA, by id.
+    Waba(String),
+    /// An access token, by [`token_fingerprint`].
+    Token(String),
+}
+
+impl Parent {
+    /// Its Redis key.
+    pub fn key(&self) -> String {
+        match self {
+            Parent::App(id) => scripts::app_pause_key(id),
+            Parent::Waba(id) => scripts::waba_pause_key(id),
+            Parent::Token(fp) => scripts::token_halt_key(fp),
+        }
+    }
+
+    fn deny_reason(&self) -> DenyReason {
+        match self {
+            Parent::App(_) => DenyReason::AppPaused,
+            Parent::Waba(_) => DenyReason::WabaPaused,
+            Parent::Token(_) => DenyReason::TokenHalted,
+        }
+    }
+}
+
+/// State of a parent pause.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParentStatus {
+    /// Unix ms until which it is paused (0: not paused).
+    pub paused_until_unix_ms: i64,
+    pub reason: String,
+    /// Token halt in force (lifts only by an operator's clear or a new token).
+    pub halted: bool,
+}
+
+/// Fingerprint of an access token used in Redis keys: the first 16 hex digits of its SHA-256. The token itself
+/// never reaches Redis, logs or metrics.
+pub fn token_fingerprint(access_token: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(access_token.as_bytes());
+    hex::encode(&digest[..8])
+}
+
+/// The app and token this breaker's sends use.
+#[derive(Debug, Clone, Default)]
+struct Account {
+    app_id: String,
+    token_fp: Option<String>,
+}
+
+/// What this process knows of a parent pause.
+#[derive(Debug, Clone)]
+struct ParentEntry {
+    fetched: tokio::time::Instant,
+    /// Redis time of the read.
+    server_now_ms: i64,
+    paused_until_ms: i64,
+    halted: bool,
+    /// End of the last pause seen (Redis ms), kept after it ended so the ramp can start there.
+    last_end_ms: i64,
 }
 
 /// Why a non-send-path breaker call failed.
@@ -264,7 +398,7 @@ struct Inner {
     last_known: Mutex<HashMap<String, (BreakerState, String)>>,
     registered: Mutex<HashSet<String>>,
     /// Last usage band sent per scope, and when.
-    usage_sent: Mutex<HashMap<String, (u8, tokio::time::Instant)>>,
+    usage_sent: Mutex<HashMap<String, (i8, tokio::time::Instant)>>,
     /// Unix ms until which calls go straight to the fallback.
     redis_down_until: AtomicI64,
     /// Scopes Redis last reported OPEN, until their cooldown ends, with the incident: admissions for them are
@@ -273,6 +407,8 @@ struct Inner {
     cache_open: std::sync::atomic::AtomicBool,
     round_trips: AtomicU64,
     metrics: metrics::Metrics,
+    account: Mutex<Account>,
+    parents: Mutex<HashMap<String, ParentEntry>>,
 }
 
 /// Client of the distributed breaker; cheap to clone.
@@ -324,6 +460,8 @@ impl Breaker {
                 cache_open: std::sync::atomic::AtomicBool::new(false),
                 round_trips: AtomicU64::new(0),
                 metrics: metrics::Metrics::default(),
+                account: Mutex::new(Account::default()),
+                parents: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -450,9 +588,176 @@ impl Breaker {
         if let Some(admission) = self.admit_known_open(scope, items.len()) {
             return admission;
         }
-        let admission = self.admit_uncached(scope, items).await;
+        let parents = self.parent_check(scope).await;
+        if let Some((reason, retry_after_ms)) = parents.block {
+            let (state, incident_id) = self.last_known(scope).unwrap_or((BreakerState::Closed, String::new()));
+            let deny = Decision::Deny { reason, retry_after_ms: retry_after_ms.max(1) };
+            let admission = Admission { decisions: vec![deny; items.len()], state, incident_id, degraded: false };
+            self.count_decisions(&admission);
+            return admission;
+        }
+        let admission = self.admit_uncached(scope, items, parents.ended_ms).await;
         self.count_decisions(&admission);
         admission
+    }
+
+    /// Sets the app and the access token this breaker's sends use (call at start-up and whenever the token
+    /// changes). App pauses are keyed by `app_id` (by the token's fingerprint when it is empty), token halts by
+    /// the token's fingerprint: a new token is not under the old token's halt. The token is not kept.
+    pub fn set_account(&self, app_id: &str, access_token: &str) {
+        let token_fp = (!access_token.is_empty()).then(|| token_fingerprint(access_token));
+        *lock(&self.inner.account) = Account { app_id: app_id.to_string(), token_fp };
+    }
+
+    /// The parents whose pauses cover `scope`: its WABA, the app and the token (when set).
+    fn parents_of(&self, scope: &Scope) -> Vec<Parent> {
+        let account = lock(&self.inner.account).clone();
+        let mut out = vec![Parent::Waba(scope.waba_id.clone())];
+        let app = if !account.app_id.is_empty() {
+            account.app_id.clone()
+        } else if let Some(fp) = &account.token_fp {
+            format!("tok-{fp}")
+        } else {
+            "default".to_string()
+        };
+        out.push(Parent::App(app));
+        if let Some(fp) = account.token_fp {
+            out.push(Parent::Token(fp));
+        }
+        out
+    }
+
+    /// Reads (or takes from the cache) the pauses of the scope's parents: the first refusal, and the end of a
+    /// parent pause that ended within `pause_ramp_ms` (0 if none) for the ramp.
+    async fn parent_check(&self, scope: &Scope) -> ParentCheck {
+        let parents = self.parents_of(scope);
+        let refresh = Duration::from_millis(self.inner.cfg.parent_refresh_ms);
+        let stale: Vec<&Parent> = {
+            let cache = lock(&self.inner.parents);
+            parents.iter().filter(|p| cache.get(&p.key()).is_none_or(|e| e.fetched.elapsed() >= refresh)).collect()
+        };
+        if !stale.is_empty() && !self.redis_skipped() {
+            let reads = futures::future::join_all(stale.iter().map(|p| async move {
+                let key = p.key();
+                let inv = scripts::parent_invocation(&key, "read", 0, "");
+                (key, self.call("parent_pause", inv).await.and_then(scripts::parent_reply))
+            }))
+            .await;
+            for (key, reply) in reads {
+                match reply {
+                    Ok(reply) => self.remember_parent(key, &reply),
+                    Err(e) => {
+                        self.mark_down("parent_pause", &e);
+                        break;
+                    }
+                }
+            }
+        }
+        let cache = lock(&self.inner.parents);
+        let ramp = self.inner.cfg.defaults.pause_ramp_ms as i64;
+        let mut check = ParentCheck::default();
+        for parent in &parents {
+            let Some(e) = cache.get(&parent.key()) else { continue };
+            let server_now = e.server_now_ms + e.fetched.elapsed().as_millis() as i64;
+            if check.block.is_none() {
+                if e.halted {
+                    check.block = Some((parent.deny_reason(), self.inner.cfg.token_halt_retry_ms));
+                } else if e.paused_until_ms > server_now {
+                    check.block = Some((parent.deny_reason(), (e.paused_until_ms - server_now) as u64));
+                }
+            }
+            if e.last_end_ms > 0 && e.last_end_ms <= server_now && e.last_end_ms + ramp > server_now {
+                check.ended_ms = check.ended_ms.max(e.last_end_ms);
+            }
+        }
+        check
+    }
+
+    fn remember_parent(&self, key: String, reply: &scripts::ParentReply) {
+        let mut cache = lock(&self.inner.parents);
+        let last_end_ms = match cache.get(&key) {
+            Some(old) if reply.paused_until_ms == 0 => old.last_end_ms.max(old.paused_until_ms),
+            _ => reply.paused_until_ms,
+        };
+        cache.insert(
+            key,
+            ParentEntry {
+                fetched: tokio::time::Instant::now(),
+                server_now_ms: reply.now_ms,
+                paused_until_ms: reply.paused_until_ms,
+                halted: reply.halted,
+                last_end_ms,
+            },
+        );
+    }
+
+    /// Reads a parent pause (no change). Fails without Redis.
+    pub async fn parent_status(&self, parent: &Parent) -> Result<ParentStatus, BreakerError> {
+        let key = parent.key();
+        let value = self.call("parent_pause", scripts::parent_invocation(&key, "read", 0, "")).await?;
+        let reply = scripts::parent_reply(value)?;
+        self.remember_parent(key, &reply);
+        Ok(ParentStatus { paused_until_unix_ms: reply.paused_until_ms, reason: reply.reason, halted: reply.halted })
+    }
+
+    /// Operator: lifts a parent pause or a token halt at once (for every dispatcher within
+    /// `parent_refresh_ms`).
+    pub async fn clear_parent(&self, parent: &Parent) -> Result<ParentStatus, BreakerError> {
+        let key = parent.key();
+        let value = self.call("parent_pause", scripts::parent_invocation(&key, "clear", 0, "")).await?;
+        let reply = scripts::parent_reply(value)?;
+        tracing::info!(parent = %key, "parent pause cleared by an operator");
+        self.remember_parent(key, &reply);
+        Ok(ParentStatus { paused_until_unix_ms: reply.paused_until_ms, reason: reply.reason, halted: reply.halted })
+    }
+
+    /// Records the parent pauses a batch of outcomes calls for (app and WABA rate limits, credentials on the
+    /// token): one script call per parent, the longest pause of the batch. Errors leave the scope's own
+    /// fallback to act.
+    async fn record_parents(&self, scope: &Scope, outcomes: &[OutcomeItem]) {
+        let parents = self.parents_of(scope);
+        let mut ops: HashMap<String, (&'static str, u64, &'static str)> = HashMap::new();
+        for item in outcomes {
+            let (parent, op) = match item.kind {
+                OutcomeKind::RateLimited { scope: RateScope::App, pause_ms } => {
+                    (parents.iter().find(|p| matches!(p, Parent::App(_))), ("pause", pause_ms, "app rate limit"))
+                }
+                OutcomeKind::RateLimited { scope: RateScope::Waba, pause_ms } => {
+                    (parents.iter().find(|p| matches!(p, Parent::Waba(_))), ("pause", pause_ms, "waba rate limit"))
+                }
+                OutcomeKind::Credentials { .. } => (
+                    parents.iter().find(|p| matches!(p, Parent::Token(_))),
+                    ("halt", self.inner.cfg.token_halt_ttl_ms, "credentials"),
+                ),
+                _ => continue,
+            };
+            let Some(parent) = parent else { continue };
+            let entry = ops.entry(parent.key()).or_insert(op);
+            entry.1 = entry.1.max(op.1);
+        }
+        if ops.is_empty() || self.redis_skipped() {
+            return;
+        }
+        let calls = futures::future::join_all(ops.into_iter().map(|(key, (mode, ms, reason))| async move {
+            let inv = scripts::parent_invocation(&key, mode, ms, reason);
+            (key, self.call("parent_pause", inv).await.and_then(scripts::parent_reply))
+        }))
+        .await;
+        for (key, reply) in calls {
+            match reply {
+                Ok(reply) => {
+                    tracing::warn!(
+                        parent = %key,
+                        paused_until_unix_ms = reply.paused_until_ms,
+                        halted = reply.halted,
+                        reason = %reply.reason,
+                        "parent scope paused"
+                    );
+                    self.remember_parent(key, &reply);
+                }
+                Err(e) => self.mark_down("parent_pause", &e),
+            }
+        }
     }
 
     /// Refuses `n` sends of a scope known to be OPEN, at once and without I/O; None when the scope is not known
@@ -467,16 +772,16 @@ impl Breaker {
     fn count_decisions(&self, admission: &Admission) {
         for d in &admission.decisions {
             let label = match d {
-                Decision::Allow { canary: false } => "allow",
-                Decision::Allow { canary: true } => "canary",
+                Decision::Allow { canary: false, .. } => "allow",
+                Decision::Allow { canary: true, .. } => "canary",
                 Decision::Deny { reason, .. } => reason.label(),
             };
             metrics::Metrics::inc(&self.inner.metrics.decisions, "reason", label);
         }
     }
 
-    async fn admit_uncached(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {
-        match self.admit_redis(scope, items).await {
+    async fn admit_uncached(&self, scope: &Scope, items: &[AdmitItem], parent_ended_ms: i64) -> Admission {
+        match self.admit_redis(scope, items, parent_ended_ms).await {
             Some(admission) => admission,
             None => {
                 metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "admit");
@@ -486,12 +791,12 @@ impl Breaker {
         }
     }
 
-    async fn admit_redis(&self, scope: &Scope, items: &[AdmitItem]) -> Option<Admission> {
+    async fn admit_redis(&self, scope: &Scope, items: &[AdmitItem], parent_ended_ms: i64) -> Option<Admission> {
         if self.redis_skipped() {
             return None;
         }
         let rand: f64 = rand::rng().random();
-        let inv = scripts::admit_invocation(scope, &self.inner.defaults, rand, items);
+        let inv = scripts::admit_invocation(scope, &self.inner.defaults, rand, parent_ended_ms, items);
         let parsed = match self.call("admit_send", inv).await {
             Ok(value) => parse_admit(value, items.len()),
             Err(e) => Err(e),
@@ -513,9 +818,11 @@ impl Breaker {
     /// Records a batch of outcomes of one scope in one round trip; returns the state and the transitions.
     /// Never fails: without Redis the outcomes feed the local fallback breaker.
     pub async fn record(&self, scope: &Scope, outcomes: &[OutcomeItem]) -> RecordResult {
+        self.record_parents(scope, outcomes).await;
         if !self.redis_skipped() {
             let rand: f64 = rand::rng().random();
-            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes);
+            let token_known = lock(&self.inner.account).token_fp.is_some();
+            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes, token_known);
             let parsed = match self.call("record_outcomes", inv).await {
                 Ok(value) => parse_record(value),
                 Err(e) => Err(e),
@@ -544,11 +851,11 @@ impl Breaker {
 
     /// Feeds the Meta usage percent (X-Business-Use-Case-Usage). Sent to Redis only when the throttle band
     /// changes or the last report is getting old, so it costs almost no round trips. The scripts fade a
-    /// reading over `usage_ttl_ms`, so a reading in a throttling band is refreshed every twentieth of it (it
-    /// fades by at most 5 % before the next one), a calm reading every third.
+    /// reading over `usage_ttl_ms` (Meta's hourly window), so a reading in a throttling band is refreshed every
+    /// twentieth of it (it fades by at most 5 % before the next one), a calm reading every third.
     pub async fn observe_usage(&self, scope: &Scope, usage_percent: u32) {
         let limits = &self.inner.cfg.defaults;
-        let band: u8 = if usage_percent >= limits.throttle_pause_percent {
+        let band: i8 = if usage_percent >= limits.throttle_pause_percent {
             2
         } else if usage_percent >= limits.throttle_slow_percent {
             1
@@ -556,6 +863,19 @@ impl Breaker {
             0
         };
         let refresh = Duration::from_millis(if band > 0 { limits.usage_ttl_ms / 20 } else { limits.usage_ttl_ms / 3 });
+        self.inner.metrics.visibility(&scope.index_member(), true);
+        self.send_usage(scope, band, refresh, usage_percent.to_string()).await;
+    }
+
+    /// Meta answered a send of the scope without usage headers: the scope is quota blind (metric
+    /// `bw_breaker_quota_visibility` = 0) and admission applies `blind_rate_factor` to its rate until an answer
+    /// carries them again. Costs a round trip only when the visibility changes (or every 30 s).
+    pub async fn observe_no_usage(&self, scope: &Scope) {
+        self.inner.metrics.visibility(&scope.index_member(), false);
+        self.send_usage(scope, -1, Duration::from_secs(30), "none".to_string()).await;
+    }
+
+    async fn send_usage(&self, scope: &Scope, band: i8, refresh: Duration, arg: String) {
         let key = scope.index_member();
         {
             let sent = lock(&self.inner.usage_sent);
@@ -570,7 +890,7 @@ impl Breaker {
             return;
         }
         let mut inv = scripts::OBSERVE_USAGE.prepare_invoke();
-        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(usage_percent);
+        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(arg);
         match self.call("observe_usage", inv).await {
             Ok(_) => {
                 lock(&self.inner.usage_sent).insert(key, (band, tokio::time::Instant::now()));
@@ -684,6 +1004,15 @@ impl Breaker {
     }
 }
 
+/// Result of reading the parent pauses of a scope.
+#[derive(Debug, Default)]
+struct ParentCheck {
+    /// The refusal every send of the scope gets now, with its retry-after.
+    block: Option<(DenyReason, u64)>,
+    /// End (Redis ms) of a parent pause that ended less than `pause_ramp_ms` ago, or 0.
+    ended_ms: i64,
+}
+
 fn failure_rate(calls: u64, failures: u64) -> f64 {
     if calls == 0 { 0.0 } else { failures as f64 / calls as f64 }
 }
@@ -697,14 +1026,11 @@ fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Hea
     for _ in 0..n {
         let code = reply.int()?;
         let retry_after_ms = reply.int()?.max(0) as u64;
-        decisions.push(match code {
-            0 => Decision::Allow { canary: false },
-            1 => Decision::Allow { canary: true },
-            other => Decision::Deny {
-                reason: DenyReason::from_code(other)
-                    .ok_or_else(|| BreakerError::BadReply(format!("unknown decision code {other}")))?,
-                retry_after_ms,
-            },
+        let code = scripts::Code::from_i64(code)
+            .ok_or_else(|| BreakerError::BadReply(format!("unknown decision code {code}")))?;
+        decisions.push(match code.deny_reason() {
+            None => Decision::Allow { canary: code == scripts::Code::Canary, wait_ms: retry_after_ms },
+            Some(reason) => Decision::Deny { reason, retry_after_ms },
         });
     }
     let transitions = scripts::transitions(&mut reply)?;
@@ -745,6 +1071,13 @@ fn parse_status(scope: &Scope, value: redis::Value) -> Parsed<(ScopeStatus, Vec<
         tokens: tail.tokens,
         usage_percent: tail.usage_percent,
         trip_streak: tail.trip_streak,
+        adaptive_share: tail.adaptive_share,
+        quota_visibility: match tail.visibility {
+            1 => QuotaVisibility::Seen,
+            0 => QuotaVisibility::Blind,
+            _ => QuotaVisibility::Unknown,
+        },
+        next_slot_wait_ms: tail.next_slot_wait_ms,
     };
     Ok((status, transitions))
 }

@@ -29,6 +29,8 @@ struct LocalScope {
     successes: u32,
     paused_until: Instant,
     incident_id: String,
+    /// Next send slot of this process (sends are spaced at the fallback rate).
+    next_slot: Instant,
 }
 
 pub(crate) struct LocalBreakers {
@@ -67,6 +69,7 @@ impl LocalBreakers {
                 successes: 0,
                 paused_until: now,
                 incident_id,
+                next_slot: now,
             }
         })
     }
@@ -137,12 +140,14 @@ impl LocalBreakers {
                 }
                 s.tokens -= 1.0;
                 s.pairs.insert(item.recipient_key.clone(), now + pair_interval);
-                if s.state == BreakerState::HalfOpen {
+                let slot = s.next_slot.max(now);
+                s.next_slot = slot + Duration::from_secs_f64(1.0 / cfg.fallback_rate_per_s.max(0.001));
+                let wait_ms = (slot - now).as_millis() as u64;
+                let canary = s.state == BreakerState::HalfOpen;
+                if canary {
                     s.canaries += 1;
-                    Decision::Allow { canary: true }
-                } else {
-                    Decision::Allow { canary: false }
                 }
+                Decision::Allow { canary, wait_ms }
             })
             .collect();
         Admission { decisions, state: s.state, incident_id: s.incident_id.clone(), degraded: true }
@@ -203,10 +208,12 @@ impl LocalBreakers {
                 OutcomeKind::RateLimited { scope: bw_common::classify::RateScope::Pair, pause_ms } => {
                     s.pairs.insert(outcome.recipient_key.clone(), now + Duration::from_millis(pause_ms));
                 }
-                OutcomeKind::RateLimited { pause_ms, .. } | OutcomeKind::Credentials { pause_ms } => {
+                OutcomeKind::RateLimited { pause_ms, .. }
+                | OutcomeKind::Credentials { pause_ms }
+                | OutcomeKind::RegistrationLimited { pause_ms } => {
                     s.paused_until = s.paused_until.max(now + Duration::from_millis(pause_ms));
                 }
-                OutcomeKind::Permanent => {}
+                OutcomeKind::Permanent | OutcomeKind::RecipientDeferred { .. } => {}
             }
         }
         (s.state, s.incident_id.clone())
@@ -243,7 +250,7 @@ mod tests {
         tokio::time::advance(Duration::from_millis(cfg.fallback_cooldown_ms + 1)).await;
         let a = local.admit(&cfg, "s", None, &[item(TrafficClass::Priority), item(TrafficClass::Priority)]);
         assert_eq!(a.state, BreakerState::HalfOpen);
-        assert_eq!(a.decisions[0], Decision::Allow { canary: true });
+        assert!(matches!(a.decisions[0], Decision::Allow { canary: true, .. }));
         assert!(matches!(a.decisions[1], Decision::Deny { reason: DenyReason::CanaryBudget, .. }));
         let (state, _) =
             local.record(&cfg, "s", None, &vec![outcome(OutcomeKind::Success, true); CLOSE_AFTER as usize]);

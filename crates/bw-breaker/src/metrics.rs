@@ -2,6 +2,7 @@
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
@@ -19,6 +20,8 @@ pub(crate) struct Metrics {
     pub round_trips: Family<Labels, Counter>,
     /// Admissions refused without a round trip because the scope is known to be OPEN.
     pub known_open: Family<Labels, Counter>,
+    /// Per scope: 1 when Meta's last answer carried usage headers, 0 when it carried none (quota blind).
+    pub visibility: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -48,6 +51,17 @@ impl Metrics {
             "Admission batches refused without a Redis round trip because the scope is known to be OPEN",
             self.known_open.clone(),
         );
+        registry.register(
+            "bw_breaker_quota_visibility",
+            "1 when Meta's last answer for the scope carried usage headers, 0 when it carried none (conservative \
+             limits apply)",
+            self.visibility.clone(),
+        );
+    }
+
+    /// Sets the quota visibility gauge of a scope (`waba:phone`; business identifiers, no personal data).
+    pub(crate) fn visibility(&self, scope: &str, seen: bool) {
+        self.visibility.get_or_create(&vec![("scope".to_string(), scope.to_string())]).set(i64::from(seen));
     }
 
     pub(crate) fn inc(family: &Family<Labels, Counter>, name: &str, value: &str) {

@@ -1,12 +1,17 @@
-//! The Lua scripts of `lua/` (each prefixed with `scope_prelude.lua`), their typed invocations and the parsing
-//! of their replies. Every call is one EVALSHA (`Script::invoke_async` reloads the script on NOSCRIPT, e.g.
+//! The Lua scripts of `lua/` (each prefixed with `scope_prelude.lua`), their typed invocations, the parsing
+//! of their replies, and the Rust mirror of the codes and field names the prelude defines (CODE, OUT, PAUSE, F,
+//! P, PF). The test `scripts::lua_definitions_match_the_rust_ones` loads the prelude into a real Redis and checks
+//! both sides agree. Every call is one EVALSHA (`Script::invoke_async` reloads the script on NOSCRIPT, e.g.
 //! after a Redis restart).
 
-use crate::{AdmitItem, BreakerError, OutcomeItem, OutcomeKind, Scope, TrafficClass};
+use crate::{AdmitItem, BreakerError, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
 use bw_common::classify::RateScope;
 use bw_common::proto::BreakerState;
 use redis::{Script, Value};
 use std::sync::LazyLock;
+
+/// The shared prelude (definitions and functions) every script is prefixed with.
+pub const PRELUDE: &str = include_str!("../../../lua/scope_prelude.lua");
 
 macro_rules! scope_script {
     ($file:literal) => {
@@ -26,9 +31,10 @@ pub(crate) static TICK_SCOPE: LazyLock<Script> = scope_script!("tick_scope.lua")
 pub(crate) static READ_SCOPE: LazyLock<Script> = scope_script!("read_scope.lua");
 pub(crate) static FORCE_BREAKER: LazyLock<Script> = scope_script!("force_breaker.lua");
 pub(crate) static OBSERVE_USAGE: LazyLock<Script> = scope_script!("observe_usage.lua");
+pub(crate) static PARENT_PAUSE: LazyLock<Script> = scope_script!("parent_pause.lua");
 
 /// Every script, for pre-loading and for the test that runs each against a real Redis.
-pub fn all_scripts() -> [(&'static str, &'static Script); 6] {
+pub fn all_scripts() -> [(&'static str, &'static Script); 7] {
     [
         ("admit_send", &ADMIT_SEND),
         ("record_outcomes", &RECORD_OUTCOMES),
@@ -36,7 +42,153 @@ pub fn all_scripts() -> [(&'static str, &'static Script); 6] {
         ("read_scope", &READ_SCOPE),
         ("force_breaker", &FORCE_BREAKER),
         ("observe_usage", &OBSERVE_USAGE),
+        ("parent_pause", &PARENT_PAUSE),
     ]
+}
+
+/// Decision codes of `admit_send.lua` (table CODE of the prelude).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Code {
+    Allow = 0,
+    Canary = 1,
+    BreakerOpen = 2,
+    ForcedOpen = 3,
+    Paused = 4,
+    SenderRate = 5,
+    PairRate = 6,
+    Reserve = 7,
+    Throttled = 8,
+    CanaryBudget = 9,
+    SpamPaused = 10,
+    RecipientDeferred = 11,
+    RegistrationPaused = 12,
+}
+
+impl Code {
+    /// Every code.
+    pub const ALL: [Code; 13] = [
+        Code::Allow,
+        Code::Canary,
+        Code::BreakerOpen,
+        Code::ForcedOpen,
+        Code::Paused,
+        Code::SenderRate,
+        Code::PairRate,
+        Code::Reserve,
+        Code::Throttled,
+        Code::CanaryBudget,
+        Code::SpamPaused,
+        Code::RecipientDeferred,
+        Code::RegistrationPaused,
+    ];
+
+    /// Its name in the prelude's CODE table.
+    pub fn lua_name(self) -> &'static str {
+        match self {
+            Code::Allow => "allow",
+            Code::Canary => "canary",
+            Code::BreakerOpen => "breaker_open",
+            Code::ForcedOpen => "forced_open",
+            Code::Paused => "paused",
+            Code::SenderRate => "sender_rate",
+            Code::PairRate => "pair_rate",
+            Code::Reserve => "reserve",
+            Code::Throttled => "throttled",
+            Code::CanaryBudget => "canary_budget",
+            Code::SpamPaused => "spam_paused",
+            Code::RecipientDeferred => "recipient_deferred",
+            Code::RegistrationPaused => "registration_paused",
+        }
+    }
+
+    pub fn from_i64(code: i64) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| *c as i64 == code)
+    }
+
+    /// The refusal a code stands for (None for allow / canary).
+    pub fn deny_reason(self) -> Option<DenyReason> {
+        Some(match self {
+            Code::Allow | Code::Canary => return None,
+            Code::BreakerOpen => DenyReason::BreakerOpen,
+            Code::ForcedOpen => DenyReason::ForcedOpen,
+            Code::Paused => DenyReason::Paused,
+            Code::SenderRate => DenyReason::SenderRate,
+            Code::PairRate => DenyReason::PairRate,
+            Code::Reserve => DenyReason::Reserve,
+            Code::Throttled => DenyReason::Throttled,
+            Code::CanaryBudget => DenyReason::CanaryBudget,
+            Code::SpamPaused => DenyReason::SpamPaused,
+            Code::RecipientDeferred => DenyReason::RecipientDeferred,
+            Code::RegistrationPaused => DenyReason::RegistrationPaused,
+        })
+    }
+}
+
+/// Outcome kinds of `record_outcomes.lua` (table OUT of the prelude): (name, kind).
+pub const OUT: &[(&str, &str)] = &[
+    ("success", "s"),
+    ("transient", "t"),
+    ("permanent", "x"),
+    ("credentials", "c"),
+    ("pair", "rr"),
+    ("throughput", "r:throughput"),
+    ("spam", "r:spam"),
+    ("registration", "r:registration"),
+    ("deferred", "d"),
+    ("neutral", "n"),
+];
+
+/// Pause kinds stored in the state hash (table PAUSE of the prelude): (name, number).
+pub const PAUSE_KINDS: &[(&str, i64)] = &[("rate_limit", 1), ("spam", 2), ("credentials", 3), ("registration", 4)];
+
+/// Fields of a scope's state hash (table F of the prelude): (name, field). The window ring fields are prefixes
+/// followed by the slot number.
+pub const STATE_FIELDS: &[(&str, &str)] = &[
+    ("state", "st"),
+    ("since", "since"),
+    ("incident", "inc"),
+    ("open_until", "ou"),
+    ("streak", "streak"),
+    ("trips", "trips"),
+    ("half_open_successes", "hs"),
+    ("canary_second", "cs"),
+    ("canary_count", "cc"),
+    ("ramp_start", "rc"),
+    ("ramp_ms", "rm"),
+    ("rate_limit_streak", "rl"),
+    ("paused_until", "pu"),
+    ("pause_reason", "pr"),
+    ("pause_kind", "pk"),
+    ("tokens", "tk"),
+    ("tokens_at", "tt"),
+    ("slow_tat", "lo"),
+    ("usage", "us"),
+    ("usage_at", "ua"),
+    ("no_usage_at", "nv"),
+    ("adaptive", "ar"),
+    ("adaptive_cut_at", "ad"),
+    ("next_slot", "ns"),
+    ("fast_count", "ft"),
+    ("fast_since", "fs"),
+    ("win_bucket", "wn"),
+    ("win_calls", "wc"),
+    ("win_fails", "wf"),
+];
+
+/// Fields of a pair hash (table P of the prelude).
+pub const PAIR_FIELDS: &[(&str, &str)] =
+    &[("tat", "t"), ("backoffs", "x"), ("backoff_until", "b"), ("marketing_deferred", "md")];
+
+/// Fields of a parent pause hash (table PF of the prelude).
+pub const PARENT_FIELDS: &[(&str, &str)] = &[("paused_until", "pu"), ("reason", "pr"), ("halted", "h")];
+
+/// The field of one of the tables above by name (panics in tests only: the names are constants).
+pub fn field(table: &[(&'static str, &'static str)], name: &str) -> Option<&'static str> {
+    table.iter().find(|(n, _)| *n == name).map(|(_, f)| *f)
+}
+
+fn out(name: &str) -> &'static str {
+    field(OUT, name).unwrap_or("n")
 }
 
 /// Redis key of a scope's config hash (written by the coordinator).
@@ -49,9 +201,24 @@ pub fn state_key(scope: &Scope) -> String {
     bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, "state")
 }
 
-/// Redis key of a (scope, recipient) pair limiter.
+/// Redis key of a (scope, recipient) pair hash (GCRA, 131056 back-off, 131049 deferral).
 pub fn pair_key(scope: &Scope, recipient_key: &str) -> String {
     bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("pair:{recipient_key}"))
+}
+
+/// Key of an app's pause (codes 4, 17, 32, 613), own hash tag.
+pub fn app_pause_key(app_id: &str) -> String {
+    format!("bw:{{app:{app_id}}}:pause")
+}
+
+/// Key of a WABA's pause (80007 / 80008), own hash tag.
+pub fn waba_pause_key(waba_id: &str) -> String {
+    format!("bw:{{waba:{waba_id}}}:pause")
+}
+
+/// Key of a token's halt (credentials codes), own hash tag; `fingerprint` is [`crate::token_fingerprint`].
+pub fn token_halt_key(fingerprint: &str) -> String {
+    format!("bw:{{tok:{fingerprint}}}:halt")
 }
 
 fn class_code(class: TrafficClass) -> &'static str {
@@ -66,11 +233,12 @@ pub(crate) fn admit_invocation(
     scope: &Scope,
     defaults: &str,
     rand: f64,
+    parent_ended_ms: i64,
     items: &[AdmitItem],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = ADMIT_SEND.prepare_invoke();
     inv.key(cfg_key(scope)).key(state_key(scope));
-    inv.arg(defaults).arg(&scope.phone_number_id).arg(rand);
+    inv.arg(defaults).arg(&scope.phone_number_id).arg(rand).arg(parent_ended_ms);
     for item in items {
         inv.key(pair_key(scope, &item.recipient_key));
         inv.arg(class_code(item.class));
@@ -78,25 +246,36 @@ pub(crate) fn admit_invocation(
     inv
 }
 
+/// The kind and pause the scope script records for an outcome. `token_known`: a token halt covers credentials.
+pub(crate) fn outcome_arg(kind: OutcomeKind, token_known: bool) -> (&'static str, u64) {
+    match kind {
+        OutcomeKind::Success => (out("success"), 0),
+        OutcomeKind::Transient => (out("transient"), 0),
+        OutcomeKind::Permanent => (out("permanent"), 0),
+        OutcomeKind::Credentials { .. } if token_known => (out("permanent"), 0),
+        OutcomeKind::Credentials { pause_ms } => (out("credentials"), pause_ms),
+        OutcomeKind::RateLimited { scope: RateScope::Pair, .. } => (out("pair"), 0),
+        OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms } => (out("throughput"), pause_ms),
+        OutcomeKind::RateLimited { scope: RateScope::Spam, pause_ms } => (out("spam"), pause_ms),
+        OutcomeKind::RateLimited { scope: RateScope::Waba | RateScope::App, .. } => (out("neutral"), 0),
+        OutcomeKind::RegistrationLimited { pause_ms } => (out("registration"), pause_ms),
+        OutcomeKind::RecipientDeferred { defer_ms } => (out("deferred"), defer_ms),
+    }
+}
+
 pub(crate) fn record_invocation(
     scope: &Scope,
     defaults: &str,
     rand: f64,
     outcomes: &[OutcomeItem],
+    token_known: bool,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = RECORD_OUTCOMES.prepare_invoke();
     inv.key(cfg_key(scope)).key(state_key(scope));
     inv.arg(defaults).arg(&scope.phone_number_id).arg(rand);
     for item in outcomes {
         inv.key(pair_key(scope, &item.recipient_key));
-        let (kind, pause_ms) = match item.kind {
-            OutcomeKind::Success => ("s".to_string(), 0),
-            OutcomeKind::Transient => ("t".to_string(), 0),
-            OutcomeKind::Permanent => ("x".to_string(), 0),
-            OutcomeKind::Credentials { pause_ms } => ("c".to_string(), pause_ms),
-            OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms } => ("rr".to_string(), pause_ms),
-            OutcomeKind::RateLimited { scope, pause_ms } => (format!("r:{}", scope.label()), pause_ms),
-        };
+        let (kind, pause_ms) = outcome_arg(item.kind, token_known);
         inv.arg(kind).arg(pause_ms).arg(if item.canary { "1" } else { "0" });
     }
     inv
@@ -110,6 +289,12 @@ pub(crate) fn scope_invocation(
     let mut inv = script.prepare_invoke();
     inv.key(cfg_key(scope)).key(state_key(scope));
     inv.arg(defaults).arg(&scope.phone_number_id);
+    inv
+}
+
+pub(crate) fn parent_invocation(key: &str, mode: &str, ms: u64, reason: &str) -> redis::ScriptInvocation<'static> {
+    let mut inv = PARENT_PAUSE.prepare_invoke();
+    inv.key(key).arg(mode).arg(ms).arg(reason);
     inv
 }
 
@@ -227,6 +412,9 @@ pub(crate) struct SnapshotTail {
     pub tokens: f64,
     pub usage_percent: u32,
     pub trip_streak: u32,
+    pub adaptive_share: f64,
+    pub visibility: i64,
+    pub next_slot_wait_ms: u64,
 }
 
 pub(crate) fn snapshot_tail(reply: &mut Reply) -> Result<SnapshotTail, BreakerError> {
@@ -239,5 +427,27 @@ pub(crate) fn snapshot_tail(reply: &mut Reply) -> Result<SnapshotTail, BreakerEr
         tokens: reply.float()?,
         usage_percent: reply.int()?.clamp(0, 1000) as u32,
         trip_streak: reply.int()?.clamp(0, i64::from(u32::MAX)) as u32,
+        adaptive_share: reply.float()?,
+        visibility: reply.int()?,
+        next_slot_wait_ms: reply.int()?.max(0) as u64,
+    })
+}
+
+/// Reply of `parent_pause.lua`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParentReply {
+    pub now_ms: i64,
+    pub paused_until_ms: i64,
+    pub reason: String,
+    pub halted: bool,
+}
+
+pub(crate) fn parent_reply(value: Value) -> Result<ParentReply, BreakerError> {
+    let mut reply = Reply::new(value)?;
+    Ok(ParentReply {
+        now_ms: reply.int()?,
+        paused_until_ms: reply.int()?,
+        reason: reply.string()?,
+        halted: reply.int()? == 1,
     })
 }

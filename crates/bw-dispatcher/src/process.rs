@@ -224,7 +224,7 @@ impl Worker {
     fn apply(self: &Arc<Self>, mut w: Work, decision: Decision, state: &str, incident: &str, f: &mut Flight) {
         w.span.record("breaker_state", state);
         match decision {
-            Decision::Allow { canary } => {
+            Decision::Allow { canary, .. } => {
                 w.decision = if canary { "canary" } else { "allow" };
                 w.span.record("decision", w.decision);
                 self.metrics.decision(w.decision);

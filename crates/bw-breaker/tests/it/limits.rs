@@ -2,8 +2,7 @@
 //! usage throttle, pauses.
 
 use crate::support::*;
-use bw_breaker::{AdmitItem, Decision, DenyReason, OutcomeItem, OutcomeKind, ScopeLimits, TrafficClass};
-use bw_common::classify::RateScope;
+use bw_breaker::{AdmitItem, Decision, DenyReason, OutcomeKind, ScopeLimits, TrafficClass};
 
 fn allowed(decisions: &[Decision]) -> usize {
     decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count()
@@ -76,19 +75,6 @@ async fn pair_rate_allows_the_burst_then_one_per_interval() {
     assert!((status.tokens - 998.0).abs() < 0.01, "{}", status.tokens);
     let a = breaker.admit(&scope, &items(3, TrafficClass::Marketing)).await;
     assert_eq!(allowed(&a.decisions), 3);
-    // A 131056 answer blocks that pair for its pause.
-    let scope2 = crate::support::scope();
-    let limited = OutcomeItem {
-        recipient_key: "x".into(),
-        kind: OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms: 30_000 },
-        canary: false,
-    };
-    breaker.record(&scope2, &[limited]).await;
-    let a = breaker.admit(&scope2, &[AdmitItem { recipient_key: "x".into(), class: TrafficClass::Priority }]).await;
-    match a.decisions[0] {
-        Decision::Deny { reason: DenyReason::PairRate, retry_after_ms } => assert!(retry_after_ms > 20_000),
-        other => panic!("expected pair rate, got {other:?}"),
-    }
 }
 
 #[tokio::test]

@@ -56,6 +56,11 @@ impl Params {
             replay_headroom: 1.0,
             pair_interval_ms: HOUR,
             pair_burst: self.pair_burst,
+            // Time-dependent adaptations are tested on their own (at the default config); the model has none.
+            fast_trip_failures: 0,
+            aimd_decrease: 1.0,
+            aimd_increase: 0.0,
+            pause_ramp_ms: 0,
             ..ScopeLimits::default()
         }
     }
@@ -144,7 +149,7 @@ impl Model {
                 }
                 self.tokens -= 1.0;
                 *self.pairs.entry(*recipient).or_default() += 1;
-                Decision::Allow { canary: self.state == St::HalfOpen }
+                Decision::Allow { canary: self.state == St::HalfOpen, wait_ms: 0 }
             })
             .collect()
     }
@@ -261,7 +266,7 @@ fn strip(decisions: Vec<Decision>) -> Vec<Decision> {
         .into_iter()
         .map(|d| match d {
             Decision::Deny { reason, .. } => Decision::Deny { reason, retry_after_ms: 0 },
-            allow => allow,
+            Decision::Allow { canary, .. } => Decision::Allow { canary, wait_ms: 0 },
         })
         .collect()
 }

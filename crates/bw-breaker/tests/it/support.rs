@@ -7,19 +7,19 @@ use std::time::Duration;
 static NEXT: AtomicU32 = AtomicU32::new(1);
 
 /// A scope no other test uses.
-pub fn scope() -> Scope {
+pub(crate) fn scope() -> Scope {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     Scope::new(format!("waba{n}"), format!("10{n:04}"))
 }
 
-pub async fn manager(url: &str) -> redis::aio::ConnectionManager {
+pub(crate) async fn manager(url: &str) -> redis::aio::ConnectionManager {
     bw_common::redis_conn::connect(url, Duration::from_millis(500), Duration::from_secs(5))
         .await
         .expect("redis connects")
 }
 
 /// Limits with short windows and no ramp; tests override what they need.
-pub fn limits() -> ScopeLimits {
+pub(crate) fn limits() -> ScopeLimits {
     ScopeLimits {
         failure_threshold: 0.5,
         min_calls: 4,
@@ -37,18 +37,18 @@ pub fn limits() -> ScopeLimits {
     }
 }
 
-pub fn config(limits: ScopeLimits) -> BreakerConfig {
+pub(crate) fn config(limits: ScopeLimits) -> BreakerConfig {
     BreakerConfig { command_timeout_ms: 500, redis_retry_after_ms: 200, defaults: limits, ..BreakerConfig::default() }
 }
 
-pub async fn breaker(url: &str, limits: ScopeLimits) -> Breaker {
+pub(crate) async fn breaker(url: &str, limits: ScopeLimits) -> Breaker {
     Breaker::new(Some(manager(url).await), None, config(limits))
 }
 
-pub fn items(n: usize, class: TrafficClass) -> Vec<AdmitItem> {
+pub(crate) fn items(n: usize, class: TrafficClass) -> Vec<AdmitItem> {
     (0..n).map(|i| AdmitItem { recipient_key: format!("r{i}"), class }).collect()
 }
 
-pub fn outcomes(n: usize, kind: OutcomeKind, canary: bool) -> Vec<OutcomeItem> {
+pub(crate) fn outcomes(n: usize, kind: OutcomeKind, canary: bool) -> Vec<OutcomeItem> {
     (0..n).map(|i| OutcomeItem { recipient_key: format!("r{i}"), kind, canary }).collect()
 }
