@@ -5,5 +5,7 @@ mod cluster;
 mod faults;
 mod limits;
 mod model;
+mod pair;
+mod scopes;
 mod scripts;
 mod support;
