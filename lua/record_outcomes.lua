@@ -4,9 +4,11 @@
 --   success       a call in the window; resets the rate-limit streak, the fast-trip streak and the pair's
 --                 131056 back-off; the adaptive share creeps back up by aimd_increase (never above 1)
 --   transient     5xx, 131000, timeouts: a failed call in the window, and one more in the fast-trip streak
---   throughput    130429: a failed call in the window, pauses the scope for pause_ms, one more in the
---                 rate-limit streak, and cuts the adaptive share to x aimd_decrease (at most once per
---                 aimd_cut_gap_ms, so one burst of 130429 answers is one cut)
+--   throughput    130429: never in the failure window (Meta §6: rate limits feed their limiter, not the health
+--                 breaker); pauses the scope for pause_ms and starts a rate-limit episode at most once per
+--                 aimd_cut_gap_ms (the sends in flight when Meta started refusing are answered together and
+--                 count once): the adaptive share is cut to x aimd_decrease and the episode streak grows
+--                 (a success ends it)
 --   pair          131056: never a failure; the pair backs off 4^X s (1, 4, 16, 64 s ..., X = consecutive 131056
 --                 of the pair, capped at pair_backoff_max_ms) and its GCRA is treated as full from now on
 --                 (Meta just said so). The hint in pause_ms is ignored: Meta gives none for 131056.
@@ -19,7 +21,7 @@
 --   permanent     neither a call nor a failure; resets the rate-limit streak
 --   neutral       nothing (app / WABA rate limits: recorded on their own keys by parent_pause.lua)
 -- CLOSED trips to OPEN when failures * 1000 >= calls * threshold_permille with at least min_calls calls in the
--- window, after consecutive_rate_limits 130429 in a row, or on a fast trip: fast_trip_failures transient
+-- window, after consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: fast_trip_failures transient
 -- failures in a row (no success between) within fast_trip_window_ms, which trips even while rate-limit pauses
 -- keep the sliding window too thin for min_calls. HALF_OPEN closes after close_after_successes canary
 -- successes and re-opens on a failure. FORCED_* states never change here.
@@ -116,17 +118,18 @@ for i = 1, n do
     local tat = math.max(num(redis.call('HGET', key, P.tat)), now + tol)
     pair_update(key, { P.backoffs, x, P.backoff_until, math.floor(now + backoff), P.tat, math.floor(tat) })
   elseif kind == OUT.throughput then
-    set(S, F.rate_limit_streak, num(S[F.rate_limit_streak]) + 1)
     pause(S, c, now, pause_ms, PAUSE.rate_limit, 'rate limit: throughput')
+    -- One rate-limit episode per aimd_cut_gap_ms: the sends already in flight when Meta started refusing are
+    -- answered 130429 together and must count once.
     if now - num(S[F.adaptive_cut_at]) >= num(c.aimd_cut_gap_ms, 1000) then
       local cut = math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))
       set(S, F.adaptive, fmt(cut))
       set(S, F.adaptive_cut_at, now)
-    end
-    failure(st)
-    st = num(S[F.state], CLOSED)
-    if (st == CLOSED or st == HALF_OPEN) and num(S[F.rate_limit_streak]) >= num(c.consecutive_rate_limits, 5) then
-      go(S, c, now, OPEN, string.format('%d consecutive rate limits', num(S[F.rate_limit_streak])), T, rand, tag)
+      set(S, F.rate_limit_streak, num(S[F.rate_limit_streak]) + 1)
+      local rl = num(S[F.rate_limit_streak])
+      if (st == CLOSED or st == HALF_OPEN) and rl >= num(c.consecutive_rate_limits, 5) then
+        go(S, c, now, OPEN, string.format('%d consecutive rate limits', rl), T, rand, tag)
+      end
     end
   elseif kind == OUT.spam then
     pause(S, c, now, pause_ms, PAUSE.spam, 'spam restriction (131048)')

@@ -219,7 +219,9 @@ local function pause(S, c, now, ms, kind, reason)
     set(S, F.paused_until, until_ms)
     set(S, F.pause_reason, reason)
     set(S, F.pause_kind, kind)
-    start_ramp(S, until_ms, num(c.pause_ramp_ms))
+    -- The ramp is as long as twice the pause (at least 1 s), at most pause_ramp_ms: a 1 s 130429 pause ramps
+    -- for 2 s, a 10 min spam pause for pause_ramp_ms.
+    start_ramp(S, until_ms, math.min(num(c.pause_ramp_ms), math.max(1000, 2 * ms)))
   end
 end
 

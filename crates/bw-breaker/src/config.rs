@@ -16,7 +16,8 @@ pub struct ScopeLimits {
     pub window_ms: u64,
     /// Sub-buckets of the window (1..=60); the window slides by window_ms / window_buckets.
     pub window_buckets: u32,
-    /// Consecutive sender-level rate-limit errors that trip the breaker.
+    /// Consecutive 130429 episodes (at most one per `aimd_cut_gap_ms`, no success between) that trip the
+    /// breaker. 130429 never counts toward the failure rate.
     pub consecutive_rate_limits: u32,
     /// OPEN cooldown of the first trip, ms.
     pub cooldown_ms: u64,

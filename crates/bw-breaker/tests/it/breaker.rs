@@ -54,8 +54,8 @@ async fn consecutive_rate_limits_trip_and_pause_the_scope() {
         &redis.url(),
         ScopeLimits {
             consecutive_rate_limits: 3,
-            // Only the streak can trip here (130429 also counts toward the failure rate; see below).
-            min_calls: 1_000,
+            // Every 130429 is its own episode here (the default groups those within 1 s; see below).
+            aimd_cut_gap_ms: 0,
             ..limits()
         },
     )
@@ -222,20 +222,55 @@ async fn forced_states_override_and_clear_ramps_the_rate_up() {
 }
 
 #[tokio::test]
-async fn throughput_rate_limits_count_toward_the_failure_rate_and_pair_limits_do_not() {
+async fn rate_limits_never_count_toward_the_failure_rate() {
     let redis = bw_testkit::RedisServer::start();
     let breaker = breaker(&redis.url(), ScopeLimits { consecutive_rate_limits: 1_000, ..limits() }).await;
     let scope = scope();
     let pair = OutcomeKind::RateLimited { scope: RateScope::Pair, pause_ms: 10 };
     let throughput = OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: 10 };
     breaker.record(&scope, &outcomes(2, OutcomeKind::Success, false)).await;
-    // Pair limits are the recipient's business: four of them leave the sender CLOSED.
+    // Pair limits are the recipient's business, 130429 feeds the adaptive rate (Meta §6): neither is a call or
+    // a failure of the window.
     let result = breaker.record(&scope, &outcomes(4, pair, false)).await;
     assert_eq!(result.state, BreakerState::Closed);
-    // Two 130429 after two successes: 2 failures in 4 calls reaches the 50% threshold.
-    let result = breaker.record(&scope, &outcomes(2, throughput, false)).await;
-    assert_eq!(result.state, BreakerState::Open, "{:?}", result.transitions);
-    assert!(result.transitions[0].reason.contains("failure rate"), "{:?}", result.transitions);
+    let result = breaker.record(&scope, &outcomes(20, throughput, false)).await;
+    assert_eq!(result.state, BreakerState::Closed, "{:?}", result.transitions);
+    let status = breaker.status(&scope).await.expect("status");
+    assert_eq!((status.snapshot.calls_in_window, status.failures_in_window), (2, 0));
+}
+
+#[tokio::test]
+async fn at_the_default_config_a_burst_of_130429_is_one_episode_and_five_episodes_trip() {
+    let redis = bw_testkit::RedisServer::start();
+    let limits = ScopeLimits::default();
+    let breaker = breaker(&redis.url(), limits.clone()).await;
+    let scope = scope();
+    let throughput =
+        OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: RateScope::PhoneNumber.default_pause_ms() };
+    // The sends in flight when Meta starts refusing come back together: one episode, one cut, no trip.
+    let r = breaker.record(&scope, &outcomes(10, throughput, false)).await;
+    assert_eq!(r.state, BreakerState::Closed);
+    let status = breaker.status(&scope).await.expect("status");
+    assert!((status.adaptive_share - limits.aimd_decrease).abs() < 1e-6, "{}", status.adaptive_share);
+    assert_eq!(status.snapshot.pause_reason, "rate limit: throughput");
+    // Episodes at least aimd_cut_gap_ms apart, with no success between, trip at the fifth.
+    let mut episodes = 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while episodes < limits.consecutive_rate_limits {
+        assert!(std::time::Instant::now() < deadline, "episodes never counted");
+        let before = breaker.status(&scope).await.expect("status").adaptive_share;
+        let r = breaker.record(&scope, &outcomes(1, throughput, false)).await;
+        let after = breaker.status(&scope).await.expect("status").adaptive_share;
+        if after < before - 1e-9 {
+            episodes += 1;
+            let want =
+                if episodes == limits.consecutive_rate_limits { BreakerState::Open } else { BreakerState::Closed };
+            assert_eq!(r.state, want, "after episode {episodes}");
+        } else {
+            assert_eq!(r.state, BreakerState::Closed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 #[tokio::test]

@@ -60,6 +60,7 @@ impl Params {
             fast_trip_failures: 0,
             aimd_decrease: 1.0,
             aimd_increase: 0.0,
+            aimd_cut_gap_ms: 0,
             pause_ramp_ms: 0,
             ..ScopeLimits::default()
         }
@@ -179,16 +180,10 @@ impl Model {
                     }
                 }
                 2 => {
-                    // A throughput rate limit (130429): pauses the scope and counts as a failed call.
+                    // A throughput rate limit (130429): pauses the scope, one more episode (the cut gap is 0
+                    // here), never a failed call.
                     self.rl += 1;
                     self.paused = true;
-                    self.calls += 1;
-                    self.fails += 1;
-                    let rate_trips = self.calls >= u64::from(self.p.min_calls)
-                        && self.fails as f64 >= self.calls as f64 * self.p.threshold;
-                    if self.state == St::HalfOpen || (self.state == St::Closed && rate_trips) {
-                        self.go(St::Open);
-                    }
                     if matches!(self.state, St::Closed | St::HalfOpen) && self.rl >= self.p.consecutive_rl {
                         self.go(St::Open);
                     }
