@@ -180,6 +180,9 @@ pub struct Admission {
     pub incident_id: String,
     /// True when answered by the local fallback (Redis unreachable).
     pub degraded: bool,
+    /// Unix ms the decisions were made at (Redis server time; this host's clock when answered without the
+    /// scope script). A send slot is at `server_now_ms + wait_ms`.
+    pub server_now_ms: i64,
 }
 
 /// What a send ended in, as far as the breaker cares.
@@ -575,7 +578,13 @@ impl Breaker {
             return None;
         }
         let deny = Decision::Deny { reason: DenyReason::BreakerOpen, retry_after_ms: left.as_millis().max(1) as u64 };
-        Some(Admission { decisions: vec![deny; n], state: BreakerState::Open, incident_id, degraded: false })
+        Some(Admission {
+            decisions: vec![deny; n],
+            state: BreakerState::Open,
+            incident_id,
+            degraded: false,
+            server_now_ms: bw_common::time::now_ms(),
+        })
     }
 
     fn last_known(&self, scope: &Scope) -> Option<(BreakerState, String)> {
@@ -592,7 +601,13 @@ impl Breaker {
         if let Some((reason, retry_after_ms)) = parents.block {
             let (state, incident_id) = self.last_known(scope).unwrap_or((BreakerState::Closed, String::new()));
             let deny = Decision::Deny { reason, retry_after_ms: retry_after_ms.max(1) };
-            let admission = Admission { decisions: vec![deny; items.len()], state, incident_id, degraded: false };
+            let admission = Admission {
+                decisions: vec![deny; items.len()],
+                state,
+                incident_id,
+                degraded: false,
+                server_now_ms: bw_common::time::now_ms(),
+            };
             self.count_decisions(&admission);
             return admission;
         }
@@ -1034,7 +1049,13 @@ fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Hea
         });
     }
     let transitions = scripts::transitions(&mut reply)?;
-    let admission = Admission { decisions, state: head.state, incident_id: head.incident_id.clone(), degraded: false };
+    let admission = Admission {
+        decisions,
+        state: head.state,
+        incident_id: head.incident_id.clone(),
+        degraded: false,
+        server_now_ms: head.now_ms,
+    };
     Ok((admission, head, transitions))
 }
 

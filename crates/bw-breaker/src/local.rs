@@ -150,7 +150,13 @@ impl LocalBreakers {
                 Decision::Allow { canary, wait_ms }
             })
             .collect();
-        Admission { decisions, state: s.state, incident_id: s.incident_id.clone(), degraded: true }
+        Admission {
+            decisions,
+            state: s.state,
+            incident_id: s.incident_id.clone(),
+            degraded: true,
+            server_now_ms: bw_common::time::now_ms(),
+        }
     }
 
     /// Records outcomes locally; returns the local state and incident after them.

@@ -338,3 +338,98 @@ async fn without_following_transitions_every_admission_asks_redis() {
     breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
     assert_eq!(breaker.round_trips(), before + 1);
 }
+
+/// `successes` successes then `failures` transient failures on a fresh scope; the state after.
+async fn rate_case(breaker: &bw_breaker::Breaker, successes: usize, failures: usize) -> BreakerState {
+    let scope = scope();
+    breaker.record(&scope, &outcomes(successes, OutcomeKind::Success, false)).await;
+    breaker.record(&scope, &outcomes(failures, OutcomeKind::Transient, false)).await.state
+}
+
+#[tokio::test]
+async fn the_threshold_compare_is_exact() {
+    let redis = bw_testkit::RedisServer::start();
+    // Default: 5 % over at least 50 calls.
+    let defaults = breaker(&redis.url(), ScopeLimits::default()).await;
+    assert_eq!(rate_case(&defaults, 95, 5).await, BreakerState::Open, "exactly 5 % trips");
+    assert_eq!(rate_case(&defaults, 96, 4).await, BreakerState::Closed, "4 % does not");
+    assert_eq!(rate_case(&defaults, 46, 3).await, BreakerState::Closed, "below min_calls");
+    // 0.07 trips at exactly 7 % (a float compare would need 7.000000000000001 failures).
+    let seven = breaker(&redis.url(), ScopeLimits { failure_threshold: 0.07, min_calls: 100, ..limits() }).await;
+    assert_eq!(rate_case(&seven, 93, 7).await, BreakerState::Open);
+    assert_eq!(rate_case(&seven, 94, 6).await, BreakerState::Closed);
+}
+
+#[tokio::test]
+async fn jitter_stays_inside_the_cooldown_cap() {
+    let redis = bw_testkit::RedisServer::start();
+    // Default: the first cooldown is 30 s plus up to 20 % jitter.
+    let defaults = breaker(&redis.url(), ScopeLimits::default()).await;
+    let scope = scope();
+    let r = defaults.record(&scope, &outcomes(8, OutcomeKind::Transient, false)).await;
+    let t = &r.transitions[0];
+    assert!((30_000..=36_000).contains(&(t.open_until_unix_ms - t.at_unix_ms)), "{t:?}");
+    // Relaxed beside it: 100 ms growing x4, capped at 300 ms with 20 % jitter: no cooldown ever exceeds 300 ms.
+    let limits = ScopeLimits {
+        cooldown_ms: 100,
+        cooldown_max_ms: 300,
+        cooldown_growth: 4.0,
+        cooldown_jitter: 0.2,
+        canaries_per_s: 1000,
+        ..limits()
+    };
+    let b = breaker(&redis.url(), limits).await;
+    let scope = crate::support::scope();
+    let first = b.record(&scope, &outcomes(4, OutcomeKind::Transient, false)).await;
+    let mut cooldowns = vec![first.transitions[0].open_until_unix_ms - first.transitions[0].at_unix_ms];
+    for _ in 0..6 {
+        let half_open = bw_testkit::wait_until(WAIT, || async {
+            b.tick(&scope).await.is_ok_and(|(s, _)| s.snapshot.state() == BreakerState::HalfOpen)
+        })
+        .await;
+        assert!(half_open);
+        let r = b.record(&scope, &outcomes(1, OutcomeKind::Transient, true)).await;
+        let t = &r.transitions[0];
+        assert_eq!(t.to(), BreakerState::Open);
+        cooldowns.push(t.open_until_unix_ms - t.at_unix_ms);
+    }
+    assert!((100..=120).contains(&cooldowns[0]), "{cooldowns:?}");
+    assert!(cooldowns.iter().all(|c| *c <= 300), "{cooldowns:?}");
+    assert!(cooldowns[2..].iter().all(|c| *c == 300), "capped from the second re-trip on: {cooldowns:?}");
+}
+
+#[tokio::test]
+async fn a_burst_of_transient_failures_trips_fast_even_when_the_window_is_thin() {
+    let redis = bw_testkit::RedisServer::start();
+    let limits = ScopeLimits::default();
+    let breaker = breaker(&redis.url(), limits.clone()).await;
+    let n = limits.fast_trip_failures as usize;
+    // n - 1 in a row: far below min_calls, nothing trips.
+    let scope1 = scope();
+    assert_eq!(
+        breaker.record(&scope1, &outcomes(n - 1, OutcomeKind::Transient, false)).await.state,
+        BreakerState::Closed
+    );
+    // The n-th in a row (within fast_trip_window_ms of the first) trips.
+    let r = breaker.record(&scope1, &outcomes(1, OutcomeKind::Transient, false)).await;
+    assert_eq!(r.state, BreakerState::Open);
+    assert!(r.transitions[0].reason.contains("transient failures in a row"), "{:?}", r.transitions);
+    // A success between resets the streak.
+    let scope2 = scope();
+    breaker.record(&scope2, &outcomes(n - 1, OutcomeKind::Transient, false)).await;
+    breaker.record(&scope2, &outcomes(1, OutcomeKind::Success, false)).await;
+    assert_eq!(
+        breaker.record(&scope2, &outcomes(n - 1, OutcomeKind::Transient, false)).await.state,
+        BreakerState::Closed
+    );
+    // Rate limits between failures (which keep the window thin by pausing the scope) do not reset it.
+    let scope3 = scope();
+    let limited =
+        OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: RateScope::PhoneNumber.default_pause_ms() };
+    breaker.record(&scope3, &outcomes(n / 2, OutcomeKind::Transient, false)).await;
+    breaker.record(&scope3, &outcomes(1, limited, false)).await;
+    let r = breaker.record(&scope3, &outcomes(n - n / 2, OutcomeKind::Transient, false)).await;
+    assert_eq!(r.state, BreakerState::Open);
+    let calls = breaker.status(&scope3).await.expect("status").snapshot.calls_in_window;
+    assert!(calls < u64::from(limits.min_calls), "tripped with {calls} calls in the window");
+}

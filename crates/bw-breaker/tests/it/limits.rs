@@ -160,3 +160,55 @@ async fn a_stale_usage_report_fades_and_stops_throttling() {
     .await;
     assert!(faded, "the reading fades to nothing over its ttl");
 }
+
+#[tokio::test]
+async fn a_usage_reading_is_trusted_for_meta_s_hourly_window_at_the_default_config() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = breaker(&redis.url(), ScopeLimits::default()).await;
+    let scope = scope();
+    breaker.observe_usage(&scope, 95).await;
+    let at = breaker.status(&scope).await.expect("status").snapshot.updated_at_unix_ms;
+    // Seconds later (Redis time) the reading has hardly faded: marketing stays paused, priority flows.
+    let later = bw_testkit::wait_until(std::time::Duration::from_secs(10), || async {
+        breaker.status(&scope).await.is_ok_and(|s| s.snapshot.updated_at_unix_ms >= at + 2_000)
+    })
+    .await;
+    assert!(later);
+    let status = breaker.status(&scope).await.expect("status");
+    assert!(status.usage_percent >= 94, "{}", status.usage_percent);
+    assert_eq!(
+        reasons(&breaker.admit(&scope, &items(1, TrafficClass::Marketing)).await.decisions),
+        [Some(DenyReason::Throttled)]
+    );
+    assert_eq!(allowed(&breaker.admit(&scope, &items(1, TrafficClass::Priority)).await.decisions), 1);
+}
+
+#[tokio::test]
+async fn without_usage_headers_the_scope_is_quota_blind_and_conservative() {
+    let redis = bw_testkit::RedisServer::start();
+    let limits = ScopeLimits::default();
+    let breaker = breaker(&redis.url(), limits.clone()).await;
+    let registry = bw_common::admin::new_registry();
+    breaker.register_metrics(&registry);
+    let (blind, seen) = (scope(), scope());
+    assert_eq!(breaker.status(&blind).await.expect("status").quota_visibility, bw_breaker::QuotaVisibility::Unknown);
+    breaker.observe_no_usage(&blind).await;
+    breaker.observe_usage(&seen, 30).await;
+    assert_eq!(breaker.status(&blind).await.expect("status").quota_visibility, bw_breaker::QuotaVisibility::Blind);
+    assert_eq!(breaker.status(&seen).await.expect("status").quota_visibility, bw_breaker::QuotaVisibility::Seen);
+    // Blind: the bucket (and the rate) is blind_rate_factor of the configured one.
+    let want = (limits.burst * limits.blind_rate_factor).floor() as usize;
+    assert_eq!(allowed(&breaker.admit(&blind, &items(20, TrafficClass::Priority)).await.decisions), want);
+    assert_eq!(
+        allowed(&breaker.admit(&seen, &items(20, TrafficClass::Priority)).await.decisions),
+        limits.burst as usize
+    );
+    // The gauge says so per scope.
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry.lock().expect("registry")).expect("encode");
+    assert!(text.contains(&format!("bw_breaker_quota_visibility{{scope=\"{}\"}} 0", blind.index_member())), "{text}");
+    assert!(text.contains(&format!("bw_breaker_quota_visibility{{scope=\"{}\"}} 1", seen.index_member())), "{text}");
+    // An answer with headers ends it.
+    breaker.observe_usage(&blind, 10).await;
+    assert_eq!(breaker.status(&blind).await.expect("status").quota_visibility, bw_breaker::QuotaVisibility::Seen);
+}

@@ -1,5 +1,6 @@
 //! Integration tests of bw-breaker against a real redis-server (spawned per test by bw-testkit).
 
+mod adaptive;
 mod breaker;
 mod cluster;
 mod faults;
