@@ -20,6 +20,7 @@ mod meta;
 mod metrics;
 mod moves;
 mod process;
+mod route;
 
 pub use meta::{MetaAnswer, MetaClient, build_body};
 
@@ -256,6 +257,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         cfg: cfg.dispatch.clone(),
         metrics,
         shutdown: shutdown.clone(),
+        instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
@@ -337,7 +339,8 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     // A message that reached a parked request meanwhile goes back at once rather than after the ack wait.
     for slot in &mut parked {
         if let Some(m) = take_parked(slot) {
-            let _ = m.ack_with(async_nats::jetstream::AckKind::Nak(None)).await;
+            let settle = bw_common::disposition::Settle::nak(moves::Outcome::Held, Duration::ZERO);
+            bw_common::disposition::apply(&m, settle, &tracing::Span::none(), |l| worker.metrics.result(l)).await;
         }
     }
 
