@@ -143,8 +143,10 @@ impl Config {
     }
 }
 
-/// Client-side bound on waiting for the answer to a pull request.
+/// Client-side bound on waiting for the answer to a long-poll pull request.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// Client-side bound on one no-wait fetch of a batch (see the fetch loop in [`run`]).
+const FETCH_BOUND: Duration = Duration::from_secs(10);
 
 /// An outstanding long-poll pull request (one message) on a lane.
 struct Parked {
@@ -305,7 +307,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                     Err(e) => tracing::warn!(lane = lane.token(), error = %e, "fetch failed"),
                 }
             };
-            if tokio::time::timeout(FETCH_TIMEOUT, fetch).await.is_err() {
+            // The bound is generous: a fetch abandoned while its messages are still arriving leaves them
+            // delivered-but-unacked until the ack wait (30 s) redelivers them, which stalled whole batches on a
+            // loaded machine when it was 2 s. A leader move answers within a few seconds anyway.
+            if tokio::time::timeout(FETCH_BOUND, fetch).await.is_err() {
                 tracing::warn!(lane = lane.token(), "fetch unanswered; retrying");
             }
         }
