@@ -191,7 +191,16 @@ pub enum OutcomeKind {
     Success,
     /// 5xx, 131000 and friends, timeouts before a response: counts toward the breaker.
     Transient,
-    /// Pauses the scope (or the pair for [`RateScope::Pair`]) for `pause_ms`; never a health failure.
+    /// A rate limit at its own scope; never a health failure:
+    /// - [`RateScope::PhoneNumber`] (130429): pauses the number for `pause_ms`, cuts its adaptive rate;
+    /// - [`RateScope::Pair`] (131056): the pair backs off 4^X s (`pause_ms` is ignored);
+    /// - [`RateScope::Spam`] (131048): pauses the number for `pause_ms` ([`DenyReason::SpamPaused`]);
+    /// - [`RateScope::Registration`] (133016): pauses the number for `pause_ms`
+    ///   ([`DenyReason::RegistrationPaused`]);
+    /// - [`RateScope::Recipient`] (131049): defers marketing to the recipient for max(`pause_ms`, 24 h);
+    /// - [`RateScope::App`] / [`RateScope::Waba`]: pauses the app / WABA key for `pause_ms` (every number);
+    /// - [`RateScope::Flow`] (132069): recorded nowhere (admission does not know Flows; the dispatcher parks the
+    ///   message for the hour).
     RateLimited {
         scope: RateScope,
         pause_ms: u64,
@@ -203,15 +212,6 @@ pub enum OutcomeKind {
     /// token set, pauses the scope for `pause_ms`. Never a health failure.
     Credentials {
         pause_ms: u64,
-    },
-    /// 133016: register / deregister attempt limit of the number; pauses the number for `pause_ms`.
-    RegistrationLimited {
-        pause_ms: u64,
-    },
-    /// 131049: per-user marketing limit; marketing to this recipient is deferred for at least 24 h (`defer_ms`
-    /// when longer). Not a sender failure.
-    RecipientDeferred {
-        defer_ms: u64,
     },
 }
 

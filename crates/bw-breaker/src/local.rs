@@ -214,12 +214,14 @@ impl LocalBreakers {
                 OutcomeKind::RateLimited { scope: bw_common::classify::RateScope::Pair, pause_ms } => {
                     s.pairs.insert(outcome.recipient_key.clone(), now + Duration::from_millis(pause_ms));
                 }
-                OutcomeKind::RateLimited { pause_ms, .. }
-                | OutcomeKind::Credentials { pause_ms }
-                | OutcomeKind::RegistrationLimited { pause_ms } => {
+                OutcomeKind::RateLimited {
+                    scope: bw_common::classify::RateScope::Recipient | bw_common::classify::RateScope::Flow,
+                    ..
+                } => {}
+                OutcomeKind::RateLimited { pause_ms, .. } | OutcomeKind::Credentials { pause_ms } => {
                     s.paused_until = s.paused_until.max(now + Duration::from_millis(pause_ms));
                 }
-                OutcomeKind::Permanent | OutcomeKind::RecipientDeferred { .. } => {}
+                OutcomeKind::Permanent => {}
             }
         }
         (s.state, s.incident_id.clone())

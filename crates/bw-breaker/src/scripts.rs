@@ -257,9 +257,11 @@ pub(crate) fn outcome_arg(kind: OutcomeKind, token_known: bool) -> (&'static str
         OutcomeKind::RateLimited { scope: RateScope::Pair, .. } => (out("pair"), 0),
         OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms } => (out("throughput"), pause_ms),
         OutcomeKind::RateLimited { scope: RateScope::Spam, pause_ms } => (out("spam"), pause_ms),
-        OutcomeKind::RateLimited { scope: RateScope::Waba | RateScope::App, .. } => (out("neutral"), 0),
-        OutcomeKind::RegistrationLimited { pause_ms } => (out("registration"), pause_ms),
-        OutcomeKind::RecipientDeferred { defer_ms } => (out("deferred"), defer_ms),
+        OutcomeKind::RateLimited { scope: RateScope::Registration, pause_ms } => (out("registration"), pause_ms),
+        OutcomeKind::RateLimited { scope: RateScope::Recipient, pause_ms } => (out("deferred"), pause_ms),
+        OutcomeKind::RateLimited { scope: RateScope::Waba | RateScope::App | RateScope::Flow, .. } => {
+            (out("neutral"), 0)
+        }
     }
 }
 

@@ -137,10 +137,24 @@ pub(crate) fn after_denial(reason: DenyReason, retry_after_ms: u64, policy: &Pol
         }
         // A long pause of the sender (its app, WABA or token, a spam restriction): keep the message in the DLQ
         // until it lifts rather than cycling it through redeliveries.
-        DenyReason::Paused if retry_after_ms > policy.long_pause_ms => {
+        DenyReason::Paused
+        | DenyReason::SpamPaused
+        | DenyReason::RegistrationPaused
+        | DenyReason::AppPaused
+        | DenyReason::WabaPaused
+        | DenyReason::TokenHalted
+        | DenyReason::RecipientDeferred
+            if retry_after_ms > policy.long_pause_ms =>
+        {
             Next::Dlq { reason: DlqReason::SenderPaused, not_before_ms: retry_after_ms, signal: None }
         }
         DenyReason::Paused
+        | DenyReason::SpamPaused
+        | DenyReason::RegistrationPaused
+        | DenyReason::AppPaused
+        | DenyReason::WabaPaused
+        | DenyReason::TokenHalted
+        | DenyReason::RecipientDeferred
         | DenyReason::SenderRate
         | DenyReason::PairRate
         | DenyReason::Reserve

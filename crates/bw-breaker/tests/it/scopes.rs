@@ -171,7 +171,9 @@ async fn a_registration_limit_pauses_the_number_with_its_own_reason() {
     let redis = bw_testkit::RedisServer::start();
     let breaker = default_breaker(&redis.url()).await;
     let s = scope();
-    breaker.record(&s, &[outcome(OutcomeKind::RegistrationLimited { pause_ms: 3_600_000 })]).await;
+    breaker
+        .record(&s, &[outcome(OutcomeKind::RateLimited { scope: RateScope::Registration, pause_ms: 3_600_000 })])
+        .await;
     let retry =
         denied(first(&breaker, &s, TrafficClass::Priority).await, DenyReason::RegistrationPaused).expect("paused");
     assert!(retry > 3_500_000, "{retry}");
@@ -186,7 +188,7 @@ async fn a_131049_defers_marketing_to_that_recipient_for_a_day_and_is_no_sender_
     let deferred: Vec<OutcomeItem> = (0..100)
         .map(|i| OutcomeItem {
             recipient_key: format!("r{i}"),
-            kind: OutcomeKind::RecipientDeferred { defer_ms: 0 },
+            kind: OutcomeKind::RateLimited { scope: RateScope::Recipient, pause_ms: 0 },
             canary: false,
         })
         .collect();

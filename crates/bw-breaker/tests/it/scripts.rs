@@ -116,7 +116,16 @@ async fn the_state_hash_holds_only_fields_the_prelude_defines() {
     breaker.record(&scope, &outcomes(1, limited, false)).await;
     let pair = OutcomeKind::RateLimited { scope: bw_common::classify::RateScope::Pair, pause_ms: 10 };
     breaker.record(&scope, &outcomes(1, pair, false)).await;
-    breaker.record(&scope, &outcomes(1, OutcomeKind::RecipientDeferred { defer_ms: 0 }, false)).await;
+    breaker
+        .record(
+            &scope,
+            &outcomes(
+                1,
+                OutcomeKind::RateLimited { scope: bw_common::classify::RateScope::Recipient, pause_ms: 0 },
+                false,
+            ),
+        )
+        .await;
     breaker.observe_usage(&scope, 40).await;
     breaker.observe_no_usage(&scope).await;
     breaker.force(&scope, Forced::Open).await.expect("force");
