@@ -39,3 +39,33 @@ async fn scripts_run_unchanged_on_a_redis_cluster() {
     }
     assert!(masters_with_keys >= 2, "scopes landed on {masters_with_keys} masters");
 }
+
+#[tokio::test]
+async fn parent_pauses_work_on_a_redis_cluster() {
+    use bw_breaker::{DenyReason, Parent, ScopeLimits};
+    use bw_common::classify::RateScope;
+    let cluster = bw_testkit::RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    let conn = client.get_async_connection().await.expect("cluster connection");
+    let breaker = Breaker::with_conn(Some(RedisConn::Cluster(conn)), None, config(ScopeLimits::default()));
+    breaker.set_account("app-c", "token-c");
+    let scopes: Vec<_> = (0..6).map(|_| scope()).collect();
+    let first = |a: bw_breaker::Admission| a.decisions[0];
+    let app_limit = OutcomeKind::RateLimited { scope: RateScope::App, pause_ms: 60_000 };
+    let r = breaker.record(&scopes[0], &outcomes(1, app_limit, false)).await;
+    assert!(!r.degraded);
+    // Every scope, whatever its slot, is refused under the app's key (its own slot).
+    for s in &scopes {
+        let d =
+            first(breaker.admit(s, &[AdmitItem { recipient_key: "r".into(), class: TrafficClass::Priority }]).await);
+        assert!(matches!(d, Decision::Deny { reason: DenyReason::AppPaused, .. }), "{d:?}");
+    }
+    breaker.clear_parent(&Parent::App("app-c".into())).await.expect("clear on the cluster");
+    breaker.record(&scopes[1], &outcomes(1, OutcomeKind::Credentials { pause_ms: 1_000 }, false)).await;
+    let d = first(
+        breaker.admit(&scopes[2], &[AdmitItem { recipient_key: "r".into(), class: TrafficClass::Priority }]).await,
+    );
+    assert!(matches!(d, Decision::Deny { reason: DenyReason::TokenHalted, .. }), "{d:?}");
+    let status = breaker.parent_status(&Parent::Token(bw_breaker::token_fingerprint("token-c"))).await.expect("read");
+    assert!(status.halted);
+}
