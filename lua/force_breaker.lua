@@ -29,11 +29,12 @@ elseif mode == 'reset' then
   window_clear(S, c)
   for _, k in ipairs({ F.streak, F.rate_limit_streak, F.ramp_start, F.paused_until, F.pause_kind,
     F.half_open_successes, F.slow_tat, F.usage, F.usage_at, F.no_usage_at, F.adaptive_cut_at, F.fast_count,
-    F.next_slot }) do
+    F.fast_calls, F.fast_since, F.next_slot }) do
     set(S, k, 0)
   end
   set(S, F.incident, '')
   set(S, F.pause_reason, '')
+  set(S, F.fast_keys, '')
   set(S, F.adaptive, 1)
 else
   return redis.error_reply('bad mode')

@@ -1,9 +1,9 @@
 -- record_outcomes.lua: records a batch of send outcomes of one sender scope and runs the breaker.
 --
 -- What counts (OUT in scope_prelude.lua):
---   success       a call in the window; resets the rate-limit streak, the fast-trip streak and the pair's
---                 131056 back-off; the adaptive share creeps back up by aimd_increase (never above 1)
---   transient     5xx, 131000, timeouts: a failed call in the window, and one more in the fast-trip streak
+--   success       a call in the window (and in an open fast-trip window); resets the rate-limit streak and the
+--                 pair's 131056 back-off; the adaptive share creeps back up by aimd_increase (never above 1)
+--   transient     5xx, 131000, timeouts: a failed call in the window and in the fast-trip window
 --   throughput    130429: never in the failure window (Meta §6: rate limits feed their limiter, not the health
 --                 breaker); pauses the scope for pause_ms and starts a rate-limit episode at most once per
 --                 aimd_cut_gap_ms (the sends in flight when Meta started refusing are answered together and
@@ -21,9 +21,14 @@
 --   permanent     neither a call nor a failure; resets the rate-limit streak
 --   neutral       nothing (app / WABA rate limits: recorded on their own keys by parent_pause.lua)
 -- CLOSED trips to OPEN when failures * 1000 >= calls * threshold_permille with at least min_calls calls in the
--- window, after consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: fast_trip_failures transient
--- failures in a row (no success between) within fast_trip_window_ms, which trips even while rate-limit pauses
--- keep the sliding window too thin for min_calls. HALF_OPEN closes after close_after_successes canary
+-- window, after consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: a window
+-- of fast_trip_window_ms opened by a transient failure that holds fast_trip_failures failures of distinct
+-- recipients and a failure share at or above the threshold (failures * 1000 >= calls * threshold_permille over
+-- its calls). The fast trip needs no min_calls, so it trips even while rate-limit pauses keep the sliding
+-- window thin; one message failing on every retry is one failure, so retries alone never fast-trip. Default
+-- 3 failures in 2 s, an estimate for the drill's outage (14 % 503 and 14 % 130429 at 72/s, 120 ms latency, not
+-- measured here): about 36 sends are answered in the 2 s after the first error (the first 130429 pauses the
+-- number for 1 s), so about 5 503s are expected and P(at least 3) is about 0.9 per number. HALF_OPEN closes after close_after_successes canary
 -- successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
@@ -64,26 +69,51 @@ local function failure(st)
   end
 end
 
-local function fast_streak(st)
-  local window = num(c.fast_trip_window_ms, 2000)
-  local ft = num(S[F.fast_count])
-  if ft == 0 or now - num(S[F.fast_since]) > window then
-    ft = 0
+-- Fast-trip window: opens at a transient failure, lasts fast_trip_window_ms, counts its calls and the distinct
+-- recipients that failed in it (a retried message failing again is one failure, not several). Checked once at
+-- the end of the batch, so the order of outcomes within a batch does not matter.
+local function fast_open()
+  local fs = num(S[F.fast_since])
+  return fs > 0 and now - fs <= num(c.fast_trip_window_ms, 2000)
+end
+
+local function fast_failure(key)
+  if not fast_open() then
     set(S, F.fast_since, now)
+    set(S, F.fast_count, 0)
+    set(S, F.fast_calls, 0)
+    set(S, F.fast_keys, '|')
   end
-  ft = ft + 1
-  set(S, F.fast_count, ft)
-  local need = num(c.fast_trip_failures, 0)
-  if st == CLOSED and need > 0 and ft >= need then
-    go(S, c, now, OPEN, string.format('%d transient failures in a row within %d ms', ft, window), T, rand, tag)
+  set(S, F.fast_calls, num(S[F.fast_calls]) + 1)
+  local keys = S[F.fast_keys] or '|'
+  if string.find(keys, '|' .. key .. '|', 1, true) == nil then
+    set(S, F.fast_count, num(S[F.fast_count]) + 1)
+    if num(S[F.fast_count]) <= num(c.fast_trip_failures, 0) then set(S, F.fast_keys, keys .. key .. '|') end
   end
 end
 
-local function pair_update(key, fields)
+local function fast_success()
+  if fast_open() then set(S, F.fast_calls, num(S[F.fast_calls]) + 1) end
+end
+
+local function fast_check()
+  local need = num(c.fast_trip_failures, 0)
+  if need <= 0 or num(S[F.state], CLOSED) ~= CLOSED or not fast_open() then return end
+  local ft, fc = num(S[F.fast_count]), num(S[F.fast_calls])
+  if ft >= need and ft * 1000 >= fc * c.threshold_permille then
+    local reason = string.format('fast trip: %d transient failures (distinct recipients) in %d calls within %d ms',
+      ft, fc, num(c.fast_trip_window_ms, 2000))
+    go(S, c, now, OPEN, reason, T, rand, tag)
+  end
+end
+
+-- Writes pair fields and keeps the key `extra` ms past its latest time (never shortens its life): after a
+-- 131056 the count X must outlive the back-off, or a send that comes back late would start again at 1 s.
+local function pair_update(key, fields, extra)
   redis.call('HSET', key, unpack(fields))
   local h = redis.call('HMGET', key, P.tat, P.backoff_until, P.marketing_deferred)
-  local keep = math.max(num(h[1]), num(h[2]), num(h[3])) - now
-  if keep > 0 then redis.call('PEXPIRE', key, math.floor(keep) + 1000) end
+  local keep = math.floor(math.max(num(h[1]), num(h[2]), num(h[3])) - now + extra)
+  if keep > num(redis.call('PTTL', key)) then redis.call('PEXPIRE', key, math.max(1, keep)) end
 end
 
 for i = 1, n do
@@ -94,7 +124,7 @@ for i = 1, n do
   local st = num(S[F.state], CLOSED)
   if kind == OUT.success then
     set(S, F.rate_limit_streak, 0)
-    set(S, F.fast_count, 0)
+    fast_success()
     window_add(S, c, now, 1, 0)
     local ar = tonumber(S[F.adaptive])
     if ar ~= nil and ar < 1 then set(S, F.adaptive, fmt(math.min(1, ar + num(c.aimd_increase, 0.002)))) end
@@ -110,13 +140,14 @@ for i = 1, n do
   elseif kind == OUT.transient then
     set(S, F.rate_limit_streak, 0)
     failure(st)
-    fast_streak(num(S[F.state], CLOSED))
+    fast_failure(key)
   elseif kind == OUT.pair then
     local x = num(redis.call('HGET', key, P.backoffs)) + 1
     local backoff = math.min(num(c.pair_backoff_max_ms, 3600000), 1000 * (4 ^ (x - 1)))
     local tol = math.max(1, num(c.pair_interval_ms, 6000)) * math.max(0, num(c.pair_burst, 1) - 1)
     local tat = math.max(num(redis.call('HGET', key, P.tat)), now + tol)
-    pair_update(key, { P.backoffs, x, P.backoff_until, math.floor(now + backoff), P.tat, math.floor(tat) })
+    pair_update(key, { P.backoffs, x, P.backoff_until, math.floor(now + backoff), P.tat, math.floor(tat) },
+      math.max(60000, 4 * backoff))
   elseif kind == OUT.throughput then
     pause(S, c, now, pause_ms, PAUSE.rate_limit, 'rate limit: throughput')
     -- One rate-limit episode per aimd_cut_gap_ms: the sends already in flight when Meta started refusing are
@@ -138,7 +169,7 @@ for i = 1, n do
   elseif kind == OUT.deferred then
     local until_ms = now + math.max(pause_ms, 86400000)
     if until_ms > num(redis.call('HGET', key, P.marketing_deferred)) then
-      pair_update(key, { P.marketing_deferred, math.floor(until_ms) })
+      pair_update(key, { P.marketing_deferred, math.floor(until_ms) }, 1000)
     end
   elseif kind == OUT.credentials then
     set(S, F.rate_limit_streak, 0)
@@ -148,6 +179,7 @@ for i = 1, n do
   end
 end
 
+fast_check()
 local out = head(S, c, now)
 out[#out + 1] = num(S[F.paused_until])
 return finish(S, out, T)

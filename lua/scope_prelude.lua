@@ -40,7 +40,8 @@ local F = {
   half_open_successes = 'hs', canary_second = 'cs', canary_count = 'cc', ramp_start = 'rc', ramp_ms = 'rm',
   rate_limit_streak = 'rl', paused_until = 'pu', pause_reason = 'pr', pause_kind = 'pk', tokens = 'tk',
   tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
-  adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs',
+  adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs', fast_calls = 'fc',
+  fast_keys = 'fk',
   -- window ring: F.win_* .. i for slot i (bucket number, calls, failures)
   win_bucket = 'wn', win_calls = 'wc', win_fails = 'wf',
 }
@@ -260,6 +261,8 @@ local function go(S, c, now, to, reason, T, rand, tag)
     set(S, F.streak, 0)
     set(S, F.rate_limit_streak, 0)
     set(S, F.fast_count, 0)
+    set(S, F.fast_calls, 0)
+    set(S, F.fast_keys, '')
     window_clear(S, c)
     if reason ~= 'operator reset' and num(c.ramp_ms) > 0 and from ~= FORCED_CLOSED then
       set(S, F.ramp_start, now)

@@ -51,10 +51,11 @@ pub struct ScopeLimits {
     pub pair_burst: u32,
     /// Cap of the per-pair back-off after consecutive 131056 (4^X s: 1, 4, 16, 64 s ...), ms.
     pub pair_backoff_max_ms: u64,
-    /// Fast trip: this many transient failures in a row (no success between) open the breaker even when the
-    /// window holds fewer than `min_calls` calls (0: off).
+    /// Fast trip: this many transient failures of distinct recipients within `fast_trip_window_ms` of the
+    /// first, at or above `failure_threshold` of the calls in that time, open the breaker even when the sliding
+    /// window holds fewer than `min_calls` calls (0: off). A message failing again on its retries counts once.
     pub fast_trip_failures: u32,
-    /// Fast trip: the failures must fall within this many ms of the first.
+    /// Fast trip: length of the short window opened by a transient failure, ms.
     pub fast_trip_window_ms: u64,
     /// AIMD: the adaptive share of `rate_per_s` is multiplied by this on a 130429.
     pub aimd_decrease: f64,
@@ -105,8 +106,8 @@ impl Default for ScopeLimits {
             pair_interval_ms: 6_000,
             pair_burst: 40,
             pair_backoff_max_ms: 3_600_000,
-            fast_trip_failures: 8,
-            fast_trip_window_ms: 1_500,
+            fast_trip_failures: 3,
+            fast_trip_window_ms: 2_000,
             aimd_decrease: 0.7,
             aimd_increase: 0.002,
             aimd_min: 0.1,

@@ -170,6 +170,8 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
     ("next_slot", "ns"),
     ("fast_count", "ft"),
     ("fast_since", "fs"),
+    ("fast_calls", "fc"),
+    ("fast_keys", "fk"),
     ("win_bucket", "wn"),
     ("win_calls", "wc"),
     ("win_fails", "wf"),

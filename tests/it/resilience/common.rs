@@ -61,6 +61,7 @@ pub fn breaker(rate_per_s: u32) -> Vec<(&'static str, String)> {
         ("breaker.defaults.rate_per_s", rate_per_s.to_string()),
         ("breaker.defaults.burst", (rate_per_s / 5).max(10).to_string()),
         ("breaker.defaults.min_calls", "1000000".into()),
+        ("breaker.defaults.fast_trip_failures", "0".into()),
         ("breaker.defaults.ramp_ms", "0".into()),
         ("breaker.defaults.pair_burst", "1000".into()),
     ]

@@ -126,6 +126,7 @@ async fn a_replay_process_killed_mid_drain_leaves_the_rest_to_the_other() {
                 ("limits.default.rate_per_s", "400".into()),
                 ("limits.default.burst", "80".into()),
                 ("limits.default.min_calls", "1000000".into()),
+                ("limits.default.fast_trip_failures", "0".into()),
                 ("limits.default.ramp_ms", "0".into()),
                 ("limits.default.pair_burst", "1000".into()),
             ],

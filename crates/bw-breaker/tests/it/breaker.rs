@@ -349,11 +349,17 @@ async fn rate_case(breaker: &bw_breaker::Breaker, successes: usize, failures: us
 #[tokio::test]
 async fn the_threshold_compare_is_exact() {
     let redis = bw_testkit::RedisServer::start();
-    // Default: 5 % over at least 50 calls.
+    // Default: 5 % (over at least 50 calls in the window, or over the fast-trip window's calls). Failures first
+    // in one batch: the fast-trip window sees every call of the batch too.
     let defaults = breaker(&redis.url(), ScopeLimits::default()).await;
-    assert_eq!(rate_case(&defaults, 95, 5).await, BreakerState::Open, "exactly 5 % trips");
-    assert_eq!(rate_case(&defaults, 96, 4).await, BreakerState::Closed, "4 % does not");
-    assert_eq!(rate_case(&defaults, 46, 3).await, BreakerState::Closed, "below min_calls");
+    let mixed = |failures: usize, successes: usize| {
+        let mut batch = failed("f", failures);
+        batch.extend(outcomes(successes, OutcomeKind::Success, false));
+        batch
+    };
+    let r = defaults.record(&scope(), &mixed(5, 95)).await;
+    assert_eq!(r.state, BreakerState::Open, "exactly 5 % trips");
+    assert_eq!(defaults.record(&scope(), &mixed(4, 96)).await.state, BreakerState::Closed, "4 % does not");
     // 0.07 trips at exactly 7 % (a float compare would need 7.000000000000001 failures).
     let seven = breaker(&redis.url(), ScopeLimits { failure_threshold: 0.07, min_calls: 100, ..limits() }).await;
     assert_eq!(rate_case(&seven, 93, 7).await, BreakerState::Open);
@@ -398,38 +404,47 @@ async fn jitter_stays_inside_the_cooldown_cap() {
     assert!(cooldowns[2..].iter().all(|c| *c == 300), "capped from the second re-trip on: {cooldowns:?}");
 }
 
+fn failed(prefix: &str, n: usize) -> Vec<bw_breaker::OutcomeItem> {
+    (0..n)
+        .map(|i| bw_breaker::OutcomeItem {
+            recipient_key: format!("{prefix}{i}"),
+            kind: OutcomeKind::Transient,
+            canary: false,
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn a_burst_of_transient_failures_trips_fast_even_when_the_window_is_thin() {
     let redis = bw_testkit::RedisServer::start();
     let limits = ScopeLimits::default();
     let breaker = breaker(&redis.url(), limits.clone()).await;
     let n = limits.fast_trip_failures as usize;
-    // n - 1 in a row: far below min_calls, nothing trips.
+    assert!(n >= 2, "{n}");
+    // n - 1 failures: far below min_calls, nothing trips; the n-th distinct one within the short window does.
     let scope1 = scope();
-    assert_eq!(
-        breaker.record(&scope1, &outcomes(n - 1, OutcomeKind::Transient, false)).await.state,
-        BreakerState::Closed
-    );
-    // The n-th in a row (within fast_trip_window_ms of the first) trips.
-    let r = breaker.record(&scope1, &outcomes(1, OutcomeKind::Transient, false)).await;
+    assert_eq!(breaker.record(&scope1, &failed("a", n - 1)).await.state, BreakerState::Closed);
+    let r = breaker.record(&scope1, &failed("b", 1)).await;
     assert_eq!(r.state, BreakerState::Open);
-    assert!(r.transitions[0].reason.contains("transient failures in a row"), "{:?}", r.transitions);
-    // A success between resets the streak.
+    assert!(r.transitions[0].reason.contains("fast trip"), "{:?}", r.transitions);
+    // One message failing on every retry is one failure.
     let scope2 = scope();
-    breaker.record(&scope2, &outcomes(n - 1, OutcomeKind::Transient, false)).await;
-    breaker.record(&scope2, &outcomes(1, OutcomeKind::Success, false)).await;
-    assert_eq!(
-        breaker.record(&scope2, &outcomes(n - 1, OutcomeKind::Transient, false)).await.state,
-        BreakerState::Closed
-    );
-    // Rate limits between failures (which keep the window thin by pausing the scope) do not reset it.
+    for _ in 0..2 * n {
+        assert_eq!(breaker.record(&scope2, &failed("same", 1)).await.state, BreakerState::Closed);
+    }
+    // A few failures among many successes in the short window are below the threshold share.
     let scope3 = scope();
+    let mut batch = failed("c", n);
+    batch.extend(outcomes(100, OutcomeKind::Success, false));
+    assert_eq!(breaker.record(&scope3, &batch).await.state, BreakerState::Closed);
+    // Rate limits between failures (which keep the sliding window thin by pausing the scope) do not hide them.
+    let scope4 = scope();
     let limited =
         OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: RateScope::PhoneNumber.default_pause_ms() };
-    breaker.record(&scope3, &outcomes(n / 2, OutcomeKind::Transient, false)).await;
-    breaker.record(&scope3, &outcomes(1, limited, false)).await;
-    let r = breaker.record(&scope3, &outcomes(n - n / 2, OutcomeKind::Transient, false)).await;
+    breaker.record(&scope4, &failed("d", 1)).await;
+    breaker.record(&scope4, &outcomes(3, limited, false)).await;
+    let r = breaker.record(&scope4, &failed("e", n - 1)).await;
     assert_eq!(r.state, BreakerState::Open);
-    let calls = breaker.status(&scope3).await.expect("status").snapshot.calls_in_window;
+    let calls = breaker.status(&scope4).await.expect("status").snapshot.calls_in_window;
     assert!(calls < u64::from(limits.min_calls), "tripped with {calls} calls in the window");
 }

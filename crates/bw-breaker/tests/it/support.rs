@@ -33,6 +33,8 @@ pub(crate) fn limits() -> ScopeLimits {
         rate_per_s: 1000.0,
         burst: 1000.0,
         pair_burst: 1000,
+        // The fast trip is tested on its own at the default config; these tests exercise the sliding window.
+        fast_trip_failures: 0,
         ..ScopeLimits::default()
     }
 }
