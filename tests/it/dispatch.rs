@@ -62,7 +62,9 @@ async fn transient_errors_are_retried_with_backoff_then_sent_once() {
         FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
     ));
     h.start_ingest(&[]).await;
-    h.start_dispatcher(&[]).await;
+    // Retries at least 600 ms apart, so the 3 retries outlast the 1.5 s of 503s (the harness's 100..500 ms would
+    // spend all 4 tries inside it now that the pair limit no longer holds the 3rd send to one recipient for 6 s).
+    h.start_dispatcher(&[("dispatch.retry_base_ms", "600".into()), ("dispatch.retry_cap_ms", "1000".into())]).await;
     submit(&h, &order("retry-1", 1)).await;
     assert!(
         h.wait_state("retry-1", &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await
