@@ -151,8 +151,8 @@ if took then
   for key, p in pairs(pairs_seen) do
     if p.dirty then
       redis.call('HSET', key, P.tat, math.floor(p.tat))
-      local keep = math.max(p.tat, p.b, p.md) - now
-      if keep > num(redis.call('PTTL', key)) then redis.call('PEXPIRE', key, math.max(1, math.floor(keep))) end
+      -- Lives until its latest time; a 131056 count outlives its back-off by at least the next interval.
+      redis.call('PEXPIRE', key, math.max(1, math.floor(math.max(p.tat, p.b + pair_t, p.md) - now)))
     end
   end
 end

@@ -658,13 +658,12 @@ impl Breaker {
                 (key, self.call("parent_pause", inv).await.and_then(scripts::parent_reply))
             }))
             .await;
+            // A failed read keeps what was known (or nothing) and leaves it to the admission call to find out
+            // whether Redis is down: a slow parent read alone never sends the scope to the local fallback.
             for (key, reply) in reads {
                 match reply {
                     Ok(reply) => self.remember_parent(key, &reply),
-                    Err(e) => {
-                        self.mark_down("parent_pause", &e);
-                        break;
-                    }
+                    Err(e) => tracing::debug!(parent = %key, error = %e, "parent pause read failed"),
                 }
             }
         }
