@@ -5,13 +5,21 @@
 //! known scope so an OPEN breaker moves to HALF_OPEN when its cooldown ends even without traffic, keeps the
 //! current `ScopeSnapshot` of every scope in the KV bucket BW_SCOPES, counts trips from the transition events
 //! every instance publishes on `bw.breaker.v1.*`, and serves the admin API (list, force open/closed, clear,
-//! reset, reload) on the admin port. Any number of coordinators may run: the scripts decide every transition,
-//! so ticks are idempotent, and the event subscription is a queue group.
+//! reset, reload) on the admin port; its state-changing routes need an operator token ([`admin`]).
+//!
+//! Any number of coordinators may run, in one model: **a leader elected through a JetStream KV lease**
+//! ([`leader`]). The lease holder runs the ticks and is the only writer of the config hashes and snapshots;
+//! the others serve the admin API, count the trip events their share of the queue group receives, learn
+//! scopes, and take the lease within about `leader_lease_ms` + `leader_renew_ms` (4 s at the defaults) when the
+//! leader dies, at once when it stops gracefully. No transition is ever applied twice whoever ticks: every
+//! transition is decided by a Lua script on the Redis state (an OPEN scope moves to HALF_OPEN once), so even
+//! two instances ticking at once (a stalled leader past its lease) publish each transition once.
 //!
 //! What it must not do: change breaker state other than through the `bw-breaker` scripts. Entry point: [`run`].
 
 pub mod admin;
 pub mod config;
+pub mod leader;
 mod metrics;
 
 pub use config::Config;
@@ -25,7 +33,8 @@ use futures::StreamExt;
 use prost::Message as _;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +72,16 @@ struct Inner {
     breaker: Breaker,
     redis: redis::aio::ConnectionManager,
     nats: async_nats::Client,
+    js: async_nats::jetstream::Context,
     scopes_kv: async_nats::jetstream::kv::Store,
+    /// Id of this instance in the leader lease.
+    instance: String,
+    /// Set by `run`; None (never the leader) before.
+    leader: OnceLock<leader::Leadership>,
+    /// Set when this instance takes the lease: the tick loop rewrites every config and snapshot first.
+    resync_due: AtomicBool,
+    /// sha256 of every accepted operator token (empty: state-changing admin routes are refused).
+    operator_hashes: Vec<[u8; 32]>,
     limits: RwLock<Arc<Limits>>,
     /// phone_number_id → scope, for every scope known (configured, indexed in Redis, or seen in an event).
     known: RwLock<HashMap<String, Scope>>,
@@ -79,8 +97,10 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Validates the limits and registers the metrics. Writes nothing yet.
+    /// Validates the config and limits and registers the metrics. Writes nothing yet.
     pub fn new(cfg: Config, deps: &Deps) -> anyhow::Result<Coordinator> {
+        cfg.validate().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+        let operator_hashes = cfg.operator.token_hashes().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
         let limits = cfg.initial_limits().map_err(|e| anyhow::anyhow!("invalid limits: {e}"))?;
         let redis = deps.redis.clone().context("the coordinator needs redis")?;
         let mut breaker_cfg = cfg.breaker.clone();
@@ -94,7 +114,12 @@ impl Coordinator {
                 breaker,
                 redis,
                 nats: deps.nats.clone(),
+                js: deps.js.clone(),
                 scopes_kv: deps.buckets.scopes.clone(),
+                instance: instance_id(),
+                leader: OnceLock::new(),
+                resync_due: AtomicBool::new(false),
+                operator_hashes,
                 limits: RwLock::new(Arc::new(limits)),
                 known: RwLock::new(known),
                 written: Mutex::new(HashMap::new()),
@@ -108,6 +133,32 @@ impl Coordinator {
     /// The breaker handle (for admin calls).
     pub fn breaker(&self) -> &Breaker {
         &self.inner.breaker
+    }
+
+    /// Whether this instance holds the leader lease now (only the leader ticks and writes; see [`leader`]).
+    pub fn is_leader(&self) -> bool {
+        self.inner.leader.get().is_some_and(|l| l.is_leader())
+    }
+
+    /// This instance's id in the leader lease (`<HOSTNAME>-<random>`).
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// The instance id holding the lease according to NATS (None before `run` or while nobody holds it).
+    pub async fn leader_holder(&self) -> Option<String> {
+        match self.inner.leader.get() {
+            Some(l) => l.holder().await,
+            None => None,
+        }
+    }
+
+    pub(crate) fn operator_hashes(&self) -> &[[u8; 32]] {
+        &self.inner.operator_hashes
+    }
+
+    pub(crate) fn metrics(&self) -> &metrics::Metrics {
+        &self.inner.metrics
     }
 
     fn limits(&self) -> Arc<Limits> {
@@ -137,8 +188,12 @@ impl Coordinator {
         true
     }
 
-    /// Writes a scope's effective limits into its Redis config hash (replacing it atomically).
+    /// Writes a scope's effective limits into its Redis config hash (replacing it atomically). Only the
+    /// leader writes; on other instances this does nothing.
     async fn write_config(&self, scope: &Scope) -> anyhow::Result<()> {
+        if !self.is_leader() {
+            return Ok(());
+        }
         let limits = self.limits();
         let key = bw_breaker::scripts::cfg_key(scope);
         let fields = limits.for_scope(&scope.phone_number_id).fields();
@@ -155,7 +210,8 @@ impl Coordinator {
         }
     }
 
-    /// Re-reads the limits (file or inline config), and on success rewrites every config hash.
+    /// Re-reads the limits (file or inline config), and on success rewrites every config hash (on the leader;
+    /// another instance keeps them for when it leads).
     pub async fn reload(&self) -> Result<usize, String> {
         let result = self.inner.cfg.initial_limits();
         match result {
@@ -179,7 +235,11 @@ impl Coordinator {
     }
 
     /// Records the state of a scope: gauge, and BW_SCOPES when something significant changed or it is old.
+    /// Only the leader records; on other instances this does nothing.
     async fn store(&self, status: &ScopeStatus, force: bool) {
+        if !self.is_leader() {
+            return;
+        }
         let Some(scope) = status.snapshot.scope.as_ref() else {
             return;
         };
@@ -223,12 +283,12 @@ impl Coordinator {
         }
     }
 
-    async fn tick_all(&self) {
+    async fn tick_all(&self, force_store: bool) {
         let scopes = self.known_scopes();
         let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
         futures::stream::iter(scopes)
             .for_each_concurrent(concurrency, |scope| async move {
-                self.tick_scope(&scope, false).await;
+                self.tick_scope(&scope, force_store).await;
             })
             .await;
         self.inner.metrics.ticks.inc();
@@ -255,7 +315,8 @@ impl Coordinator {
         }
     }
 
-    /// Handles one transition event published by any instance.
+    /// Handles one transition event published by any instance (each event reaches one coordinator: queue
+    /// group). Every instance counts the trips it receives; only the leader writes and ticks.
     async fn on_event(&self, event: BreakerTransition) {
         let Some(s) = event.scope.as_ref() else {
             return;
@@ -272,7 +333,9 @@ impl Coordinator {
         {
             tracing::warn!(phone_number_id = %scope.phone_number_id, error = %e, "cannot write scope config");
         }
-        self.tick_scope(&scope, true).await;
+        if self.is_leader() {
+            self.tick_scope(&scope, true).await;
+        }
     }
 
     fn limits_file_changed(&self) -> bool {
@@ -290,20 +353,74 @@ impl Coordinator {
         }
     }
 
-    /// Runs the loops until `shutdown`.
+    /// Runs the loops until `shutdown`: the leader lease, the event subscription and the tick loop (which
+    /// ticks and writes only while this instance leads). Dropping the returned future stops the loops as a
+    /// crash would (the lease is not given back and expires); `shutdown` releases it for a fast hand-over.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        self.write_all_configs().await;
-        self.discover().await;
+        let c = &self.inner.cfg.coordinator;
+        let leadership = leader::Leadership::open(
+            &self.inner.js,
+            self.inner.instance.clone(),
+            Duration::from_millis(c.leader_lease_ms),
+            self.inner.cfg.nats.replicas,
+        )
+        .await?;
+        if self.inner.leader.set(leadership).is_err() {
+            anyhow::bail!("Coordinator::run called twice on one coordinator");
+        }
         let events = self
             .inner
             .nats
             .queue_subscribe("bw.breaker.v1.*", EVENTS_QUEUE_GROUP.to_string())
             .await
             .map_err(|e| anyhow::anyhow!("cannot subscribe to breaker events: {e}"))?;
+        // The loops stop on `stop`: the shutdown token, or this future dropped (the guard).
+        let stop = shutdown.child_token();
+        let _guard = stop.clone().drop_guard();
         let tracker = TaskTracker::new();
 
         let this = self.clone();
-        let token = shutdown.clone();
+        let token = stop.clone();
+        let graceful = shutdown.clone();
+        tracker.spawn(
+            async move {
+                let Some(lease) = this.inner.leader.get() else {
+                    return;
+                };
+                let renew = Duration::from_millis(this.inner.cfg.coordinator.leader_renew_ms.max(10));
+                let mut every = tokio::time::interval(renew);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        _ = every.tick() => {}
+                    }
+                    let change = lease.step().await;
+                    this.inner.metrics.leader.set(i64::from(lease.is_leader()));
+                    match change {
+                        leader::Change::Acquired => {
+                            tracing::info!(instance = %lease.instance(), "coordinator lease taken: this instance leads");
+                            this.inner.metrics.leader_changes.inc();
+                            this.inner.resync_due.store(true, Ordering::SeqCst);
+                        }
+                        leader::Change::Lost => {
+                            tracing::warn!(instance = %lease.instance(), "coordinator lease lost: this instance follows");
+                            this.inner.metrics.state.clear();
+                        }
+                        leader::Change::Same => {}
+                    }
+                }
+                if graceful.is_cancelled() {
+                    lease.release().await;
+                    this.inner.metrics.leader.set(0);
+                    tracing::info!(instance = %lease.instance(), "coordinator lease released");
+                }
+            }
+            .instrument(tracing::info_span!("coordinator.lease")),
+        );
+
+        let this = self.clone();
+        let token = stop.clone();
         tracker.spawn(
             async move {
                 let mut events = events;
@@ -324,7 +441,7 @@ impl Coordinator {
         );
 
         let this = self.clone();
-        let token = shutdown.clone();
+        let token = stop.clone();
         tracker.spawn(
             async move {
                 let c = &this.inner.cfg.coordinator;
@@ -355,23 +472,42 @@ impl Coordinator {
                         last_discovery = Instant::now();
                         this.discover().await;
                     }
+                    if !this.is_leader() {
+                        continue;
+                    }
+                    if this.inner.resync_due.swap(false, Ordering::SeqCst) {
+                        // Just took the lease: what the previous leader wrote may be stale or missing.
+                        last_resync = Instant::now();
+                        this.discover().await;
+                        this.write_all_configs().await;
+                        this.tick_all(true).await;
+                        continue;
+                    }
                     if last_resync.elapsed() >= Duration::from_millis(c.config_resync_ms) {
                         last_resync = Instant::now();
                         this.write_all_configs().await;
                     }
-                    this.tick_all().await;
+                    this.tick_all(false).await;
                 }
             }
             .instrument(tracing::info_span!("coordinator.tick")),
         );
 
-        shutdown.cancelled().await;
+        stop.cancelled().await;
         tracker.close();
         if tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.is_err() {
             tracing::warn!("coordinator tasks did not stop within 5 s");
         }
         Ok(())
     }
+}
+
+/// `<HOSTNAME>-<8 random hex>`: the pod name in Kubernetes, unique per process.
+fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "coordinator".into());
+    let host: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.').take(63).collect();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &random[..8])
 }
 
 fn file_mtime(path: &str) -> Option<SystemTime> {
