@@ -173,3 +173,20 @@ async fn ticks_from_two_coordinators_at_once_make_one_transition() {
     );
     assert!(kv_state(&a_deps, "5551").await.is_none(), "no lease, no snapshot writes");
 }
+
+/// A graceful stop gives the lease back before `run` returns, so the standby does not wait for it to lapse.
+#[tokio::test]
+async fn a_graceful_stop_hands_the_lease_over() {
+    let servers = Servers::start();
+    let mut a = Instance::start(servers.config("a", "")).await;
+    assert!(bw_testkit::wait_until(WAIT, || async { a.coordinator.is_leader() }).await);
+    let b = Instance::start(servers.config("b", "")).await;
+    a.token.cancel();
+    (&mut a.task).await.expect("joins").expect("run ends cleanly");
+    let a_coordinator = a.coordinator.clone();
+    assert!(!a_coordinator.is_leader());
+    let holder = b.coordinator.leader_holder().await;
+    assert_ne!(holder.as_deref(), Some(a_coordinator.instance()), "released, not left to expire");
+    assert!(bw_testkit::wait_until(WAIT, || async { b.coordinator.is_leader() }).await, "the standby takes over");
+    assert_eq!(b.coordinator.leader_holder().await.as_deref(), Some(b.coordinator.instance()));
+}
