@@ -15,6 +15,10 @@
 //! transition is decided by a Lua script on the Redis state (an OPEN scope moves to HALF_OPEN once), so even
 //! two instances ticking at once (a stalled leader past its lease) publish each transition once.
 //!
+//! When Redis loses its data (restart without persistence, failover to an empty replica) the leader notices the
+//! missing [`REDIS_EPOCH_KEY`] before it writes any snapshot, and re-applies the FORCED_OPEN overrides the last
+//! BW_SCOPES snapshots record (see `Coordinator::store_checked`).
+//!
 //! What it must not do: change breaker state other than through the `bw-breaker` scripts. Entry point: [`run`].
 
 pub mod admin;
@@ -29,7 +33,7 @@ use bw_breaker::{Breaker, Scope, ScopeStatus};
 use bw_common::proto::{BreakerState, BreakerTransition};
 use bw_common::service::Deps;
 use config::Limits;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use prost::Message as _;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,6 +47,10 @@ use tracing::Instrument;
 
 /// Compiled defaults, every key commented.
 pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
+/// Redis key the leader sets once Redis holds its data; its absence means Redis is new or lost its data.
+/// (Not scope-tagged: one key, never touched by the scripts.)
+pub const REDIS_EPOCH_KEY: &str = "bw:coordinator:epoch";
 
 /// Queue group of coordinators on the breaker events.
 const EVENTS_QUEUE_GROUP: &str = "bw-breaker-coordinator";
@@ -269,13 +277,18 @@ impl Coordinator {
         }
     }
 
-    /// Ticks one scope (cooldown → HALF_OPEN) and stores its state.
+    /// Ticks one scope (cooldown → HALF_OPEN) and stores its state (on the leader, see [`Coordinator::store_checked`]).
     pub async fn tick_scope(&self, scope: &Scope, force_store: bool) -> Option<ScopeStatus> {
+        let ticked = self.tick_only(scope).await?;
+        let status = ticked.0.clone();
+        self.store_checked(vec![ticked], force_store).await;
+        Some(status)
+    }
+
+    /// Ticks one scope; the state and whether a transition happened.
+    async fn tick_only(&self, scope: &Scope) -> Option<(ScopeStatus, bool)> {
         match self.inner.breaker.tick(scope).await {
-            Ok((status, transitions)) => {
-                self.store(&status, force_store || !transitions.is_empty()).await;
-                Some(status)
-            }
+            Ok((status, transitions)) => Some((status, !transitions.is_empty())),
             Err(e) => {
                 tracing::debug!(phone_number_id = %scope.phone_number_id, error = %e, "tick failed");
                 None
@@ -286,12 +299,131 @@ impl Coordinator {
     async fn tick_all(&self, force_store: bool) {
         let scopes = self.known_scopes();
         let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
-        futures::stream::iter(scopes)
-            .for_each_concurrent(concurrency, |scope| async move {
-                self.tick_scope(&scope, force_store).await;
-            })
+        let ticked: Vec<(ScopeStatus, bool)> = futures::stream::iter(scopes)
+            .map(|scope| async move { self.tick_only(&scope).await })
+            .buffer_unordered(concurrency)
+            .filter_map(std::future::ready)
+            .collect()
             .await;
+        self.store_checked(ticked, force_store).await;
         self.inner.metrics.ticks.inc();
+    }
+
+    /// Stores states read from Redis, but only once Redis proves it still holds its data: the epoch key,
+    /// read after the states on the same connection, is there. Without it the states may come from a Redis
+    /// that lost everything (restart without persistence, failover to an empty replica), and writing them
+    /// would erase the last snapshots, the only record of the operators' overrides: restore those first.
+    async fn store_checked(&self, ticked: Vec<(ScopeStatus, bool)>, force_store: bool) {
+        if !self.is_leader() {
+            return;
+        }
+        match self.redis_epoch().await {
+            Some(true) => {
+                let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
+                futures::stream::iter(ticked)
+                    .for_each_concurrent(concurrency, |(status, changed)| async move {
+                        self.store(&status, force_store || changed).await;
+                    })
+                    .await;
+            }
+            Some(false) => self.restore_after_redis_loss().await,
+            None => {}
+        }
+    }
+
+    /// Whether Redis holds the epoch key (None: Redis did not answer).
+    async fn redis_epoch(&self) -> Option<bool> {
+        let mut conn = self.inner.redis.clone();
+        let exists: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(REDIS_EPOCH_KEY).query_async(&mut conn).await;
+        exists.ok()
+    }
+
+    /// Redis answered without the epoch key: it is new or lost its data. Re-applies every FORCED_OPEN the last
+    /// snapshots in BW_SCOPES record and Redis no longer has (the safe reading: an operator stopped those sends);
+    /// a lost FORCED_CLOSED is only reported (re-applying it would send through failures). Then rewrites every
+    /// config hash and sets the epoch key.
+    async fn restore_after_redis_loss(&self) {
+        let snapshots = match self.stored_snapshots().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read BW_SCOPES to restore overrides; retrying next round");
+                return;
+            }
+        };
+        if !snapshots.is_empty() {
+            self.inner.metrics.redis_data_lost.inc();
+            tracing::error!(
+                snapshots = snapshots.len(),
+                "redis holds no coordinator epoch: it restarted empty or failed over to a replica without our data; \
+                 breaker state, pair timers and pauses are gone (see deploy/runbooks/coordinator.md)"
+            );
+        }
+        for snapshot in snapshots {
+            let Some(s) = snapshot.scope.as_ref() else {
+                continue;
+            };
+            let scope = Scope::new(s.waba_id.clone(), s.phone_number_id.clone());
+            if scope.waba_id.is_empty() || scope.phone_number_id.is_empty() {
+                continue;
+            }
+            self.learn(&scope);
+            let recorded = snapshot.state();
+            if !matches!(recorded, BreakerState::ForcedOpen | BreakerState::ForcedClosed) {
+                continue;
+            }
+            let now = match self.inner.breaker.status(&scope).await {
+                Ok(status) => status.snapshot.state(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis unavailable while restoring overrides; retrying next round");
+                    return;
+                }
+            };
+            if now == recorded {
+                continue;
+            }
+            if recorded == BreakerState::ForcedClosed {
+                tracing::warn!(
+                    phone_number_id = %scope.phone_number_id,
+                    "a FORCED_CLOSED override was lost with redis and is not re-applied; force it again if still wanted"
+                );
+                continue;
+            }
+            match self.inner.breaker.force(&scope, bw_breaker::Forced::Open).await {
+                Ok(_) => {
+                    self.inner.metrics.overrides_restored.inc();
+                    tracing::warn!(
+                        phone_number_id = %scope.phone_number_id,
+                        incident_id = %snapshot.incident_id,
+                        "re-applied a FORCED_OPEN override lost with redis"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot re-apply a FORCED_OPEN override; retrying next round");
+                    return;
+                }
+            }
+        }
+        self.write_all_configs().await;
+        let mut conn = self.inner.redis.clone();
+        let value = format!("{} {}", self.inner.instance, bw_common::time::now_ms());
+        if let Err(e) = redis::cmd("SET").arg(REDIS_EPOCH_KEY).arg(value).query_async::<()>(&mut conn).await {
+            tracing::warn!(error = %e, "cannot set the coordinator epoch in redis; retrying next round");
+        }
+    }
+
+    /// Every snapshot in BW_SCOPES.
+    async fn stored_snapshots(&self) -> anyhow::Result<Vec<bw_common::proto::ScopeSnapshot>> {
+        let kv = &self.inner.scopes_kv;
+        let keys: Vec<String> = kv.keys().await?.try_collect().await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(value) = kv.get(&key).await?
+                && let Ok(snapshot) = bw_common::proto::ScopeSnapshot::decode(value.as_ref())
+            {
+                out.push(snapshot);
+            }
+        }
+        Ok(out)
     }
 
     /// Reads the scope index other services fill; writes the config of newly seen scopes.

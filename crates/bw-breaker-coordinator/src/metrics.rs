@@ -25,6 +25,10 @@ pub(crate) struct Metrics {
     pub admin_refusals: Family<Labels, Counter>,
     /// Authorised operator actions, by action.
     pub operator_actions: Family<Labels, Counter>,
+    /// Times the leader found Redis without its epoch while BW_SCOPES had snapshots (Redis lost its data).
+    pub redis_data_lost: Counter,
+    /// FORCED_OPEN overrides re-applied after Redis lost them.
+    pub overrides_restored: Counter,
 }
 
 impl Metrics {
@@ -53,6 +57,16 @@ impl Metrics {
                 "bw_breaker_coordinator_admin_refusals",
                 "State-changing admin requests refused, by reason",
                 m.admin_refusals.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_redis_data_lost",
+                "Times the leader found Redis without its data (no epoch key, snapshots present)",
+                m.redis_data_lost.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_overrides_restored",
+                "FORCED_OPEN overrides re-applied after Redis lost them",
+                m.overrides_restored.clone(),
             );
             r.register(
                 "bw_breaker_coordinator_operator_actions",
