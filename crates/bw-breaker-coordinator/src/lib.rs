@@ -277,7 +277,8 @@ impl Coordinator {
         }
     }
 
-    /// Ticks one scope (cooldown → HALF_OPEN) and stores its state (on the leader, see [`Coordinator::store_checked`]).
+    /// Ticks one scope (cooldown → HALF_OPEN) and stores its state (on the leader, once Redis proves it kept its
+    /// data: see [`REDIS_EPOCH_KEY`]).
     pub async fn tick_scope(&self, scope: &Scope, force_store: bool) -> Option<ScopeStatus> {
         let ticked = self.tick_only(scope).await?;
         let status = ticked.0.clone();
