@@ -40,6 +40,7 @@ impl bw_common::service::ServiceConfig for Config {
     }
     fn validate(&self) -> Result<(), String> {
         self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
+        self.check_coordination()?;
         self.initial_limits().map(|_| ()).map_err(|e| format!("invalid limits: {e}"))
     }
 }
@@ -157,8 +158,8 @@ pub fn load_limits_file(path: &Path) -> Result<Limits, String> {
 }
 
 impl Config {
-    /// Checks what serde cannot: lease timing and the operator token hashes.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks lease timing and the operator token hashes (part of `ServiceConfig::validate`).
+    pub fn check_coordination(&self) -> Result<(), String> {
         let c = &self.coordinator;
         if c.leader_lease_ms < 1000 {
             return Err("coordinator.leader_lease_ms must be at least 1000".into());
@@ -218,15 +219,17 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_refuse_operator_actions() {
         let cfg = load("").expect("defaults load");
-        cfg.validate().expect("defaults validate");
+        bw_common::service::ServiceConfig::validate(&cfg).expect("defaults validate");
         assert!(cfg.operator.token_hashes().expect("hashes").is_empty(), "no operator token by default");
         let h = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
         let cfg = load(&format!("[operator]\ntoken_sha256 = \"{h}, {h}\"\n")).expect("loads");
         assert_eq!(cfg.operator.token_hashes().expect("hashes").len(), 2);
         let cfg = load("[operator]\ntoken_sha256 = \"secret-token-in-clear\"\n").expect("loads");
-        let err = cfg.validate().expect_err("not a hash");
+        let err = bw_common::service::ServiceConfig::validate(&cfg).expect_err("not a hash");
         assert!(err.contains("entry 1") && !err.contains("secret-token"), "{err}");
         let cfg = load("[coordinator]\nleader_lease_ms = 3000\nleader_renew_ms = 2000\n").expect("loads");
-        assert!(cfg.validate().expect_err("renew too slow").contains("leader_renew_ms"));
+        assert!(
+            bw_common::service::ServiceConfig::validate(&cfg).expect_err("renew too slow").contains("leader_renew_ms")
+        );
     }
 }

@@ -107,7 +107,7 @@ pub struct Coordinator {
 impl Coordinator {
     /// Validates the config and limits and registers the metrics. Writes nothing yet.
     pub fn new(cfg: Config, deps: &Deps) -> anyhow::Result<Coordinator> {
-        cfg.validate().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+        cfg.check_coordination().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
         let operator_hashes = cfg.operator.token_hashes().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
         let limits = cfg.initial_limits().map_err(|e| anyhow::anyhow!("invalid limits: {e}"))?;
         let redis = deps.redis.clone().context("the coordinator needs redis")?;
