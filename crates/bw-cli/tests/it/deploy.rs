@@ -2,8 +2,9 @@
 //! structure checked: probes on `/livez` and `/readyz`, replicas, resource requests, PodDisruptionBudgets,
 //! secrets only through `secretKeyRef` (and only keys the example Secret documents), NATS `max_payload` big
 //! enough for a 3 MB webhook in one message (and the NATS configs accepted by a real `nats-server -t`), the
-//! coordinator's operator token wiring. Each checker is also run on a broken copy, so it cannot pass by
-//! accident.
+//! coordinator's operator token wiring, and every service config (the ConfigMap files, the compose
+//! environments) loads and validates the way its binary loads it. Each checker is also run on a broken copy,
+//! so it cannot pass by accident.
 
 use serde_norway::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -455,7 +456,127 @@ fn the_checks_catch_broken_manifests() {
     ] {
         assert!(problems.contains(expected), "`{expected}` not reported:\n{problems}");
     }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "[coordinator]\ntick_msec = 5\n").expect("write");
+    let err = load_service("breaker-coordinator", Some(&typo), &BTreeMap::new()).expect_err("a typo is refused");
+    assert!(err.contains("tick_msec"), "{err}");
+    let env = BTreeMap::from([("BW_ALERTING__SINKS__SLACK__ENABLED".to_string(), "true".to_string())]);
+    assert!(load_service("alerting", None, &env).is_err(), "an enabled sink without its secret is refused");
     assert_eq!(parse_size("8MB"), Some(8 * 1024 * 1024));
     assert_eq!(parse_size("4194304"), Some(MIN_MAX_PAYLOAD));
     assert_eq!(parse_size("lots"), None);
+}
+
+/// Loads a service config the way its binary does (compiled defaults → file → env, then validation).
+fn load_service(service: &str, file: Option<&Path>, env: &BTreeMap<String, String>) -> Result<(), String> {
+    use bw_common::service::load_config;
+    let env: std::collections::HashMap<String, String> = env.clone().into_iter().collect();
+    let r = match service {
+        "ingest" => load_config::<bw_ingest::Config>(service, bw_ingest::DEFAULT_CONFIG, file, &env).map(|_| ()),
+        "dispatcher" => {
+            load_config::<bw_dispatcher::Config>(service, bw_dispatcher::DEFAULT_CONFIG, file, &env).map(|_| ())
+        }
+        "breaker-coordinator" => {
+            load_config::<bw_breaker_coordinator::Config>(service, bw_breaker_coordinator::DEFAULT_CONFIG, file, &env)
+                .map(|_| ())
+        }
+        "replay" => load_config::<bw_replay::Config>(service, bw_replay::DEFAULT_CONFIG, file, &env).map(|_| ()),
+        "alerting" => load_config::<bw_alerting::Config>(service, bw_alerting::DEFAULT_CONFIG, file, &env).map(|_| ()),
+        other => return Err(format!("unknown service {other}")),
+    };
+    r.map_err(|e| e.to_string())
+}
+
+/// Every service config of the `bw-config` ConfigMap loads and validates with the Deployment's plain env
+/// values, its required secrets present and its optional ones absent (a pod must start without those).
+#[test]
+fn every_kubernetes_service_config_loads_at_its_binary() {
+    let docs = k8s_documents();
+    let config = docs
+        .iter()
+        .find(|(_, d)| s(d, "kind") == "ConfigMap" && s(&d["metadata"], "name") == "bw-config")
+        .map(|(_, d)| d.clone())
+        .expect("ConfigMap bw-config");
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (deployment, _) in SERVICES {
+        let service = deployment.trim_start_matches("bw-");
+        let text = s(&config["data"], &format!("{service}.toml")).to_string();
+        assert!(!text.is_empty(), "bw-config has no {service}.toml");
+        let path = dir.path().join(format!("{service}.toml"));
+        std::fs::write(&path, text).expect("write");
+        let workload = docs
+            .iter()
+            .find(|(_, d)| s(d, "kind") == "Deployment" && s(&d["metadata"], "name") == deployment)
+            .map(|(_, d)| d.clone())
+            .expect("deployment");
+        let mut env = BTreeMap::new();
+        for c in seq(&workload["spec"]["template"]["spec"]["containers"]) {
+            let command: Vec<String> = seq(&c["command"]).iter().filter_map(|v| v.as_str().map(String::from)).collect();
+            assert_eq!(
+                command,
+                [deployment.to_string(), "--config".into(), format!("/etc/breakwater/{service}.toml")],
+                "{deployment}: runs its binary on its ConfigMap file"
+            );
+            for e in seq(&c["env"]) {
+                if let Some(v) = e["value"].as_str() {
+                    env.insert(s(&e, "name").to_string(), v.to_string());
+                }
+                // A required secret is there (else Kubernetes does not start the container); an optional
+                // one is absent.
+                let reference = &e["valueFrom"]["secretKeyRef"];
+                if !reference.is_null() && reference["optional"].as_bool() != Some(true) {
+                    let value = if s(reference, "key").ends_with("-url") {
+                        "https://hooks.example.invalid/placeholder"
+                    } else {
+                        "0123456789abcdef0123456789abcdef"
+                    };
+                    env.insert(s(&e, "name").to_string(), value.to_string());
+                }
+            }
+        }
+        if let Err(e) = load_service(service, Some(&path), &env) {
+            panic!("{deployment}: its ConfigMap config does not load: {e}");
+        }
+    }
+}
+
+/// Every service of the compose file starts with a valid config from its environment.
+#[test]
+fn every_compose_service_config_loads_at_its_binary() {
+    let (doc, _) = compose();
+    let services = doc["services"].as_mapping().expect("services");
+    let mut checked = 0;
+    for (name, svc) in services {
+        let command: Vec<String> = seq(&svc["command"]).iter().filter_map(|c| c.as_str().map(String::from)).collect();
+        let Some(bin) = command.first().filter(|b| SERVICES.iter().any(|(n, _)| *n == b.as_str())) else {
+            continue;
+        };
+        let env: BTreeMap<String, String> = svc["environment"]
+            .as_mapping()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| {
+                        let value = match v {
+                            Value::String(s) => s.clone(),
+                            Value::Number(n) => n.to_string(),
+                            Value::Bool(b) => b.to_string(),
+                            _ => return None,
+                        };
+                        // `${VAR:-default}` is what compose substitutes when VAR is unset.
+                        let value = match value.strip_prefix("${").and_then(|r| r.strip_suffix('}')) {
+                            Some(inner) => inner.split_once(":-").map(|(_, d)| d.to_string()).unwrap_or_default(),
+                            None => value,
+                        };
+                        Some((k.as_str()?.to_string(), value))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Err(e) = load_service(bin.trim_start_matches("bw-"), None, &env) {
+            panic!("compose {}: its config does not load: {e}", name.as_str().unwrap_or_default());
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, SERVICES.len(), "every service is in compose");
 }
