@@ -190,3 +190,25 @@ async fn a_graceful_stop_hands_the_lease_over() {
     assert!(bw_testkit::wait_until(WAIT, || async { b.coordinator.is_leader() }).await, "the standby takes over");
     assert_eq!(b.coordinator.leader_holder().await.as_deref(), Some(b.coordinator.instance()));
 }
+
+/// The Service spreads operator calls over every instance: an action on a follower applies (the scripts are
+/// the same everywhere) and the leader records it in BW_SCOPES.
+#[tokio::test]
+async fn an_operator_action_on_a_follower_applies_and_the_leader_records_it() {
+    let servers = Servers::start();
+    let operator = format!("[operator]\ntoken_sha256 = \"{}\"\n", sha256_hex(OPERATOR_TOKEN));
+    let a = Instance::start(servers.config("a", &operator)).await;
+    assert!(bw_testkit::wait_until(WAIT, || async { a.coordinator.is_leader() }).await);
+    let b = Instance::start(servers.config("b", &operator)).await;
+    assert!(!b.coordinator.is_leader());
+    let (status, body) = b.post_as("/admin/breakers/5551/force-open", Some(OPERATOR_TOKEN)).await;
+    assert_eq!((status, body["state"].as_str()), (200, Some("FORCED_OPEN")), "{body}");
+    assert!(
+        bw_testkit::wait_until(WAIT, || async {
+            kv_state(&a.deps, "5551").await.is_some_and(|s| s.state() == BreakerState::ForcedOpen)
+        })
+        .await,
+        "the leader writes the follower's override into BW_SCOPES"
+    );
+    assert!(!b.coordinator.is_leader(), "the follower did not take over to do it");
+}
