@@ -340,7 +340,8 @@ impl Coordinator {
     }
 
     /// Redis answered without the epoch key: it is new or lost its data. Re-applies every FORCED_OPEN the last
-    /// snapshots in BW_SCOPES record and Redis no longer has (the safe reading: an operator stopped those sends);
+    /// snapshots in BW_SCOPES record and Redis no longer has, unless Redis shows a later transition of the scope
+    /// (the safe reading: an operator stopped those sends and nothing since says otherwise);
     /// a lost FORCED_CLOSED is only reported (re-applying it would send through failures). Then rewrites every
     /// config hash and sets the epoch key.
     async fn restore_after_redis_loss(&self) {
@@ -352,11 +353,12 @@ impl Coordinator {
             }
         };
         if !snapshots.is_empty() {
-            self.inner.metrics.redis_data_lost.inc();
+            self.inner.metrics.redis_epoch_missing.inc();
             tracing::error!(
                 snapshots = snapshots.len(),
-                "redis holds no coordinator epoch: it restarted empty or failed over to a replica without our data; \
-                 breaker state, pair timers and pauses are gone (see deploy/runbooks/coordinator.md)"
+                "redis holds no coordinator epoch: it restarted empty or failed over to a replica without our data \
+                 (or this is the first start of a coordinator that keeps one); breaker state, pair timers and \
+                 pauses may be gone (see deploy/runbooks/coordinator.md)"
             );
         }
         for snapshot in snapshots {
@@ -372,14 +374,16 @@ impl Coordinator {
             if !matches!(recorded, BreakerState::ForcedOpen | BreakerState::ForcedClosed) {
                 continue;
             }
-            let now = match self.inner.breaker.status(&scope).await {
-                Ok(status) => status.snapshot.state(),
+            let (now, since) = match self.inner.breaker.status(&scope).await {
+                Ok(status) => (status.snapshot.state(), status.snapshot.since_unix_ms),
                 Err(e) => {
                     tracing::warn!(error = %e, "redis unavailable while restoring overrides; retrying next round");
                     return;
                 }
             };
-            if now == recorded {
+            // Redis shows a transition at or after the recorded override (an operator's clear or reset on any
+            // instance, a trip): that is newer than the snapshot, so it stands.
+            if now == recorded || since >= snapshot.since_unix_ms {
                 continue;
             }
             if recorded == BreakerState::ForcedClosed {

@@ -25,8 +25,9 @@ pub(crate) struct Metrics {
     pub admin_refusals: Family<Labels, Counter>,
     /// Authorised operator actions, by action.
     pub operator_actions: Family<Labels, Counter>,
-    /// Times the leader found Redis without its epoch while BW_SCOPES had snapshots (Redis lost its data).
-    pub redis_data_lost: Counter,
+    /// Times the leader found Redis without its epoch while BW_SCOPES had snapshots (Redis lost its data, or
+    /// the first start of a coordinator that keeps one).
+    pub redis_epoch_missing: Counter,
     /// FORCED_OPEN overrides re-applied after Redis lost them.
     pub overrides_restored: Counter,
 }
@@ -59,9 +60,9 @@ impl Metrics {
                 m.admin_refusals.clone(),
             );
             r.register(
-                "bw_breaker_coordinator_redis_data_lost",
-                "Times the leader found Redis without its data (no epoch key, snapshots present)",
-                m.redis_data_lost.clone(),
+                "bw_breaker_coordinator_redis_epoch_missing",
+                "Times the leader found Redis without its epoch key while BW_SCOPES had snapshots",
+                m.redis_epoch_missing.clone(),
             );
             r.register(
                 "bw_breaker_coordinator_overrides_restored",

@@ -142,6 +142,8 @@ pub enum BreakerCommand {
     Clear(BreakerArgs),
     /// Wipe window, counters, pause, incident and override: the scope is CLOSED at full rate.
     Reset(BreakerArgs),
+    /// Which coordinator instance holds the leader lease (read-only; no token needed).
+    Leader,
 }
 
 /// An operator token: its `Debug` is redacted so it never reaches output or logs.
@@ -541,6 +543,7 @@ async fn breaker(
         BreakerCommand::ForceClosed(a) => ("force-closed", a),
         BreakerCommand::Clear(a) => ("clear", a),
         BreakerCommand::Reset(a) => ("reset", a),
+        BreakerCommand::Leader => return leader(base, out).await,
     };
     anyhow::ensure!(
         !args.scope.is_empty() && args.scope.bytes().all(|b| b.is_ascii_digit()),
@@ -579,6 +582,36 @@ async fn breaker(
         }
         Ok(1)
     }
+}
+
+/// `GET {base}/admin/leader`: the lease holder, and whether the instance that answered leads.
+async fn leader(base: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    bw_common::service::install_crypto();
+    let url = format!("{}/admin/leader", base.trim_end_matches('/'));
+    let response = reqwest::Client::new()
+        .get(&url)
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .with_context(|| format!("coordinator not reachable at {base}"))?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if !status.is_success() {
+        writeln!(out, "leader: HTTP {status} {}", text.trim())?;
+        return Ok(1);
+    }
+    match body["holder"].as_str() {
+        Some(holder) => writeln!(out, "leader: {holder}")?,
+        None => writeln!(out, "leader: none (no instance holds the lease; ticks and snapshots are paused)")?,
+    }
+    writeln!(
+        out,
+        "answered by: {} ({})",
+        body["instance"].as_str().unwrap_or("?"),
+        if body["leader"].as_bool() == Some(true) { "leader" } else { "follower" }
+    )?;
+    Ok(if body["holder"].is_string() { 0 } else { 1 })
 }
 
 fn json_string(s: &str) -> String {

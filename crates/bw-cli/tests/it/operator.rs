@@ -101,6 +101,11 @@ async fn bwctl_sends_the_operator_token_and_is_refused_without_it() {
     let (code, out) = bwctl(&r.base, &["--operator-token", TOKEN], "reset").await;
     assert_eq!(code, 0, "{out}");
     assert_eq!(state(&r).await, bw_common::proto::BreakerState::Closed);
+    let cli = Cli::try_parse_from(["bwctl", "--coordinator-url", &r.base, "breaker", "leader"]).expect("parse");
+    let mut out = Vec::new();
+    assert_eq!(run(cli, &mut out).await.expect("runs"), 0, "{}", String::from_utf8_lossy(&out));
+    let out = String::from_utf8(out).expect("utf8");
+    assert!(out.contains("answered by:") && out.contains("(leader)"), "the only instance leads: {out}");
     let cli = Cli::try_parse_from(["bwctl", "--operator-token", TOKEN, "scopes"]).expect("parse");
     assert!(!format!("{cli:?}").contains(TOKEN), "Debug of the command line redacts the token");
 }
