@@ -508,7 +508,7 @@ impl Coordinator {
         let events = self
             .inner
             .nats
-            .queue_subscribe("bw.breaker.v1.*", EVENTS_QUEUE_GROUP.to_string())
+            .queue_subscribe(bw_common::names::BREAKER_WILDCARD, EVENTS_QUEUE_GROUP.to_string())
             .await
             .map_err(|e| anyhow::anyhow!("cannot subscribe to breaker events: {e}"))?;
         // The loops stop on `stop`: the shutdown token, or this future dropped (the guard).
