@@ -1,5 +1,6 @@
 //! CI checks of `deploy/`: the Kubernetes manifests and the compose file are parsed (serde_norway) and their
-//! structure checked: probes on `/livez` and `/readyz`, replicas, resource requests, PodDisruptionBudgets,
+//! structure checked: probes on `/livez` and `/readyz` (compose: a healthcheck on `/readyz`, run against a
+//! real admin server), replicas, resource requests, PodDisruptionBudgets,
 //! secrets only through `secretKeyRef` (and only keys the example Secret documents), NATS `max_payload` big
 //! enough for a 3 MB webhook in one message (and the NATS configs accepted by a real `nats-server -t`), the
 //! coordinator's operator token wiring, and every service config (the ConfigMap files, the compose
@@ -317,6 +318,15 @@ fn check_compose(doc: &Value, nats_conf: &str) -> Vec<String> {
             }
         }
         if let Some(port) = command.first().and_then(|bin| SERVICES.iter().find(|(n, _)| n == bin).map(|(_, p)| *p)) {
+            let test: Vec<String> =
+                seq(&svc["healthcheck"]["test"]).iter().filter_map(|c| c.as_str().map(String::from)).collect();
+            let probes_readyz = test.len() == 6
+                && test[..3] == ["CMD", "bash", "-c"]
+                && test[3].contains("GET /readyz")
+                && test[5] == port.to_string();
+            if !probes_readyz {
+                problems.push(format!("compose {name}: healthcheck must GET /readyz on its admin port {port}"));
+            }
             let env = env_of(svc);
             let listen = env.iter().find(|(k, _)| k.ends_with("__ADMIN__LISTEN")).map(|(_, v)| v.clone());
             if listen != Some(format!("0.0.0.0:{port}")) {
@@ -448,8 +458,10 @@ fn the_checks_catch_broken_manifests() {
     let (mut doc, _) = compose();
     doc["services"]["dispatcher"]["environment"]["BW_OPERATOR_TOKEN"] = Value::from("local-other-token");
     doc["services"]["ingest"]["environment"]["BW_INGEST__WEBHOOK__APP_SECRET"] = Value::from("real-looking-secret");
+    doc["services"]["replay"]["healthcheck"] = Value::Null;
     let problems = check_compose(&doc, "port: 4222\n").join("\n");
     for expected in [
+        "compose replay: healthcheck must GET /readyz on its admin port 9104",
         "BW_OPERATOR_TOKEN must hash",
         "BW_INGEST__WEBHOOK__APP_SECRET is neither a local-only placeholder",
         "compose.nats.conf: no max_payload",
@@ -579,4 +591,43 @@ fn every_compose_service_config_loads_at_its_binary() {
         checked += 1;
     }
     assert_eq!(checked, SERVICES.len(), "every service is in compose");
+}
+
+/// The compose healthcheck (bash, no curl in the image) against a real admin server: unhealthy while `/readyz`
+/// answers 503, healthy once it answers 200.
+#[tokio::test]
+async fn the_compose_healthcheck_follows_readyz() {
+    let (doc, _) = compose();
+    let test: Vec<String> = seq(&doc["services"]["breaker-coordinator"]["healthcheck"]["test"])
+        .iter()
+        .filter_map(|c| c.as_str().map(String::from))
+        .collect();
+    assert!(test.len() == 6, "{test:?}");
+    // Compose turns `$$` into `$` when it reads the file.
+    let script = test[3].replace("$$", "$");
+    let health = bw_common::admin::Health::new(None, None);
+    let token = tokio_util::sync::CancellationToken::new();
+    let addr =
+        bw_common::admin::serve("127.0.0.1:0", health.clone(), bw_common::admin::new_registry(), None, token.clone())
+            .await
+            .expect("admin server");
+    let probe = || {
+        let script = script.clone();
+        let port = addr.port().to_string();
+        async move {
+            tokio::process::Command::new("bash")
+                .arg("-c")
+                .arg(&script)
+                .arg("readyz")
+                .arg(&port)
+                .status()
+                .await
+                .expect("bash runs")
+                .success()
+        }
+    };
+    assert!(!probe().await, "503 while starting: unhealthy");
+    health.set_started();
+    assert!(probe().await, "200 once ready: healthy");
+    token.cancel();
 }
