@@ -16,6 +16,8 @@ pub struct Config {
     #[serde(default)]
     pub telemetry: TelemetryConfig,
     pub coordinator: CoordinatorConfig,
+    /// Who may call the state-changing admin routes.
+    pub operator: OperatorConfig,
     /// The coordinator's own breaker client settings (its `defaults` are replaced by `[limits.default]`).
     #[serde(default)]
     pub breaker: BreakerConfig,
@@ -38,6 +40,7 @@ impl bw_common::service::ServiceConfig for Config {
     }
     fn validate(&self) -> Result<(), String> {
         self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
+        self.check_coordination()?;
         self.initial_limits().map(|_| ()).map_err(|e| format!("invalid limits: {e}"))
     }
 }
@@ -53,6 +56,33 @@ pub struct CoordinatorConfig {
     pub limits_file: String,
     pub limits_poll_ms: u64,
     pub tick_concurrency: usize,
+    /// Length of the leader lease (the lease bucket's `max_age`), ms.
+    pub leader_lease_ms: u64,
+    /// How often the leader renews the lease and the others try to take it, ms.
+    pub leader_renew_ms: u64,
+}
+
+/// Operator authentication of the state-changing admin routes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// Lower-case hex sha256 of each accepted operator token, comma-separated (two during a rotation).
+    /// Empty: every state-changing admin route answers 403.
+    pub token_sha256: String,
+}
+
+impl OperatorConfig {
+    /// The accepted token hashes; the error names the position of a malformed one (never its value).
+    pub fn token_hashes(&self) -> Result<Vec<[u8; 32]>, String> {
+        let mut out = Vec::new();
+        for (i, part) in self.token_sha256.split(',').map(str::trim).filter(|p| !p.is_empty()).enumerate() {
+            let bytes = hex::decode(part).ok().and_then(|b| <[u8; 32]>::try_from(b).ok()).ok_or_else(|| {
+                format!("operator.token_sha256: entry {} is not 64 hex digits (a sha256 of the token)", i + 1)
+            })?;
+            out.push(bytes);
+        }
+        Ok(out)
+    }
 }
 
 /// The `[limits]` table as written: defaults plus per-scope overrides (keyed by phone_number_id), kept as
@@ -128,6 +158,18 @@ pub fn load_limits_file(path: &Path) -> Result<Limits, String> {
 }
 
 impl Config {
+    /// Checks lease timing and the operator token hashes (part of `ServiceConfig::validate`).
+    pub fn check_coordination(&self) -> Result<(), String> {
+        let c = &self.coordinator;
+        if c.leader_lease_ms < 1000 {
+            return Err("coordinator.leader_lease_ms must be at least 1000".into());
+        }
+        if c.leader_renew_ms == 0 || c.leader_renew_ms.saturating_mul(2) > c.leader_lease_ms {
+            return Err("coordinator.leader_renew_ms must be positive and at most half of leader_lease_ms".into());
+        }
+        self.operator.token_hashes().map(|_| ())
+    }
+
     /// The limits in force at start: the limits file when set, else the inline `[limits]`.
     pub fn initial_limits(&self) -> Result<Limits, String> {
         if self.coordinator.limits_file.is_empty() {
@@ -172,5 +214,22 @@ mod tests {
         let cfg = load("[limits.default]\nfailure_threshold = 2.0\n").expect("loads");
         assert!(cfg.initial_limits().expect_err("range").contains("failure_threshold"));
         assert!(load("[coordinator]\ntick_msec = 5\n").expect_err("unknown").contains("tick_msec"));
+    }
+
+    #[test]
+    fn defaults_are_valid_and_refuse_operator_actions() {
+        let cfg = load("").expect("defaults load");
+        bw_common::service::ServiceConfig::validate(&cfg).expect("defaults validate");
+        assert!(cfg.operator.token_hashes().expect("hashes").is_empty(), "no operator token by default");
+        let h = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        let cfg = load(&format!("[operator]\ntoken_sha256 = \"{h}, {h}\"\n")).expect("loads");
+        assert_eq!(cfg.operator.token_hashes().expect("hashes").len(), 2);
+        let cfg = load("[operator]\ntoken_sha256 = \"secret-token-in-clear\"\n").expect("loads");
+        let err = bw_common::service::ServiceConfig::validate(&cfg).expect_err("not a hash");
+        assert!(err.contains("entry 1") && !err.contains("secret-token"), "{err}");
+        let cfg = load("[coordinator]\nleader_lease_ms = 3000\nleader_renew_ms = 2000\n").expect("loads");
+        assert!(
+            bw_common::service::ServiceConfig::validate(&cfg).expect_err("renew too slow").contains("leader_renew_ms")
+        );
     }
 }

@@ -5,13 +5,25 @@
 //! known scope so an OPEN breaker moves to HALF_OPEN when its cooldown ends even without traffic, keeps the
 //! current `ScopeSnapshot` of every scope in the KV bucket BW_SCOPES, counts trips from the transition events
 //! every instance publishes on `bw.breaker.v1.*`, and serves the admin API (list, force open/closed, clear,
-//! reset, reload) on the admin port. Any number of coordinators may run: the scripts decide every transition,
-//! so ticks are idempotent, and the event subscription is a queue group.
+//! reset, reload) on the admin port; its state-changing routes need an operator token ([`admin`]).
+//!
+//! Any number of coordinators may run, in one model: **a leader elected through a JetStream KV lease**
+//! ([`leader`]). The lease holder runs the ticks and is the only writer of the config hashes and snapshots;
+//! the others serve the admin API, count the trip events their share of the queue group receives, learn
+//! scopes, and take the lease within about `leader_lease_ms` + `leader_renew_ms` (4 s at the defaults) when the
+//! leader dies, at once when it stops gracefully. No transition is ever applied twice whoever ticks: every
+//! transition is decided by a Lua script on the Redis state (an OPEN scope moves to HALF_OPEN once), so even
+//! two instances ticking at once (a stalled leader past its lease) publish each transition once.
+//!
+//! When Redis loses its data (restart without persistence, failover to an empty replica) the leader notices the
+//! missing [`REDIS_EPOCH_KEY`] before it writes any snapshot, and re-applies the FORCED_OPEN overrides the last
+//! BW_SCOPES snapshots record (see `Coordinator::store_checked`).
 //!
 //! What it must not do: change breaker state other than through the `bw-breaker` scripts. Entry point: [`run`].
 
 pub mod admin;
 pub mod config;
+pub mod leader;
 mod metrics;
 
 pub use config::Config;
@@ -21,11 +33,12 @@ use bw_breaker::{Breaker, Scope, ScopeStatus};
 use bw_common::proto::{BreakerState, BreakerTransition};
 use bw_common::service::Deps;
 use config::Limits;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use prost::Message as _;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +47,10 @@ use tracing::Instrument;
 
 /// Compiled defaults, every key commented.
 pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
+/// Redis key the leader sets once Redis holds its data; its absence means Redis is new or lost its data.
+/// (Not scope-tagged: one key, never touched by the scripts.)
+pub const REDIS_EPOCH_KEY: &str = "bw:coordinator:epoch";
 
 /// Queue group of coordinators on the breaker events.
 const EVENTS_QUEUE_GROUP: &str = "bw-breaker-coordinator";
@@ -63,7 +80,16 @@ struct Inner {
     breaker: Breaker,
     redis: redis::aio::ConnectionManager,
     nats: async_nats::Client,
+    js: async_nats::jetstream::Context,
     scopes_kv: async_nats::jetstream::kv::Store,
+    /// Id of this instance in the leader lease.
+    instance: String,
+    /// Set by `run`; None (never the leader) before.
+    leader: OnceLock<leader::Leadership>,
+    /// Set when this instance takes the lease: the tick loop rewrites every config and snapshot first.
+    resync_due: AtomicBool,
+    /// sha256 of every accepted operator token (empty: state-changing admin routes are refused).
+    operator_hashes: Vec<[u8; 32]>,
     limits: RwLock<Arc<Limits>>,
     /// phone_number_id → scope, for every scope known (configured, indexed in Redis, or seen in an event).
     known: RwLock<HashMap<String, Scope>>,
@@ -79,8 +105,10 @@ pub struct Coordinator {
 }
 
 impl Coordinator {
-    /// Validates the limits and registers the metrics. Writes nothing yet.
+    /// Validates the config and limits and registers the metrics. Writes nothing yet.
     pub fn new(cfg: Config, deps: &Deps) -> anyhow::Result<Coordinator> {
+        cfg.check_coordination().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
+        let operator_hashes = cfg.operator.token_hashes().map_err(|e| anyhow::anyhow!("invalid config: {e}"))?;
         let limits = cfg.initial_limits().map_err(|e| anyhow::anyhow!("invalid limits: {e}"))?;
         let redis = deps.redis.clone().context("the coordinator needs redis")?;
         let mut breaker_cfg = cfg.breaker.clone();
@@ -94,7 +122,12 @@ impl Coordinator {
                 breaker,
                 redis,
                 nats: deps.nats.clone(),
+                js: deps.js.clone(),
                 scopes_kv: deps.buckets.scopes.clone(),
+                instance: instance_id(),
+                leader: OnceLock::new(),
+                resync_due: AtomicBool::new(false),
+                operator_hashes,
                 limits: RwLock::new(Arc::new(limits)),
                 known: RwLock::new(known),
                 written: Mutex::new(HashMap::new()),
@@ -108,6 +141,32 @@ impl Coordinator {
     /// The breaker handle (for admin calls).
     pub fn breaker(&self) -> &Breaker {
         &self.inner.breaker
+    }
+
+    /// Whether this instance holds the leader lease now (only the leader ticks and writes; see [`leader`]).
+    pub fn is_leader(&self) -> bool {
+        self.inner.leader.get().is_some_and(|l| l.is_leader())
+    }
+
+    /// This instance's id in the leader lease (`<HOSTNAME>-<random>`).
+    pub fn instance(&self) -> &str {
+        &self.inner.instance
+    }
+
+    /// The instance id holding the lease according to NATS (None before `run` or while nobody holds it).
+    pub async fn leader_holder(&self) -> Option<String> {
+        match self.inner.leader.get() {
+            Some(l) => l.holder().await,
+            None => None,
+        }
+    }
+
+    pub(crate) fn operator_hashes(&self) -> &[[u8; 32]] {
+        &self.inner.operator_hashes
+    }
+
+    pub(crate) fn metrics(&self) -> &metrics::Metrics {
+        &self.inner.metrics
     }
 
     fn limits(&self) -> Arc<Limits> {
@@ -137,8 +196,12 @@ impl Coordinator {
         true
     }
 
-    /// Writes a scope's effective limits into its Redis config hash (replacing it atomically).
+    /// Writes a scope's effective limits into its Redis config hash (replacing it atomically). Only the
+    /// leader writes; on other instances this does nothing.
     async fn write_config(&self, scope: &Scope) -> anyhow::Result<()> {
+        if !self.is_leader() {
+            return Ok(());
+        }
         let limits = self.limits();
         let key = bw_breaker::scripts::cfg_key(scope);
         let fields = limits.for_scope(&scope.phone_number_id).fields();
@@ -155,7 +218,8 @@ impl Coordinator {
         }
     }
 
-    /// Re-reads the limits (file or inline config), and on success rewrites every config hash.
+    /// Re-reads the limits (file or inline config), and on success rewrites every config hash (on the leader;
+    /// another instance keeps them for when it leads).
     pub async fn reload(&self) -> Result<usize, String> {
         let result = self.inner.cfg.initial_limits();
         match result {
@@ -179,7 +243,11 @@ impl Coordinator {
     }
 
     /// Records the state of a scope: gauge, and BW_SCOPES when something significant changed or it is old.
+    /// Only the leader records; on other instances this does nothing.
     async fn store(&self, status: &ScopeStatus, force: bool) {
+        if !self.is_leader() {
+            return;
+        }
         let Some(scope) = status.snapshot.scope.as_ref() else {
             return;
         };
@@ -209,13 +277,19 @@ impl Coordinator {
         }
     }
 
-    /// Ticks one scope (cooldown → HALF_OPEN) and stores its state.
+    /// Ticks one scope (cooldown → HALF_OPEN) and stores its state (on the leader, once Redis proves it kept its
+    /// data: see [`REDIS_EPOCH_KEY`]).
     pub async fn tick_scope(&self, scope: &Scope, force_store: bool) -> Option<ScopeStatus> {
+        let ticked = self.tick_only(scope).await?;
+        let status = ticked.0.clone();
+        self.store_checked(vec![ticked], force_store).await;
+        Some(status)
+    }
+
+    /// Ticks one scope; the state and whether a transition happened.
+    async fn tick_only(&self, scope: &Scope) -> Option<(ScopeStatus, bool)> {
         match self.inner.breaker.tick(scope).await {
-            Ok((status, transitions)) => {
-                self.store(&status, force_store || !transitions.is_empty()).await;
-                Some(status)
-            }
+            Ok((status, transitions)) => Some((status, !transitions.is_empty())),
             Err(e) => {
                 tracing::debug!(phone_number_id = %scope.phone_number_id, error = %e, "tick failed");
                 None
@@ -223,15 +297,138 @@ impl Coordinator {
         }
     }
 
-    async fn tick_all(&self) {
+    async fn tick_all(&self, force_store: bool) {
         let scopes = self.known_scopes();
         let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
-        futures::stream::iter(scopes)
-            .for_each_concurrent(concurrency, |scope| async move {
-                self.tick_scope(&scope, false).await;
-            })
+        let ticked: Vec<(ScopeStatus, bool)> = futures::stream::iter(scopes)
+            .map(|scope| async move { self.tick_only(&scope).await })
+            .buffer_unordered(concurrency)
+            .filter_map(std::future::ready)
+            .collect()
             .await;
+        self.store_checked(ticked, force_store).await;
         self.inner.metrics.ticks.inc();
+    }
+
+    /// Stores states read from Redis, but only once Redis proves it still holds its data: the epoch key,
+    /// read after the states on the same connection, is there. Without it the states may come from a Redis
+    /// that lost everything (restart without persistence, failover to an empty replica), and writing them
+    /// would erase the last snapshots, the only record of the operators' overrides: restore those first.
+    async fn store_checked(&self, ticked: Vec<(ScopeStatus, bool)>, force_store: bool) {
+        if !self.is_leader() {
+            return;
+        }
+        match self.redis_epoch().await {
+            Some(true) => {
+                let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
+                futures::stream::iter(ticked)
+                    .for_each_concurrent(concurrency, |(status, changed)| async move {
+                        self.store(&status, force_store || changed).await;
+                    })
+                    .await;
+            }
+            Some(false) => self.restore_after_redis_loss().await,
+            None => {}
+        }
+    }
+
+    /// Whether Redis holds the epoch key (None: Redis did not answer).
+    async fn redis_epoch(&self) -> Option<bool> {
+        let mut conn = self.inner.redis.clone();
+        let exists: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(REDIS_EPOCH_KEY).query_async(&mut conn).await;
+        exists.ok()
+    }
+
+    /// Redis answered without the epoch key: it is new or lost its data. Re-applies every FORCED_OPEN the last
+    /// snapshots in BW_SCOPES record and Redis no longer has, unless Redis shows a later transition of the scope
+    /// (the safe reading: an operator stopped those sends and nothing since says otherwise);
+    /// a lost FORCED_CLOSED is only reported (re-applying it would send through failures). Then rewrites every
+    /// config hash and sets the epoch key.
+    async fn restore_after_redis_loss(&self) {
+        let snapshots = match self.stored_snapshots().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read BW_SCOPES to restore overrides; retrying next round");
+                return;
+            }
+        };
+        if !snapshots.is_empty() {
+            self.inner.metrics.redis_epoch_missing.inc();
+            tracing::error!(
+                snapshots = snapshots.len(),
+                "redis holds no coordinator epoch: it restarted empty or failed over to a replica without our data \
+                 (or this is the first start of a coordinator that keeps one); breaker state, pair timers and \
+                 pauses may be gone (see deploy/runbooks/coordinator.md)"
+            );
+        }
+        for snapshot in snapshots {
+            let Some(s) = snapshot.scope.as_ref() else {
+                continue;
+            };
+            let scope = Scope::new(s.waba_id.clone(), s.phone_number_id.clone());
+            if scope.waba_id.is_empty() || scope.phone_number_id.is_empty() {
+                continue;
+            }
+            self.learn(&scope);
+            let recorded = snapshot.state();
+            if !matches!(recorded, BreakerState::ForcedOpen | BreakerState::ForcedClosed) {
+                continue;
+            }
+            let (now, since) = match self.inner.breaker.status(&scope).await {
+                Ok(status) => (status.snapshot.state(), status.snapshot.since_unix_ms),
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis unavailable while restoring overrides; retrying next round");
+                    return;
+                }
+            };
+            // Redis shows a transition at or after the recorded override (an operator's clear or reset on any
+            // instance, a trip): that is newer than the snapshot, so it stands.
+            if now == recorded || since >= snapshot.since_unix_ms {
+                continue;
+            }
+            if recorded == BreakerState::ForcedClosed {
+                tracing::warn!(
+                    phone_number_id = %scope.phone_number_id,
+                    "a FORCED_CLOSED override was lost with redis and is not re-applied; force it again if still wanted"
+                );
+                continue;
+            }
+            match self.inner.breaker.force(&scope, bw_breaker::Forced::Open).await {
+                Ok(_) => {
+                    self.inner.metrics.overrides_restored.inc();
+                    tracing::warn!(
+                        phone_number_id = %scope.phone_number_id,
+                        incident_id = %snapshot.incident_id,
+                        "re-applied a FORCED_OPEN override lost with redis"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot re-apply a FORCED_OPEN override; retrying next round");
+                    return;
+                }
+            }
+        }
+        self.write_all_configs().await;
+        let mut conn = self.inner.redis.clone();
+        let value = format!("{} {}", self.inner.instance, bw_common::time::now_ms());
+        if let Err(e) = redis::cmd("SET").arg(REDIS_EPOCH_KEY).arg(value).query_async::<()>(&mut conn).await {
+            tracing::warn!(error = %e, "cannot set the coordinator epoch in redis; retrying next round");
+        }
+    }
+
+    /// Every snapshot in BW_SCOPES.
+    async fn stored_snapshots(&self) -> anyhow::Result<Vec<bw_common::proto::ScopeSnapshot>> {
+        let kv = &self.inner.scopes_kv;
+        let keys: Vec<String> = kv.keys().await?.try_collect().await?;
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(value) = kv.get(&key).await?
+                && let Ok(snapshot) = bw_common::proto::ScopeSnapshot::decode(value.as_ref())
+            {
+                out.push(snapshot);
+            }
+        }
+        Ok(out)
     }
 
     /// Reads the scope index other services fill; writes the config of newly seen scopes.
@@ -255,7 +452,8 @@ impl Coordinator {
         }
     }
 
-    /// Handles one transition event published by any instance.
+    /// Handles one transition event published by any instance (each event reaches one coordinator: queue
+    /// group). Every instance counts the trips it receives; only the leader writes and ticks.
     async fn on_event(&self, event: BreakerTransition) {
         let Some(s) = event.scope.as_ref() else {
             return;
@@ -272,7 +470,9 @@ impl Coordinator {
         {
             tracing::warn!(phone_number_id = %scope.phone_number_id, error = %e, "cannot write scope config");
         }
-        self.tick_scope(&scope, true).await;
+        if self.is_leader() {
+            self.tick_scope(&scope, true).await;
+        }
     }
 
     fn limits_file_changed(&self) -> bool {
@@ -290,20 +490,74 @@ impl Coordinator {
         }
     }
 
-    /// Runs the loops until `shutdown`.
+    /// Runs the loops until `shutdown`: the leader lease, the event subscription and the tick loop (which
+    /// ticks and writes only while this instance leads). Dropping the returned future stops the loops as a
+    /// crash would (the lease is not given back and expires); `shutdown` releases it for a fast hand-over.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        self.write_all_configs().await;
-        self.discover().await;
+        let c = &self.inner.cfg.coordinator;
+        let leadership = leader::Leadership::open(
+            &self.inner.js,
+            self.inner.instance.clone(),
+            Duration::from_millis(c.leader_lease_ms),
+            self.inner.cfg.nats.replicas,
+        )
+        .await?;
+        if self.inner.leader.set(leadership).is_err() {
+            anyhow::bail!("Coordinator::run called twice on one coordinator");
+        }
         let events = self
             .inner
             .nats
-            .queue_subscribe("bw.breaker.v1.*", EVENTS_QUEUE_GROUP.to_string())
+            .queue_subscribe(bw_common::names::BREAKER_WILDCARD, EVENTS_QUEUE_GROUP.to_string())
             .await
             .map_err(|e| anyhow::anyhow!("cannot subscribe to breaker events: {e}"))?;
+        // The loops stop on `stop`: the shutdown token, or this future dropped (the guard).
+        let stop = shutdown.child_token();
+        let _guard = stop.clone().drop_guard();
         let tracker = TaskTracker::new();
 
         let this = self.clone();
-        let token = shutdown.clone();
+        let token = stop.clone();
+        let graceful = shutdown.clone();
+        tracker.spawn(
+            async move {
+                let Some(lease) = this.inner.leader.get() else {
+                    return;
+                };
+                let renew = Duration::from_millis(this.inner.cfg.coordinator.leader_renew_ms.max(10));
+                let mut every = tokio::time::interval(renew);
+                every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        _ = every.tick() => {}
+                    }
+                    let change = lease.step().await;
+                    this.inner.metrics.leader.set(i64::from(lease.is_leader()));
+                    match change {
+                        leader::Change::Acquired => {
+                            tracing::info!(instance = %lease.instance(), "coordinator lease taken: this instance leads");
+                            this.inner.metrics.leader_changes.inc();
+                            this.inner.resync_due.store(true, Ordering::SeqCst);
+                        }
+                        leader::Change::Lost => {
+                            tracing::warn!(instance = %lease.instance(), "coordinator lease lost: this instance follows");
+                            this.inner.metrics.state.clear();
+                        }
+                        leader::Change::Same => {}
+                    }
+                }
+                if graceful.is_cancelled() {
+                    lease.release().await;
+                    this.inner.metrics.leader.set(0);
+                    tracing::info!(instance = %lease.instance(), "coordinator lease released");
+                }
+            }
+            .instrument(tracing::info_span!("coordinator.lease")),
+        );
+
+        let this = self.clone();
+        let token = stop.clone();
         tracker.spawn(
             async move {
                 let mut events = events;
@@ -324,7 +578,7 @@ impl Coordinator {
         );
 
         let this = self.clone();
-        let token = shutdown.clone();
+        let token = stop.clone();
         tracker.spawn(
             async move {
                 let c = &this.inner.cfg.coordinator;
@@ -355,23 +609,42 @@ impl Coordinator {
                         last_discovery = Instant::now();
                         this.discover().await;
                     }
+                    if !this.is_leader() {
+                        continue;
+                    }
+                    if this.inner.resync_due.swap(false, Ordering::SeqCst) {
+                        // Just took the lease: what the previous leader wrote may be stale or missing.
+                        last_resync = Instant::now();
+                        this.discover().await;
+                        this.write_all_configs().await;
+                        this.tick_all(true).await;
+                        continue;
+                    }
                     if last_resync.elapsed() >= Duration::from_millis(c.config_resync_ms) {
                         last_resync = Instant::now();
                         this.write_all_configs().await;
                     }
-                    this.tick_all().await;
+                    this.tick_all(false).await;
                 }
             }
             .instrument(tracing::info_span!("coordinator.tick")),
         );
 
-        shutdown.cancelled().await;
+        stop.cancelled().await;
         tracker.close();
         if tokio::time::timeout(Duration::from_secs(5), tracker.wait()).await.is_err() {
             tracing::warn!("coordinator tasks did not stop within 5 s");
         }
         Ok(())
     }
+}
+
+/// `<HOSTNAME>-<8 random hex>`: the pod name in Kubernetes, unique per process.
+fn instance_id() -> String {
+    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "coordinator".into());
+    let host: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.').take(63).collect();
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &random[..8])
 }
 
 fn file_mtime(path: &str) -> Option<SystemTime> {

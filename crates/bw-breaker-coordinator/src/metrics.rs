@@ -17,6 +17,19 @@ pub(crate) struct Metrics {
     pub ticks: Counter,
     /// Limit reloads by result (ok, error).
     pub reloads: Family<Labels, Counter>,
+    /// 1 while this instance holds the leader lease.
+    pub leader: Gauge,
+    /// Times this instance took the leader lease.
+    pub leader_changes: Counter,
+    /// State-changing admin requests refused, by reason (disabled, missing, malformed, invalid).
+    pub admin_refusals: Family<Labels, Counter>,
+    /// Authorised operator actions, by action.
+    pub operator_actions: Family<Labels, Counter>,
+    /// Times the leader found Redis without its epoch while BW_SCOPES had snapshots (Redis lost its data, or
+    /// the first start of a coordinator that keeps one).
+    pub redis_epoch_missing: Counter,
+    /// FORCED_OPEN overrides re-applied after Redis lost them.
+    pub overrides_restored: Counter,
 }
 
 impl Metrics {
@@ -31,6 +44,36 @@ impl Metrics {
             );
             r.register("bw_breaker_coordinator_ticks", "Tick rounds over every known scope", m.ticks.clone());
             r.register("bw_breaker_limit_reloads", "Limit reloads by result", m.reloads.clone());
+            r.register(
+                "bw_breaker_coordinator_leader",
+                "1 while this instance holds the coordinator leader lease",
+                m.leader.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_leader_acquired",
+                "Times this instance took the coordinator leader lease",
+                m.leader_changes.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_admin_refusals",
+                "State-changing admin requests refused, by reason",
+                m.admin_refusals.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_redis_epoch_missing",
+                "Times the leader found Redis without its epoch key while BW_SCOPES had snapshots",
+                m.redis_epoch_missing.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_overrides_restored",
+                "FORCED_OPEN overrides re-applied after Redis lost them",
+                m.overrides_restored.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_operator_actions",
+                "Authorised operator actions, by action",
+                m.operator_actions.clone(),
+            );
         }
         m
     }

@@ -33,6 +33,10 @@ pub struct Cli {
     /// Base URL of the breaker-coordinator admin API.
     #[arg(long, env = "BW_COORDINATOR_URL", default_value = "http://127.0.0.1:9103", global = true)]
     pub coordinator_url: String,
+    /// Operator token for the coordinator's state-changing routes (sent as a bearer token, never printed).
+    /// Prefer the environment variable: a flag shows in the shell history and the process list.
+    #[arg(long, env = "BW_OPERATOR_TOKEN", hide_env_values = true, global = true)]
+    pub operator_token: Option<OperatorToken>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -50,6 +54,9 @@ pub enum Command {
     /// Breaker overrides (through the breaker-coordinator admin API).
     #[command(subcommand)]
     Breaker(BreakerCommand),
+    /// Print the sha256 (hex) of an operator token read from standard input, for the coordinator's
+    /// `operator.token_sha256` (the token itself is never printed).
+    OperatorTokenHash,
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -133,6 +140,44 @@ pub enum BreakerCommand {
     ForceClosed(BreakerArgs),
     /// Remove an override; the breaker decides again.
     Clear(BreakerArgs),
+    /// Wipe window, counters, pause, incident and override: the scope is CLOSED at full rate.
+    Reset(BreakerArgs),
+    /// Which coordinator instance holds the leader lease (read-only; no token needed).
+    Leader,
+}
+
+/// An operator token: its `Debug` is redacted so it never reaches output or logs.
+#[derive(Clone)]
+pub struct OperatorToken(String);
+
+impl OperatorToken {
+    /// The token, for the `Authorization` header only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for OperatorToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OperatorToken(<redacted>)")
+    }
+}
+
+impl std::str::FromStr for OperatorToken {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        if t.is_empty() || t.len() > 1024 || t.chars().any(|c| c.is_control() || c == ' ') {
+            return Err("the operator token must be 1 to 1024 printable characters without spaces".into());
+        }
+        Ok(OperatorToken(t.to_string()))
+    }
+}
+
+/// Lower-case hex sha256 of an operator token, as `operator.token_sha256` wants it.
+pub fn operator_token_hash(token: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(token.trim().as_bytes()))
 }
 
 #[derive(Debug, Args)]
@@ -213,7 +258,14 @@ pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
 /// Runs one command, writing its report to `out`; returns the exit code.
 pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
     if let Command::Breaker(cmd) = &cli.command {
-        return breaker(&cli.coordinator_url, cmd, out).await;
+        return breaker(&cli.coordinator_url, cli.operator_token.as_ref(), cmd, out).await;
+    }
+    if let Command::OperatorTokenHash = &cli.command {
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+        let token: OperatorToken = line.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+        writeln!(out, "{}", operator_token_hash(token.expose()))?;
+        return Ok(0);
     }
     let conn = connect(&cli.nats_url).await?;
     let (js, buckets) = (&conn.js, &conn.buckets);
@@ -396,7 +448,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             )?;
             Ok(0)
         }
-        Command::Breaker(_) => Ok(0),
+        Command::Breaker(_) | Command::OperatorTokenHash => Ok(0),
     }
 }
 
@@ -478,13 +530,20 @@ fn confirm(yes: bool, what: &str, out: &mut (dyn Write + Send)) -> anyhow::Resul
     Ok(ok)
 }
 
-/// Calls the coordinator admin API: `POST {base}/admin/breakers/{scope}/{force-open|force-closed|clear}` with a
-/// JSON body `{"reason": "..."}`.
-async fn breaker(base: &str, cmd: &BreakerCommand, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+/// Calls the coordinator admin API: `POST {base}/admin/breakers/{scope}/{force-open|force-closed|clear|reset}`
+/// with a JSON body `{"reason": "..."}` and the operator token as `Authorization: Bearer`.
+async fn breaker(
+    base: &str,
+    token: Option<&OperatorToken>,
+    cmd: &BreakerCommand,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
     let (action, args) = match cmd {
         BreakerCommand::ForceOpen(a) => ("force-open", a),
         BreakerCommand::ForceClosed(a) => ("force-closed", a),
         BreakerCommand::Clear(a) => ("clear", a),
+        BreakerCommand::Reset(a) => ("reset", a),
+        BreakerCommand::Leader => return leader(base, out).await,
     };
     anyhow::ensure!(
         !args.scope.is_empty() && args.scope.bytes().all(|b| b.is_ascii_digit()),
@@ -493,23 +552,66 @@ async fn breaker(base: &str, cmd: &BreakerCommand, out: &mut (dyn Write + Send))
     bw_common::service::install_crypto();
     let url = format!("{}/admin/breakers/{}/{action}", base.trim_end_matches('/'), args.scope);
     let body = format!("{{\"reason\":{}}}", json_string(&args.reason));
-    let response = reqwest::Client::new()
+    let mut request = reqwest::Client::new()
         .post(&url)
         .header("content-type", "application/json")
         .body(body)
+        .timeout(std::time::Duration::from_secs(10));
+    if let Some(token) = token {
+        request = request.bearer_auth(token.expose());
+    }
+    let response = request.send().await.with_context(|| format!("coordinator not reachable at {base}"))?;
+    let status = response.status();
+    let mut text = response.text().await.unwrap_or_default();
+    if let Some(token) = token {
+        // Nothing the coordinator says should echo it, but never print it whatever comes back.
+        text = text.replace(token.expose(), "<redacted>");
+    }
+    if status.is_success() {
+        writeln!(out, "scope {}: {action} ok {}", args.scope, text.trim())?;
+        Ok(0)
+    } else {
+        writeln!(out, "scope {}: {action} failed: HTTP {status} {}", args.scope, text.trim())?;
+        if status.as_u16() == 401 || status.as_u16() == 403 {
+            let hint = if token.is_none() {
+                "set BW_OPERATOR_TOKEN (or --operator-token) to the operator token"
+            } else {
+                "check BW_OPERATOR_TOKEN against the coordinator's operator.token_sha256 (bwctl operator-token-hash)"
+            };
+            writeln!(out, "hint: {hint}")?;
+        }
+        Ok(1)
+    }
+}
+
+/// `GET {base}/admin/leader`: the lease holder, and whether the instance that answered leads.
+async fn leader(base: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    bw_common::service::install_crypto();
+    let url = format!("{}/admin/leader", base.trim_end_matches('/'));
+    let response = reqwest::Client::new()
+        .get(&url)
         .timeout(std::time::Duration::from_secs(10))
         .send()
         .await
         .with_context(|| format!("coordinator not reachable at {base}"))?;
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
-    if status.is_success() {
-        writeln!(out, "scope {}: {action} ok {}", args.scope, text.trim())?;
-        Ok(0)
-    } else {
-        writeln!(out, "scope {}: {action} failed: HTTP {status} {}", args.scope, text.trim())?;
-        Ok(1)
+    let body: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    if !status.is_success() {
+        writeln!(out, "leader: HTTP {status} {}", text.trim())?;
+        return Ok(1);
     }
+    match body["holder"].as_str() {
+        Some(holder) => writeln!(out, "leader: {holder}")?,
+        None => writeln!(out, "leader: none (no instance holds the lease; ticks and snapshots are paused)")?,
+    }
+    writeln!(
+        out,
+        "answered by: {} ({})",
+        body["instance"].as_str().unwrap_or("?"),
+        if body["leader"].as_bool() == Some(true) { "leader" } else { "follower" }
+    )?;
+    Ok(if body["holder"].is_string() { 0 } else { 1 })
 }
 
 fn json_string(s: &str) -> String {

@@ -1,6 +1,9 @@
 //! bwctl against a real nats-server: masked inspection, stats, replay twice without duplicates, breaker
 //! refusal, purge, account exit codes, and the coordinator call.
 
+mod deploy;
+mod operator;
+
 use bw_cli::{Cli, EXIT_LOST, run};
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
@@ -160,6 +163,8 @@ async fn breaker_commands_call_the_coordinator() {
         "bwctl",
         "--coordinator-url",
         &base,
+        "--operator-token",
+        "drill-token-1",
         "breaker",
         "force-open",
         "--scope",
@@ -174,6 +179,8 @@ async fn breaker_commands_call_the_coordinator() {
     assert_eq!(code, 0, "{}", String::from_utf8_lossy(&out));
     assert!(request.starts_with(&format!("POST /admin/breakers/{PHONE}/force-open ")), "{request}");
     assert!(request.contains("{\"reason\":\"drill\"}"), "{request}");
+    assert!(request.to_ascii_lowercase().contains("authorization: bearer drill-token-1"), "{request}");
+    assert!(!String::from_utf8_lossy(&out).contains("drill-token-1"), "the token is never printed");
     let bad = Cli::try_parse_from(["bwctl", "breaker", "clear", "--scope", "12ab"]).expect("parse");
     assert!(run(bad, &mut Vec::new()).await.is_err(), "non-digit scope refused");
 }
