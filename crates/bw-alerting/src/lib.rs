@@ -30,8 +30,9 @@ pub use config::{
 pub use display::{format_local, format_utc};
 pub use model::{CONSUMER, EVENT_FILTERS, Rule, STATE_BUCKET, dedup_key, storm_key};
 
+use async_nats::jetstream::Message;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, pull};
-use async_nats::jetstream::{AckKind, Message};
+use bw_common::disposition::{Label, Settle, apply};
 use bw_common::names;
 use bw_common::service::Deps;
 use futures::StreamExt;
@@ -158,32 +159,82 @@ async fn consume(engine: engine::Engine, mut messages: pull::Stream, shutdown: C
     }
 }
 
-async fn handle(engine: &engine::Engine, msg: Message) {
-    let subject = msg.subject.to_string();
-    let span = tracing::info_span!("alerting.event", subject = %subject);
-    bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
-    let result = async {
-        if subject.starts_with("bw.breaker.v1.") {
-            ("breaker", engine.on_breaker(&subject, &msg.payload).await)
-        } else {
-            ("signal", engine.on_signal(&subject, &msg.payload).await)
+/// What handling one event came to: its kind and result (the `result` span field and the
+/// `bw_alert_events_total{kind, result}` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventResult {
+    /// Handled (an alert fired, escalated, resolved, or nothing needed doing).
+    Handled,
+    /// Undecodable or incomplete payload: retrying cannot help.
+    Malformed,
+    /// Alert state unavailable: redelivered after a short delay.
+    Retry,
+}
+
+impl Label for EventResult {
+    fn label(self) -> &'static str {
+        match self {
+            EventResult::Handled => "ok",
+            EventResult::Malformed => "malformed",
+            EventResult::Retry => "retry",
         }
     }
-    .instrument(span)
-    .await;
-    let (kind, outcome, ack) = match result {
-        (kind, Ok(())) => (kind, "ok", AckKind::Ack),
-        (kind, Err(e @ engine::EventError::Malformed { .. })) => {
+}
+
+/// Delay before an event whose alert state was unavailable is redelivered.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The one decision of the event consumer: what a handler's outcome means for the message.
+pub(crate) fn settle(outcome: Result<(), engine::EventError>) -> Settle<EventResult> {
+    match outcome {
+        Ok(()) => Settle::ack(EventResult::Handled),
+        Err(e @ engine::EventError::Malformed { .. }) => {
             tracing::warn!(error = %e, "malformed event dropped");
-            (kind, "malformed", AckKind::Term)
+            Settle::term(EventResult::Malformed)
         }
-        (kind, Err(e)) => {
+        Err(e) => {
             tracing::warn!(error = %e, "event not handled; will be redelivered");
-            (kind, "retry", AckKind::Nak(Some(Duration::from_secs(1))))
+            Settle::nak(EventResult::Retry, RETRY_DELAY)
         }
-    };
-    engine.metrics.events.get_or_create(&metrics::labels([("kind", kind), ("result", outcome)])).inc();
-    if let Err(e) = msg.ack_with(ack).await {
-        tracing::warn!(error = %e, "cannot ack event");
+    }
+}
+
+async fn handle(engine: &engine::Engine, msg: Message) {
+    let subject = msg.subject.to_string();
+    let kind = if subject.starts_with("bw.breaker.v1.") { "breaker" } else { "signal" };
+    let span = tracing::info_span!("alerting.event", subject = %subject, result = tracing::field::Empty);
+    bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
+    let outcome = async {
+        if kind == "breaker" {
+            engine.on_breaker(&subject, &msg.payload).await
+        } else {
+            engine.on_signal(&subject, &msg.payload).await
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    let decision = span.in_scope(|| settle(outcome));
+    apply(&msg, decision, &span, |result| {
+        engine.metrics.events.get_or_create(&metrics::labels([("kind", kind), ("result", result)])).inc();
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EventResult, settle};
+    use crate::engine::EventError;
+    use crate::state::StateError;
+    use bw_common::disposition::Disposition;
+
+    #[test]
+    fn malformed_events_are_terminated_and_unavailable_state_is_retried() {
+        assert_eq!(settle(Ok(())).disposition, Disposition::Ack);
+        let malformed =
+            settle(Err(EventError::Malformed { what: "Signal", subject: "bw.signal.v1.x".into(), detail: "x".into() }));
+        assert_eq!((malformed.disposition, malformed.result), (Disposition::Term, EventResult::Malformed));
+        let retry = settle(Err(EventError::State(StateError::Unavailable { key: "k".into(), detail: "d".into() })));
+        assert_eq!(retry.result, EventResult::Retry);
+        assert!(matches!(retry.disposition, Disposition::Nak(d) if d == super::RETRY_DELAY));
     }
 }

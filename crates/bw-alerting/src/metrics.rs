@@ -26,6 +26,7 @@ pub struct Metrics {
     pub stream_messages: Family<Labels, Gauge>,
     pub stream_max_messages: Family<Labels, Gauge>,
     pub unknown_oldest_age: Gauge<f64, AtomicU64>,
+    pub polls: Counter,
 }
 
 impl Metrics {
@@ -67,6 +68,11 @@ impl Metrics {
                 "bw_unknown_oldest_age_seconds",
                 "Age of the oldest unknown-outcome message",
                 m.unknown_oldest_age.clone(),
+            );
+            r.register(
+                "bw_alert_polls",
+                "Periodic checks (stream state, snapshots, reviews) completed",
+                m.polls.clone(),
             );
         }
         m

@@ -64,6 +64,7 @@ impl Poller {
             Ok(states) => self.review(now, states, &found).await,
             Err(e) => tracing::warn!(error = %e, "cannot read alert states"),
         }
+        self.engine.metrics.polls.inc();
     }
 
     async fn fire(&self, found: &mut Findings, f: Firing) {
