@@ -27,7 +27,7 @@ pub use config::{
     AlertingConfig, Config, DeliveryConfig, DisplayConfig, PagerDutyConfig, RulesConfig, SinkConfig, SinksConfig,
     StormConfig,
 };
-pub use display::{format_local, format_utc};
+pub use display::{format_local, format_utc, parse_zone};
 pub use model::{CONSUMER, EVENT_FILTERS, Rule, STATE_BUCKET, dedup_key, storm_key};
 
 use async_nats::jetstream::Message;
