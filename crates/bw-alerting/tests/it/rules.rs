@@ -162,5 +162,30 @@ async fn breaker_open_resolves_by_itself_from_a_closed_snapshot_when_the_closed_
     let resolved = sinks.find("webhook", |b| b["dedup_key"] == "breaker_open.9101" && b["status"] == "resolved");
     let resolved = resolved.expect("resolved notification");
     assert!(resolved["resolved_at"]["utc"].as_str().is_some_and(|s| s.ends_with(" UTC")), "{resolved}");
+
+    // Redis restarted empty: the breaker reads CLOSED with no `since` and no transition is ever published.
+    // A snapshot written after the trip still resolves the alert.
+    let open = BreakerTransition {
+        scope: Some(Scope { waba_id: "waba1".into(), phone_number_id: "9102".into() }),
+        from: BreakerState::Closed as i32,
+        to: BreakerState::Open as i32,
+        at_unix_ms: t0,
+        incident_id: "inc-9102".into(),
+        reason: "failure rate 0.40 over 50 calls".into(),
+        failure_rate: 0.4,
+        calls_in_window: 50,
+        open_until_unix_ms: t0 + 30_000,
+    };
+    publish(&svc.deps.js, names::breaker_subject("9102"), open).await;
+    assert!(wait_until(WAIT, || async { has(&sinks, "breaker_open.9102", "firing") }).await);
+    let reset = ScopeSnapshot {
+        scope: Some(Scope { waba_id: "waba1".into(), phone_number_id: "9102".into() }),
+        state: BreakerState::Closed as i32,
+        since_unix_ms: 0,
+        updated_at_unix_ms: t0 + 3_000,
+        ..Default::default()
+    };
+    scopes.put("9102", reset.encode_to_vec().into()).await.expect("put");
+    assert!(wait_until(WAIT, || async { has(&sinks, "breaker_open.9102", "resolved") }).await);
     svc.stop().await;
 }
