@@ -165,6 +165,14 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         None => validation::parse_owners(validation::DEFAULT_OWNERS).map_err(|e| anyhow::anyhow!("{e}"))?,
     };
     bw_alerting::parse_zone(&opts.zone).map_err(|e| anyhow::anyhow!("--zone: {e}"))?;
+    // With a scenario file, "the outage" of the figures (time to trip, time to close) is its first fault window.
+    let mut opts = opts;
+    if opts.scenario.is_some()
+        && let Some(w) = scenario.windows.iter().find(|w| w.error_rate > 0.0)
+    {
+        opts.outage_start_s = w.start_ms / 1000;
+        opts.outage_length_s = w.duration_ms.map_or(0, |d| d / 1000);
+    }
     let wall_start = bw_common::time::now_ms();
     let _ = std::fs::remove_dir_all(&opts.dir);
     std::fs::create_dir_all(&opts.dir)?;
@@ -191,6 +199,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     say(&opts, &format!("Meta simulator {}", sim.base_url()));
 
     let mut services = stack::Services::new(stack::bin_dir(), dir.join("logs"));
+    // Info level unless told otherwise: the validation matrix scans these logs for personal data and secrets.
+    if std::env::var_os("BW_DRILL_LOG").is_none() {
+        services.log_level = "info".into();
+    }
     let nats_url = nats_server.url();
     let redis_url = redis_server.url();
     // 10 % under Meta's limit and a burst of half its tolerance: admitted sends reach Meta with some jitter
@@ -353,6 +365,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             }
         }
         t = started.elapsed().as_secs_f64();
+        heal_states(&buckets.scopes, &observed).await;
         let depths = depths(&js).await;
         let (sent_per_s, error_rate, errors_per_s, open, half_open) = {
             let o = observed.lock().await;
@@ -398,8 +411,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         if max_dlq > 0 && depths.dlq == 0 && drained_at.is_none() {
             drained_at = Some(t);
         }
+        let alerts_firing = observed.lock().await.alerts.values().filter(|a| a.resolved_at_unix_ms == 0).count();
         let quiet = producer.is_finished()
             && depths.read
+            && alerts_firing == 0
             && chaos_plan.is_empty()
             && restarts.is_empty()
             && depths.send == 0
@@ -517,6 +532,32 @@ pub async fn depths(js: &jetstream::Context) -> Depths {
         dlq: dlq.unwrap_or(0),
         unknown: unknown.unwrap_or(0),
         quarantine: quarantine.unwrap_or(0),
+    }
+}
+
+/// The drill learns breaker states from transitions; when the breaker state was lost (Redis restarted empty)
+/// no transition is ever published for a scope that was OPEN. The scope snapshot the coordinator writes is then
+/// the authority: a CLOSED snapshot written after the scope's last observed transition closes it in the view.
+async fn heal_states(scopes: &async_nats::jetstream::kv::Store, observed: &Arc<Mutex<Observed>>) {
+    let suspects: Vec<(String, f64)> = {
+        let o = observed.lock().await;
+        o.states
+            .iter()
+            .filter(|(_, s)| matches!(s, BreakerState::Open | BreakerState::HalfOpen))
+            .filter_map(|(phone, _)| {
+                let last = o.transitions.iter().rev().find(|t| &t.3 == phone)?.0;
+                Some((phone.clone(), o.started_unix_ms as f64 + last * 1000.0))
+            })
+            .collect()
+    };
+    for (phone, last_ms) in suspects {
+        let Ok(Some(bytes)) = scopes.get(&phone).await else { continue };
+        let Ok(snap) = bw_common::proto::ScopeSnapshot::decode(bytes) else { continue };
+        let closed =
+            matches!(BreakerState::try_from(snap.state), Ok(BreakerState::Closed | BreakerState::ForcedClosed));
+        if closed && snap.updated_at_unix_ms as f64 > last_ms {
+            observed.lock().await.states.insert(phone, BreakerState::Closed);
+        }
     }
 }
 

@@ -40,6 +40,9 @@ struct Args {
     /// Owners of the validation matrix rows (TOML with an [owners] table; default: compiled).
     #[arg(long, value_name = "FILE")]
     owners: Option<PathBuf>,
+    /// Give up waiting for the system to settle (queues empty, breakers closed, alerts resolved) after this long.
+    #[arg(long, default_value_t = 300)]
+    settle_timeout: u64,
     /// IANA time zone alert times are shown in next to UTC.
     #[arg(long, default_value = "America/Argentina/Buenos_Aires")]
     zone: String,
@@ -64,6 +67,7 @@ fn main() {
         chaos_seed: args.chaos,
         owners: args.owners.clone(),
         zone: args.zone.clone(),
+        settle_timeout_s: args.settle_timeout,
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
