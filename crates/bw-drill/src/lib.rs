@@ -328,6 +328,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let mut last_errors = 0u64;
     let mut settled_for = 0u32;
     let settle_deadline = Instant::now() + Duration::from_secs(opts.settle_timeout_s);
+    let settled;
     let mut drained_at: Option<f64> = None;
     let mut max_dlq = 0u64;
     loop {
@@ -423,6 +424,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             && open + half_open == 0;
         settled_for = if quiet { settled_for + 1 } else { 0 };
         if settled_for >= 3 || Instant::now() > settle_deadline {
+            settled = settled_for >= 3;
             break;
         }
     }
@@ -465,6 +467,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             opts.messages
         ),
         observed: String::new(),
+        settled,
     };
     marks.sort_by(|a, b| a.t.total_cmp(&b.t));
     let report = report::build(report::Inputs {

@@ -111,6 +111,8 @@ pub struct Header {
     pub scenario: String,
     pub expected: String,
     pub observed: String,
+    /// False when the settle timeout ended the run with work still queued, a breaker open or an alert firing.
+    pub settled: bool,
 }
 
 /// The drill's outcome.
@@ -345,6 +347,9 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         r.errors.rate_limit_self_inflicted(),
         r.errors.rate_limit_injected()
     );
+    if !r.header.settled {
+        r.header.observed.insert_str(0, "did NOT settle before the timeout; ");
+    }
     r.validation = validation::rows(&r, i.owners);
     r
 }
@@ -403,6 +408,11 @@ fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<
 pub fn text(r: &DrillReport) -> String {
     let mut s = String::new();
     s.push_str("\n==== flash-sale drill report ====\n");
+    if !r.header.settled && !r.header.version.is_empty() {
+        s.push_str(
+            "WARNING: the run did not settle before the timeout (work queued, a breaker open or an alert firing)\n",
+        );
+    }
     s.push_str(&format!(
         "requested {}  accepted {}  rejected {}  unanswered {}\n",
         r.requested, r.accepted, r.rejected, r.unanswered
@@ -485,6 +495,7 @@ pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) 
             "environment": r.header.environment, "version": r.header.version, "started_utc": r.header.started_utc,
             "load": r.header.load, "duration_s": r.header.duration_s, "scenario": r.header.scenario,
             "expected": r.header.expected, "observed": r.header.observed, "display_zone": r.zone,
+            "settled": r.header.settled,
         },
         "passed": r.passed(),
         "requested": r.requested, "accepted": r.accepted, "rejected": r.rejected, "unanswered": r.unanswered,

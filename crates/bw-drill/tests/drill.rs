@@ -194,3 +194,27 @@ fn small_drills_without_and_with_chaos_lose_nothing_and_report_every_section() {
     let happened: Vec<String> = chaos.iter().filter(|c| !c.starts_with("start ")).cloned().collect();
     assert_eq!(happened, planned);
 }
+
+#[test]
+fn bad_arguments_are_precise_errors_before_anything_starts() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let bad_scenario = work.path().join("bad.toml");
+    std::fs::write(&bad_scenario, "name = \"x\"\n[[windows]]\nstart_ms = 0\nerror_rate = 2.0\n").expect("write");
+    let owners = work.path().join("owners.toml");
+    std::fs::write(&owners, "[owners]\nquota = \"me\"\n").expect("write");
+    let dir = work.path().join("drill");
+    let path = |p: &Path| p.to_str().expect("utf-8").to_string();
+    for (args, expect) in [
+        (vec!["--scenario".to_string(), path(&bad_scenario)], "scenario `"),
+        (vec!["--scenario".to_string(), path(&work.path().join("missing.toml"))], "missing.toml"),
+        (vec!["--owners".to_string(), path(&owners)], "unknown row `quota`"),
+        (vec!["--zone".to_string(), "Mars/Olympus".to_string()], "Mars/Olympus"),
+    ] {
+        let out = Command::new(common::drill_bin()).args(&args).arg("--dir").arg(&dir).output().expect("run bw-drill");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(expect), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert!(!dir.exists(), "nothing started for {args:?}");
+    }
+}
