@@ -66,7 +66,7 @@ pub struct DrillOptions {
     /// flash-sale outage at `outage_start_s` for `outage_length_s`. Its clock starts with the producer.
     pub scenario: Option<String>,
     /// `--chaos SEED`: kill -9 a dispatcher and a replay worker, restart nats-server and redis-server, at times
-    /// drawn from the seed.
+    /// drawn from the seed. Server restarts block their thread: run the drill on a multi-thread runtime.
     pub chaos_seed: Option<u64>,
     /// Owners of the validation matrix rows (TOML, table `[owners]`); None: the compiled defaults.
     pub owners: Option<PathBuf>,
