@@ -10,7 +10,7 @@ type Labels = Vec<(&'static str, String)>;
 
 /// Every metric the service updates.
 #[derive(Clone, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub fired: Family<Labels, Counter>,
     pub resolved: Family<Labels, Counter>,
     pub escalated: Family<Labels, Counter>,
@@ -31,7 +31,7 @@ pub struct Metrics {
 
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
-    pub fn register(registry: &MetricsRegistry) -> Metrics {
+    pub(crate) fn register(registry: &MetricsRegistry) -> Metrics {
         let m = Metrics::default();
         if let Ok(mut r) = registry.lock() {
             r.register("bw_alerts_fired", "Alerts fired, by rule and severity", m.fired.clone());
@@ -80,6 +80,6 @@ impl Metrics {
 }
 
 /// Label set helper.
-pub fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
+pub(crate) fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }

@@ -21,7 +21,7 @@ struct Findings {
 }
 
 /// Periodic checker; keeps the quarantine samples between ticks.
-pub struct Poller {
+pub(crate) struct Poller {
     engine: Engine,
     js: jetstream::Context,
     scopes: kv::Store,
@@ -37,7 +37,7 @@ fn age_s(now_ms: i64, then: time::OffsetDateTime) -> f64 {
 }
 
 impl Poller {
-    pub fn new(
+    pub(crate) fn new(
         engine: Engine,
         js: jetstream::Context,
         scopes: kv::Store,
@@ -48,7 +48,7 @@ impl Poller {
     }
 
     /// One full pass. Errors are logged; a rule whose input could not be read resolves nothing this tick.
-    pub async fn tick(&mut self) {
+    pub(crate) async fn tick(&mut self) {
         let now = bw_common::time::now_ms();
         let mut found = Findings::default();
         let checks = [

@@ -6,12 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The repository root.
-pub fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
 }
 
 /// The `bw-drill` binary next to the other workspace binaries (`cargo build --bins` first).
-pub fn drill_bin() -> PathBuf {
+pub(crate) fn drill_bin() -> PathBuf {
     let bin = bw_drill::stack::bin_dir().join("bw-drill");
     assert!(
         bin.is_file(),
@@ -22,7 +22,7 @@ pub fn drill_bin() -> PathBuf {
 }
 
 /// The Chromium binary, installed with `BW_WITH_CHROMIUM=1 scripts/setup.sh` (idempotent) when missing.
-pub fn chromium() -> PathBuf {
+pub(crate) fn chromium() -> PathBuf {
     fn find() -> Option<PathBuf> {
         ["chromium", "chromium-browser"].into_iter().find_map(|name| {
             let out = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().ok()?;
@@ -60,7 +60,7 @@ fn chromium_cmd(profile: &Path, width: u32) -> Command {
 
 /// Renders `page` at `width` CSS pixels: writes a screenshot to `shot` and returns the DOM after the page's
 /// scripts ran.
-pub fn render(page: &Path, width: u32, shot: &Path) -> String {
+pub(crate) fn render(page: &Path, width: u32, shot: &Path) -> String {
     let profile = tempfile::tempdir().expect("chromium profile dir");
     let url = format!("file://{}", page.display());
     let out = chromium_cmd(profile.path(), width)
@@ -82,7 +82,7 @@ pub fn render(page: &Path, width: u32, shot: &Path) -> String {
 
 /// Asserts the rendered DOM has every report section and that the page's own check found no horizontal
 /// overflow.
-pub fn assert_readable(dom: &str, width: u32) {
+pub(crate) fn assert_readable(dom: &str, width: u32) {
     for id in ["header", "summary", "timeline", "errors", "senders", "alerts", "validation"] {
         assert!(dom.contains(&format!("<section id=\"{id}\"")), "section #{id} missing at {width}px");
     }
