@@ -42,6 +42,13 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
+/// The alert held in a value of the [`STATE_BUCKET`] (what tools read to learn an alert's current state
+/// without having seen every `bw.alert.v1.*` message). None when the value is not an alert state.
+pub fn alert_from_state(value: &[u8]) -> Option<bw_common::proto::Alert> {
+    use prost::Message as _;
+    model::AlertState::decode(value).ok()?.alert.filter(|a| !a.dedup_key.is_empty())
+}
+
 /// Compiled defaults, every key commented.
 pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
 
@@ -225,6 +232,20 @@ mod tests {
     use crate::engine::EventError;
     use crate::state::StateError;
     use bw_common::disposition::Disposition;
+
+    #[test]
+    fn alert_states_read_back_their_alert() {
+        use prost::Message as _;
+        let alert = bw_common::proto::Alert {
+            dedup_key: "breaker_open.1".into(),
+            resolved_at_unix_ms: 5,
+            ..Default::default()
+        };
+        let state = crate::model::AlertState { alert: Some(alert.clone()), last_seen_unix_ms: 3, individual: true };
+        assert_eq!(super::alert_from_state(&state.encode_to_vec()), Some(alert));
+        assert_eq!(super::alert_from_state(b"\xff\xff"), None);
+        assert_eq!(super::alert_from_state(&[]), None);
+    }
 
     #[test]
     fn malformed_events_are_terminated_and_unavailable_state_is_retried() {

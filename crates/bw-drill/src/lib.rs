@@ -327,6 +327,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let mut last_failed = 0u64;
     let mut last_errors = 0u64;
     let mut settled_for = 0u32;
+    let mut alert_states: Option<async_nats::jetstream::kv::Store> = None;
     let settle_deadline = Instant::now() + Duration::from_secs(opts.settle_timeout_s);
     let settled;
     let mut drained_at: Option<f64> = None;
@@ -367,6 +368,11 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         }
         t = started.elapsed().as_secs_f64();
         heal_states(&buckets.scopes, &observed).await;
+        if let Some(kv) = &alert_states {
+            heal_alerts(kv, &observed).await;
+        } else {
+            alert_states = js.get_key_value(bw_alerting::STATE_BUCKET).await.ok();
+        }
         let depths = depths(&js).await;
         let (sent_per_s, error_rate, errors_per_s, open, half_open) = {
             let o = observed.lock().await;
@@ -560,6 +566,23 @@ async fn heal_states(scopes: &async_nats::jetstream::kv::Store, observed: &Arc<M
             matches!(BreakerState::try_from(snap.state), Ok(BreakerState::Closed | BreakerState::ForcedClosed));
         if closed && snap.updated_at_unix_ms as f64 > last_ms {
             observed.lock().await.states.insert(phone, BreakerState::Closed);
+        }
+    }
+}
+
+/// Alerts resolved while the drill's subscription was cut (a nats-server restart) are read back from the
+/// alert state bucket, the authority of the alerting service.
+async fn heal_alerts(kv: &async_nats::jetstream::kv::Store, observed: &Arc<Mutex<Observed>>) {
+    let firing: Vec<String> = {
+        let o = observed.lock().await;
+        o.alerts.values().filter(|a| a.resolved_at_unix_ms == 0).map(|a| a.dedup_key.clone()).collect()
+    };
+    for key in firing {
+        let Ok(Some(value)) = kv.get(&key).await else { continue };
+        if let Some(alert) = bw_alerting::alert_from_state(&value)
+            && alert.resolved_at_unix_ms > 0
+        {
+            observed.lock().await.alerts.insert(key, alert);
         }
     }
 }
