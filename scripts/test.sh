@@ -3,7 +3,7 @@
 # themselves on free loopback ports, plus the Prometheus rule unit tests. Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BW_WITH_PROMTOOL=1 scripts/setup.sh
+BW_WITH_PROMTOOL=1 BW_WITH_CHROMIUM=1 scripts/setup.sh
 if ! command -v nats-server >/dev/null 2>&1; then
   PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 fi
@@ -20,10 +20,12 @@ else
   cargo test --workspace --locked --no-fail-fast "$@" || status=$?
 fi
 
+# promtool is installed by setup.sh above; its absence is a failure, never a skip.
+echo "== Prometheus alert rules (promtool)"
 if command -v promtool >/dev/null 2>&1; then
-  echo "== Prometheus alert rules (promtool)"
   deploy/prometheus/test.sh || status=$?
 else
-  echo "== promtool unavailable: Prometheus rule tests skipped"
+  echo "promtool missing: the Prometheus rule tests cannot run" >&2
+  status=1
 fi
 exit $status

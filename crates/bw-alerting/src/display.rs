@@ -28,12 +28,12 @@ pub fn format_local(unix_ms: i64, zone: Tz) -> String {
 }
 
 /// RFC 3339 in UTC with milliseconds (PagerDuty `timestamp`).
-pub fn rfc3339(unix_ms: i64) -> String {
+pub(crate) fn rfc3339(unix_ms: i64) -> String {
     instant(unix_ms).to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// Link to a runbook file (`meta-down.md`) under the configured base, or `deploy/runbooks/` when empty.
-pub fn runbook_url(base: &str, file: &str) -> String {
+pub(crate) fn runbook_url(base: &str, file: &str) -> String {
     let base = if base.is_empty() { "deploy/runbooks" } else { base.trim_end_matches('/') };
     format!("{base}/{file}")
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 /// Shared handles of the engine (cheap to clone).
 #[derive(Clone)]
-pub struct Engine {
+pub(crate) struct Engine {
     pub store: StateStore,
     pub gate: Arc<StormGate>,
     pub notifier: Notifier,
@@ -30,7 +30,7 @@ pub struct Engine {
 
 /// Why an event could not be handled.
 #[derive(Debug, thiserror::Error)]
-pub enum EventError {
+pub(crate) enum EventError {
     /// The payload is not what the subject promises; retrying cannot help.
     #[error("undecodable {what} on `{subject}`: {detail}")]
     Malformed { what: &'static str, subject: String, detail: String },
@@ -49,7 +49,7 @@ fn scope_label(waba: &str, phone: &str) -> String {
 
 impl Engine {
     /// Fires `f` (idempotent) and notifies if this instance won.
-    pub async fn fire(&self, f: Firing) -> Result<(), StateError> {
+    pub(crate) async fn fire(&self, f: Firing) -> Result<(), StateError> {
         let now = bw_common::time::now_ms();
         let url = runbook_url(&self.runbook_base, f.rule.runbook());
         // The storm budget is taken only when a new firing is written, not when a firing alert is seen again.
@@ -62,14 +62,20 @@ impl Engine {
     }
 
     /// Raises a firing alert's severity.
-    pub async fn escalate(&self, rule: Rule, key: &str, severity: Severity, summary: &str) -> Result<(), StateError> {
+    pub(crate) async fn escalate(
+        &self,
+        rule: Rule,
+        key: &str,
+        severity: Severity,
+        summary: &str,
+    ) -> Result<(), StateError> {
         let change = self.store.escalate(key, severity, summary).await?;
         self.apply(rule, change, bw_common::time::now_ms()).await;
         Ok(())
     }
 
     /// Resolves `key` as of `at_ms` and notifies if this instance won.
-    pub async fn resolve(&self, rule: Rule, key: &str, at_ms: i64, tombstone: bool) -> Result<(), StateError> {
+    pub(crate) async fn resolve(&self, rule: Rule, key: &str, at_ms: i64, tombstone: bool) -> Result<(), StateError> {
         let change = self.store.resolve(key, at_ms, tombstone).await?;
         self.apply(rule, change, at_ms).await;
         Ok(())
@@ -119,7 +125,7 @@ impl Engine {
     }
 
     /// Handles one breaker transition.
-    pub async fn on_breaker(&self, subject: &str, payload: &[u8]) -> Result<(), EventError> {
+    pub(crate) async fn on_breaker(&self, subject: &str, payload: &[u8]) -> Result<(), EventError> {
         let t = BreakerTransition::decode(payload).map_err(|e| EventError::Malformed {
             what: "BreakerTransition",
             subject: subject.into(),
@@ -179,7 +185,7 @@ impl Engine {
     }
 
     /// Handles one signal.
-    pub async fn on_signal(&self, subject: &str, payload: &[u8]) -> Result<(), EventError> {
+    pub(crate) async fn on_signal(&self, subject: &str, payload: &[u8]) -> Result<(), EventError> {
         let s = Signal::decode(payload).map_err(|e| EventError::Malformed {
             what: "Signal",
             subject: subject.into(),
@@ -239,7 +245,7 @@ impl Engine {
 
 /// The usage percent in a quota signal's detail: the number after `percent=` (`"usage_percent=85.5"`), else
 /// the first number followed by `%` (`"tier 2: 91.2% used"`), else the first number (`"85"`).
-pub fn parse_percent(detail: &str) -> Option<f64> {
+pub(crate) fn parse_percent(detail: &str) -> Option<f64> {
     let numbers = numbers(detail);
     if let Some(at) = detail.find("percent=") {
         return numbers.iter().find(|(start, _, _)| *start >= at).map(|(_, _, v)| *v);

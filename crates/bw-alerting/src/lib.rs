@@ -27,11 +27,12 @@ pub use config::{
     AlertingConfig, Config, DeliveryConfig, DisplayConfig, PagerDutyConfig, RulesConfig, SinkConfig, SinksConfig,
     StormConfig,
 };
-pub use display::{format_local, format_utc};
+pub use display::{format_local, format_utc, parse_zone};
 pub use model::{CONSUMER, EVENT_FILTERS, Rule, STATE_BUCKET, dedup_key, storm_key};
 
+use async_nats::jetstream::Message;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, pull};
-use async_nats::jetstream::{AckKind, Message};
+use bw_common::disposition::{Label, Settle, apply};
 use bw_common::names;
 use bw_common::service::Deps;
 use futures::StreamExt;
@@ -40,6 +41,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
+
+/// The alert held in a value of the [`STATE_BUCKET`] (what tools read to learn an alert's current state
+/// without having seen every `bw.alert.v1.*` message). None when the value is not an alert state.
+pub fn alert_from_state(value: &[u8]) -> Option<bw_common::proto::Alert> {
+    use prost::Message as _;
+    model::AlertState::decode(value).ok()?.alert.filter(|a| !a.dedup_key.is_empty())
+}
 
 /// Compiled defaults, every key commented.
 pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
@@ -157,32 +165,96 @@ async fn consume(engine: engine::Engine, mut messages: pull::Stream, shutdown: C
     }
 }
 
-async fn handle(engine: &engine::Engine, msg: Message) {
-    let subject = msg.subject.to_string();
-    let span = tracing::info_span!("alerting.event", subject = %subject);
-    bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
-    let result = async {
-        if subject.starts_with("bw.breaker.v1.") {
-            ("breaker", engine.on_breaker(&subject, &msg.payload).await)
-        } else {
-            ("signal", engine.on_signal(&subject, &msg.payload).await)
+/// What handling one event came to: its kind and result (the `result` span field and the
+/// `bw_alert_events_total{kind, result}` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventResult {
+    /// Handled (an alert fired, escalated, resolved, or nothing needed doing).
+    Handled,
+    /// Undecodable or incomplete payload: retrying cannot help.
+    Malformed,
+    /// Alert state unavailable: redelivered after a short delay.
+    Retry,
+}
+
+impl Label for EventResult {
+    fn label(self) -> &'static str {
+        match self {
+            EventResult::Handled => "ok",
+            EventResult::Malformed => "malformed",
+            EventResult::Retry => "retry",
         }
     }
-    .instrument(span)
-    .await;
-    let (kind, outcome, ack) = match result {
-        (kind, Ok(())) => (kind, "ok", AckKind::Ack),
-        (kind, Err(e @ engine::EventError::Malformed { .. })) => {
+}
+
+/// Delay before an event whose alert state was unavailable is redelivered.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The one decision of the event consumer: what a handler's outcome means for the message.
+pub(crate) fn settle(outcome: Result<(), engine::EventError>) -> Settle<EventResult> {
+    match outcome {
+        Ok(()) => Settle::ack(EventResult::Handled),
+        Err(e @ engine::EventError::Malformed { .. }) => {
             tracing::warn!(error = %e, "malformed event dropped");
-            (kind, "malformed", AckKind::Term)
+            Settle::term(EventResult::Malformed)
         }
-        (kind, Err(e)) => {
+        Err(e) => {
             tracing::warn!(error = %e, "event not handled; will be redelivered");
-            (kind, "retry", AckKind::Nak(Some(Duration::from_secs(1))))
+            Settle::nak(EventResult::Retry, RETRY_DELAY)
         }
-    };
-    engine.metrics.events.get_or_create(&metrics::labels([("kind", kind), ("result", outcome)])).inc();
-    if let Err(e) = msg.ack_with(ack).await {
-        tracing::warn!(error = %e, "cannot ack event");
+    }
+}
+
+async fn handle(engine: &engine::Engine, msg: Message) {
+    let subject = msg.subject.to_string();
+    let kind = if subject.starts_with("bw.breaker.v1.") { "breaker" } else { "signal" };
+    let span = tracing::info_span!("alerting.event", subject = %subject, result = tracing::field::Empty);
+    bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
+    let outcome = async {
+        if kind == "breaker" {
+            engine.on_breaker(&subject, &msg.payload).await
+        } else {
+            engine.on_signal(&subject, &msg.payload).await
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    let decision = span.in_scope(|| settle(outcome));
+    apply(&msg, decision, &span, |result| {
+        engine.metrics.events.get_or_create(&metrics::labels([("kind", kind), ("result", result)])).inc();
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EventResult, settle};
+    use crate::engine::EventError;
+    use crate::state::StateError;
+    use bw_common::disposition::Disposition;
+
+    #[test]
+    fn alert_states_read_back_their_alert() {
+        use prost::Message as _;
+        let alert = bw_common::proto::Alert {
+            dedup_key: "breaker_open.1".into(),
+            resolved_at_unix_ms: 5,
+            ..Default::default()
+        };
+        let state = crate::model::AlertState { alert: Some(alert.clone()), last_seen_unix_ms: 3, individual: true };
+        assert_eq!(super::alert_from_state(&state.encode_to_vec()), Some(alert));
+        assert_eq!(super::alert_from_state(b"\xff\xff"), None);
+        assert_eq!(super::alert_from_state(&[]), None);
+    }
+
+    #[test]
+    fn malformed_events_are_terminated_and_unavailable_state_is_retried() {
+        assert_eq!(settle(Ok(())).disposition, Disposition::Ack);
+        let malformed =
+            settle(Err(EventError::Malformed { what: "Signal", subject: "bw.signal.v1.x".into(), detail: "x".into() }));
+        assert_eq!((malformed.disposition, malformed.result), (Disposition::Term, EventResult::Malformed));
+        let retry = settle(Err(EventError::State(StateError::Unavailable { key: "k".into(), detail: "d".into() })));
+        assert_eq!(retry.result, EventResult::Retry);
+        assert!(matches!(retry.disposition, Disposition::Nak(d) if d == super::RETRY_DELAY));
     }
 }

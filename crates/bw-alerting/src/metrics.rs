@@ -10,7 +10,7 @@ type Labels = Vec<(&'static str, String)>;
 
 /// Every metric the service updates.
 #[derive(Clone, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub fired: Family<Labels, Counter>,
     pub resolved: Family<Labels, Counter>,
     pub escalated: Family<Labels, Counter>,
@@ -26,11 +26,12 @@ pub struct Metrics {
     pub stream_messages: Family<Labels, Gauge>,
     pub stream_max_messages: Family<Labels, Gauge>,
     pub unknown_oldest_age: Gauge<f64, AtomicU64>,
+    pub polls: Counter,
 }
 
 impl Metrics {
     /// Creates the metrics and registers them in `registry`.
-    pub fn register(registry: &MetricsRegistry) -> Metrics {
+    pub(crate) fn register(registry: &MetricsRegistry) -> Metrics {
         let m = Metrics::default();
         if let Ok(mut r) = registry.lock() {
             r.register("bw_alerts_fired", "Alerts fired, by rule and severity", m.fired.clone());
@@ -68,12 +69,17 @@ impl Metrics {
                 "Age of the oldest unknown-outcome message",
                 m.unknown_oldest_age.clone(),
             );
+            r.register(
+                "bw_alert_polls",
+                "Periodic checks (stream state, snapshots, reviews) completed",
+                m.polls.clone(),
+            );
         }
         m
     }
 }
 
 /// Label set helper.
-pub fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
+pub(crate) fn labels<const N: usize>(pairs: [(&'static str, &str); N]) -> Labels {
     pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
 }

@@ -83,7 +83,7 @@ impl Rule {
 }
 
 /// Alert target inside the fleet: a sender scope, or the whole fleet.
-pub const FLEET: &str = "fleet";
+pub(crate) const FLEET: &str = "fleet";
 
 /// Dedup key `<rule>.<target>`; the target is sanitised to KV key characters. Same rule and target, same key.
 pub fn dedup_key(rule: Rule, target: &str) -> String {
@@ -92,7 +92,7 @@ pub fn dedup_key(rule: Rule, target: &str) -> String {
 }
 
 /// Target of the storm digest of a rule; no sender scope is named like this.
-pub const STORM_TARGET: &str = "_storm";
+pub(crate) const STORM_TARGET: &str = "_storm";
 
 /// Key of the storm digest of a rule (one PagerDuty incident for all digested alerts of the rule).
 pub fn storm_key(rule: Rule) -> String {
@@ -105,7 +105,7 @@ fn sanitize(raw: &str) -> String {
 
 /// What the KV bucket holds per dedup key: the alert as last notified, plus bookkeeping.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct AlertState {
+pub(crate) struct AlertState {
     #[prost(message, optional, tag = "1")]
     pub alert: Option<Alert>,
     /// Last time the condition was seen (signals); quiet rules resolve from here.
@@ -117,17 +117,17 @@ pub struct AlertState {
 }
 
 impl AlertState {
-    pub fn is_firing(&self) -> bool {
+    pub(crate) fn is_firing(&self) -> bool {
         self.alert.as_ref().is_some_and(|a| a.status == AlertStatus::Firing as i32)
     }
 
-    pub fn severity(&self) -> Severity {
+    pub(crate) fn severity(&self) -> Severity {
         self.alert.as_ref().and_then(|a| Severity::try_from(a.severity).ok()).unwrap_or(Severity::Unspecified)
     }
 }
 
 /// Lowercase severity word (PagerDuty accepts critical, error, warning, info).
-pub fn severity_word(severity: i32) -> &'static str {
+pub(crate) fn severity_word(severity: i32) -> &'static str {
     match Severity::try_from(severity) {
         Ok(Severity::Critical) => "critical",
         Ok(Severity::Warning) => "warning",
@@ -137,7 +137,7 @@ pub fn severity_word(severity: i32) -> &'static str {
 
 /// A condition observed by a rule: fire (or keep firing) this alert.
 #[derive(Debug, Clone)]
-pub struct Firing {
+pub(crate) struct Firing {
     pub rule: Rule,
     /// Phone number id or [`FLEET`].
     pub target: String,

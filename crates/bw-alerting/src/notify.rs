@@ -21,19 +21,19 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 /// Local per-rule budget of individual notifications per interval.
-pub struct StormGate {
+pub(crate) struct StormGate {
     interval_ms: i64,
     max_individual: u32,
     windows: Mutex<HashMap<Rule, (i64, u32)>>,
 }
 
 impl StormGate {
-    pub fn new(interval_ms: u64, max_individual: u32) -> StormGate {
+    pub(crate) fn new(interval_ms: u64, max_individual: u32) -> StormGate {
         StormGate { interval_ms: interval_ms as i64, max_individual, windows: Mutex::new(HashMap::new()) }
     }
 
     /// Whether a firing of `rule` at `now_ms` may be notified on its own (takes one unit of budget).
-    pub fn admit(&self, rule: Rule, now_ms: i64) -> bool {
+    pub(crate) fn admit(&self, rule: Rule, now_ms: i64) -> bool {
         let Ok(mut windows) = self.windows.lock() else {
             return true;
         };
@@ -57,18 +57,18 @@ enum Outgoing {
 
 /// Handle the engine and poller use to notify.
 #[derive(Clone)]
-pub struct Notifier {
+pub(crate) struct Notifier {
     tx: mpsc::Sender<Outgoing>,
 }
 
 impl Notifier {
     /// Notifies `alert` on its own.
-    pub async fn individual(&self, alert: Alert, event: Event, at_unix_ms: i64) {
+    pub(crate) async fn individual(&self, alert: Alert, event: Event, at_unix_ms: i64) {
         let _ = self.tx.send(Outgoing::Individual(Notice::Alert { alert, event, at_unix_ms })).await;
     }
 
     /// Adds `alert` to the next digest of its rule.
-    pub async fn digested(&self, rule: Rule, alert: Alert, event: Event) {
+    pub(crate) async fn digested(&self, rule: Rule, alert: Alert, event: Event) {
         let _ = self.tx.send(Outgoing::Digested { rule, alert, event }).await;
     }
 }
@@ -89,7 +89,12 @@ struct Pending {
 
 /// Starts the notifier and one worker per enabled sink on `tracker`. They stop once every [`Notifier`]
 /// clone is dropped and the queues are drained (pending digests are flushed first).
-pub fn spawn(cfg: &Config, store: StateStore, metrics: Metrics, tracker: &TaskTracker) -> anyhow::Result<Notifier> {
+pub(crate) fn spawn(
+    cfg: &Config,
+    store: StateStore,
+    metrics: Metrics,
+    tracker: &TaskTracker,
+) -> anyhow::Result<Notifier> {
     let ctx = RenderContext {
         zone: crate::display::parse_zone(&cfg.display.time_zone).map_err(anyhow::Error::msg)?,
         source: cfg.display.source.clone(),

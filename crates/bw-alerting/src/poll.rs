@@ -21,7 +21,7 @@ struct Findings {
 }
 
 /// Periodic checker; keeps the quarantine samples between ticks.
-pub struct Poller {
+pub(crate) struct Poller {
     engine: Engine,
     js: jetstream::Context,
     scopes: kv::Store,
@@ -37,7 +37,7 @@ fn age_s(now_ms: i64, then: time::OffsetDateTime) -> f64 {
 }
 
 impl Poller {
-    pub fn new(
+    pub(crate) fn new(
         engine: Engine,
         js: jetstream::Context,
         scopes: kv::Store,
@@ -48,7 +48,7 @@ impl Poller {
     }
 
     /// One full pass. Errors are logged; a rule whose input could not be read resolves nothing this tick.
-    pub async fn tick(&mut self) {
+    pub(crate) async fn tick(&mut self) {
         let now = bw_common::time::now_ms();
         let mut found = Findings::default();
         let checks = [
@@ -64,6 +64,7 @@ impl Poller {
             Ok(states) => self.review(now, states, &found).await,
             Err(e) => tracing::warn!(error = %e, "cannot read alert states"),
         }
+        self.engine.metrics.polls.inc();
     }
 
     async fn fire(&self, found: &mut Findings, f: Firing) {
@@ -263,12 +264,14 @@ impl Poller {
         if phone == STORM_TARGET {
             return Ok(());
         }
-        // A CLOSED snapshot newer than the firing heals a missed CLOSED event.
+        // A CLOSED snapshot newer than the firing heals a missed CLOSED event. "Newer" is either the state's
+        // own `since` or, when the breaker state was lost (Redis restarted empty: CLOSED with `since` 0 and no
+        // transition published), the time the authority last read it as CLOSED (`updated_at`).
         if let Some(snap) = self.snapshot(phone).await {
             let closed =
                 matches!(BreakerState::try_from(snap.state), Ok(BreakerState::Closed) | Ok(BreakerState::ForcedClosed));
-            if closed && snap.since_unix_ms >= alert.started_at_unix_ms {
-                return self.engine.resolve(Rule::BreakerOpen, key, snap.since_unix_ms, true).await;
+            if let Some(at) = closed_after(&snap, alert.started_at_unix_ms).filter(|_| closed) {
+                return self.engine.resolve(Rule::BreakerOpen, key, at, true).await;
             }
         }
         let forced = alert.labels.get("forced").is_some_and(|v| v == "true");
@@ -278,5 +281,33 @@ impl Poller {
             return self.engine.escalate(Rule::BreakerOpen, key, Severity::Critical, &summary).await;
         }
         Ok(())
+    }
+}
+
+/// When a CLOSED snapshot shows the breaker closed after `started_ms`: its `since` if that is later, else its
+/// `updated_at` if that is (the state was reset without a transition), else never.
+fn closed_after(snap: &ScopeSnapshot, started_ms: i64) -> Option<i64> {
+    if snap.since_unix_ms >= started_ms {
+        Some(snap.since_unix_ms)
+    } else if snap.updated_at_unix_ms > started_ms {
+        Some(snap.updated_at_unix_ms)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closed_after;
+    use bw_common::proto::ScopeSnapshot;
+
+    #[test]
+    fn a_closed_snapshot_heals_only_when_written_after_the_firing() {
+        let snap =
+            |since, updated| ScopeSnapshot { since_unix_ms: since, updated_at_unix_ms: updated, ..Default::default() };
+        assert_eq!(closed_after(&snap(1_500, 1_600), 1_000), Some(1_500), "closed after the trip");
+        assert_eq!(closed_after(&snap(0, 1_600), 1_000), Some(1_600), "state reset, read CLOSED later");
+        assert_eq!(closed_after(&snap(0, 900), 1_000), None, "a snapshot older than the trip says nothing");
+        assert_eq!(closed_after(&snap(500, 1_000), 1_000), None);
     }
 }

@@ -16,14 +16,14 @@ use std::time::Duration;
 
 /// What happened to an alert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     Fired,
     Escalated,
     Resolved,
 }
 
 impl Event {
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Event::Fired => "fired",
             Event::Escalated => "escalated",
@@ -34,7 +34,7 @@ impl Event {
 
 /// A storm digest: many alerts of one rule within one interval, sent as one notification.
 #[derive(Debug, Clone)]
-pub struct Digest {
+pub(crate) struct Digest {
     pub rule: String,
     /// Storm dedup key of the rule (`storm.<rule>`).
     pub dedup_key: String,
@@ -51,14 +51,14 @@ pub struct Digest {
 
 /// One notification to render for every sink.
 #[derive(Debug, Clone)]
-pub enum Notice {
+pub(crate) enum Notice {
     Alert { alert: Alert, event: Event, at_unix_ms: i64 },
     Digest(Digest),
 }
 
 /// Settings shared by the renderers.
 #[derive(Debug, Clone)]
-pub struct RenderContext {
+pub(crate) struct RenderContext {
     pub zone: Tz,
     pub source: String,
 }
@@ -75,7 +75,7 @@ fn status_word(alert: &Alert) -> &'static str {
 }
 
 /// Generic JSON webhook body.
-pub fn generic(ctx: &RenderContext, notice: &Notice) -> Value {
+pub(crate) fn generic(ctx: &RenderContext, notice: &Notice) -> Value {
     match notice {
         Notice::Alert { alert, event, at_unix_ms } => json!({
             "kind": "alert",
@@ -135,7 +135,7 @@ fn headline(alert: &Alert, event: Event) -> String {
 }
 
 /// Slack-style incoming webhook body.
-pub fn slack(ctx: &RenderContext, notice: &Notice) -> Value {
+pub(crate) fn slack(ctx: &RenderContext, notice: &Notice) -> Value {
     match notice {
         Notice::Alert { alert, event, at_unix_ms } => {
             let head = headline(alert, *event);
@@ -191,7 +191,7 @@ pub fn slack(ctx: &RenderContext, notice: &Notice) -> Value {
 }
 
 /// PagerDuty Events v2 style body.
-pub fn pagerduty(ctx: &RenderContext, routing_key: &str, notice: &Notice) -> Value {
+pub(crate) fn pagerduty(ctx: &RenderContext, routing_key: &str, notice: &Notice) -> Value {
     match notice {
         Notice::Alert { alert, event, at_unix_ms } => {
             let action = if alert.status == AlertStatus::Resolved as i32 { "resolve" } else { "trigger" };
@@ -242,14 +242,14 @@ pub fn pagerduty(ctx: &RenderContext, routing_key: &str, notice: &Notice) -> Val
 
 /// Which style a sink speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SinkKind {
+pub(crate) enum SinkKind {
     Webhook,
     Slack,
     PagerDuty,
 }
 
 impl SinkKind {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             SinkKind::Webhook => "webhook",
             SinkKind::Slack => "slack",
@@ -279,7 +279,7 @@ impl TryError {
 
 /// Posts `body` to `url`, retrying with exponential backoff up to `cfg.max_attempts` tries. Returns whether
 /// the sink accepted it.
-pub async fn deliver(
+pub(crate) async fn deliver(
     http: &reqwest::Client,
     kind: SinkKind,
     url: &str,

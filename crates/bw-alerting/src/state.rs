@@ -13,7 +13,7 @@ use std::time::Duration;
 
 /// What a state operation changed (the winner of the CAS gets a change to notify).
 #[derive(Debug, Clone)]
-pub enum Change {
+pub(crate) enum Change {
     Fired(AlertState),
     Escalated(AlertState),
     Resolved(AlertState),
@@ -22,14 +22,14 @@ pub enum Change {
 
 /// Why a state operation failed (after retrying CAS conflicts).
 #[derive(Debug, thiserror::Error)]
-pub enum StateError {
+pub(crate) enum StateError {
     #[error("alert state `{key}` unavailable: {detail}")]
     Unavailable { key: String, detail: String },
 }
 
 /// Handle to the alert state bucket.
 #[derive(Clone)]
-pub struct StateStore {
+pub(crate) struct StateStore {
     kv: kv::Store,
 }
 
@@ -37,7 +37,7 @@ const CAS_TRIES: usize = 8;
 
 impl StateStore {
     /// Opens (creating if missing) the state bucket.
-    pub async fn open(js: &jetstream::Context, replicas: usize, ttl: Duration) -> anyhow::Result<StateStore> {
+    pub(crate) async fn open(js: &jetstream::Context, replicas: usize, ttl: Duration) -> anyhow::Result<StateStore> {
         let kv = match js.get_key_value(STATE_BUCKET).await {
             Ok(kv) => kv,
             Err(_) => {
@@ -88,7 +88,7 @@ impl StateStore {
 
     /// Fires `f` unless it is already firing (then escalates when `f` is more severe, and refreshes
     /// `last_seen` at most every `touch_every_ms`), or unless it was resolved after `f` happened.
-    pub async fn fire(
+    pub(crate) async fn fire(
         &self,
         f: &Firing,
         individual: &(dyn Fn() -> bool + Send + Sync),
@@ -137,7 +137,7 @@ impl StateStore {
     }
 
     /// Raises a firing alert to `severity` (no-op if not firing or already at least that severe).
-    pub async fn escalate(&self, key: &str, severity: Severity, summary: &str) -> Result<Change, StateError> {
+    pub(crate) async fn escalate(&self, key: &str, severity: Severity, summary: &str) -> Result<Change, StateError> {
         for _ in 0..CAS_TRIES {
             let Some((state, rev)) = self.read(key).await? else {
                 return Ok(Change::Unchanged);
@@ -160,7 +160,12 @@ impl StateStore {
     /// Resolves `key` as of `at_ms`. A resolution older than the firing is stale and ignored. With
     /// `tombstone_if_missing`, a resolution of an unknown key is remembered so an older firing event that
     /// arrives later (another instance, redelivery) does not fire.
-    pub async fn resolve(&self, key: &str, at_ms: i64, tombstone_if_missing: bool) -> Result<Change, StateError> {
+    pub(crate) async fn resolve(
+        &self,
+        key: &str,
+        at_ms: i64,
+        tombstone_if_missing: bool,
+    ) -> Result<Change, StateError> {
         for _ in 0..CAS_TRIES {
             let (next, revision, change) = match self.read(key).await? {
                 Some((state, rev)) if state.is_firing() => {
@@ -191,7 +196,7 @@ impl StateStore {
     }
 
     /// Every state in the bucket (firing and resolved), for the periodic checks.
-    pub async fn all(&self) -> Result<Vec<(String, AlertState)>, StateError> {
+    pub(crate) async fn all(&self) -> Result<Vec<(String, AlertState)>, StateError> {
         let unavailable = |e: String| StateError::Unavailable { key: "*".into(), detail: e };
         let keys: Vec<String> = match self.kv.keys().await {
             Ok(keys) => keys.try_collect().await.map_err(|e| unavailable(e.to_string()))?,

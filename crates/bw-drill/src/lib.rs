@@ -11,13 +11,20 @@
 //!
 //! Entry point: [`run`].
 
+// The report's JSON literal is large.
+#![recursion_limit = "512"]
+
+pub mod chaos;
 pub mod chart;
+pub mod errors;
+pub mod html;
 pub mod producer;
 pub mod report;
 pub mod stack;
+pub mod validation;
 
 use async_nats::jetstream;
-use bw_common::proto::{BreakerState, BreakerTransition, DispatchOutcome};
+use bw_common::proto::{Alert, BreakerState, BreakerTransition, DispatchOutcome};
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::BTreeMap;
@@ -55,6 +62,16 @@ pub struct DrillOptions {
     pub settle_timeout_s: u64,
     /// Print the live view.
     pub live: bool,
+    /// A simulator scenario file (TOML, as in `crates/bw-meta-sim/scenarios/`) or built-in name; None: the
+    /// flash-sale outage at `outage_start_s` for `outage_length_s`. Its clock starts with the producer.
+    pub scenario: Option<String>,
+    /// `--chaos SEED`: kill -9 a dispatcher and a replay worker, restart nats-server and redis-server, at times
+    /// drawn from the seed. Server restarts block their thread: run the drill on a multi-thread runtime.
+    pub chaos_seed: Option<u64>,
+    /// Owners of the validation matrix rows (TOML, table `[owners]`); None: the compiled defaults.
+    pub owners: Option<PathBuf>,
+    /// IANA zone alert times are shown in next to UTC.
+    pub zone: String,
 }
 
 impl Default for DrillOptions {
@@ -73,6 +90,10 @@ impl Default for DrillOptions {
             dir: PathBuf::from(".drill"),
             settle_timeout_s: 300,
             live: true,
+            scenario: None,
+            chaos_seed: None,
+            owners: None,
+            zone: "America/Argentina/Buenos_Aires".into(),
         }
     }
 }
@@ -104,18 +125,62 @@ pub(crate) struct Observed {
     pub last_live_sent_s: f64,
     /// When each replayed message (rp lane) was sent, seconds since start.
     pub replay_sent_s: Vec<f64>,
+    /// Every error answer Meta gave a call: (seconds since start, code, sender).
+    pub answers: Vec<errors::ObservedAnswer>,
+    pub error_answers_total: u64,
+    /// Per sender, what its outcomes said.
+    pub senders: BTreeMap<String, SenderCounts>,
+    /// Alerts by dedup key, as last published on `bw.alert.v1.*`.
+    pub alerts: BTreeMap<String, Alert>,
+}
+
+/// One sender's outcome counts.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct SenderCounts {
+    pub sent: u64,
+    pub dlq_moves: u64,
+    pub rate_limited: u64,
+    pub error_answers: u64,
 }
 
 /// Runs the drill and returns its report (also written to `opts.dir`).
 pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     bw_common::service::install_crypto();
+    // Everything the user gave is checked before anything starts.
+    let scenario = match &opts.scenario {
+        Some(name_or_path) => {
+            bw_meta_sim::Scenario::load(name_or_path).map_err(|e| anyhow::anyhow!("scenario `{name_or_path}`: {e}"))?
+        }
+        None => bw_meta_sim::Scenario::flash_sale_outage(
+            Duration::from_secs(opts.outage_start_s),
+            Duration::from_secs(opts.outage_length_s),
+        ),
+    };
+    let owners = match &opts.owners {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("owners file {}: {e}", path.display()))?;
+            validation::parse_owners(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => validation::parse_owners(validation::DEFAULT_OWNERS).map_err(|e| anyhow::anyhow!("{e}"))?,
+    };
+    bw_alerting::parse_zone(&opts.zone).map_err(|e| anyhow::anyhow!("--zone: {e}"))?;
+    // With a scenario file, "the outage" of the figures (time to trip, time to close) is its first fault window.
+    let mut opts = opts;
+    if opts.scenario.is_some()
+        && let Some(w) = scenario.windows.iter().find(|w| w.error_rate > 0.0)
+    {
+        opts.outage_start_s = w.start_ms / 1000;
+        opts.outage_length_s = w.duration_ms.map_or(0, |d| d / 1000);
+    }
+    let wall_start = bw_common::time::now_ms();
     let _ = std::fs::remove_dir_all(&opts.dir);
     std::fs::create_dir_all(&opts.dir)?;
     let dir = std::fs::canonicalize(&opts.dir)?;
     say(&opts, &format!("drill directory: {}", dir.display()));
 
-    let nats_server = bw_testkit::NatsServer::start();
-    let redis_server = bw_testkit::RedisServer::start();
+    let mut nats_server = bw_testkit::NatsServer::start();
+    let mut redis_server = bw_testkit::RedisServer::start();
     say(&opts, &format!("nats-server {}  redis-server {}", nats_server.url(), redis_server.url()));
 
     let ingest_http = format!("127.0.0.1:{}", stack::free_port());
@@ -134,6 +199,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     say(&opts, &format!("Meta simulator {}", sim.base_url()));
 
     let mut services = stack::Services::new(stack::bin_dir(), dir.join("logs"));
+    // Info level unless told otherwise: the validation matrix scans these logs for personal data and secrets.
+    if std::env::var_os("BW_DRILL_LOG").is_none() {
+        services.log_level = "info".into();
+    }
     let nats_url = nats_server.url();
     let redis_url = redis_server.url();
     // 10 % under Meta's limit and a burst of half its tolerance: admitted sends reach Meta with some jitter
@@ -222,22 +291,33 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let observed = Arc::new(Mutex::new(Observed { started_unix_ms: bw_common::time::now_ms(), ..Default::default() }));
     let watchers = spawn_watchers(nats.clone(), observed.clone(), started).await?;
 
-    // The outage clock starts with the producer.
-    sim.set_scenario(bw_meta_sim::Scenario::flash_sale_outage(
-        Duration::from_secs(opts.outage_start_s),
-        Duration::from_secs(opts.outage_length_s),
-    ));
+    // The scenario's clock starts with the producer (the drill's time 0, give or take a millisecond).
+    sim.set_scenario(scenario.clone());
+    let mut marks = scenario_marks(&scenario);
+    let producer_s = opts.messages as f64 / opts.rate.max(1.0);
+    let mut chaos_plan: Vec<chaos::ChaosEvent> = opts
+        .chaos_seed
+        .map(|seed| chaos::schedule(seed, producer_s * 0.15, producer_s * 0.85, opts.dispatchers, opts.replays))
+        .unwrap_or_default();
+    chaos_plan.reverse();
+    let mut restarts: Vec<(f64, usize, String)> = Vec::new();
+    let mut chaos_log: Vec<(f64, String)> = Vec::new();
+    if let Some(seed) = opts.chaos_seed {
+        say(&opts, &format!("chaos seed {seed}: {} events planned", chaos_plan.len()));
+    }
     let run_id = format!("drill{}", bw_common::time::now_ms() % 1_000_000);
     let progress = Arc::new(producer::ProducerProgress::default());
     let client = bw_client::Client::new(nats.clone());
     let producer = tokio::spawn(producer::produce(
         client,
-        run_id.clone(),
-        WABA_ID.into(),
-        senders.clone(),
-        opts.messages,
-        opts.rate,
-        opts.concurrency,
+        producer::Load {
+            run_id: run_id.clone(),
+            waba_id: WABA_ID.into(),
+            senders: senders.clone(),
+            total: opts.messages,
+            rate: opts.rate,
+            concurrency: opts.concurrency,
+        },
         progress.clone(),
     ));
 
@@ -245,27 +325,70 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let mut last_sent = 0u64;
     let mut last_calls = 0u64;
     let mut last_failed = 0u64;
+    let mut last_errors = 0u64;
     let mut settled_for = 0u32;
+    let mut alert_states: Option<async_nats::jetstream::kv::Store> = None;
     let settle_deadline = Instant::now() + Duration::from_secs(opts.settle_timeout_s);
+    let settled;
     let mut drained_at: Option<f64> = None;
     let mut max_dlq = 0u64;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let t = started.elapsed().as_secs_f64();
+        let mut t = started.elapsed().as_secs_f64();
+        // Chaos: due events first, then due restarts of killed processes.
+        while chaos_plan.last().is_some_and(|e| e.at_s <= t) {
+            let Some(event) = chaos_plan.pop() else { break };
+            let label = event.kind.label();
+            match event.kind {
+                chaos::ChaosKind::KillDispatcher(n) | chaos::ChaosKind::KillReplay(n) => {
+                    let service =
+                        if matches!(event.kind, chaos::ChaosKind::KillDispatcher(_)) { "dispatcher" } else { "replay" };
+                    if let Some(idx) = services.procs.iter().position(|p| p.service == service && p.instance == n) {
+                        services.kill9(idx);
+                        restarts.push((t + event.down_s, idx, format!("start {service}-{n} again")));
+                    }
+                }
+                chaos::ChaosKind::RestartNats => tokio::task::block_in_place(|| nats_server.restart()),
+                chaos::ChaosKind::RestartRedis => tokio::task::block_in_place(|| redis_server.restart()),
+            }
+            say(&opts, &format!("[{t:5.1}s] chaos: {label}"));
+            marks.push(report::Mark { t, label: label.clone(), kind: report::MarkKind::Chaos });
+            chaos_log.push((t, label));
+        }
+        let mut i = 0;
+        while i < restarts.len() {
+            if restarts[i].0 <= t {
+                let (_, idx, label) = restarts.remove(i);
+                services.restart(idx)?;
+                say(&opts, &format!("[{t:5.1}s] chaos: {label}"));
+                chaos_log.push((t, label));
+            } else {
+                i += 1;
+            }
+        }
+        t = started.elapsed().as_secs_f64();
+        heal_states(&buckets.scopes, &observed).await;
+        if let Some(kv) = &alert_states {
+            heal_alerts(kv, &observed).await;
+        } else {
+            alert_states = js.get_key_value(bw_alerting::STATE_BUCKET).await.ok();
+        }
         let depths = depths(&js).await;
-        let (sent_per_s, error_rate, open, half_open) = {
+        let (sent_per_s, error_rate, errors_per_s, open, half_open) = {
             let o = observed.lock().await;
             let calls = o.calls_total - last_calls;
             let failed = o.failed_calls_total - last_failed;
             let sample = (
                 (o.sent_total - last_sent) as f64,
                 if calls > 0 { failed as f64 / calls as f64 } else { 0.0 },
+                (o.error_answers_total - last_errors) as f64,
                 o.states.values().filter(|s| matches!(s, BreakerState::Open | BreakerState::ForcedOpen)).count() as u32,
                 o.states.values().filter(|s| **s == BreakerState::HalfOpen).count() as u32,
             );
             last_sent = o.sent_total;
             last_calls = o.calls_total;
             last_failed = o.failed_calls_total;
+            last_errors = o.error_answers_total;
             sample
         };
         max_dlq = max_dlq.max(depths.dlq);
@@ -273,6 +396,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             t,
             sent_per_s,
             error_rate,
+            errors_per_s,
             scopes_open: open + half_open,
             scopes_half_open: half_open,
             dlq_depth: depths.dlq,
@@ -294,13 +418,19 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         if max_dlq > 0 && depths.dlq == 0 && drained_at.is_none() {
             drained_at = Some(t);
         }
+        let alerts_firing = observed.lock().await.alerts.values().filter(|a| a.resolved_at_unix_ms == 0).count();
         let quiet = producer.is_finished()
+            && depths.read
+            && alerts_firing == 0
+            && chaos_plan.is_empty()
+            && restarts.is_empty()
             && depths.send == 0
             && depths.dlq == 0
             && depths.unknown == 0
             && open + half_open == 0;
         settled_for = if quiet { settled_for + 1 } else { 0 };
         if settled_for >= 3 || Instant::now() > settle_deadline {
+            settled = settled_for >= 3;
             break;
         }
     }
@@ -308,12 +438,44 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let accounting = bw_ops::account::account_expected(&js, &buckets, &produced.accepted).await?;
     let entries = bw_ops::account::ledger_entries(&js, &buckets).await?;
     let oracle = sim.oracle();
+    let sim_counters = sim.counters();
+    let counters = serde_json::to_value(&sim_counters)?;
     services.stop_all(Duration::from_secs(10));
+    let log_scan = scan_logs(&dir.join("logs"));
     for w in watchers {
         w.abort();
     }
     // The watcher tasks may still hold their handles for a moment after abort: take the data, not the Arc.
     let observed = std::mem::take(&mut *observed.lock().await);
+    let duration_s = started.elapsed().as_secs_f64();
+    let recovery_marks = marks.iter().filter(|m| m.kind == report::MarkKind::Recovery).count();
+    if recovery_marks == 0 && scenario.windows.is_empty() {
+        say(&opts, "scenario has no fault windows: no outage or recovery marks");
+    }
+    let header = report::Header {
+        environment: environment(&opts),
+        version: version(),
+        started_utc: format!("{} ({})", bw_alerting::format_utc(wall_start), rfc3339(wall_start)),
+        started_unix_ms: wall_start,
+        load: format!(
+            "{} messages over {} senders at {:.0} msg/s (Meta allows {:.0} msg/s per sender; Breakwater runs each at {:.1}){}",
+            opts.messages,
+            opts.senders,
+            opts.rate,
+            opts.meta_mps,
+            sender_rate,
+            opts.chaos_seed.map(|s| format!("; chaos seed {s}")).unwrap_or_default()
+        ),
+        duration_s,
+        scenario: scenario_text(&scenario, opts.scenario.as_deref()),
+        expected: format!(
+            "all {} accepted; 0 lost; 0 unflagged duplicates; 0 self-inflicted rate-limit answers",
+            opts.messages
+        ),
+        observed: String::new(),
+        settled,
+    };
+    marks.sort_by(|a, b| a.t.total_cmp(&b.t));
     let report = report::build(report::Inputs {
         opts: &opts,
         produced: &produced,
@@ -324,8 +486,18 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         drained_at,
         max_dlq,
         sender_rate,
+        counters: &counters,
+        webhooks: sim_counters.webhooks.clone(),
+        scenario: &scenario,
+        samples: &samples,
+        marks,
+        chaos: chaos_log,
+        log_scan,
+        header,
+        owners: &owners,
+        zone: opts.zone.clone(),
     });
-    report::write(&dir, &report, &samples, &observed, &opts)?;
+    report::write(&dir, &report, &samples, &observed)?;
     let _ = sim.dump(&dir.join("meta-sim-oracle.json"));
     sim.shutdown().await;
     drop(nats_server);
@@ -346,23 +518,188 @@ pub struct Depths {
     pub dlq: u64,
     pub unknown: u64,
     pub quarantine: u64,
+    /// Every count was read (false while the broker is unreachable: the zeros then mean nothing).
+    pub read: bool,
 }
 
 /// Reads the stream depths (one info call per stream).
 pub async fn depths(js: &jetstream::Context) -> Depths {
-    async fn count(js: &jetstream::Context, name: &str) -> u64 {
-        match js.get_stream(name).await {
-            Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
-            Err(_) => 0,
-        }
+    async fn count(js: &jetstream::Context, name: &str) -> Option<u64> {
+        let mut s = js.get_stream(name).await.ok()?;
+        s.info().await.ok().map(|i| i.state.messages)
     }
     use bw_common::names;
+    let (send, dlq, unknown, quarantine) = (
+        count(js, names::SEND_STREAM).await,
+        count(js, names::DLQ_STREAM).await,
+        count(js, names::UNKNOWN_STREAM).await,
+        count(js, names::QUARANTINE_STREAM).await,
+    );
     Depths {
-        send: count(js, names::SEND_STREAM).await,
-        dlq: count(js, names::DLQ_STREAM).await,
-        unknown: count(js, names::UNKNOWN_STREAM).await,
-        quarantine: count(js, names::QUARANTINE_STREAM).await,
+        read: send.is_some() && dlq.is_some() && unknown.is_some() && quarantine.is_some(),
+        send: send.unwrap_or(0),
+        dlq: dlq.unwrap_or(0),
+        unknown: unknown.unwrap_or(0),
+        quarantine: quarantine.unwrap_or(0),
     }
+}
+
+/// The drill learns breaker states from transitions; when the breaker state was lost (Redis restarted empty)
+/// no transition is ever published for a scope that was OPEN. The scope snapshot the coordinator writes is then
+/// the authority: a CLOSED snapshot written after the scope's last observed transition closes it in the view.
+async fn heal_states(scopes: &async_nats::jetstream::kv::Store, observed: &Arc<Mutex<Observed>>) {
+    let suspects: Vec<(String, f64)> = {
+        let o = observed.lock().await;
+        o.states
+            .iter()
+            .filter(|(_, s)| matches!(s, BreakerState::Open | BreakerState::HalfOpen))
+            .filter_map(|(phone, _)| {
+                let last = o.transitions.iter().rev().find(|t| &t.3 == phone)?.0;
+                Some((phone.clone(), o.started_unix_ms as f64 + last * 1000.0))
+            })
+            .collect()
+    };
+    for (phone, last_ms) in suspects {
+        let Ok(Some(bytes)) = scopes.get(&phone).await else { continue };
+        let Ok(snap) = bw_common::proto::ScopeSnapshot::decode(bytes) else { continue };
+        let closed =
+            matches!(BreakerState::try_from(snap.state), Ok(BreakerState::Closed | BreakerState::ForcedClosed));
+        if closed && snap.updated_at_unix_ms as f64 > last_ms {
+            observed.lock().await.states.insert(phone, BreakerState::Closed);
+        }
+    }
+}
+
+/// Alerts resolved while the drill's subscription was cut (a nats-server restart) are read back from the
+/// alert state bucket, the authority of the alerting service.
+async fn heal_alerts(kv: &async_nats::jetstream::kv::Store, observed: &Arc<Mutex<Observed>>) {
+    let firing: Vec<String> = {
+        let o = observed.lock().await;
+        o.alerts.values().filter(|a| a.resolved_at_unix_ms == 0).map(|a| a.dedup_key.clone()).collect()
+    };
+    for key in firing {
+        let Ok(Some(value)) = kv.get(&key).await else { continue };
+        if let Some(alert) = bw_alerting::alert_from_state(&value)
+            && alert.resolved_at_unix_ms > 0
+        {
+            observed.lock().await.alerts.insert(key, alert);
+        }
+    }
+}
+
+/// Outage and recovery marks of every fault window of the scenario (seconds since its clock started).
+pub fn scenario_marks(scenario: &bw_meta_sim::Scenario) -> Vec<report::Mark> {
+    let mut marks = Vec::new();
+    for w in scenario.windows.iter().filter(|w| w.error_rate > 0.0 || w.latency.is_some()) {
+        let name = if w.name.is_empty() { "fault window".to_string() } else { w.name.clone() };
+        marks.push(report::Mark {
+            t: w.start_ms as f64 / 1000.0,
+            label: format!("{name} starts ({:.0}% errors)", w.error_rate * 100.0),
+            kind: report::MarkKind::Outage,
+        });
+        if let Some(d) = w.duration_ms {
+            marks.push(report::Mark {
+                t: (w.start_ms + d) as f64 / 1000.0,
+                label: format!("{name} ends: Meta recovers"),
+                kind: report::MarkKind::Recovery,
+            });
+        }
+    }
+    marks
+}
+
+fn scenario_text(scenario: &bw_meta_sim::Scenario, given: Option<&str>) -> String {
+    let windows: Vec<String> = scenario
+        .windows
+        .iter()
+        .map(|w| {
+            let codes: Vec<String> = w.faults.iter().filter_map(|f| errors::fault_key(&f.kind)).collect();
+            format!(
+                "{} {:.1}-{} s at {:.0}% [{}]",
+                if w.name.is_empty() { "window" } else { &w.name },
+                w.start_ms as f64 / 1000.0,
+                w.duration_ms
+                    .map(|d| format!("{:.1}", (w.start_ms + d) as f64 / 1000.0))
+                    .unwrap_or_else(|| "end".into()),
+                w.error_rate * 100.0,
+                codes.join(", ")
+            )
+        })
+        .collect();
+    format!(
+        "{} ({}): {}",
+        if scenario.name.is_empty() { "unnamed" } else { &scenario.name },
+        given.unwrap_or("built-in, from --outage-start/--outage-length"),
+        if windows.is_empty() { "no fault windows".to_string() } else { windows.join("; ") }
+    )
+}
+
+fn command_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program).args(args).output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !text.is_empty()).then_some(text)
+}
+
+fn environment(opts: &DrillOptions) -> String {
+    let nats_bin = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".into());
+    let nats = command_line(&nats_bin, &["--version"]).unwrap_or_else(|| "nats-server (version unknown)".into());
+    let redis = command_line("redis-server", &["--version"])
+        .and_then(|v| v.split_whitespace().find(|w| w.starts_with("v=")).map(|w| format!("redis-server {}", &w[2..])))
+        .unwrap_or_else(|| "redis-server (version unknown)".into());
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    format!(
+        "local stack, {} {} with {cpus} CPUs; {nats}; {redis}; {} dispatchers, {} replay workers, {} ingest, 1 coordinator, 1 alerting (each its own process); Meta simulator in the drill process",
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        opts.dispatchers,
+        opts.replays,
+        opts.ingests.max(1)
+    )
+}
+
+fn version() -> String {
+    // The working directory's repository, else the one this binary was built from.
+    command_line("git", &["describe", "--always", "--dirty", "--tags"])
+        .or_else(|| {
+            command_line("git", &["-C", env!("CARGO_MANIFEST_DIR"), "describe", "--always", "--dirty", "--tags"])
+        })
+        .map(|d| format!("{d} (bw-drill {})", env!("CARGO_PKG_VERSION")))
+        .unwrap_or_else(|| format!("bw-drill {} (git describe unavailable)", env!("CARGO_PKG_VERSION")))
+}
+
+fn rfc3339(unix_ms: i64) -> String {
+    let secs = unix_ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// Scans every service log for a full recipient number of the drill (`549115` followed by digits), the
+/// access token and the app secret.
+fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    let mut scan = report::LogScan::default();
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
+        scan.files += 1;
+        scan.bytes += text.len() as u64;
+        scan.findings += text.matches(ACCESS_TOKEN).count() + text.matches(APP_SECRET).count();
+        scan.findings += text
+            .match_indices("549115")
+            .filter(|(i, _)| text[i + 6..].chars().take(7).filter(char::is_ascii_digit).count() == 7)
+            .count();
+    }
+    Some(scan)
 }
 
 async fn spawn_watchers(
@@ -372,6 +709,16 @@ async fn spawn_watchers(
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
     let mut transitions = nats.subscribe("bw.breaker.v1.>").await?;
     let mut outcomes = nats.subscribe("bw.outcome.v1.>").await?;
+    let mut alerts = nats.subscribe("bw.alert.v1.>").await?;
+    let o3 = observed.clone();
+    let t3 = tokio::spawn(async move {
+        while let Some(msg) = alerts.next().await {
+            if let Ok(a) = Alert::decode(msg.payload.as_ref()) {
+                let mut o = o3.lock().await;
+                o.alerts.insert(a.dedup_key.clone(), a);
+            }
+        }
+    });
     let o1 = observed.clone();
     let t1 = tokio::spawn(async move {
         while let Some(msg) = transitions.next().await {
@@ -390,6 +737,20 @@ async fn spawn_watchers(
                 let mut o = observed.lock().await;
                 *o.by_result.entry(d.result.clone()).or_default() += 1;
                 let called = d.decision == "allow" || d.decision == "canary";
+                let sender = o.senders.entry(d.phone_number_id.clone()).or_default();
+                match d.result.as_str() {
+                    "sent" => sender.sent += 1,
+                    "dlq" => sender.dlq_moves += 1,
+                    _ => {}
+                }
+                if called && d.meta_code != 0 {
+                    sender.error_answers += 1;
+                    if errors::RATE_LIMIT_CODES.contains(&d.meta_code) {
+                        sender.rate_limited += 1;
+                    }
+                    o.error_answers_total += 1;
+                    o.answers.push((t, d.meta_code, d.phone_number_id.clone()));
+                }
                 if called {
                     // What the breaker's window counts: successes as calls, transient errors and throughput
                     // limits (130429) as failures; permanent errors and other limits not at all.
@@ -432,5 +793,5 @@ async fn spawn_watchers(
             }
         }
     });
-    Ok(vec![t1, t2])
+    Ok(vec![t1, t2, t3])
 }

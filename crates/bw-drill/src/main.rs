@@ -1,5 +1,5 @@
 //! `bw-drill`: runs the flash-sale drill on the local stack and prints the report. Exit status 0 only when
-//! nothing was lost and no unflagged duplicate reached Meta.
+//! nothing was lost, no unflagged duplicate reached Meta and no rate-limit answer was self-inflicted.
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -29,6 +29,23 @@ struct Args {
     dispatchers: usize,
     #[arg(long, default_value_t = 2)]
     replays: usize,
+    /// Simulator scenario: a TOML file (as in crates/bw-meta-sim/scenarios/) or a built-in name. Replaces the
+    /// built-in flash-sale outage (and --outage-start/--outage-length); its clock starts with the producer.
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<String>,
+    /// Chaos: kill -9 a dispatcher and a replay worker (each restarted), restart nats-server and
+    /// redis-server, at times drawn from SEED (the same seed gives the same schedule).
+    #[arg(long, value_name = "SEED")]
+    chaos: Option<u64>,
+    /// Owners of the validation matrix rows (TOML with an [owners] table; default: compiled).
+    #[arg(long, value_name = "FILE")]
+    owners: Option<PathBuf>,
+    /// Give up waiting for the system to settle (queues empty, breakers closed, alerts resolved) after this long.
+    #[arg(long, default_value_t = 300)]
+    settle_timeout: u64,
+    /// IANA time zone alert times are shown in next to UTC.
+    #[arg(long, default_value = "America/Argentina/Buenos_Aires")]
+    zone: String,
     /// Drill directory (wiped at start).
     #[arg(long, default_value = ".drill")]
     dir: PathBuf,
@@ -46,18 +63,19 @@ fn main() {
         dispatchers: args.dispatchers,
         replays: args.replays,
         dir: args.dir.clone(),
+        scenario: args.scenario.clone(),
+        chaos_seed: args.chaos,
+        owners: args.owners.clone(),
+        zone: args.zone.clone(),
+        settle_timeout_s: args.settle_timeout,
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     match runtime.block_on(bw_drill::run(opts)) {
         Ok(report) => {
             print!("{}", bw_drill::report::text(&report));
-            println!(
-                "report: {}/report.html, {}/report.json, {}/timeline.svg",
-                args.dir.display(),
-                args.dir.display(),
-                args.dir.display()
-            );
+            let d = args.dir.display();
+            println!("report: {d}/report.html, {d}/report.json, {d}/validation.md, {d}/timeline.svg");
             std::process::exit(if report.passed() { 0 } else { 1 });
         }
         Err(e) => {

@@ -63,17 +63,23 @@ pub fn build(run_id: &str, i: usize, waba_id: &str, senders: &[String]) -> bw_co
     request.category(category).label("drill", run_id).build()
 }
 
-/// Submits `total` messages at `rate` per second with up to `concurrency` outstanding requests.
-pub async fn produce(
-    client: Client,
-    run_id: String,
-    waba_id: String,
-    senders: Vec<String>,
-    total: usize,
-    rate: f64,
-    concurrency: usize,
-    progress: Arc<ProducerProgress>,
-) -> Produced {
+/// What the producer publishes.
+#[derive(Debug, Clone)]
+pub struct Load {
+    pub run_id: String,
+    pub waba_id: String,
+    pub senders: Vec<String>,
+    /// Messages in all.
+    pub total: usize,
+    /// Messages per second.
+    pub rate: f64,
+    /// Outstanding requests at most.
+    pub concurrency: usize,
+}
+
+/// Submits `load.total` messages at `load.rate` per second with up to `load.concurrency` outstanding requests.
+pub async fn produce(client: Client, load: Load, progress: Arc<ProducerProgress>) -> Produced {
+    let Load { run_id, waba_id, senders, total, rate, concurrency } = load;
     let out = Arc::new(Mutex::new(Produced::default()));
     let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
     let started = Instant::now();

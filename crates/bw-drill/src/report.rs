@@ -1,14 +1,16 @@
 //! The drill's final report: figures computed from the accounting check, the ledger, the simulator's oracle
 //! and the observed breaker events; printed, and written as JSON, SVG and HTML.
 
-use crate::chart::{self, Sample};
+use crate::chart::Sample;
+use crate::errors::ErrorSplit;
 use crate::producer::Produced;
+use crate::validation;
 use crate::{DrillOptions, Observed};
 use bw_common::proto::{BreakerState, LedgerEntry, OperationState};
-use bw_meta_sim::OracleSnapshot;
+use bw_meta_sim::{OracleSnapshot, Scenario, WebhookCounters};
 use bw_ops::account::AccountingReport;
 use serde_json::json;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 /// Everything the report is computed from.
@@ -22,6 +24,95 @@ pub(crate) struct Inputs<'a> {
     pub drained_at: Option<f64>,
     pub max_dlq: u64,
     pub sender_rate: f64,
+    /// The simulator's counters as JSON (tolerant of old and new shapes, see [`crate::errors`]).
+    pub counters: &'a serde_json::Value,
+    pub webhooks: WebhookCounters,
+    pub scenario: &'a Scenario,
+    pub samples: &'a [Sample],
+    pub marks: Vec<Mark>,
+    pub chaos: Vec<(f64, String)>,
+    pub log_scan: Option<LogScan>,
+    pub header: Header,
+    pub owners: &'a BTreeMap<String, String>,
+    pub zone: String,
+}
+
+/// A vertical mark on the timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mark {
+    /// Seconds since the drill's time 0 (the producer's start).
+    pub t: f64,
+    pub label: String,
+    pub kind: MarkKind,
+}
+
+/// What a mark stands for (its colour).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkKind {
+    Outage,
+    Recovery,
+    Chaos,
+}
+
+impl MarkKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            MarkKind::Outage => "outage",
+            MarkKind::Recovery => "recovery",
+            MarkKind::Chaos => "chaos",
+        }
+    }
+}
+
+/// One sender's figures.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SenderRow {
+    pub sender: String,
+    /// Messages the simulator accepted for this sender (oracle).
+    pub accepted_by_meta: u64,
+    pub sent: u64,
+    pub dlq_moves: u64,
+    pub rate_limited: u64,
+    pub error_answers: u64,
+    pub trips: usize,
+    pub final_breaker: String,
+}
+
+/// An alert as last seen on `bw.alert.v1.*`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlertRow {
+    pub dedup_key: String,
+    pub rule: String,
+    pub severity: String,
+    pub scope: String,
+    pub summary: String,
+    pub started_at_unix_ms: i64,
+    /// 0 while firing.
+    pub resolved_at_unix_ms: i64,
+}
+
+/// What the scan of the service logs for personal data and secrets found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LogScan {
+    pub files: usize,
+    pub bytes: u64,
+    pub findings: usize,
+}
+
+/// The report's header.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Header {
+    pub environment: String,
+    pub version: String,
+    pub started_utc: String,
+    pub started_unix_ms: i64,
+    pub load: String,
+    pub duration_s: f64,
+    pub scenario: String,
+    pub expected: String,
+    pub observed: String,
+    /// False when the settle timeout ended the run with work still queued, a breaker open or an alert firing.
+    pub settled: bool,
 }
 
 /// The drill's outcome.
@@ -74,12 +165,40 @@ pub struct DrillReport {
     pub replay_solo_rate_fraction: Option<f64>,
     pub max_dlq_depth: u64,
     pub breaker_trips: usize,
+    pub senders: usize,
+    pub sender_rate: f64,
+    pub meta_mps: f64,
+    /// Requests the simulator answered, and messages it accepted (oracle).
+    pub meta_requests: u64,
+    pub oracle_accepted: u64,
+    pub peak_sent_per_s: f64,
+    /// Every error answer by code, injected or self-inflicted.
+    pub errors: ErrorSplit,
+    pub webhooks: WebhookCounters,
+    pub per_sender: Vec<SenderRow>,
+    pub alerts: Vec<AlertRow>,
+    pub chaos: Vec<(f64, String)>,
+    pub marks: Vec<Mark>,
+    pub log_scan: Option<LogScan>,
+    pub header: Header,
+    pub validation: Vec<validation::Row>,
+    /// IANA zone alert times are also shown in.
+    pub zone: String,
 }
 
 impl DrillReport {
-    /// True when nothing was lost and every duplicate at Meta was a flagged unknown outcome.
+    /// True when nothing was lost, every duplicate at Meta was a flagged unknown outcome, and no rate-limit
+    /// answer was caused by our own sending.
     pub fn passed(&self) -> bool {
-        self.lost == 0 && self.in_two_places == 0 && self.duplicates_at_meta == self.duplicates_flagged_unknown
+        self.lost == 0
+            && self.in_two_places == 0
+            && self.duplicates_unflagged() == 0
+            && self.errors.rate_limit_self_inflicted() == 0
+    }
+
+    /// Duplicates at Meta that never went through BW_UNKNOWN: a blind resend.
+    pub fn duplicates_unflagged(&self) -> usize {
+        self.duplicates_at_meta.saturating_sub(self.duplicates_flagged_unknown)
     }
 }
 
@@ -124,7 +243,44 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         .map(|last| solo.len() as f64 / (last - live_end));
     let mut fail_fast = i.observed.fail_fast_us.clone();
     let mut fail_fast_moved = i.observed.fail_fast_moved_us.clone();
-    DrillReport {
+    let errors = crate::errors::split(i.counters, i.scenario, &i.observed.answers);
+    let per_sender = i
+        .observed
+        .senders
+        .iter()
+        .map(|(phone, c)| SenderRow {
+            sender: phone.clone(),
+            accepted_by_meta: i
+                .oracle
+                .messages
+                .iter()
+                .filter(|m| &m.phone_number_id == phone)
+                .map(|m| u64::from(m.count))
+                .sum(),
+            sent: c.sent,
+            dlq_moves: c.dlq_moves,
+            rate_limited: c.rate_limited,
+            error_answers: c.error_answers,
+            trips: trips.iter().filter(|t| &t.3 == phone).count(),
+            final_breaker: i.observed.states.get(phone).map(|s| format!("{s:?}")).unwrap_or_else(|| "Closed".into()),
+        })
+        .collect();
+    let mut alerts: Vec<AlertRow> = i
+        .observed
+        .alerts
+        .values()
+        .map(|a| AlertRow {
+            dedup_key: a.dedup_key.clone(),
+            rule: a.rule.clone(),
+            severity: format!("{:?}", a.severity()).to_ascii_lowercase(),
+            scope: a.scope.clone(),
+            summary: a.summary.clone(),
+            started_at_unix_ms: a.started_at_unix_ms,
+            resolved_at_unix_ms: a.resolved_at_unix_ms,
+        })
+        .collect();
+    alerts.sort_by_key(|a| (a.started_at_unix_ms, a.dedup_key.clone()));
+    let mut r = DrillReport {
         requested: i.opts.messages,
         accepted: i.produced.accepted.len(),
         rejected: i.produced.rejected.len(),
@@ -164,7 +320,38 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         replay_solo_rate_fraction: solo_rate.map(|r| r / configured),
         max_dlq_depth: i.max_dlq,
         breaker_trips: trips.len(),
+        senders: i.opts.senders,
+        sender_rate: i.sender_rate,
+        meta_mps: i.opts.meta_mps,
+        meta_requests: i.counters.get("requests").and_then(serde_json::Value::as_u64).unwrap_or(0),
+        oracle_accepted: i.oracle.total_accepted(),
+        peak_sent_per_s: i.samples.iter().map(|s| s.sent_per_s).fold(0.0, f64::max),
+        errors,
+        webhooks: i.webhooks,
+        per_sender,
+        alerts,
+        chaos: i.chaos,
+        marks: i.marks,
+        log_scan: i.log_scan,
+        header: i.header,
+        validation: Vec::new(),
+        zone: i.zone,
+    };
+    r.header.observed = format!(
+        "{} accepted of {} requested; {} lost; {} unflagged duplicates ({} flagged); {} self-inflicted rate-limit answers ({} injected)",
+        r.accepted,
+        r.requested,
+        r.lost,
+        r.duplicates_unflagged(),
+        r.duplicates_flagged_unknown,
+        r.errors.rate_limit_self_inflicted(),
+        r.errors.rate_limit_injected()
+    );
+    if !r.header.settled {
+        r.header.observed.insert_str(0, "did NOT settle before the timeout; ");
     }
+    r.validation = validation::rows(&r, i.owners);
+    r
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -221,6 +408,11 @@ fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<
 pub fn text(r: &DrillReport) -> String {
     let mut s = String::new();
     s.push_str("\n==== flash-sale drill report ====\n");
+    if !r.header.settled && !r.header.version.is_empty() {
+        s.push_str(
+            "WARNING: the run did not settle before the timeout (work queued, a breaker open or an alert firing)\n",
+        );
+    }
     s.push_str(&format!(
         "requested {}  accepted {}  rejected {}  unanswered {}\n",
         r.requested, r.accepted, r.rejected, r.unanswered
@@ -235,8 +427,28 @@ pub fn text(r: &DrillReport) -> String {
     ));
     s.push_str(&format!("LOST {}   (in two places {}, misplaced {})\n", r.lost, r.in_two_places, r.misplaced));
     s.push_str(&format!(
-        "duplicates at Meta {} (flagged unknown outcomes {})\n",
-        r.duplicates_at_meta, r.duplicates_flagged_unknown
+        "duplicates at Meta {}: flagged (went through BW_UNKNOWN) {}, unflagged {}\n",
+        r.duplicates_at_meta,
+        r.duplicates_flagged_unknown,
+        r.duplicates_unflagged()
+    ));
+    s.push_str(&format!(
+        "rate-limit answers (4, 80007, 130429, 131056): injected {}, self-inflicted {} ({})\n",
+        r.errors.rate_limit_injected(),
+        r.errors.rate_limit_self_inflicted(),
+        r.errors.source.label()
+    ));
+    for (t, label) in &r.chaos {
+        s.push_str(&format!("chaos at {t:.1} s: {label}\n"));
+    }
+    let pending = r.validation.iter().filter(|v| v.status == validation::Status::Pending).count();
+    let failed: Vec<&str> =
+        r.validation.iter().filter(|v| v.status == validation::Status::Failed).map(|v| v.key).collect();
+    s.push_str(&format!(
+        "validation matrix: {} passed, {} failed{}, {pending} pending (validation.md)\n",
+        r.validation.iter().filter(|v| v.status == validation::Status::Passed).count(),
+        failed.len(),
+        if failed.is_empty() { String::new() } else { format!(" ({})", failed.join(", ")) }
     ));
     s.push_str(&format!(
         "time to trip after the outage began {}; trip after the window's error rate crossed the threshold p50 {} max {}; fail-fast while OPEN (decision) p50 {} p99 {}, with the durable DLQ move p50 {} p99 {}; time to close after recovery {}\n",
@@ -257,54 +469,101 @@ pub fn text(r: &DrillReport) -> String {
         opt(r.replay_solo_rate_per_s, "msg/s"),
         pct(r.replay_solo_rate_fraction)
     ));
-    s.push_str(if r.passed() { "RESULT: PASS (zero lost, no unflagged duplicates)\n" } else { "RESULT: FAIL\n" });
+    s.push_str(if r.passed() {
+        "RESULT: PASS (zero lost, no unflagged duplicates, no self-inflicted rate-limit answers)\n"
+    } else {
+        "RESULT: FAIL\n"
+    });
     s
 }
 
-pub(crate) fn write(
-    dir: &Path,
-    r: &DrillReport,
-    samples: &[Sample],
-    observed: &Observed,
-    opts: &DrillOptions,
-) -> anyhow::Result<()> {
-    let mut json = json!({
+/// The whole report as JSON (the same data as the HTML page, the timeline included).
+pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) -> serde_json::Value {
+    let zone = bw_alerting::parse_zone(&r.zone).ok();
+    let times = |ms: i64| {
+        if ms <= 0 {
+            return serde_json::Value::Null;
+        }
+        json!({
+            "unix_ms": ms,
+            "utc": bw_alerting::format_utc(ms),
+            "local": zone.map(|z| bw_alerting::format_local(ms, z)),
+        })
+    };
+    json!({
+        "header": {
+            "environment": r.header.environment, "version": r.header.version, "started_utc": r.header.started_utc,
+            "load": r.header.load, "duration_s": r.header.duration_s, "scenario": r.header.scenario,
+            "expected": r.header.expected, "observed": r.header.observed, "display_zone": r.zone,
+            "settled": r.header.settled,
+        },
+        "passed": r.passed(),
         "requested": r.requested, "accepted": r.accepted, "rejected": r.rejected, "unanswered": r.unanswered,
         "sent": r.sent, "delivered": r.delivered, "read": r.read, "failed": r.failed, "in_dlq": r.in_dlq,
         "quarantined": r.quarantined, "expired": r.expired, "unknown": r.unknown, "queued": r.queued,
         "replayed": r.replayed, "dlq_moves": r.dlq_moves, "lost": r.lost, "in_two_places": r.in_two_places,
-        "misplaced": r.misplaced, "duplicates_at_meta": r.duplicates_at_meta,
-        "duplicates_flagged_unknown": r.duplicates_flagged_unknown, "time_to_trip_s": r.time_to_trip_s,
+        "misplaced": r.misplaced,
+        "duplicates": {
+            "at_meta": r.duplicates_at_meta, "flagged": r.duplicates_flagged_unknown,
+            "unflagged": r.duplicates_unflagged(),
+        },
+        "duplicates_at_meta": r.duplicates_at_meta, "duplicates_flagged_unknown": r.duplicates_flagged_unknown,
+        "rate_limit": {
+            "injected": r.errors.rate_limit_injected(), "self_inflicted": r.errors.rate_limit_self_inflicted(),
+            "source": r.errors.source.label(),
+        },
+        "errors": r.errors.codes.iter().map(|c| json!({
+            "code": c.key, "total": c.total, "injected": c.injected, "self_inflicted": c.self_inflicted,
+            "rate_limit": c.rate_limit,
+        })).collect::<Vec<_>>(),
+        "meta_requests": r.meta_requests, "oracle_accepted": r.oracle_accepted, "peak_sent_per_s": r.peak_sent_per_s,
+        "time_to_trip_s": r.time_to_trip_s, "trip_latency_p50_ms": r.trip_latency_p50_ms,
+        "trip_latency_max_ms": r.trip_latency_max_ms,
+        "trip_latencies": r.trip_latencies.iter().map(|t| json!({"t": t.0, "scope": t.1, "latency_ms": t.2 * 1000.0})).collect::<Vec<_>>(),
         "fail_fast_p50_ms": r.fail_fast_p50_ms, "fail_fast_p99_ms": r.fail_fast_p99_ms,
-        "fail_fast_with_dlq_move_p50_ms": r.fail_fast_moved_p50_ms, "fail_fast_with_dlq_move_p99_ms": r.fail_fast_moved_p99_ms,
+        "fail_fast_with_dlq_move_p50_ms": r.fail_fast_moved_p50_ms,
+        "fail_fast_with_dlq_move_p99_ms": r.fail_fast_moved_p99_ms,
         "time_to_close_s": r.time_to_close_s, "replay_drain_s": r.replay_drain_s,
         "replay_rate_per_s": r.replay_rate_per_s, "replay_rate_fraction": r.replay_rate_fraction,
-        "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips, "passed": r.passed(),
-        "transitions": observed.transitions.iter().map(|t| json!({"t": t.0, "from": format!("{:?}", t.1), "to": format!("{:?}", t.2), "scope": t.3})).collect::<Vec<_>>(),
-    });
-    json["trip_latency_p50_ms"] = json!(r.trip_latency_p50_ms);
-    json["trip_latency_max_ms"] = json!(r.trip_latency_max_ms);
-    json["trip_latencies"] = json!(
-        r.trip_latencies
-            .iter()
-            .map(|t| json!({"t": t.0, "scope": t.1, "latency_ms": t.2 * 1000.0}))
-            .collect::<Vec<_>>()
-    );
-    json["replay_solo_rate_per_s"] = json!(r.replay_solo_rate_per_s);
-    json["replay_solo_rate_fraction"] = json!(r.replay_solo_rate_fraction);
-    std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&json)?)?;
-    let outage_start = opts.outage_start_s as f64;
-    let marks = vec![
-        (outage_start, "outage starts".to_string()),
-        (outage_start + opts.outage_length_s as f64, "Meta recovers".to_string()),
-    ];
-    let svg = chart::render(samples, &marks, "Breakwater flash-sale drill: throughput, error rate, breakers, DLQ");
+        "replay_solo_rate_per_s": r.replay_solo_rate_per_s, "replay_solo_rate_fraction": r.replay_solo_rate_fraction,
+        "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips,
+        "webhooks": {
+            "statuses_scheduled": r.webhooks.statuses_scheduled, "statuses_delivered": r.webhooks.statuses_delivered,
+            "statuses_dropped": r.webhooks.statuses_dropped, "post_failures": r.webhooks.post_failures,
+        },
+        "senders": r.per_sender.iter().map(|p| json!({
+            "sender": p.sender, "accepted_by_meta": p.accepted_by_meta, "sent": p.sent, "dlq_moves": p.dlq_moves,
+            "rate_limited": p.rate_limited, "error_answers": p.error_answers, "trips": p.trips,
+            "final_breaker": p.final_breaker,
+        })).collect::<Vec<_>>(),
+        "alerts": r.alerts.iter().map(|a| json!({
+            "dedup_key": a.dedup_key, "rule": a.rule, "severity": a.severity, "scope": a.scope, "summary": a.summary,
+            "fired": times(a.started_at_unix_ms), "resolved": times(a.resolved_at_unix_ms),
+        })).collect::<Vec<_>>(),
+        "chaos": r.chaos.iter().map(|(t, l)| json!({"t": t, "event": l})).collect::<Vec<_>>(),
+        "log_scan": r.log_scan.as_ref().map(|l| json!({"files": l.files, "bytes": l.bytes, "findings": l.findings})),
+        "validation": r.validation.iter().map(|v| json!({
+            "row": v.key, "control": v.control, "criterion": v.criterion, "evidence": v.evidence,
+            "status": v.status.label(), "owner": v.owner,
+        })).collect::<Vec<_>>(),
+        "timeline": {
+            "samples": samples.iter().map(|s| json!({
+                "t": s.t, "sent_per_s": s.sent_per_s, "error_rate": s.error_rate, "errors_per_s": s.errors_per_s,
+                "scopes_open": s.scopes_open, "scopes_half_open": s.scopes_half_open, "dlq_depth": s.dlq_depth,
+            })).collect::<Vec<_>>(),
+            "marks": r.marks.iter().map(|m| json!({"t": m.t, "label": m.label, "kind": m.kind.label()})).collect::<Vec<_>>(),
+            "transitions": observed.transitions.iter().map(|t| json!({"t": t.0, "from": format!("{:?}", t.1), "to": format!("{:?}", t.2), "scope": t.3})).collect::<Vec<_>>(),
+        },
+    })
+}
+
+/// Writes `report.json`, `timeline.svg`, `report.html` and `validation.md` to `dir`.
+pub(crate) fn write(dir: &Path, r: &DrillReport, samples: &[Sample], observed: &Observed) -> anyhow::Result<()> {
+    std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(&to_json(r, samples, observed))?)?;
+    let svg = crate::chart::render(samples, &r.marks, "Breakwater drill: throughput, errors, breakers, DLQ");
     std::fs::write(dir.join("timeline.svg"), &svg)?;
-    let html = format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>Breakwater drill</title></head><body>\n<h1>Breakwater flash-sale drill</h1>\n<pre>{}</pre>\n{svg}\n</body></html>\n",
-        text(r).replace('<', "&lt;")
-    );
-    std::fs::write(dir.join("report.html"), html)?;
+    std::fs::write(dir.join("report.html"), crate::html::page(r, &svg))?;
+    std::fs::write(dir.join("validation.md"), validation::markdown(r, &r.validation))?;
     Ok(())
 }
 

@@ -54,6 +54,8 @@ pub struct Services {
     log_dir: PathBuf,
     /// Running (or stopped) processes, in spawn order.
     pub procs: Vec<ServiceProcess>,
+    /// `RUST_LOG` of the processes: `BW_DRILL_LOG`, else `warn`.
+    pub log_level: String,
 }
 
 fn env_prefix(service: &str) -> String {
@@ -64,7 +66,8 @@ impl Services {
     /// Processes from `bin_dir`, logs under `log_dir`.
     pub fn new(bin_dir: PathBuf, log_dir: PathBuf) -> Services {
         let _ = std::fs::create_dir_all(&log_dir);
-        Services { bin_dir, log_dir, procs: Vec::new() }
+        let log_level = std::env::var("BW_DRILL_LOG").unwrap_or_else(|_| "warn".into());
+        Services { bin_dir, log_dir, procs: Vec::new(), log_level }
     }
 
     /// Starts `bw-<service>` with config overrides `settings` (keys like `nats.url`), returning its index.
@@ -91,7 +94,7 @@ impl Services {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&proc.log)?;
         let child = Command::new(&bin)
             .envs(&proc.env)
-            .env("RUST_LOG", std::env::var("BW_DRILL_LOG").unwrap_or_else(|_| "warn".into()))
+            .env("RUST_LOG", &self.log_level)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

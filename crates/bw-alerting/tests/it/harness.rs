@@ -22,7 +22,7 @@ struct Recorded {
 
 /// Stands in for the three sinks: `/webhook`, `/slack`, `/pd`. Records accepted bodies; can fail on purpose.
 #[derive(Clone)]
-pub struct Receiver {
+pub(crate) struct Receiver {
     url: String,
     state: Arc<Mutex<Recorded>>,
 }
@@ -45,7 +45,7 @@ async fn receive(
 }
 
 impl Receiver {
-    pub async fn start() -> Receiver {
+    pub(crate) async fn start() -> Receiver {
         let state = Arc::new(Mutex::new(Recorded::default()));
         let app = Router::new().route("/{sink}", post(receive)).with_state(state.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind receiver");
@@ -57,28 +57,28 @@ impl Receiver {
     }
 
     /// The next `times` requests to `sink` are answered with `code`.
-    pub fn fail(&self, sink: &str, times: usize, code: u16) {
+    pub(crate) fn fail(&self, sink: &str, times: usize, code: u16) {
         self.state.lock().expect("lock").failures_left.insert(sink.into(), (times, code));
     }
 
-    pub fn count(&self, sink: &str) -> usize {
+    pub(crate) fn count(&self, sink: &str) -> usize {
         self.count_where(sink, |_| true)
     }
 
-    pub fn attempts(&self, sink: &str) -> usize {
+    pub(crate) fn attempts(&self, sink: &str) -> usize {
         self.state.lock().expect("lock").attempts.get(sink).copied().unwrap_or(0)
     }
 
-    pub fn count_where(&self, sink: &str, pred: impl Fn(&Value) -> bool) -> usize {
+    pub(crate) fn count_where(&self, sink: &str, pred: impl Fn(&Value) -> bool) -> usize {
         self.state.lock().expect("lock").accepted.iter().filter(|(s, b)| s == sink && pred(b)).count()
     }
 
-    pub fn find(&self, sink: &str, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+    pub(crate) fn find(&self, sink: &str, pred: impl Fn(&Value) -> bool) -> Option<Value> {
         self.state.lock().expect("lock").accepted.iter().find(|(s, b)| s == sink && pred(b)).map(|(_, b)| b.clone())
     }
 
     /// Sum of the integer field `field` over matching bodies.
-    pub fn sum_where(&self, sink: &str, pred: impl Fn(&Value) -> bool, field: &str) -> u64 {
+    pub(crate) fn sum_where(&self, sink: &str, pred: impl Fn(&Value) -> bool, field: &str) -> u64 {
         self.state
             .lock()
             .expect("lock")
@@ -91,7 +91,7 @@ impl Receiver {
 }
 
 /// One in-process alerting instance.
-pub struct Service {
+pub(crate) struct Service {
     pub deps: Deps,
     token: CancellationToken,
     handle: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -100,7 +100,7 @@ pub struct Service {
 impl Service {
     /// Starts an instance with fast test settings, all three sinks pointing at `sinks`, plus `overrides`
     /// (`SECTION__FIELD`, value) applied as `BW_ALERTING__*` environment layers.
-    pub async fn start(nats: &NatsServer, sinks: &Receiver, overrides: &[(&str, &str)]) -> Service {
+    pub(crate) async fn start(nats: &NatsServer, sinks: &Receiver, overrides: &[(&str, &str)]) -> Service {
         let mut env: HashMap<String, String> = [
             ("NATS__URL", nats.url()),
             ("ADMIN__LISTEN", "127.0.0.1:0".into()),
@@ -141,12 +141,12 @@ impl Service {
     }
 
     /// Sum of every sample of metric `name` (all label sets).
-    pub fn metric(&self, name: &str) -> f64 {
+    pub(crate) fn metric(&self, name: &str) -> f64 {
         self.metric_with(name, "")
     }
 
     /// Sum of the samples of `name` whose label text contains `label`.
-    pub fn metric_with(&self, name: &str, label: &str) -> f64 {
+    pub(crate) fn metric_with(&self, name: &str, label: &str) -> f64 {
         let mut text = String::new();
         if let Ok(registry) = self.deps.metrics.lock() {
             let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
@@ -160,7 +160,7 @@ impl Service {
             .sum()
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.token.cancel();
         let result = tokio::time::timeout(Duration::from_secs(15), self.handle).await;
         assert!(matches!(result, Ok(Ok(Ok(())))), "run did not stop cleanly");
@@ -168,12 +168,12 @@ impl Service {
 }
 
 /// Publishes `msg` durably on `subject`.
-pub async fn publish(js: &async_nats::jetstream::Context, subject: String, msg: impl Message) {
+pub(crate) async fn publish(js: &async_nats::jetstream::Context, subject: String, msg: impl Message) {
     js.publish(subject, msg.encode_to_vec().into()).await.expect("publish").await.expect("ack");
 }
 
 /// Whether the alerting consumer has nothing pending or unacked.
-pub async fn consumer_drained(js: &async_nats::jetstream::Context) -> bool {
+pub(crate) async fn consumer_drained(js: &async_nats::jetstream::Context) -> bool {
     let Ok(stream) = js.get_stream(bw_common::names::EVENTS_STREAM).await else {
         return false;
     };

@@ -2,6 +2,7 @@
 //! standing in for the three sinks (generic webhook, Slack-style, PagerDuty-style).
 
 mod harness;
+mod rules;
 
 use bw_common::names;
 use bw_common::proto::{Alert, AlertStatus, BreakerState, BreakerTransition, Scope, Signal};
