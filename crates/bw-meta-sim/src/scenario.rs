@@ -1,7 +1,11 @@
 //! Fault scenarios: time windows (offsets from the moment the scenario is set) with an error rate, a weighted
-//! mix of faults, added latency, and an optional phone-number filter.
+//! mix of faults, added latency, status-webhook delays or drops, and an optional phone-number filter; plus
+//! token events (a token expires or is revoked at an offset) and optional limits that replace the configured
+//! ones while the scenario is active.
 //!
-//! TOML format (see `scenarios/flash-sale-outage.toml`):
+//! Parsing is strict: an unknown key anywhere (scenario, window, fault, latency, limits, token event) is an
+//! error that names the key and the keys allowed there. TOML format (see `scenarios/flash-sale-outage.toml`
+//! and `scenarios/mixed-ambiguous.toml`):
 //!
 //! ```toml
 //! name = "flash-sale-outage"
@@ -10,6 +14,14 @@
 //!                              # smooth weighted round-robin over the fault mix
 //! latency = { kind = "fixed", ms = 5 }          # optional base latency for every request
 //!
+//! [limits]                     # optional: replaces the configured `Limits` while this scenario is active
+//! app_calls = 600              # e.g. an app-level budget (code 4); see `Limits` for every key
+//!
+//! [[token_events]]             # optional: from at_ms on, every call with this token fails on every number
+//! token = "sim-token"          # or "*" for every token
+//! at_ms = 20000
+//! code = 190                   # 190 (expired, the default) or 0 (AuthException: invalidated)
+//!
 //! [[windows]]
 //! name = "outage"
 //! start_ms = 10000             # offset from scenario start
@@ -17,11 +29,15 @@
 //! error_rate = 0.28            # share of requests in the window that get a fault
 //! phone_number_ids = ["1234"]  # optional filter
 //! latency = { kind = "normal", mean_ms = 400, stddev_ms = 150 }  # or uniform{min_ms,max_ms}, fixed{ms}
+//! status_delay_ms = 5000       # statuses of messages accepted in the window arrive this much later
+//! status_drop_rate = 0.0       # share of accepted messages whose statuses are never sent
 //! faults = [
 //!   { kind = "http", status = 503, meta_body = true, weight = 1 },  # code defaults per status
-//!   { kind = "error", code = 130429, weight = 1 },                  # Meta error with its usual HTTP status
+//!   { kind = "http", status = 502, page = "plain", after_processing = true },  # bodiless 502 after acceptance
+//!   { kind = "error", code = 130429, retry_after_s = 2 },           # Meta error with its usual HTTP status
 //!   { kind = "hang", hold_ms = 5000, accept = true },               # hold the request, then drop it
 //!   { kind = "reset", after_processing = true },                    # drop the connection without answering
+//!   { kind = "ok_unparseable", body = "truncated" },                # accepted, 200 with a body no parser reads
 //!   { kind = "async_failure", code = 131026 },                      # 200, then a `failed` status webhook
 //! ]
 //! ```
@@ -29,7 +45,8 @@
 //! A full outage is a window with `error_rate = 1.0`; recovery is the end of the window.
 
 use crate::ids::Rng;
-use serde::{Deserialize, Serialize};
+use crate::limits::Limits;
+use serde::{Deserialize, Deserializer, Serialize};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -50,6 +67,29 @@ pub struct Scenario {
     pub latency: Option<Latency>,
     #[serde(default)]
     pub windows: Vec<Window>,
+    /// Replaces the configured limits while this scenario is active (missing keys take Meta's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Limits>,
+    /// Tokens that expire or are revoked at an offset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_events: Vec<TokenEvent>,
+}
+
+/// From `at_ms` on, every request that carries `token` fails with `code` (190 or 0) on every number.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenEvent {
+    /// The bearer token, or `*` for every token.
+    pub token: String,
+    #[serde(default)]
+    pub at_ms: u64,
+    /// 190 (access token expired, the default) or 0 (AuthException: the token was invalidated).
+    #[serde(default = "code_190")]
+    pub code: i64,
+}
+
+fn code_190() -> i64 {
+    190
 }
 
 /// How faults are picked inside a window.
@@ -83,28 +123,74 @@ pub struct Window {
     /// Only requests for these phone_number_ids are affected; empty: all.
     #[serde(default)]
     pub phone_number_ids: Vec<String>,
+    /// Status webhooks of messages accepted in this window are sent this much later than configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_delay_ms: Option<u64>,
+    /// Share of the messages accepted in this window whose status webhooks are never sent (counted in
+    /// `webhooks.statuses_withheld`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub status_drop_rate: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+impl Window {
+    /// A window from `start_ms` (None: open-ended) with no faults or effects.
+    pub fn new(name: &str, start_ms: u64, duration_ms: Option<u64>) -> Window {
+        Window {
+            name: name.to_string(),
+            start_ms,
+            duration_ms,
+            error_rate: 0.0,
+            faults: vec![],
+            latency: None,
+            phone_number_ids: vec![],
+            status_delay_ms: None,
+            status_drop_rate: 0.0,
+        }
+    }
 }
 
 /// One entry of a window's fault mix.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Fault {
     #[serde(flatten)]
     pub kind: FaultKind,
-    #[serde(default = "one")]
     pub weight: u32,
 }
 
-fn one() -> u32 {
-    1
+/// Strict parsing: `weight` plus the keys of the fault's `kind`, nothing else (serde's `flatten` would
+/// silently ignore unknown keys).
+impl<'de> Deserialize<'de> for Fault {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Fault, D::Error> {
+        use serde::de::Error as _;
+        let mut v = serde_json::Value::deserialize(d)?;
+        let Some(map) = v.as_object_mut() else {
+            return Err(D::Error::custom("a fault must be a table like { kind = \"error\", code = 131000 }"));
+        };
+        let weight = match map.remove("weight") {
+            None => 1,
+            Some(w) => w
+                .as_u64()
+                .and_then(|w| u32::try_from(w).ok())
+                .ok_or_else(|| D::Error::custom(format!("fault weight must be a non-negative integer, not {w}")))?,
+        };
+        let kind = serde_json::from_value::<FaultKind>(v).map_err(|e| D::Error::custom(format!("fault: {e}")))?;
+        Ok(Fault { kind, weight })
+    }
 }
 
 /// What a fault does to a request.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FaultKind {
     /// An HTTP error status (500/502/503/504...). With `meta_body`, Meta's error JSON with `code` (default per
-    /// status: 500→131000, 502→1, 503→2, 504→133004); without, a plain-text gateway body.
-    /// `after_processing`: the message was accepted before the error (recorded in the oracle).
+    /// status: 500→131000, 502→1, 503→2, 504→133004); without, a bodiless error: a gateway `page` (HTML, plain
+    /// text or empty) that no client can read a Meta code from.
+    /// `after_processing`: the message was accepted before the error (recorded in the oracle; the client cannot
+    /// tell, which is the ambiguous case of reference §2.2 and §5).
     Http {
         status: u16,
         #[serde(default)]
@@ -113,15 +199,19 @@ pub enum FaultKind {
         code: Option<i64>,
         #[serde(default)]
         after_processing: bool,
+        #[serde(default, skip_serializing_if = "Page::is_html")]
+        page: Page,
     },
     /// A Meta error code with its usual HTTP status (throttle codes use the configured throttle status),
-    /// optionally overridden.
+    /// optionally overridden; `retry_after_s` adds `Retry-After` in the configured format (seconds by default).
     Error {
         code: i64,
         #[serde(default)]
         http_status: Option<u16>,
         #[serde(default)]
         subcode: Option<i64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_s: Option<u64>,
     },
     /// Hold the request open for `hold_ms` (past the client's timeout), then drop the connection.
     /// `accept`: the message was accepted before the hang (unknown outcome for the client).
@@ -137,6 +227,76 @@ pub enum FaultKind {
     },
     /// Accept (200) and later report `failed` with `code` in a status webhook (e.g. 131049, 131026).
     AsyncFailure { code: i64 },
+    /// Accept, then answer HTTP 200 with a body no JSON parser reads (`truncated` JSON, `empty`, or an `html`
+    /// page): the client knows nothing was refused but has no wamid.
+    OkUnparseable {
+        #[serde(default)]
+        body: Garbled,
+    },
+}
+
+impl FaultKind {
+    /// An HTTP error before processing: Meta's JSON body, or a bodiless HTML page.
+    pub fn http(status: u16, meta_body: bool) -> FaultKind {
+        FaultKind::Http { status, meta_body, code: None, after_processing: false, page: Page::Html }
+    }
+
+    /// A bodiless HTTP error after the message was accepted.
+    pub fn http_after_accept(status: u16, page: Page) -> FaultKind {
+        FaultKind::Http { status, meta_body: false, code: None, after_processing: true, page }
+    }
+
+    /// A Meta error code with its catalog status.
+    pub fn error(code: i64) -> FaultKind {
+        FaultKind::Error { code, http_status: None, subcode: None, retry_after_s: None }
+    }
+
+    /// Whether the message is accepted (recorded in the oracle) before this fault's answer.
+    pub fn accepts(&self) -> bool {
+        match self {
+            FaultKind::Http { after_processing, .. } | FaultKind::Reset { after_processing } => *after_processing,
+            FaultKind::Hang { accept, .. } => *accept,
+            FaultKind::Error { .. } => false,
+            FaultKind::AsyncFailure { .. } | FaultKind::OkUnparseable { .. } => true,
+        }
+    }
+
+    /// Whether the client never gets a parseable 200 for a message this fault lets through.
+    pub fn hides_acceptance(&self) -> bool {
+        self.accepts() && !matches!(self, FaultKind::AsyncFailure { .. })
+    }
+}
+
+/// The body of a bodiless HTTP error.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Page {
+    /// `<html><body><h1>503 Service Unavailable</h1></body></html>` (a load balancer's page).
+    #[default]
+    Html,
+    /// `503 Service Unavailable` as text/plain.
+    Plain,
+    /// No body at all.
+    Empty,
+}
+
+impl Page {
+    fn is_html(&self) -> bool {
+        *self == Page::Html
+    }
+}
+
+/// The body of a 200 that cannot be parsed.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Garbled {
+    /// The success JSON cut off in the middle, as application/json.
+    #[default]
+    Truncated,
+    /// Content-Length 0.
+    Empty,
+    /// An HTML page.
+    Html,
 }
 
 /// Added latency.
@@ -178,16 +338,21 @@ impl Latency {
 /// Invalid scenario.
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
+    /// The parser's message (line, column, the offending key and the keys allowed there).
     #[error("scenario is not valid toml: {0}")]
-    Toml(#[from] toml::de::Error),
+    Toml(String),
     #[error("scenario is not valid json: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(String),
     #[error("cannot read scenario file `{path}`: {source}")]
     Io { path: String, source: std::io::Error },
     #[error("window `{window}`: {problem}")]
     Invalid { window: String, problem: String },
-    #[error("unknown built-in scenario `{0}` (known: flash-sale-outage)")]
+    #[error("unknown built-in scenario `{0}` (known: flash-sale-outage, normal)")]
     UnknownBuiltin(String),
+    #[error("scenario limits: {0}")]
+    Limits(String),
+    #[error("token_events[{index}]: {problem}")]
+    Token { index: usize, problem: String },
 }
 
 impl Scenario {
@@ -210,15 +375,13 @@ impl Scenario {
                 duration_ms: Some(length.as_millis() as u64),
                 error_rate: 0.28,
                 faults: vec![
-                    Fault {
-                        kind: FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
-                        weight: 1,
-                    },
-                    Fault { kind: FaultKind::Error { code: 130429, http_status: None, subcode: None }, weight: 1 },
+                    Fault { kind: FaultKind::http(503, true), weight: 1 },
+                    Fault { kind: FaultKind::error(130429), weight: 1 },
                 ],
                 latency: Some(Latency::Normal { mean_ms: 120.0, stddev_ms: 40.0 }),
-                phone_number_ids: vec![],
+                ..Window::new("outage", 0, None)
             }],
+            ..Scenario::default()
         }
     }
 
@@ -231,12 +394,8 @@ impl Scenario {
                 start_ms: start.as_millis() as u64,
                 duration_ms: Some(length.as_millis() as u64),
                 error_rate: 1.0,
-                faults: vec![Fault {
-                    kind: FaultKind::Http { status: 503, meta_body: false, code: None, after_processing: false },
-                    weight: 1,
-                }],
-                latency: None,
-                phone_number_ids: vec![],
+                faults: vec![Fault { kind: FaultKind::http(503, false), weight: 1 }],
+                ..Window::new("outage", 0, None)
             }],
             ..Scenario::default()
         }
@@ -252,13 +411,13 @@ impl Scenario {
     }
 
     pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = toml::from_str(text)?;
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Toml(e.to_string()))?;
         s.validate()?;
         Ok(s)
     }
 
     pub fn from_json(text: &[u8]) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = serde_json::from_slice(text)?;
+        let s: Scenario = serde_json::from_slice(text).map_err(|e| ScenarioError::Json(e.to_string()))?;
         s.validate()?;
         Ok(s)
     }
@@ -274,19 +433,51 @@ impl Scenario {
     }
 
     pub fn validate(&self) -> Result<(), ScenarioError> {
-        for w in &self.windows {
-            let bad = |problem: &str| ScenarioError::Invalid { window: w.name.clone(), problem: problem.to_string() };
+        if let Some(l) = &self.limits {
+            l.validate().map_err(ScenarioError::Limits)?;
+        }
+        for (i, t) in self.token_events.iter().enumerate() {
+            if t.token.is_empty() {
+                return Err(ScenarioError::Token {
+                    index: i,
+                    problem: "token must not be empty (use \"*\" for every token)".into(),
+                });
+            }
+            if ![0, 190].contains(&t.code) {
+                return Err(ScenarioError::Token {
+                    index: i,
+                    problem: format!("code must be 190 or 0, not {}", t.code),
+                });
+            }
+        }
+        for (i, w) in self.windows.iter().enumerate() {
+            let label = if w.name.is_empty() { format!("#{}", i + 1) } else { w.name.clone() };
+            let bad = |problem: String| ScenarioError::Invalid { window: label.clone(), problem };
             if !(0.0..=1.0).contains(&w.error_rate) {
-                return Err(bad("error_rate must be between 0 and 1"));
+                return Err(bad(format!("error_rate must be between 0 and 1, not {}", w.error_rate)));
+            }
+            if !(0.0..=1.0).contains(&w.status_drop_rate) {
+                return Err(bad(format!("status_drop_rate must be between 0 and 1, not {}", w.status_drop_rate)));
+            }
+            if w.duration_ms == Some(0) {
+                return Err(bad("duration_ms must be positive (omit it for an open-ended window)".into()));
             }
             if w.error_rate > 0.0 && w.faults.iter().all(|f| f.weight == 0) {
-                return Err(bad("error_rate > 0 needs at least one fault with weight > 0"));
+                return Err(bad("error_rate > 0 needs at least one fault with weight > 0".into()));
             }
             for f in &w.faults {
-                if let FaultKind::Http { status, .. } = f.kind
-                    && !(400..=599).contains(&status)
-                {
-                    return Err(bad("http fault status must be 4xx or 5xx"));
+                match f.kind {
+                    FaultKind::Http { status, .. } if !(400..=599).contains(&status) => {
+                        return Err(bad(format!("http fault status must be 4xx or 5xx, not {status}")));
+                    }
+                    FaultKind::Http { meta_body: true, page, .. } if page != Page::Html => {
+                        return Err(bad("http fault: `page` applies only without meta_body".into()));
+                    }
+                    FaultKind::Error { http_status: Some(status), .. } if !(400..=599).contains(&status) => {
+                        return Err(bad(format!("error fault http_status must be 4xx or 5xx, not {status}")));
+                    }
+                    FaultKind::Hang { hold_ms: 0, .. } => return Err(bad("hang fault needs hold_ms > 0".into())),
+                    _ => {}
                 }
             }
         }
@@ -306,6 +497,8 @@ pub struct Active {
 #[derive(Debug)]
 struct WindowState {
     seen: AtomicU64,
+    /// Accepted-message draws for `status_drop_rate` (deterministic mode).
+    status_seen: AtomicU64,
     /// Smooth weighted round-robin current weights (deterministic mode).
     swrr: Mutex<Vec<i64>>,
 }
@@ -317,6 +510,10 @@ pub struct Decision {
     pub fault: Option<FaultKind>,
     /// Name of the window that produced the fault.
     pub window: Option<String>,
+    /// Extra delay for the status webhooks of this message, if accepted.
+    pub status_delay: Duration,
+    /// Never send the status webhooks of this message, if accepted.
+    pub drop_statuses: bool,
 }
 
 impl Active {
@@ -324,7 +521,11 @@ impl Active {
         let windows = scenario
             .windows
             .iter()
-            .map(|w| WindowState { seen: AtomicU64::new(0), swrr: Mutex::new(vec![0; w.faults.len()]) })
+            .map(|w| WindowState {
+                seen: AtomicU64::new(0),
+                status_seen: AtomicU64::new(0),
+                swrr: Mutex::new(vec![0; w.faults.len()]),
+            })
             .collect();
         let rng = Rng::new(scenario.seed.unwrap_or(1));
         Active { scenario, started: Instant::now(), rng, windows }
@@ -334,7 +535,28 @@ impl Active {
         self.started.elapsed().as_millis() as u64
     }
 
-    /// Decides latency and fault for a request to `phone_number_id` now.
+    /// Random: a draw below `rate`; deterministic: request n fires when floor((n+1)·rate) > floor(n·rate).
+    fn fires(&self, seen: &AtomicU64, rate: f64) -> bool {
+        match self.scenario.selection {
+            Selection::Random => self.rng.next_f64() < rate,
+            Selection::Deterministic => {
+                let n = seen.fetch_add(1, Ordering::Relaxed);
+                ((n + 1) as f64 * rate).floor() > (n as f64 * rate).floor()
+            }
+        }
+    }
+
+    /// The code (190 or 0) every call with `token` fails with now, if a token event has fired for it.
+    pub fn token_fault(&self, token: &str) -> Option<i64> {
+        let now = self.elapsed_ms();
+        self.scenario
+            .token_events
+            .iter()
+            .find(|t| now >= t.at_ms && (t.token == "*" || t.token == token))
+            .map(|t| t.code)
+    }
+
+    /// Decides latency, fault and status-webhook effects for a request to `phone_number_id` now.
     pub fn decide(&self, phone_number_id: &str) -> Decision {
         let now = self.elapsed_ms();
         let mut d = Decision::default();
@@ -350,16 +572,16 @@ impl Active {
             if let Some(l) = &w.latency {
                 d.latency += l.sample(&self.rng);
             }
+            if let Some(ms) = w.status_delay_ms {
+                d.status_delay += Duration::from_millis(ms);
+            }
+            if w.status_drop_rate > 0.0 && !d.drop_statuses {
+                d.drop_statuses = self.fires(&state.status_seen, w.status_drop_rate);
+            }
             if d.fault.is_some() || w.faults.is_empty() {
                 continue;
             }
-            let fire = match self.scenario.selection {
-                Selection::Random => self.rng.next_f64() < w.error_rate,
-                Selection::Deterministic => {
-                    let n = state.seen.fetch_add(1, Ordering::Relaxed);
-                    ((n + 1) as f64 * w.error_rate).floor() > (n as f64 * w.error_rate).floor()
-                }
-            };
+            let fire = self.fires(&state.seen, w.error_rate);
             if fire {
                 let idx = match self.scenario.selection {
                     Selection::Random => pick_weighted(&w.faults, self.rng.next_u64()),
