@@ -1,8 +1,10 @@
 //! Tests of the Meta simulator through its HTTP surface, with reqwest as the client and a tiny axum receiver
 //! for webhooks.
 
+mod ambiguous;
 mod common;
 mod faults;
 mod limits;
 mod oracle;
+mod scopes;
 mod webhooks;
