@@ -59,6 +59,7 @@ pub struct Config {
 pub struct MetaConfig {
     pub base_url: String,
     pub api_version: String,
+    #[serde(deserialize_with = "bw_common::config::text")]
     pub access_token: String,
     pub connect_timeout_ms: u64,
     pub request_timeout_ms: u64,
@@ -109,21 +110,9 @@ impl ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
-}
-
-impl Config {
-    /// Loads the config from the compiled defaults, an optional file and an env map.
-    pub fn load(
-        file: Option<&std::path::Path>,
-        env: &std::collections::HashMap<String, String>,
-    ) -> Result<Config, bw_common::config::ConfigError> {
-        let cfg: Config = bw_common::config::load("dispatcher", DEFAULT_CONFIG, file, env)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    fn validate(&self) -> Result<(), bw_common::config::ConfigError> {
-        let invalid = |m: &str| Err(bw_common::config::ConfigError::Invalid(m.to_string()));
+    fn validate(&self) -> Result<(), String> {
+        self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
+        let invalid = |m: &str| Err(m.to_string());
         if self.dispatch.ack_wait_ms <= self.meta.request_timeout_ms {
             return invalid("dispatch.ack_wait_ms must exceed meta.request_timeout_ms");
         }
@@ -137,6 +126,19 @@ impl Config {
             return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
         }
         Ok(())
+    }
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.dispatch.shutdown_grace_ms)
+    }
+}
+
+impl Config {
+    /// Loads and validates the config from the compiled defaults, an optional file and an env map.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: &std::collections::HashMap<String, String>,
+    ) -> Result<Config, bw_common::config::ConfigError> {
+        bw_common::service::load_config("dispatcher", DEFAULT_CONFIG, file, env)
     }
 }
 
@@ -339,13 +341,11 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         }
     }
 
-    deps.health.set_shutting_down();
     tracker.close();
     let grace = Duration::from_millis(cfg.dispatch.shutdown_grace_ms);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!("shutdown grace expired with messages in flight; JetStream will redeliver them");
     }
-    let _ = deps.nats.flush().await;
     tracing::info!("dispatcher stopped");
     Ok(())
 }

@@ -98,7 +98,9 @@ impl IntakeConfig {
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     pub path: String,
+    #[serde(deserialize_with = "bw_common::config::text")]
     pub verify_token: String,
+    #[serde(deserialize_with = "bw_common::config::text")]
     pub app_secret: String,
     pub max_body_bytes: usize,
     pub process: bool,
@@ -150,6 +152,12 @@ impl ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
+    fn validate(&self) -> Result<(), String> {
+        Config::validate(self)
+    }
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown.grace_ms)
+    }
 }
 
 impl Config {
@@ -158,14 +166,12 @@ impl Config {
         file: Option<&std::path::Path>,
         env: &std::collections::HashMap<String, String>,
     ) -> Result<Config, ConfigError> {
-        let cfg: Config = bw_common::config::load("ingest", DEFAULT_CONFIG, file, env)?;
-        cfg.validate()?;
-        Ok(cfg)
+        bw_common::service::load_config("ingest", DEFAULT_CONFIG, file, env)
     }
 
     /// Checks values serde cannot.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+    pub fn validate(&self) -> Result<(), String> {
+        let invalid = |m: &str| Err(m.to_string());
         if !self.webhook.path.starts_with('/') || self.webhook.path == "/v1/messages" {
             return invalid("webhook.path must start with '/' and differ from /v1/messages");
         }
@@ -208,7 +214,6 @@ impl Listeners {
 
 /// Runs ingest until `shutdown`, binding the listeners from `cfg.http`.
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cfg.validate()?;
     let listeners = Listeners::bind(&cfg.http).await?;
     run_on(cfg, deps, listeners, shutdown).await
 }
@@ -287,7 +292,7 @@ async fn consume<F, Fut>(
 
 /// Runs ingest on listeners bound by the caller until `shutdown`, then drains in-flight work.
 pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cfg.validate()?;
+    cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let metrics = metrics::Metrics::register(&deps.metrics);
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let intake = Arc::new(intake::Intake {
@@ -390,14 +395,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     tracing::info!(http = %http_addr, nats_intake = cfg.intake.nats_enabled, "ingest ready");
 
     shutdown.cancelled().await;
-    deps.health.set_shutting_down();
     tracker.close();
     let grace = Duration::from_millis(cfg.shutdown.grace_ms);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(grace_ms = cfg.shutdown.grace_ms, "in-flight work did not finish within the grace period");
-    }
-    if let Err(e) = deps.nats.flush().await {
-        tracing::debug!(error = %e, "final flush failed");
     }
     Ok(())
 }
