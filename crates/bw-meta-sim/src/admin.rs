@@ -45,7 +45,9 @@
 //!
 //! `{"total": 3, "after_ambiguous": 2, "plain": 1, "after_ambiguous_ids": ["op-1", "op-7"], "plain_ids": ["op-9"]}`:
 //! operations accepted more than once, split by whether every earlier acceptance was hidden from the client
-//! (`after_ambiguous`) or it had a 200 and sent again (`plain`); see [`OracleEntry::duplicate_kind`](crate::OracleEntry::duplicate_kind).
+//! (`after_ambiguous`) or it had a 200 and sent again (`plain`); see
+//! [`OracleEntry::duplicate_kind`](crate::OracleEntry::duplicate_kind). Each entry of `messages` carries
+//! `acknowledged`: one bool per acceptance, whether the client got a parseable 200 for it.
 
 use crate::limits::Limits;
 use crate::scenario::Scenario;

@@ -347,7 +347,7 @@ pub enum ScenarioError {
     Io { path: String, source: std::io::Error },
     #[error("window `{window}`: {problem}")]
     Invalid { window: String, problem: String },
-    #[error("unknown built-in scenario `{0}` (known: flash-sale-outage, normal)")]
+    #[error("unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, normal)")]
     UnknownBuiltin(String),
     #[error("scenario limits: {0}")]
     Limits(String),
@@ -401,10 +401,12 @@ impl Scenario {
         }
     }
 
-    /// A built-in scenario by name, with its default timing (outage at 10 s for 30 s).
+    /// A built-in scenario by name: `flash-sale-outage` (outage at 10 s for 30 s), `mixed-ambiguous` (the
+    /// shipped `scenarios/mixed-ambiguous.toml`), `normal`.
     pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
         match name {
             "flash-sale-outage" => Ok(Scenario::flash_sale_outage(Duration::from_secs(10), Duration::from_secs(30))),
+            "mixed-ambiguous" => Scenario::from_toml(include_str!("../scenarios/mixed-ambiguous.toml")),
             "normal" => Ok(Scenario::normal()),
             other => Err(ScenarioError::UnknownBuiltin(other.to_string())),
         }

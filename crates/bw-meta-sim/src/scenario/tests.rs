@@ -140,6 +140,7 @@ fn mixed_ambiguous_example_parses_and_round_trips() {
     assert!(kinds.iter().any(|k| matches!(k, FaultKind::OkUnparseable { .. })));
     assert!(kinds.iter().any(|k| matches!(k, FaultKind::Error { code: 4, .. })));
     assert!(s.windows.iter().any(|w| w.status_delay_ms.is_some()));
+    assert_eq!(Scenario::builtin("mixed-ambiguous").expect("built in"), s);
     let back = Scenario::from_toml(&toml::to_string(&s).expect("serializes")).expect("reparses");
     assert_eq!(back, s);
     assert_eq!(Scenario::from_json(&serde_json::to_vec(&s).expect("json")).expect("json parses"), s);
