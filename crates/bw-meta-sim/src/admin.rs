@@ -13,7 +13,7 @@
 //! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`](crate::Limits) (JSON; validated, unknown keys refused) |
 //! | `POST /_sim/tokens/expire` | `{"token": "...", "code": 190}` (code 190 expired, the default, or 0 invalidated; token `*` = all): every call with it fails on every number, counted as injected |
 //! | `POST /_sim/tokens/restore` | `{"token": "..."}`: valid again (`*` = all) |
-//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook; answers `{"wamid"}` |
+//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (it takes a unit of the number's throughput, as on Meta); answers `{"wamid"}` |
 //! | `POST /_sim/dump` | `?path=...` or the configured `dump_path`: write the oracle as JSON |
 
 //!
@@ -225,7 +225,7 @@ async fn inbound(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
         Ok(m) => m,
         Err(e) => return bad(format!("inbound message is not valid json: {e}")),
     };
-    match st.webhooks.inbound_text(&msg.phone_number_id, &msg.from, &msg.name, &msg.text) {
+    match st.inbound(&msg.phone_number_id, &msg.from, &msg.name, &msg.text) {
         Some(wamid) => axum::Json(json!({ "wamid": wamid })).into_response(),
         None => (StatusCode::CONFLICT, axum::Json(json!({ "error": "no webhook url configured or queue full" })))
             .into_response(),

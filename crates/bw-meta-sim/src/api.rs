@@ -292,15 +292,16 @@ fn message_limits(st: &Inner, limits: &Limits, phone: &str, wa_id: &str) -> Resu
         return Ok(Usage::default());
     }
     let mps = limits.mps_for(phone, st.cfg.phone_numbers.get(phone).and_then(|p| p.throughput_mps));
-    let percent = match st.limiter.throughput(phone, mps, limits.throughput_burst) {
-        Ok(p) => p,
-        Err(Refused { wait }) => return Err(Refusal::limit(130429, Usage::refused(wait, 100))),
-    };
+    let throttled = |wait| Refusal::limit(130429, Usage::refused(wait, 100));
+    // Check the throughput first so a message the pair limit refuses takes nothing from it, and vice versa.
+    st.limiter.throughput_check(phone, mps, limits.throughput_burst).map_err(|Refused { wait }| throttled(wait))?;
     if limits.pair_enabled
         && let Err(Refused { wait }) = st.limiter.pair(phone, wa_id, limits)
     {
-        return Err(Refusal::limit(131056, Usage::refused(wait, percent)));
+        return Err(Refusal::limit(131056, Usage::refused(wait, 0)));
     }
+    let percent =
+        st.limiter.throughput(phone, mps, limits.throughput_burst).map_err(|Refused { wait }| throttled(wait))?;
     Ok(Usage { percent, ..Usage::default() })
 }
 

@@ -81,6 +81,19 @@ impl Inner {
         *lock_write(&self.scenario) = Arc::new(Active::start(s));
     }
 
+    /// An inbound customer message: its webhook, and a unit of the number's throughput (Meta counts inbound too).
+    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+        let wamid = self.webhooks.inbound_text(phone_number_id, from, name, text)?;
+        let active = lock_read(&self.scenario).clone();
+        let limits = active.scenario.limits.clone().unwrap_or_else(|| lock_read(&self.limits).clone());
+        if limits.enabled {
+            let configured = self.cfg.phone_numbers.get(phone_number_id).and_then(|p| p.throughput_mps);
+            let mps = limits.mps_for(phone_number_id, configured);
+            self.limiter.throughput_inbound(phone_number_id, mps, limits.throughput_burst);
+        }
+        Some(wamid)
+    }
+
     /// The code a dead token gets (`*` kills every token).
     pub(crate) fn token_state(&self, token: &str) -> Option<i64> {
         let dead = lock_read(&self.dead_tokens);
@@ -277,9 +290,9 @@ impl SimHandle {
     }
 
     /// Sends an inbound customer text message webhook; returns its wamid (None without a webhook URL or when
-    /// the queue is full).
+    /// the queue is full). It takes a unit of the number's throughput, as on Meta.
     pub fn inject_inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
-        self.inner.webhooks.inbound_text(phone_number_id, from, name, text)
+        self.inner.inbound(phone_number_id, from, name, text)
     }
 
     /// Clears the oracle, counters and limiter state, makes expired tokens valid, restarts the scenario clock.

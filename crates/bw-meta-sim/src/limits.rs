@@ -7,7 +7,9 @@
 //! | app (every number the simulator serves) | Graph call budget: `app_calls` per rolling `app_window_ms` | 4 |
 //! | WABA (the numbers of one WABA) | WABA call budget: `waba_calls` per rolling `waba_window_ms` | 80007 (or 80008) |
 //!
-//! Throughput and pair limits count messages Meta accepted; the app and WABA budgets count every authenticated
+//! Throughput and pair limits count messages Meta accepted (a message refused by one takes nothing from the other,
+//! as in `lua/admit_send.lua`), and throughput also counts inbound messages (reference §3.1: "inbound and
+//! outbound"); the app and WABA budgets count every authenticated
 //! call, refused ones included (Graph: "further calls extend the block"), with the debt capped at one window.
 //! A rolling window of N calls per W is modelled as GCRA with burst N and one call regained every W / N.
 //!
@@ -174,6 +176,20 @@ impl<K: Hash + Eq + Clone> Table<K> {
         map.insert(key.clone(), tat + t);
         Ok(tat + t - now)
     }
+
+    /// Whether a call would be allowed now, without taking it.
+    fn peek(&self, shard: usize, key: &K, now: u64, tau: u64) -> Result<(), Refused> {
+        let map = lock(&self.shards[shard]);
+        let tat = map.get(key).copied().unwrap_or(now).max(now);
+        if tat - now > tau { Err(Refused { wait: Duration::from_nanos(tat - now - tau) }) } else { Ok(()) }
+    }
+
+    /// Takes a unit whether or not it fits (traffic that cannot be refused), up to `TAT = now + tau + t`.
+    fn force(&self, shard: usize, key: &K, now: u64, t: u64, tau: u64) {
+        let mut map = lock(&self.shards[shard]);
+        let tat = map.get(key).copied().unwrap_or(now).max(now);
+        map.insert(key.clone(), (tat + t).min(now + tau + t));
+    }
 }
 
 /// Limiter state for all scopes.
@@ -230,6 +246,23 @@ impl Limiter {
         Ok(percent(used, tau + t))
     }
 
+    /// Whether the number's throughput would allow a message now (nothing is taken).
+    pub fn throughput_check(&self, phone_number_id: &str, mps: f64, burst: u32) -> Result<(), Refused> {
+        let t = (1e9 / mps.max(0.001)) as u64;
+        let tau = t.saturating_mul(u64::from(burst.max(1) - 1));
+        let key = phone_number_id.to_string();
+        self.numbers.peek(self.shard(&key), &key, self.now_ns(), tau)
+    }
+
+    /// An inbound message: Meta counts inbound and outbound against the number's throughput (reference §3.1);
+    /// it is never refused, but leaves less room for sends (at most one burst of debt).
+    pub fn throughput_inbound(&self, phone_number_id: &str, mps: f64, burst: u32) {
+        let t = (1e9 / mps.max(0.001)) as u64;
+        let tau = t.saturating_mul(u64::from(burst.max(1) - 1));
+        let key = phone_number_id.to_string();
+        self.numbers.force(self.shard(&key), &key, self.now_ns(), t, tau);
+    }
+
     /// Takes one message of the pair's quota: GCRA, interval `pair_interval_ms`, burst `pair_burst`.
     pub fn pair(&self, phone_number_id: &str, wa_id: &str, limits: &Limits) -> Result<(), Refused> {
         let t = limits.pair_interval_ms.max(1).saturating_mul(1_000_000);
@@ -284,6 +317,19 @@ mod tests {
         let refused = l.throughput("p", 1.0, 5).expect_err("still over");
         assert!(refused.wait > Duration::from_millis(900));
         assert!(l.throughput("other", 1.0, 5).is_ok(), "numbers are independent");
+    }
+
+    #[test]
+    fn inbound_takes_throughput_without_being_refused() {
+        let l = Limiter::new();
+        assert!(l.throughput_check("p", 0.01, 2).is_ok());
+        l.throughput_inbound("p", 0.01, 2);
+        l.throughput_inbound("p", 0.01, 2);
+        l.throughput_inbound("p", 0.01, 2);
+        assert!(l.throughput_check("p", 0.01, 2).is_err(), "two inbound messages used the burst of 2");
+        assert!(l.throughput("p", 0.01, 2).is_err());
+        let wait = l.throughput_check("p", 0.01, 2).expect_err("still over").wait;
+        assert!(wait <= Duration::from_secs(100), "debt capped at one burst: {wait:?}");
     }
 
     #[test]

@@ -317,3 +317,49 @@ async fn retry_after_is_absent_by_default_and_present_when_configured() {
     assert_eq!(a.headers["retry-after"], "7");
     assert_eq!(sim.counters().injected("130429"), 1);
 }
+
+#[tokio::test]
+async fn inbound_messages_use_the_numbers_throughput() {
+    let receiver = Receiver::start(0).await;
+    let mut cfg = config();
+    // One message per 100 s per number, burst 2.
+    cfg.limits = Limits { throughput_mps: 0.01, throughput_burst: 2, pair_enabled: false, ..Limits::default() };
+    cfg.webhook.url = Some(receiver.url.clone());
+    let sim = start(cfg).await;
+    let client = client(Duration::from_secs(10));
+    for i in 0..2 {
+        assert!(sim.inject_inbound(PHONE, &recipient(i), "Ana", "hi").is_some());
+    }
+    let r = client
+        .post(format!("{}/_sim/inbound", sim.base_url()))
+        .json(&serde_json::json!({ "phone_number_id": PHONE, "from": recipient(3), "text": "hello" }))
+        .send()
+        .await
+        .expect("admin answers");
+    assert_eq!(r.status().as_u16(), 200);
+    let a = send(&client, &sim, &recipient(9), None).await.expect("answered");
+    assert_eq!(a.code(), 130429, "inbound and outbound share the number's throughput");
+    assert_eq!(send_from(&client, &sim, OTHER, TOKEN, &recipient(9), None).await.expect("answered").code(), 0);
+}
+
+#[tokio::test]
+async fn a_message_refused_by_one_limit_takes_nothing_from_the_other() {
+    let mut cfg = config();
+    // Throughput: burst of 3 then one per 100 s. Pair: one per 60 s, no burst.
+    cfg.limits = Limits {
+        throughput_mps: 0.01,
+        throughput_burst: 3,
+        pair_interval_ms: 60_000,
+        pair_burst: 1,
+        ..Limits::default()
+    };
+    let sim = start(cfg).await;
+    let client = client(Duration::from_secs(10));
+    let mut codes = Vec::new();
+    for to in [1, 1, 1, 2, 3, 4] {
+        codes.push(send(&client, &sim, &recipient(to), None).await.expect("answered").code());
+    }
+    assert_eq!(codes, vec![0, 131056, 131056, 0, 0, 130429], "pair refusals used no throughput");
+    let c = sim.counters();
+    assert_eq!((c.limit_exceeded("131056"), c.limit_exceeded("130429")), (2, 1));
+}
