@@ -243,6 +243,7 @@ async fn dump(State(st): State<Arc<Inner>>, Query(q): Query<DumpQuery>) -> Respo
     };
     match st.dump(&path) {
         Ok(()) => axum::Json(json!({ "path": path.display().to_string() })).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({ "error": format!("{e:#}") }))).into_response(),
+        // The path is the caller's: a precise 400, not a 500.
+        Err(e) => bad(format!("{e:#}")),
     }
 }
