@@ -20,6 +20,7 @@ mod meta;
 mod metrics;
 mod moves;
 mod process;
+mod route;
 
 pub use meta::{MetaAnswer, MetaClient, build_body};
 
@@ -142,8 +143,10 @@ impl Config {
     }
 }
 
-/// Client-side bound on waiting for the answer to a pull request.
+/// Client-side bound on waiting for the answer to a long-poll pull request.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// Client-side bound on one no-wait fetch of a batch (see the fetch loop in [`run`]).
+const FETCH_BOUND: Duration = Duration::from_secs(10);
 
 /// An outstanding long-poll pull request (one message) on a lane.
 struct Parked {
@@ -256,6 +259,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         cfg: cfg.dispatch.clone(),
         metrics,
         shutdown: shutdown.clone(),
+        instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
@@ -303,7 +307,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                     Err(e) => tracing::warn!(lane = lane.token(), error = %e, "fetch failed"),
                 }
             };
-            if tokio::time::timeout(FETCH_TIMEOUT, fetch).await.is_err() {
+            // The bound is generous: a fetch abandoned while its messages are still arriving leaves them
+            // delivered-but-unacked until the ack wait (30 s) redelivers them, which stalled whole batches on a
+            // loaded machine when it was 2 s. A leader move answers within a few seconds anyway.
+            if tokio::time::timeout(FETCH_BOUND, fetch).await.is_err() {
                 tracing::warn!(lane = lane.token(), "fetch unanswered; retrying");
             }
         }
@@ -337,7 +344,8 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     // A message that reached a parked request meanwhile goes back at once rather than after the ack wait.
     for slot in &mut parked {
         if let Some(m) = take_parked(slot) {
-            let _ = m.ack_with(async_nats::jetstream::AckKind::Nak(None)).await;
+            let settle = bw_common::disposition::Settle::nak(moves::Outcome::Held, Duration::ZERO);
+            bw_common::disposition::apply(&m, settle, &tracing::Span::none(), |l| worker.metrics.result(l)).await;
         }
     }
 
