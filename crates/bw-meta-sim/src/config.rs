@@ -189,3 +189,42 @@ impl Default for WebhookConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::RetryAfter;
+
+    #[test]
+    fn documented_example_parses_and_unknown_keys_are_refused() {
+        let text = r#"
+            listen = "127.0.0.1:8089"
+            access_tokens = ["sim-token"]
+            retry_after = false
+            [limits]
+            throughput_mps = 80.0
+            number_mps = { "106540352242923" = 20.0 }
+            app_calls = 600
+            waba_calls = 5000
+            waba_code = 80008
+            retry_after = "http_date"
+            [phone_numbers."106540352242922"]
+            display_phone_number = "15550009999"
+            throughput_mps = 1000.0
+            waba_id = "102290129340399"
+            [webhook]
+            url = "http://127.0.0.1:8080/webhook"
+        "#;
+        let cfg = SimConfig::from_toml(text).expect("the documented example parses");
+        assert_eq!(cfg.limits.number_mps.get("106540352242923"), Some(&20.0));
+        assert_eq!((cfg.limits.app_calls, cfg.limits.waba_code), (Some(600), 80008));
+        assert_eq!(cfg.limits.retry_after, RetryAfter::HttpDate);
+        assert_eq!(cfg.waba_of("106540352242922"), "102290129340399");
+        assert_eq!(cfg.waba_of("other"), cfg.waba_id);
+
+        let err = SimConfig::from_toml("[limits]\npair_burst_window_ms = 6000\n").expect_err("removed key");
+        assert!(err.to_string().contains("pair_burst_window_ms"), "{err}");
+        let err = SimConfig::from_toml("[phone_numbers.\"1\"]\nthroughput_mps = 0.0\n").expect_err("zero mps");
+        assert!(err.to_string().contains("phone_numbers.\"1\".throughput_mps"), "{err}");
+    }
+}

@@ -57,12 +57,13 @@ impl OracleEntry {
         if self.count < 2 {
             return None;
         }
-        let earlier = &self.acknowledged[..self.acknowledged.len().saturating_sub(1)];
-        if earlier.iter().any(|acked| *acked) {
-            Some(DuplicateKind::Plain)
+        let saw_a_200 = if self.acknowledged.len() == self.count as usize {
+            self.acknowledged[..self.acknowledged.len() - 1].iter().any(|acked| *acked)
         } else {
-            Some(DuplicateKind::AfterAmbiguous)
-        }
+            // A dump from before `acknowledged` existed: only the count of hidden acceptances is known.
+            self.unacknowledged + 1 < self.count
+        };
+        if saw_a_200 { Some(DuplicateKind::Plain) } else { Some(DuplicateKind::AfterAmbiguous) }
     }
 }
 
@@ -378,6 +379,10 @@ mod tests {
         assert_eq!(snap.duplicates_after_ambiguous().len(), 1);
         assert_eq!(snap.plain_duplicates().len(), 1);
         assert_eq!(snap.counters.accepted_unacknowledged, 3);
+        // Entries read from an older dump (no `acknowledged`) fall back on the count of hidden acceptances.
+        let old = |count, unacknowledged| OracleEntry { acknowledged: vec![], count, unacknowledged, ..e.clone() };
+        assert_eq!(old(2, 1).duplicate_kind(), Some(DuplicateKind::AfterAmbiguous));
+        assert_eq!(old(3, 1).duplicate_kind(), Some(DuplicateKind::Plain));
         assert_eq!(snap.counters.outcome("200"), 2);
         assert_eq!(snap.counters.outcome("130429"), 1);
         assert_eq!(snap.counters.requests, 3);
