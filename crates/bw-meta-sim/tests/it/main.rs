@@ -2,6 +2,7 @@
 //! for webhooks.
 
 mod ambiguous;
+mod binary;
 mod common;
 mod faults;
 mod limits;
