@@ -87,7 +87,10 @@ pub(crate) async fn send_message(
     }
     // Faults in front of Meta's application logic: nothing is accepted.
     let post_fault = match decision.fault {
-        Some(fault) if !fault.accepts() => return front_fault(&st, fault, &kill, &phone, retry_mode).await,
+        Some(fault) if !fault.accepts() => {
+            let retry_after = active.scenario.retry_after_s;
+            return front_fault(&st, fault, &kill, &phone, retry_mode, retry_after).await;
+        }
         other => other,
     };
     let answer = match check(&st, &active, &limits, &headers, &body, &phone) {
@@ -151,7 +154,8 @@ pub(crate) async fn send_message(
             kill.trigger();
             StatusCode::BAD_GATEWAY.into_response()
         }
-        Some(FaultKind::Http { status, meta_body, code, page, .. }) => http_fault(&st, status, meta_body, code, page),
+        Some(FaultKind::Http { status, meta_body, code, .. }) => http_fault(&st, status, meta_body, code, Page::Html),
+        Some(FaultKind::Bodiless { status, page, .. }) => http_fault(&st, status, false, None, page),
         Some(FaultKind::OkUnparseable { body }) => {
             st.oracle.count_as("200_unparseable", Source::Injected);
             garbled_ok(&success, body)
@@ -201,12 +205,21 @@ fn check(
 }
 
 /// A front-door fault: the request never reaches Meta's application logic.
-async fn front_fault(st: &Inner, fault: FaultKind, kill: &ConnKill, phone: &str, mode: RetryAfter) -> Response {
+async fn front_fault(
+    st: &Inner,
+    fault: FaultKind,
+    kill: &ConnKill,
+    phone: &str,
+    mode: RetryAfter,
+    retry_after_s: Option<u64>,
+) -> Response {
     match fault {
-        FaultKind::Http { status, meta_body, code, page, .. } => http_fault(st, status, meta_body, code, page),
-        FaultKind::Error { code, http_status, subcode, retry_after_s } => {
+        FaultKind::Http { status, meta_body, code, .. } => http_fault(st, status, meta_body, code, Page::Html),
+        FaultKind::Bodiless { status, page, .. } => http_fault(st, status, false, None, page),
+        FaultKind::Error { code, http_status, subcode } => {
             let status = http_status.unwrap_or_else(|| errors::http_status(code, st.cfg.throttle_http_status));
             st.oracle.count_as(&code.to_string(), Source::Injected);
+            let retry_after_s = retry_after_s.filter(|_| errors::info(code).throttle);
             let usage = Usage { retry_after: retry_after_s.map(Duration::from_secs), ..Usage::default() };
             let mode = if retry_after_s.is_some() && mode == RetryAfter::None { RetryAfter::Seconds } else { mode };
             error_response(st, status, errors::body(code, None, subcode), usage, phone, mode)

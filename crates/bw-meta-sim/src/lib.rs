@@ -38,7 +38,9 @@ pub mod webhook;
 pub use config::{PhoneNumberConfig, SimConfig, WebhookConfig};
 pub use limits::{Limits, RetryAfter};
 pub use oracle::{Counters, DuplicateKind, DuplicateReport, OracleEntry, OracleSnapshot, WebhookCounters};
-pub use scenario::{Fault, FaultKind, Garbled, Latency, Page, Scenario, ScenarioError, Selection, TokenEvent, Window};
+pub use scenario::{
+    Fault, FaultKind, Garbled, Latency, Page, Scenario, ScenarioError, Selection, StatusWindow, TokenEvent, Window,
+};
 
 use anyhow::Context as _;
 use axum::Router;

@@ -199,10 +199,10 @@ pub struct WebhookCounters {
     pub statuses_dropped: u64,
     /// Inbound customer messages delivered.
     pub inbound_delivered: u64,
-    /// Statuses a scenario window withheld (`status_drop_rate`): never scheduled, never sent.
+    /// Statuses a scenario status window withheld (`drop_rate`): never scheduled, never sent.
     #[serde(default)]
     pub statuses_withheld: u64,
-    /// Statuses a scenario window delayed (`status_delay_ms`).
+    /// Statuses a scenario status window delayed (`delay_ms`).
     #[serde(default)]
     pub statuses_delayed: u64,
 }

@@ -1,6 +1,6 @@
 //! Fault scenarios: time windows (offsets from the moment the scenario is set) with an error rate, a weighted
-//! mix of faults, added latency, status-webhook delays or drops, and an optional phone-number filter; plus
-//! token events (a token expires or is revoked at an offset) and optional limits that replace the configured
+//! mix of faults, added latency, and an optional phone-number filter; status windows (webhooks delayed or
+//! dropped); token events (a token expires or is revoked at an offset) and optional limits that replace the configured
 //! ones while the scenario is active.
 //!
 //! Parsing is strict: an unknown key anywhere (scenario, window, fault, latency, limits, token event) is an
@@ -22,6 +22,15 @@
 //! at_ms = 20000
 //! code = 190                   # 190 (expired, the default) or 0 (AuthException: invalidated)
 //!
+//! retry_after_s = 2           # optional: injected throttling errors carry Retry-After (Meta sends none)
+//!
+//! [[status_windows]]           # optional: statuses of messages accepted in the window come late or never
+//! start_ms = 5000
+//! duration_ms = 30000          # omit: open-ended
+//! delay_ms = 5000              # on top of the configured webhook delays
+//! drop_rate = 0.0              # share of accepted messages whose statuses are never sent
+//! phone_number_ids = []        # optional filter
+//!
 //! [[windows]]
 //! name = "outage"
 //! start_ms = 10000             # offset from scenario start
@@ -29,12 +38,10 @@
 //! error_rate = 0.28            # share of requests in the window that get a fault
 //! phone_number_ids = ["1234"]  # optional filter
 //! latency = { kind = "normal", mean_ms = 400, stddev_ms = 150 }  # or uniform{min_ms,max_ms}, fixed{ms}
-//! status_delay_ms = 5000       # statuses of messages accepted in the window arrive this much later
-//! status_drop_rate = 0.0       # share of accepted messages whose statuses are never sent
 //! faults = [
 //!   { kind = "http", status = 503, meta_body = true, weight = 1 },  # code defaults per status
-//!   { kind = "http", status = 502, page = "plain", after_processing = true },  # bodiless 502 after acceptance
-//!   { kind = "error", code = 130429, retry_after_s = 2 },           # Meta error with its usual HTTP status
+//!   { kind = "bodiless", status = 502, page = "plain", after_processing = true },  # 502 after acceptance
+//!   { kind = "error", code = 130429 },                              # Meta error with its usual HTTP status
 //!   { kind = "hang", hold_ms = 5000, accept = true },               # hold the request, then drop it
 //!   { kind = "reset", after_processing = true },                    # drop the connection without answering
 //!   { kind = "ok_unparseable", body = "truncated" },                # accepted, 200 with a body no parser reads
@@ -73,6 +80,13 @@ pub struct Scenario {
     /// Tokens that expire or are revoked at an offset.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub token_events: Vec<TokenEvent>,
+    /// Windows in which status webhooks are delayed or dropped.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub status_windows: Vec<StatusWindow>,
+    /// Injected throttling errors (130429, 131056, 131048, 4, 80007, 80008) carry `Retry-After` with this many
+    /// seconds (in the format `limits.retry_after` picks; seconds when it is `none`). Meta sends none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u64>,
 }
 
 /// From `at_ms` on, every request that carries `token` fails with `code` (190 or 0) on every number.
@@ -123,17 +137,37 @@ pub struct Window {
     /// Only requests for these phone_number_ids are affected; empty: all.
     #[serde(default)]
     pub phone_number_ids: Vec<String>,
-    /// Status webhooks of messages accepted in this window are sent this much later than configured.
+}
+
+/// A time window in which the status webhooks of accepted messages arrive late or not at all.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StatusWindow {
+    #[serde(default)]
+    pub name: String,
+    pub start_ms: u64,
+    /// None: open-ended.
+    #[serde(default)]
+    pub duration_ms: Option<u64>,
+    /// Only messages sent from these phone_number_ids are affected; empty: all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub phone_number_ids: Vec<String>,
+    /// Statuses of messages accepted in the window are sent this much later than configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status_delay_ms: Option<u64>,
-    /// Share of the messages accepted in this window whose status webhooks are never sent (counted in
+    pub delay_ms: Option<u64>,
+    /// Share of the messages accepted in the window whose statuses are never sent (counted in
     /// `webhooks.statuses_withheld`).
     #[serde(default, skip_serializing_if = "is_zero")]
-    pub status_drop_rate: f64,
+    pub drop_rate: f64,
 }
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn covers(start_ms: u64, duration_ms: Option<u64>, ids: &[String], now: u64, phone_number_id: &str) -> bool {
+    let active = now >= start_ms && duration_ms.is_none_or(|len| now < start_ms + len);
+    active && (ids.is_empty() || ids.iter().any(|p| p == phone_number_id))
 }
 
 impl Window {
@@ -147,8 +181,6 @@ impl Window {
             faults: vec![],
             latency: None,
             phone_number_ids: vec![],
-            status_delay_ms: None,
-            status_drop_rate: 0.0,
         }
     }
 }
@@ -187,8 +219,7 @@ impl<'de> Deserialize<'de> for Fault {
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum FaultKind {
     /// An HTTP error status (500/502/503/504...). With `meta_body`, Meta's error JSON with `code` (default per
-    /// status: 500→131000, 502→1, 503→2, 504→133004); without, a bodiless error: a gateway `page` (HTML, plain
-    /// text or empty) that no client can read a Meta code from.
+    /// status: 500→131000, 502→1, 503→2, 504→133004); without, a bodiless HTML gateway page.
     /// `after_processing`: the message was accepted before the error (recorded in the oracle; the client cannot
     /// tell, which is the ambiguous case of reference §2.2 and §5).
     Http {
@@ -199,19 +230,24 @@ pub enum FaultKind {
         code: Option<i64>,
         #[serde(default)]
         after_processing: bool,
-        #[serde(default, skip_serializing_if = "Page::is_html")]
+    },
+    /// A bodiless HTTP error (a proxy in front of Meta): a `page` (HTML, plain text or empty) that no client can
+    /// read a Meta code from. `after_processing`: the message was accepted first (the ambiguous case).
+    Bodiless {
+        status: u16,
+        #[serde(default)]
         page: Page,
+        #[serde(default)]
+        after_processing: bool,
     },
     /// A Meta error code with its usual HTTP status (throttle codes use the configured throttle status),
-    /// optionally overridden; `retry_after_s` adds `Retry-After` in the configured format (seconds by default).
+    /// optionally overridden. Throttle codes carry Retry-After when the scenario sets `retry_after_s`.
     Error {
         code: i64,
         #[serde(default)]
         http_status: Option<u16>,
         #[serde(default)]
         subcode: Option<i64>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        retry_after_s: Option<u64>,
     },
     /// Hold the request open for `hold_ms` (past the client's timeout), then drop the connection.
     /// `accept`: the message was accepted before the hang (unknown outcome for the client).
@@ -238,23 +274,25 @@ pub enum FaultKind {
 impl FaultKind {
     /// An HTTP error before processing: Meta's JSON body, or a bodiless HTML page.
     pub fn http(status: u16, meta_body: bool) -> FaultKind {
-        FaultKind::Http { status, meta_body, code: None, after_processing: false, page: Page::Html }
+        FaultKind::Http { status, meta_body, code: None, after_processing: false }
     }
 
     /// A bodiless HTTP error after the message was accepted.
     pub fn http_after_accept(status: u16, page: Page) -> FaultKind {
-        FaultKind::Http { status, meta_body: false, code: None, after_processing: true, page }
+        FaultKind::Bodiless { status, page, after_processing: true }
     }
 
     /// A Meta error code with its catalog status.
     pub fn error(code: i64) -> FaultKind {
-        FaultKind::Error { code, http_status: None, subcode: None, retry_after_s: None }
+        FaultKind::Error { code, http_status: None, subcode: None }
     }
 
     /// Whether the message is accepted (recorded in the oracle) before this fault's answer.
     pub fn accepts(&self) -> bool {
         match self {
-            FaultKind::Http { after_processing, .. } | FaultKind::Reset { after_processing } => *after_processing,
+            FaultKind::Http { after_processing, .. }
+            | FaultKind::Bodiless { after_processing, .. }
+            | FaultKind::Reset { after_processing } => *after_processing,
             FaultKind::Hang { accept, .. } => *accept,
             FaultKind::Error { .. } => false,
             FaultKind::AsyncFailure { .. } | FaultKind::OkUnparseable { .. } => true,
@@ -278,12 +316,6 @@ pub enum Page {
     Plain,
     /// No body at all.
     Empty,
-}
-
-impl Page {
-    fn is_html(&self) -> bool {
-        *self == Page::Html
-    }
 }
 
 /// The body of a 200 that cannot be parsed.
@@ -351,6 +383,8 @@ pub enum ScenarioError {
     UnknownBuiltin(String),
     #[error("scenario limits: {0}")]
     Limits(String),
+    #[error("status window `{window}`: {problem}")]
+    StatusWindow { window: String, problem: String },
     #[error("token_events[{index}]: {problem}")]
     Token { index: usize, problem: String },
 }
@@ -452,14 +486,24 @@ impl Scenario {
                 });
             }
         }
+        for (i, w) in self.status_windows.iter().enumerate() {
+            let label = if w.name.is_empty() { format!("#{}", i + 1) } else { w.name.clone() };
+            let bad = |problem: String| ScenarioError::StatusWindow { window: label.clone(), problem };
+            if !(0.0..=1.0).contains(&w.drop_rate) {
+                return Err(bad(format!("drop_rate must be between 0 and 1, not {}", w.drop_rate)));
+            }
+            if w.duration_ms == Some(0) {
+                return Err(bad("duration_ms must be positive (omit it for an open-ended window)".into()));
+            }
+            if w.delay_ms.is_none() && w.drop_rate == 0.0 {
+                return Err(bad("set delay_ms or drop_rate (a status window without either does nothing)".into()));
+            }
+        }
         for (i, w) in self.windows.iter().enumerate() {
             let label = if w.name.is_empty() { format!("#{}", i + 1) } else { w.name.clone() };
             let bad = |problem: String| ScenarioError::Invalid { window: label.clone(), problem };
             if !(0.0..=1.0).contains(&w.error_rate) {
                 return Err(bad(format!("error_rate must be between 0 and 1, not {}", w.error_rate)));
-            }
-            if !(0.0..=1.0).contains(&w.status_drop_rate) {
-                return Err(bad(format!("status_drop_rate must be between 0 and 1, not {}", w.status_drop_rate)));
             }
             if w.duration_ms == Some(0) {
                 return Err(bad("duration_ms must be positive (omit it for an open-ended window)".into()));
@@ -469,11 +513,13 @@ impl Scenario {
             }
             for f in &w.faults {
                 match f.kind {
-                    FaultKind::Http { status, .. } if !(400..=599).contains(&status) => {
-                        return Err(bad(format!("http fault status must be 4xx or 5xx, not {status}")));
-                    }
-                    FaultKind::Http { meta_body: true, page, .. } if page != Page::Html => {
-                        return Err(bad("http fault: `page` applies only without meta_body".into()));
+                    FaultKind::Http { status, .. } | FaultKind::Bodiless { status, .. }
+                        if !(400..=599).contains(&status) =>
+                    {
+                        return Err(bad(format!(
+                            "{} fault status must be 4xx or 5xx, not {status}",
+                            kind_name(&f.kind)
+                        )));
                     }
                     FaultKind::Error { http_status: Some(status), .. } if !(400..=599).contains(&status) => {
                         return Err(bad(format!("error fault http_status must be 4xx or 5xx, not {status}")));
@@ -494,13 +540,13 @@ pub struct Active {
     pub started: Instant,
     pub rng: Rng,
     windows: Vec<WindowState>,
+    /// Accepted-message draws per status window (deterministic mode).
+    status_seen: Vec<AtomicU64>,
 }
 
 #[derive(Debug)]
 struct WindowState {
     seen: AtomicU64,
-    /// Accepted-message draws for `status_drop_rate` (deterministic mode).
-    status_seen: AtomicU64,
     /// Smooth weighted round-robin current weights (deterministic mode).
     swrr: Mutex<Vec<i64>>,
 }
@@ -523,14 +569,11 @@ impl Active {
         let windows = scenario
             .windows
             .iter()
-            .map(|w| WindowState {
-                seen: AtomicU64::new(0),
-                status_seen: AtomicU64::new(0),
-                swrr: Mutex::new(vec![0; w.faults.len()]),
-            })
+            .map(|w| WindowState { seen: AtomicU64::new(0), swrr: Mutex::new(vec![0; w.faults.len()]) })
             .collect();
+        let status_seen = scenario.status_windows.iter().map(|_| AtomicU64::new(0)).collect();
         let rng = Rng::new(scenario.seed.unwrap_or(1));
-        Active { scenario, started: Instant::now(), rng, windows }
+        Active { scenario, started: Instant::now(), rng, windows, status_seen }
     }
 
     pub fn elapsed_ms(&self) -> u64 {
@@ -565,20 +608,23 @@ impl Active {
         if let Some(l) = &self.scenario.latency {
             d.latency += l.sample(&self.rng);
         }
+        for (w, seen) in self.scenario.status_windows.iter().zip(&self.status_seen) {
+            if !covers(w.start_ms, w.duration_ms, &w.phone_number_ids, now, phone_number_id) {
+                continue;
+            }
+            if let Some(ms) = w.delay_ms {
+                d.status_delay += Duration::from_millis(ms);
+            }
+            if w.drop_rate > 0.0 && !d.drop_statuses {
+                d.drop_statuses = self.fires(seen, w.drop_rate);
+            }
+        }
         for (w, state) in self.scenario.windows.iter().zip(&self.windows) {
-            let active = now >= w.start_ms && w.duration_ms.is_none_or(|len| now < w.start_ms + len);
-            let matches = w.phone_number_ids.is_empty() || w.phone_number_ids.iter().any(|p| p == phone_number_id);
-            if !active || !matches {
+            if !covers(w.start_ms, w.duration_ms, &w.phone_number_ids, now, phone_number_id) {
                 continue;
             }
             if let Some(l) = &w.latency {
                 d.latency += l.sample(&self.rng);
-            }
-            if let Some(ms) = w.status_delay_ms {
-                d.status_delay += Duration::from_millis(ms);
-            }
-            if w.status_drop_rate > 0.0 && !d.drop_statuses {
-                d.drop_statuses = self.fires(&state.status_seen, w.status_drop_rate);
             }
             if d.fault.is_some() || w.faults.is_empty() {
                 continue;
@@ -594,6 +640,18 @@ impl Active {
             }
         }
         d
+    }
+}
+
+fn kind_name(kind: &FaultKind) -> &'static str {
+    match kind {
+        FaultKind::Http { .. } => "http",
+        FaultKind::Bodiless { .. } => "bodiless",
+        FaultKind::Error { .. } => "error",
+        FaultKind::Hang { .. } => "hang",
+        FaultKind::Reset { .. } => "reset",
+        FaultKind::AsyncFailure { .. } => "async_failure",
+        FaultKind::OkUnparseable { .. } => "ok_unparseable",
     }
 }
 

@@ -112,14 +112,19 @@ fn unknown_keys_are_refused_with_their_name() {
 #[test]
 fn invalid_values_are_refused_precisely() {
     let cases = [
-        ("[[windows]]\nname = \"late\"\nstart_ms = 0\nstatus_drop_rate = 2.0\n", "window `late`: status_drop_rate"),
+        ("[[status_windows]]\nname = \"late\"\nstart_ms = 0\ndrop_rate = 2.0\n", "status window `late`: drop_rate"),
+        ("[[status_windows]]\nstart_ms = 0\n", "status window `#1`: set delay_ms or drop_rate"),
+        (
+            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"bodiless\", status = 200 }]\n",
+            "bodiless fault status must be 4xx or 5xx",
+        ),
         ("[[windows]]\nstart_ms = 0\nduration_ms = 0\n", "window `#1`: duration_ms"),
         ("[[token_events]]\ntoken = \"t\"\ncode = 200\n", "token_events[0]: code"),
         ("[limits]\nwaba_code = 4\n", "waba_code"),
         ("[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"hang\", hold_ms = 0 }]\n", "hold_ms"),
         (
-            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"http\", status = 503, meta_body = true, page = \"plain\" }]\n",
-            "page",
+            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"http\", status = 503, page = \"plain\" }]\n",
+            "unknown field `page`",
         ),
     ];
     for (text, want) in cases {
@@ -134,12 +139,12 @@ fn mixed_ambiguous_example_parses_and_round_trips() {
     let s = Scenario::from_toml(text).expect("shipped example parses");
     assert_eq!(s.name, "mixed-ambiguous");
     let kinds: Vec<&FaultKind> = s.windows.iter().flat_map(|w| w.faults.iter().map(|f| &f.kind)).collect();
-    assert!(kinds.iter().any(|k| matches!(k, FaultKind::Http { after_processing: true, meta_body: false, .. })));
+    assert!(kinds.iter().any(|k| matches!(k, FaultKind::Bodiless { after_processing: true, .. })));
     assert!(kinds.iter().any(|k| matches!(k, FaultKind::Reset { after_processing: true })));
     assert!(kinds.iter().any(|k| matches!(k, FaultKind::Hang { accept: true, .. })));
     assert!(kinds.iter().any(|k| matches!(k, FaultKind::OkUnparseable { .. })));
     assert!(kinds.iter().any(|k| matches!(k, FaultKind::Error { code: 4, .. })));
-    assert!(s.windows.iter().any(|w| w.status_delay_ms.is_some()));
+    assert!(s.status_windows.iter().any(|w| w.delay_ms.is_some()));
     assert_eq!(Scenario::builtin("mixed-ambiguous").expect("built in"), s);
     let back = Scenario::from_toml(&toml::to_string(&s).expect("serializes")).expect("reparses");
     assert_eq!(back, s);
@@ -148,11 +153,15 @@ fn mixed_ambiguous_example_parses_and_round_trips() {
 
 #[test]
 fn status_effects_and_token_events_follow_the_clock() {
-    let mut w = Window { status_delay_ms: Some(5_000), status_drop_rate: 0.5, ..Window::new("late", 0, None) };
-    w.phone_number_ids = vec!["1".into()];
+    let w = StatusWindow {
+        delay_ms: Some(5_000),
+        drop_rate: 0.5,
+        phone_number_ids: vec!["1".into()],
+        ..StatusWindow::default()
+    };
     let s = Scenario {
         selection: Selection::Deterministic,
-        windows: vec![w],
+        status_windows: vec![w],
         token_events: vec![
             TokenEvent { token: "now".into(), at_ms: 0, code: 0 },
             TokenEvent { token: "later".into(), at_ms: 3_600_000, code: 190 },

@@ -3,7 +3,8 @@
 
 use crate::common::*;
 use bw_meta_sim::{
-    DuplicateKind, Fault, FaultKind, Garbled, Limits, Page, Scenario, Selection, SimConfig, WebhookConfig, Window,
+    DuplicateKind, Fault, FaultKind, Garbled, Limits, Page, Scenario, Selection, SimConfig, StatusWindow,
+    WebhookConfig, Window,
 };
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -99,7 +100,7 @@ async fn status_webhooks_can_be_delayed_for_a_window() {
     let client = client(Duration::from_secs(10));
     let delay = Duration::from_secs(5);
     sim.set_scenario(Scenario {
-        windows: vec![Window { status_delay_ms: Some(delay.as_millis() as u64), ..Window::new("late", 0, None) }],
+        status_windows: vec![StatusWindow { delay_ms: Some(delay.as_millis() as u64), ..StatusWindow::default() }],
         ..Scenario::default()
     });
     let accepted_at = Instant::now();
@@ -126,7 +127,7 @@ async fn status_webhooks_can_be_dropped_for_a_window() {
     let client = client(Duration::from_secs(10));
     sim.set_scenario(Scenario {
         selection: Selection::Deterministic,
-        windows: vec![Window { status_drop_rate: 1.0, ..Window::new("lost", 0, None) }],
+        status_windows: vec![StatusWindow { drop_rate: 1.0, ..StatusWindow::default() }],
         ..Scenario::default()
     });
     assert_eq!(send(&client, &sim, &recipient(1), Some("op-lost")).await.expect("answered").status, 200);
@@ -238,10 +239,16 @@ async fn oracle_splits_duplicates_after_ambiguous_answers_from_plain_ones() {
 fn shipped_mixed_ambiguous(by_ms: u64) -> Scenario {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios/mixed-ambiguous.toml");
     let mut s = Scenario::load(path).expect("the shipped file loads");
+    let shift = |start: &mut u64, duration: &mut Option<u64>| {
+        let end = duration.map(|d| *start + d);
+        *start = start.saturating_sub(by_ms);
+        *duration = end.map(|e| e.saturating_sub(by_ms).saturating_sub(*start)).filter(|d| *d > 0);
+    };
     for w in &mut s.windows {
-        let end = w.duration_ms.map(|d| w.start_ms + d);
-        w.start_ms = w.start_ms.saturating_sub(by_ms);
-        w.duration_ms = end.map(|e| e.saturating_sub(by_ms).saturating_sub(w.start_ms)).filter(|d| *d > 0);
+        shift(&mut w.start_ms, &mut w.duration_ms);
+    }
+    for w in &mut s.status_windows {
+        shift(&mut w.start_ms, &mut w.duration_ms);
     }
     s
 }

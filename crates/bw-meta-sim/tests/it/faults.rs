@@ -1,7 +1,7 @@
 //! Fault scenarios: every fault class, seeded mixes, window timing, hangs, resets.
 
 use crate::common::*;
-use bw_meta_sim::{Fault, FaultKind, Page, Scenario, Selection, SimConfig, WebhookConfig, Window};
+use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, WebhookConfig, Window};
 use std::time::Duration;
 
 fn window(start_ms: u64, duration_ms: Option<u64>, error_rate: f64, faults: Vec<FaultKind>) -> Window {
@@ -31,11 +31,7 @@ async fn every_sync_fault_class_is_produced_as_configured() {
         (http(503, true), 503, 2),
         (http(503, false), 503, -503),
         (http(504, false), 504, -504),
-        (
-            FaultKind::Http { status: 500, meta_body: true, code: Some(1), after_processing: false, page: Page::Html },
-            500,
-            1,
-        ),
+        (FaultKind::Http { status: 500, meta_body: true, code: Some(1), after_processing: false }, 500, 1),
         (error(130429), 400, 130429),
         (error(131000), 500, 131000),
         (error(131026), 400, 131026),
@@ -45,11 +41,7 @@ async fn every_sync_fault_class_is_produced_as_configured() {
         (error(131048), 400, 131048),
         (error(131056), 400, 131056),
         (error(368), 403, 368),
-        (
-            FaultKind::Error { code: 130429, http_status: Some(429), subcode: Some(2494055), retry_after_s: None },
-            429,
-            130429,
-        ),
+        (FaultKind::Error { code: 130429, http_status: Some(429), subcode: Some(2494055) }, 429, 130429),
     ];
     // One deterministic window at 100%: equal weights give round-robin in table order.
     sim.set_scenario(Scenario {

@@ -308,14 +308,19 @@ async fn retry_after_is_absent_by_default_and_present_when_configured() {
     let date = a.headers["retry-after"].to_str().expect("ascii");
     assert!(date.len() == 29 && date.ends_with(" GMT") && date.as_bytes()[3] == b',', "IMF-fixdate: {date}");
 
-    // An injected throttle with retry_after_s.
+    // Injected throttles with the scenario's retry_after_s (an injected non-throttle error carries none).
     sim.set_limits(Limits::disabled());
-    let toml = "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"error\", code = 130429, retry_after_s = 7 }]\n";
+    let toml = "retry_after_s = 7\n[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"error\", code = 130429 }]\n";
     sim.set_scenario(Scenario::from_toml(toml).expect("parses"));
     let a = send(&client, &sim, &recipient(5), None).await.expect("answered");
     assert_eq!(a.code(), 130429);
     assert_eq!(a.headers["retry-after"], "7");
     assert_eq!(sim.counters().injected("130429"), 1);
+    let toml = "retry_after_s = 7\n[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"error\", code = 131000 }]\n";
+    sim.set_scenario(Scenario::from_toml(toml).expect("parses"));
+    let a = send(&client, &sim, &recipient(6), None).await.expect("answered");
+    assert_eq!(a.code(), 131000);
+    assert!(a.headers.get("retry-after").is_none(), "not a throttle");
 }
 
 #[tokio::test]
