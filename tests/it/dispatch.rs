@@ -297,3 +297,55 @@ async fn sends_short_of_sender_tokens_wait_in_memory_for_their_slot() {
 async fn replayed_sends_wait_in_memory_for_spare_rate() {
     paced_from_memory(names::Lane::Replay, "rp").await;
 }
+
+/// Two live copies of one operation (a producer retry after the dedup window, or a replayed copy) in one batch:
+/// both pass the ledger check before either is marked, so both race for the on-the-wire mark. Only the
+/// delivery whose compare-and-set set the mark sends; the other leaves without a call (to BW_UNKNOWN,
+/// flagged), and Meta sees the operation once. (A copy fetched after the mark landed is caught earlier, by the
+/// ledger check itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_deliveries_of_one_operation_send_it_once() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    let mut slow = failing(0, None, FaultKind::Error { code: 131000, http_status: None, subcode: None });
+    slow.windows.clear();
+    slow.latency = Some(bw_meta_sim::Latency::Fixed { ms: 1_500 });
+    h.sim.set_scenario(slow);
+    h.start_ingest(&[]).await;
+    let request = order("twin-1", 1);
+    submit(&h, &request).await;
+    // The second copy: the same operation under another message id, as the dedup window no longer knows it.
+    h.js.publish_with_headers(
+        names::outbox_subject(names::Lane::High, PHONE),
+        names::msg_id_headers("twin-1.copy"),
+        request.encode_to_vec().into(),
+    )
+    .await
+    .expect("publish")
+    .await
+    .expect("stored");
+    // The pair limit (same recipient) and the start-up ramp would space the two copies apart; lift them so both
+    // are admitted in one round and meet at the mark.
+    let no_pair_limit = [
+        ("breaker.defaults.pair_burst", "1000".to_string()),
+        ("breaker.defaults.ramp_ms", "0".to_string()),
+        ("breaker.defaults.burst", "20".to_string()),
+    ];
+    h.start_dispatcher(&no_pair_limit).await;
+    let done = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+    assert!(h.wait_state("twin-1", &done, WAIT).await, "the operation was sent");
+    // Both copies are settled once BW_SEND is empty.
+    assert!(
+        bw_testkit::wait_until(WAIT, || async {
+            let mut s = h.js.get_stream(names::SEND_STREAM).await.expect("stream");
+            s.info().await.map(|i| i.state.messages == 0).unwrap_or(false)
+        })
+        .await,
+        "both copies settled"
+    );
+    let oracle = h.sim.oracle();
+    assert_eq!(oracle.get("twin-1").map(|e| e.count), Some(1), "accepted by Meta exactly once");
+    assert_eq!(h.sim.counters().outcome("200"), 1, "exactly one call reached Meta");
+    let entry = h.ledger_entry("twin-1").await.expect("entry").entry;
+    assert!(entry.flagged_unknown, "the copy that lost the mark went through BW_UNKNOWN, flagged");
+    assert_eq!(stream_payloads(&h, names::UNKNOWN_STREAM).await.len(), 1, "one copy left to reconciliation");
+}

@@ -15,6 +15,7 @@ pub mod disposition;
 pub mod jitter;
 pub mod ledger;
 pub mod mask;
+pub mod moves;
 pub mod names;
 pub mod nats;
 pub mod redis_conn;

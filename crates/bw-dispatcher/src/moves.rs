@@ -8,6 +8,7 @@
 
 use crate::process::{Work, Worker, retry_after_pauses};
 use bw_common::disposition::{Label, Settle};
+use bw_common::moves::{Destination, publish_then_record};
 use bw_common::names;
 use bw_common::proto::{
     Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason, Signal,
@@ -116,6 +117,29 @@ impl Worker {
             Err(e) => {
                 tracing::warn!(parent: &w.span, error = %e, "ledger update failed; message will be redelivered");
                 false
+            }
+        }
+    }
+
+    /// Moves `w` to `dest` through the shared routine (publish → ledger → ack) and settles it: acked with
+    /// `outcome` once both steps landed, else redelivered shortly (the move is idempotent).
+    async fn move_to(
+        &self,
+        w: &Work,
+        dest: &str,
+        subject: String,
+        payload: bytes::Bytes,
+        outcome: Outcome,
+        event: Event<'_>,
+        update: impl FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    ) {
+        let destination = Destination { subject, headers: self.headers(w, &self.move_id(w, dest)), payload };
+        let op = &w.request.operation_id;
+        match publish_then_record(&self.js, &self.ledger, op, Some(w.ledger.clone()), destination, update).await {
+            Ok(_) => self.settle(w, Settle::ack(outcome), Some(event)).await,
+            Err(e) => {
+                tracing::warn!(parent: &w.span, dest, error = %e, "move not completed; message will be redelivered");
+                self.settle(w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             }
         }
     }
@@ -277,36 +301,27 @@ impl Worker {
             not_before_unix_ms,
             previous_delay_ms,
         };
-        let subject = names::dlq_subject(&w.request.phone_number_id);
-        let headers = self.headers(&w, &self.move_id(&w, "dlq"));
-        if let Err(e) =
-            bw_common::nats::publish_durable(&self.js, subject, headers, envelope.encode_to_vec().into()).await
-        {
-            tracing::warn!(parent: &w.span, error = %e, "dlq publish failed; message stays queued");
-            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
-            return;
-        }
         let counts_attempt = reason != DlqReason::BreakerOpen;
-        let ok = self
-            .update_ledger(&w, |cur| {
-                let mut e = cur.cloned().unwrap_or_default();
-                e.set_state(OperationState::Dlq);
-                e.in_flight_since_unix_ms = 0;
-                e.in_flight_token.clear();
-                if counts_attempt {
-                    e.attempts += 1;
-                }
-                e.incident_id = incident.to_string();
-                e.last_code = err.meta_code;
-                e.reason = format!("dlq: {}", reason.label());
-                e.transient_failures = 0;
-                e.first_failure_at_unix_ms = 0;
-                // For a replayed message this is the replay back-off, the "previous" of the next jitter draw.
-                e.last_retry_delay_ms = previous_delay_ms;
-                Some(e)
-            })
-            .await;
-        self.settle(&w, done_if(ok, Outcome::Dlq), Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
+        let subject = names::dlq_subject(&w.request.phone_number_id);
+        let event = Event { err: &err, wamid: "", latency_us: 0 };
+        self.move_to(&w, "dlq", subject, envelope.encode_to_vec().into(), Outcome::Dlq, event, |cur| {
+            let mut e = cur.cloned().unwrap_or_default();
+            e.set_state(OperationState::Dlq);
+            e.in_flight_since_unix_ms = 0;
+            e.in_flight_token.clear();
+            if counts_attempt {
+                e.attempts += 1;
+            }
+            e.incident_id = incident.to_string();
+            e.last_code = err.meta_code;
+            e.reason = format!("dlq: {}", reason.label());
+            e.transient_failures = 0;
+            e.first_failure_at_unix_ms = 0;
+            // For a replayed message this is the replay back-off, the "previous" of the next jitter draw.
+            e.last_retry_delay_ms = previous_delay_ms;
+            Some(e)
+        })
+        .await;
     }
 
     pub(crate) async fn to_quarantine(&self, w: Work, reason: QuarantineReason, err: ErrorInfo) {
@@ -321,26 +336,18 @@ impl Worker {
             incident_id: String::new(),
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
-        let headers = self.headers(&w, &self.move_id(&w, "quarantine"));
-        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await
-        {
-            tracing::warn!(parent: &w.span, error = %e, "quarantine publish failed; message stays queued");
-            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
-            return;
-        }
-        let ok = self
-            .update_ledger(&w, |cur| {
-                let mut e = cur.cloned().unwrap_or_default();
-                e.set_state(OperationState::Quarantined);
-                e.in_flight_since_unix_ms = 0;
-                e.in_flight_token.clear();
-                e.attempts += 1;
-                e.last_code = err.meta_code;
-                e.reason = format!("permanent error {}", err.meta_code);
-                Some(e)
-            })
-            .await;
-        self.settle(&w, done_if(ok, Outcome::Quarantined), Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
+        let event = Event { err: &err, wamid: "", latency_us: 0 };
+        self.move_to(&w, "quarantine", subject, entry.encode_to_vec().into(), Outcome::Quarantined, event, |cur| {
+            let mut e = cur.cloned().unwrap_or_default();
+            e.set_state(OperationState::Quarantined);
+            e.in_flight_since_unix_ms = 0;
+            e.in_flight_token.clear();
+            e.attempts += 1;
+            e.last_code = err.meta_code;
+            e.reason = format!("permanent error {}", err.meta_code);
+            Some(e)
+        })
+        .await;
     }
 
     /// The request may have reached Meta: never resend blindly; wait for a status webhook.
@@ -355,30 +362,22 @@ impl Worker {
             review_at_unix_ms: now + self.cfg.unknown_review_ms as i64,
         };
         let subject = names::unknown_subject(&w.request.phone_number_id);
-        let headers = self.headers(&w, &self.move_id(&w, "unknown"));
-        if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await
-        {
-            tracing::warn!(parent: &w.span, error = %e, "unknown-outcome publish failed; message stays queued");
-            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
-            return;
-        }
-        let ok = self
-            .update_ledger(&w, |cur| {
-                let mut e = cur.cloned().unwrap_or_default();
-                // A status webhook may have proven the send already; keep that state, but remember the
-                // outcome was once unknown (a duplicate at Meta cannot be ruled out for it).
-                if !e.state().is_accepted_by_meta() {
-                    e.set_state(OperationState::Unknown);
-                }
-                e.attempts += 1;
-                e.in_flight_since_unix_ms = 0;
-                e.in_flight_token.clear();
-                e.flagged_unknown = true;
-                e.reason = "outcome unknown; waiting for a status webhook".into();
-                Some(e)
-            })
-            .await;
-        self.settle(&w, done_if(ok, Outcome::Unknown), Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
+        let event = Event { err: &err, wamid: "", latency_us: 0 };
+        self.move_to(&w, "unknown", subject, entry.encode_to_vec().into(), Outcome::Unknown, event, |cur| {
+            let mut e = cur.cloned().unwrap_or_default();
+            // A status webhook may have proven the send already; keep that state, but remember the
+            // outcome was once unknown (a duplicate at Meta cannot be ruled out for it).
+            if !e.state().is_accepted_by_meta() {
+                e.set_state(OperationState::Unknown);
+            }
+            e.attempts += 1;
+            e.in_flight_since_unix_ms = 0;
+            e.in_flight_token.clear();
+            e.flagged_unknown = true;
+            e.reason = "outcome unknown; waiting for a status webhook".into();
+            Some(e)
+        })
+        .await;
     }
 
     pub(crate) async fn expire(&self, w: Work) {
