@@ -33,6 +33,7 @@ pub(crate) fn failing(start_ms: u64, duration_ms: Option<u64>, kind: FaultKind) 
             latency: None,
             phone_number_ids: vec![],
         }],
+        ..Scenario::default()
     }
 }
 

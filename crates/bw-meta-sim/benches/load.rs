@@ -1,5 +1,6 @@
 //! Load check for the simulator: `cargo bench -p bw-meta-sim --bench load`. Prints requests per second with
-//! limits off, with status webhooks to a local receiver, and how many 130429 a 1,000 mps limit produces.
+//! limits off, with every limit checked (ratio to limits off), with status webhooks to a local receiver, and how
+//! many 130429 a 1,000 mps limit produces.
 
 use bw_meta_sim::{Limits, MetaSim, SimConfig, WebhookConfig};
 use serde_json::json;
@@ -49,8 +50,25 @@ async fn hammer(url: &str, total: u64, concurrency: u64) -> (f64, u64, u64) {
 async fn main() -> anyhow::Result<()> {
     let total = 30_000;
     let sim = MetaSim::start(SimConfig { limits: Limits::disabled(), ..SimConfig::default() }).await?;
+    let (base_rps, ok, _) = hammer(&sim.messages_url("v21.0", PHONE), total, 64).await;
+    println!("limits off, no webhooks: {base_rps:>8.0} req/s ({ok} accepted)");
+    sim.shutdown().await;
+
+    // Every scope checked (number, pair, app, WABA) with budgets too large to refuse: the cost of the checks.
+    let limits = Limits {
+        throughput_mps: 1e9,
+        throughput_burst: 1_000_000,
+        pair_burst: 1_000_000,
+        app_calls: Some(1_000_000_000),
+        waba_calls: Some(1_000_000_000),
+        ..Limits::default()
+    };
+    let sim = MetaSim::start(SimConfig { limits, ..SimConfig::default() }).await?;
     let (rps, ok, _) = hammer(&sim.messages_url("v21.0", PHONE), total, 64).await;
-    println!("limits off, no webhooks: {rps:>8.0} req/s ({ok} accepted)");
+    println!(
+        "every limit checked:      {rps:>8.0} req/s ({ok} accepted; {:.2} of limits off)",
+        rps / base_rps.max(1.0)
+    );
     sim.shutdown().await;
 
     let receiver = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -5,18 +5,53 @@
 //! | `GET /_sim/health` | `ok` |
 //! | `GET /_sim/oracle` | [`OracleSnapshot`](crate::OracleSnapshot) JSON: accepted messages + counters |
 //! | `GET /_sim/counters` | [`Counters`](crate::Counters) JSON |
-//! | `POST /_sim/reset` | clear oracle, counters, limiter; restart the scenario clock |
+//! | `POST /_sim/reset` | clear oracle, counters, limiter, expired tokens; restart the scenario clock |
 //! | `GET /_sim/scenario` | `{"scenario": {...}, "elapsed_ms": n}` |
 //! | `POST /_sim/scenario` | body: scenario TOML, or JSON with `content-type: application/json`; or `?builtin=flash-sale-outage&start_ms=0&duration_ms=5000`; clock starts now |
 //! | `DELETE /_sim/scenario` | no faults |
 //! | `POST /_sim/scenario/restart` | restart the clock of the active scenario |
-//! | `GET`/`POST /_sim/limits` | read / replace [`Limits`](crate::Limits) (JSON) |
-//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook; answers `{"wamid"}` |
+//! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`](crate::Limits) (JSON; validated, unknown keys refused) |
+//! | `POST /_sim/tokens/expire` | `{"token": "...", "code": 190}` (code 190 expired, the default, or 0 invalidated; token `*` = all): every call with it fails on every number, counted as injected |
+//! | `POST /_sim/tokens/restore` | `{"token": "..."}`: valid again (`*` = all) |
+//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (it takes a unit of the number's throughput, as on Meta); answers `{"wamid"}` |
 //! | `POST /_sim/dump` | `?path=...` or the configured `dump_path`: write the oracle as JSON |
+
+//!
+//! ## `GET /_sim/counters` (also `counters` in `GET /_sim/oracle` and the dump)
+//!
+//! ```json
+//! { "requests": 1200,
+//!   "by_outcome":      { "200": 1000, "130429": 90, "2": 40, "http_503": 30, "reset": 20, "hang": 5,
+//!                        "200_unparseable": 5, "4": 10 },
+//!   "injected":        { "130429": 30, "2": 40, "http_503": 30, "reset": 20, "hang": 5, "200_unparseable": 5 },
+//!   "limit_exceeded":  { "130429": 60, "4": 10 },
+//!   "accepted_unacknowledged": 42,
+//!   "webhooks": { "statuses_scheduled": 3000, "posts_ok": 900, "post_failures": 0, "statuses_delivered": 3000,
+//!                 "statuses_dropped": 0, "inbound_delivered": 0, "statuses_withheld": 30, "statuses_delayed": 300 } }
+//! ```
+//!
+//! - `by_outcome`: every answer by key: `"200"`, a Meta code as text (`"130429"`, `"131056"`, `"4"`, `"80007"`,
+//!   `"190"`, `"100"`...), `"http_<status>"` for a bodiless HTTP error, `"reset"`, `"hang"`, `"200_unparseable"`.
+//! - `injected`: the answers, by the same keys, that the scenario (a window's fault, latency cut by shutdown, a
+//!   token event) or an admin call (`/_sim/tokens/expire`) produced: Meta "failing".
+//! - `limit_exceeded`: the answers, by the same keys, caused by the client exceeding a modelled limit
+//!   (throughput 130429, pair 131056, app 4, WABA 80007/80008): self-inflicted.
+//! - `by_outcome[k] − injected[k] − limit_exceeded[k]` = answers to the request itself (200s, validation and
+//!   unknown-token errors). Counters are never negative; a missing key is 0.
+//! - `accepted_unacknowledged`: acceptances the client was not shown (reset, hang or bodiless 5xx after
+//!   acceptance, unparseable 200).
+//!
+//! ## `GET /_sim/oracle`: `duplicates`
+//!
+//! `{"total": 3, "after_ambiguous": 2, "plain": 1, "after_ambiguous_ids": ["op-1", "op-7"], "plain_ids": ["op-9"]}`:
+//! operations accepted more than once, split by whether every earlier acceptance was hidden from the client
+//! (`after_ambiguous`) or it had a 200 and sent again (`plain`); see
+//! [`OracleEntry::duplicate_kind`](crate::OracleEntry::duplicate_kind). Each entry of `messages` carries
+//! `acknowledged`: one bool per acceptance, whether the client got a parseable 200 for it.
 
 use crate::limits::Limits;
 use crate::scenario::Scenario;
-use crate::{Inner, lock_read};
+use crate::{Inner, lock_read, lock_write};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -38,6 +73,8 @@ pub(crate) fn routes() -> Router<Arc<Inner>> {
         .route("/_sim/scenario/restart", post(restart))
         .route("/_sim/limits", get(get_limits).post(set_limits))
         .route("/_sim/inbound", post(inbound))
+        .route("/_sim/tokens/expire", post(expire_token))
+        .route("/_sim/tokens/restore", post(restore_token))
         .route("/_sim/dump", post(dump))
 }
 
@@ -121,17 +158,56 @@ async fn restart(State(st): State<Arc<Inner>>) -> Response {
 }
 
 async fn get_limits(State(st): State<Arc<Inner>>) -> Response {
-    axum::Json(*lock_read(&st.limits)).into_response()
+    axum::Json(lock_read(&st.limits).clone()).into_response()
 }
 
 async fn set_limits(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
     match serde_json::from_slice::<Limits>(&body) {
-        Ok(l) if l.throughput_mps > 0.0 => {
-            *st.limits.write().unwrap_or_else(|e| e.into_inner()) = l;
-            axum::Json(l).into_response()
-        }
-        Ok(_) => bad("throughput_mps must be positive"),
+        Ok(l) => match l.validate() {
+            Ok(()) => {
+                *lock_write(&st.limits) = l.clone();
+                axum::Json(l).into_response()
+            }
+            Err(e) => bad(e),
+        },
         Err(e) => bad(format!("limits are not valid json: {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenChange {
+    token: String,
+    #[serde(default = "code_190")]
+    code: i64,
+}
+
+fn code_190() -> i64 {
+    190
+}
+
+async fn expire_token(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
+    let change: TokenChange = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => return bad(format!("token change is not valid json: {e}")),
+    };
+    match st.kill_token(&change.token, change.code) {
+        // The token itself is a secret: never echoed.
+        Ok(()) => axum::Json(json!({ "expired": true, "code": change.code })).into_response(),
+        Err(e) => bad(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRestore {
+    token: String,
+}
+
+async fn restore_token(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
+    match serde_json::from_slice::<TokenRestore>(&body) {
+        Ok(r) => axum::Json(json!({ "restored": st.restore_token(&r.token) })).into_response(),
+        Err(e) => bad(format!("token restore is not valid json: {e}")),
     }
 }
 
@@ -149,7 +225,7 @@ async fn inbound(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
         Ok(m) => m,
         Err(e) => return bad(format!("inbound message is not valid json: {e}")),
     };
-    match st.webhooks.inbound_text(&msg.phone_number_id, &msg.from, &msg.name, &msg.text) {
+    match st.inbound(&msg.phone_number_id, &msg.from, &msg.name, &msg.text) {
         Some(wamid) => axum::Json(json!({ "wamid": wamid })).into_response(),
         None => (StatusCode::CONFLICT, axum::Json(json!({ "error": "no webhook url configured or queue full" })))
             .into_response(),
@@ -167,6 +243,7 @@ async fn dump(State(st): State<Arc<Inner>>, Query(q): Query<DumpQuery>) -> Respo
     };
     match st.dump(&path) {
         Ok(()) => axum::Json(json!({ "path": path.display().to_string() })).into_response(),
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, axum::Json(json!({ "error": format!("{e:#}") }))).into_response(),
+        // The path is the caller's: a precise 400, not a 500.
+        Err(e) => bad(format!("{e:#}")),
     }
 }

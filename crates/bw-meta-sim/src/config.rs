@@ -10,14 +10,17 @@
 //! throttle_http_status = 400          # HTTP status of 130429/131056/131048/4/80007 (Meta's old table: 429)
 //! usage_headers = true                # X-Business-Use-Case-Usage and X-App-Usage on every answer
 //! retry_after = false                 # Retry-After (seconds) on throttling errors; Meta sends none
+//!                                     # (limits.retry_after = "seconds" | "http_date" picks the format)
 //! dump_path = "meta-sim-oracle.json"  # oracle dump on shutdown and POST /_sim/dump
 //!
-//! [limits]                            # see `Limits`
+//! [limits]                            # see `Limits`: throughput, pair, app (code 4), WABA (80007) budgets
 //! throughput_mps = 80.0
+//! number_mps = { "106540352242923" = 20.0 }   # e.g. a coexistence number
 //!
 //! [phone_numbers."106540352242922"]   # optional per-number overrides
 //! display_phone_number = "15550009999"
 //! throughput_mps = 1000.0
+//! waba_id = "102290129340399"         # the WABA whose budget this number shares (default: waba_id)
 //!
 //! [webhook]                           # see `WebhookConfig`
 //! url = "http://127.0.0.1:8080/webhook"
@@ -77,6 +80,11 @@ impl Default for SimConfig {
 }
 
 impl SimConfig {
+    /// The WABA of `phone_number_id`.
+    pub fn waba_of(&self, phone_number_id: &str) -> &str {
+        self.phone_numbers.get(phone_number_id).and_then(|p| p.waba_id.as_deref()).unwrap_or(&self.waba_id)
+    }
+
     pub fn from_toml(text: &str) -> anyhow::Result<SimConfig> {
         let cfg: SimConfig = toml::from_str(text)?;
         cfg.validate()?;
@@ -84,7 +92,15 @@ impl SimConfig {
     }
 
     pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(self.limits.throughput_mps > 0.0, "limits.throughput_mps must be positive");
+        self.limits.validate().map_err(anyhow::Error::msg)?;
+        for (id, p) in &self.phone_numbers {
+            if let Some(mps) = p.throughput_mps {
+                anyhow::ensure!(
+                    mps.is_finite() && mps > 0.0,
+                    "phone_numbers.\"{id}\".throughput_mps must be positive, not {mps}"
+                );
+            }
+        }
         anyhow::ensure!((400..=599).contains(&self.throttle_http_status), "throttle_http_status must be 4xx or 5xx");
         anyhow::ensure!(self.webhook.batch_max >= 1, "webhook.batch_max must be at least 1");
         anyhow::ensure!(self.webhook.max_attempts >= 1, "webhook.max_attempts must be at least 1");
@@ -104,8 +120,11 @@ impl SimConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct PhoneNumberConfig {
     pub display_phone_number: Option<String>,
-    /// Overrides `limits.throughput_mps` for this number (Meta upgrades numbers up to 1,000).
+    /// Overrides `limits.throughput_mps` for this number (Meta upgrades numbers up to 1,000; coexistence
+    /// numbers get 20). `limits.number_mps` wins over it.
     pub throughput_mps: Option<f64>,
+    /// The WABA this number belongs to (its 80007 budget and usage header key); default: `SimConfig::waba_id`.
+    pub waba_id: Option<String>,
 }
 
 /// Status webhooks.
@@ -168,5 +187,44 @@ impl Default for WebhookConfig {
             template_category: "utility".into(),
             seed: 1,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limits::RetryAfter;
+
+    #[test]
+    fn documented_example_parses_and_unknown_keys_are_refused() {
+        let text = r#"
+            listen = "127.0.0.1:8089"
+            access_tokens = ["sim-token"]
+            retry_after = false
+            [limits]
+            throughput_mps = 80.0
+            number_mps = { "106540352242923" = 20.0 }
+            app_calls = 600
+            waba_calls = 5000
+            waba_code = 80008
+            retry_after = "http_date"
+            [phone_numbers."106540352242922"]
+            display_phone_number = "15550009999"
+            throughput_mps = 1000.0
+            waba_id = "102290129340399"
+            [webhook]
+            url = "http://127.0.0.1:8080/webhook"
+        "#;
+        let cfg = SimConfig::from_toml(text).expect("the documented example parses");
+        assert_eq!(cfg.limits.number_mps.get("106540352242923"), Some(&20.0));
+        assert_eq!((cfg.limits.app_calls, cfg.limits.waba_code), (Some(600), 80008));
+        assert_eq!(cfg.limits.retry_after, RetryAfter::HttpDate);
+        assert_eq!(cfg.waba_of("106540352242922"), "102290129340399");
+        assert_eq!(cfg.waba_of("other"), cfg.waba_id);
+
+        let err = SimConfig::from_toml("[limits]\npair_burst_window_ms = 6000\n").expect_err("removed key");
+        assert!(err.to_string().contains("pair_burst_window_ms"), "{err}");
+        let err = SimConfig::from_toml("[phone_numbers.\"1\"]\nthroughput_mps = 0.0\n").expect_err("zero mps");
+        assert!(err.to_string().contains("phone_numbers.\"1\".throughput_mps"), "{err}");
     }
 }

@@ -14,12 +14,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 
 /// The loopback listener.
-pub struct SimListener {
+pub(crate) struct SimListener {
     inner: TcpListener,
 }
 
 impl SimListener {
-    pub fn new(inner: TcpListener) -> SimListener {
+    pub(crate) fn new(inner: TcpListener) -> SimListener {
         SimListener { inner }
     }
 }
@@ -48,11 +48,11 @@ impl Listener for SimListener {
 
 /// Per-connection switch, handed to handlers as connect info.
 #[derive(Debug, Clone, Default)]
-pub struct ConnKill(Arc<AtomicBool>);
+pub(crate) struct ConnKill(Arc<AtomicBool>);
 
 impl ConnKill {
     /// The connection will be reset instead of answered.
-    pub fn trigger(&self) {
+    pub(crate) fn trigger(&self) {
         self.0.store(true, Ordering::Release);
     }
 
@@ -68,7 +68,7 @@ impl Connected<IncomingStream<'_, SimListener>> for ConnKill {
 }
 
 /// A TCP stream that fails every write once killed.
-pub struct SimIo {
+pub(crate) struct SimIo {
     inner: TcpStream,
     kill: ConnKill,
 }

@@ -47,6 +47,10 @@ pub fn info(code: i64) -> CodeInfo {
             403,
         ),
         80007 => throttle("Rate limit issues", "The WhatsApp Business Account has reached its rate limit."),
+        80008 => throttle(
+            "There have been too many calls to this WhatsApp Business account",
+            "The WhatsApp Business Management API business use case rate limit has been reached.",
+        ),
         130429 => throttle("Rate limit hit", "Cloud API message throughput has been reached."),
         130472 => row("User's number is part of an experiment", "Message was not sent as part of an experiment.", 400),
         131000 => row("Something went wrong", "Message failed to send due to an unknown error.", 500),
@@ -132,6 +136,21 @@ pub fn body(code: i64, details: Option<&str>, subcode: Option<i64>) -> Value {
         error["error_subcode"] = json!(sub);
     }
     json!({ "error": error })
+}
+
+/// The error body for a token that was valid and is not any more (expired or revoked by a scenario or the
+/// admin API): 190 "Session has expired" (subcode 463, parse it only as a hint) or 0 AuthException.
+pub fn dead_token_body(code: i64) -> Value {
+    if code != 190 {
+        return body(code, None, None);
+    }
+    json!({ "error": {
+        "message": "Error validating access token: Session has expired.",
+        "type": "OAuthException",
+        "code": 190,
+        "error_subcode": 463,
+        "fbtrace_id": ids::fbtrace_id(),
+    }})
 }
 
 /// The body a status webhook carries in `statuses[].errors[]` for an asynchronous failure.

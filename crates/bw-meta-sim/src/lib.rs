@@ -1,11 +1,14 @@
 //! A loopback simulator of the Meta WhatsApp Cloud API, faithful enough that passing against it means something.
 //!
 //! It serves `POST /{version}/{phone_number_id}/messages` with Meta's success and error bodies, bearer-token
-//! checks (190), body validation (100 / 131008 / 131009 / 132001), per-number throughput (130429) and pair-rate
-//! (131056) limits with usage headers, a fault [`Scenario`] (time windows with error rates, weighted fault mixes,
-//! latency, hangs, connection resets, outages), signed status webhooks (sent / delivered / read / failed) to a
-//! configured URL with batching, duplicates, reordering and retries, and an [`OracleSnapshot`] of every message
-//! it accepted so tests can prove "none lost, none sent twice".
+//! checks (190; tokens expired or revoked by a scenario or the admin API fail on every number), body validation
+//! (100 / 131008 / 131009 / 132001), [`Limits`] at their real scopes (per-number throughput 130429, pair rate
+//! 131056, app calls 4, WABA calls 80007/80008) with usage headers and optional Retry-After, a fault [`Scenario`]
+//! (time windows with error rates, weighted fault mixes, latency, hangs, connection resets, outages, and the
+//! ambiguous answers after acceptance: bodiless 5xx, resets, hangs, unparseable 200s; delayed or dropped status
+//! webhooks), signed status webhooks (sent / delivered / read / failed) to a configured URL with batching,
+//! duplicates, reordering and retries, and an [`OracleSnapshot`] of every message it accepted so tests can prove
+//! "none lost, none sent twice" and tell duplicates after an ambiguous answer from plain ones.
 //!
 //! In-process use (tests):
 //!
@@ -33,9 +36,11 @@ pub mod scenario;
 pub mod webhook;
 
 pub use config::{PhoneNumberConfig, SimConfig, WebhookConfig};
-pub use limits::Limits;
-pub use oracle::{Counters, OracleEntry, OracleSnapshot, WebhookCounters};
-pub use scenario::{Fault, FaultKind, Latency, Scenario, ScenarioError, Selection, Window};
+pub use limits::{Limits, RetryAfter};
+pub use oracle::{Counters, DuplicateKind, DuplicateReport, OracleEntry, OracleSnapshot, WebhookCounters};
+pub use scenario::{
+    Fault, FaultKind, Garbled, Latency, Page, Scenario, ScenarioError, Selection, StatusWindow, TokenEvent, Window,
+};
 
 use anyhow::Context as _;
 use axum::Router;
@@ -43,6 +48,7 @@ use axum::routing::post;
 use limits::Limiter;
 use oracle::Oracle;
 use scenario::Active;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -60,19 +66,63 @@ pub(crate) struct Inner {
     pub(crate) oracle: Arc<Oracle>,
     pub(crate) webhooks: Webhooks,
     pub(crate) shutdown: CancellationToken,
+    /// Tokens expired or revoked by the admin API → the code every call with them gets (190 or 0).
+    pub(crate) dead_tokens: RwLock<BTreeMap<String, i64>>,
 }
 
 pub(crate) fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     l.read().unwrap_or_else(|e| e.into_inner())
 }
 
-fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+pub(crate) fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Inner {
     pub(crate) fn set_scenario(&self, s: Scenario) {
         *lock_write(&self.scenario) = Arc::new(Active::start(s));
+    }
+
+    /// An inbound customer message: its webhook, and a unit of the number's throughput (Meta counts inbound too).
+    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+        let wamid = self.webhooks.inbound_text(phone_number_id, from, name, text)?;
+        let active = lock_read(&self.scenario).clone();
+        let limits = active.scenario.limits.clone().unwrap_or_else(|| lock_read(&self.limits).clone());
+        if limits.enabled {
+            let configured = self.cfg.phone_numbers.get(phone_number_id).and_then(|p| p.throughput_mps);
+            let mps = limits.mps_for(phone_number_id, configured);
+            self.limiter.throughput_inbound(phone_number_id, mps, limits.throughput_burst);
+        }
+        Some(wamid)
+    }
+
+    /// The code a dead token gets (`*` kills every token).
+    pub(crate) fn token_state(&self, token: &str) -> Option<i64> {
+        let dead = lock_read(&self.dead_tokens);
+        dead.get(token).or_else(|| dead.get("*")).copied()
+    }
+
+    /// Expires (190) or invalidates (0) a token; `*` for every token. Err for another code.
+    pub(crate) fn kill_token(&self, token: &str, code: i64) -> Result<(), String> {
+        if ![0, 190].contains(&code) {
+            return Err(format!("code must be 190 or 0, not {code}"));
+        }
+        if token.is_empty() {
+            return Err("token must not be empty (use \"*\" for every token)".into());
+        }
+        lock_write(&self.dead_tokens).insert(token.to_string(), code);
+        Ok(())
+    }
+
+    /// Makes a dead token valid again (`*`: every token); true when it was dead.
+    pub(crate) fn restore_token(&self, token: &str) -> bool {
+        let mut dead = lock_write(&self.dead_tokens);
+        if token == "*" {
+            let any = !dead.is_empty();
+            dead.clear();
+            return any;
+        }
+        dead.remove(token).is_some()
     }
 
     pub(crate) fn restart_clock(&self) {
@@ -83,6 +133,7 @@ impl Inner {
     pub(crate) fn reset(&self) {
         self.oracle.clear();
         self.limiter.clear();
+        self.restore_token("*");
         self.restart_clock();
     }
 
@@ -121,12 +172,13 @@ impl MetaSim {
             tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("cannot bind {}", cfg.listen))?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
-            limits: RwLock::new(cfg.limits),
+            limits: RwLock::new(cfg.limits.clone()),
             limiter: Limiter::new(),
             scenario: RwLock::new(Arc::new(Active::start(cfg.scenario.clone().unwrap_or_else(Scenario::normal)))),
             oracle,
             webhooks,
             shutdown: shutdown.clone(),
+            dead_tokens: RwLock::new(BTreeMap::new()),
             cfg,
         });
         let app = Router::new()
@@ -204,12 +256,25 @@ impl SimHandle {
         lock_read(&self.inner.scenario).elapsed_ms()
     }
 
+    /// Replaces the configured limits (a scenario's `[limits]` table, while it is active, wins over them).
     pub fn set_limits(&self, limits: Limits) {
         *lock_write(&self.inner.limits) = limits;
     }
 
+    /// The configured limits (not a scenario's override).
     pub fn limits(&self) -> Limits {
-        *lock_read(&self.inner.limits)
+        lock_read(&self.inner.limits).clone()
+    }
+
+    /// From now on every call with `token` (or every token, for `*`) fails on every number: code 190 (expired)
+    /// or 0 (invalidated). Err for another code or an empty token.
+    pub fn expire_token(&self, token: &str, code: i64) -> Result<(), String> {
+        self.inner.kill_token(token, code)
+    }
+
+    /// Undoes [`SimHandle::expire_token`]; true when the token was dead.
+    pub fn restore_token(&self, token: &str) -> bool {
+        self.inner.restore_token(token)
     }
 
     /// Replaces the webhook settings (URL, delays, retries...) for statuses scheduled from now on.
@@ -227,12 +292,12 @@ impl SimHandle {
     }
 
     /// Sends an inbound customer text message webhook; returns its wamid (None without a webhook URL or when
-    /// the queue is full).
+    /// the queue is full). It takes a unit of the number's throughput, as on Meta.
     pub fn inject_inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
-        self.inner.webhooks.inbound_text(phone_number_id, from, name, text)
+        self.inner.inbound(phone_number_id, from, name, text)
     }
 
-    /// Clears the oracle, counters and limiter state, and restarts the scenario clock.
+    /// Clears the oracle, counters and limiter state, makes expired tokens valid, restarts the scenario clock.
     pub fn reset(&self) {
         self.inner.reset();
     }

@@ -1,7 +1,8 @@
 //! `bw-meta-sim`: the Meta Cloud API simulator as a process, for benchmarks and the demo drill.
 //!
-//! `bw-meta-sim [--config sim.toml] [--listen 127.0.0.1:8089] [--scenario flash-sale-outage|<file.toml>]
-//! [--webhook-url URL] [--app-secret S] [--token T]... [--no-limits] [--dump-path oracle.json]`
+//! `bw-meta-sim [--config sim.toml] [--listen 127.0.0.1:8089]
+//! [--scenario flash-sale-outage|mixed-ambiguous|<file.toml>] [--webhook-url URL] [--app-secret S]
+//! [--token T]... [--no-limits] [--dump-path oracle.json]`
 //! Flags override the config file. On SIGINT/SIGTERM it stops and writes the oracle dump when a path is set.
 
 use bw_meta_sim::{MetaSim, Scenario, SimConfig};
@@ -18,7 +19,7 @@ struct Args {
     /// Address to listen on.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// `flash-sale-outage`, `normal`, or a scenario TOML file.
+    /// `flash-sale-outage`, `mixed-ambiguous`, `normal`, or a scenario TOML file.
     #[arg(long)]
     scenario: Option<String>,
     /// Where status webhooks are POSTed.
@@ -30,7 +31,7 @@ struct Args {
     /// Accepted bearer token (repeatable; comma-separated in the env var).
     #[arg(long = "token", env = "BW_META_SIM_TOKENS", value_delimiter = ',', hide_env_values = true)]
     tokens: Vec<String>,
-    /// Disable throughput and pair limits.
+    /// Disable every limit (throughput, pair, app, WABA).
     #[arg(long)]
     no_limits: bool,
     /// Oracle dump written on shutdown.

@@ -1,8 +1,14 @@
 //! The oracle: every message the simulator accepted (keyed by operation id from `biz_opaque_callback_data`,
 //! or by wamid when none was set), how often, and counters of requests by outcome.
 //!
-//! Tests compare it with what the system under test believes: `count > 1` is a duplicate send; an entry the
-//! client never saw a 200 for (`unacknowledged > 0`) is the genuinely unknown-outcome case.
+//! Tests compare it with what the system under test believes: `count > 1` is a duplicate send. Duplicates are
+//! split by what the client could know when it sent again ([`DuplicateKind`]): if every earlier acceptance was
+//! hidden from it (no parseable 200: a reset, hang or bodiless 5xx after acceptance, or a garbled 200), the
+//! resend followed an ambiguous answer (`after_ambiguous`); if it had a 200 for an earlier acceptance and sent
+//! again anyway, it is a `plain` duplicate, a bug with no excuse.
+//!
+//! "Hidden" is what the simulator did: a client that times out on a slow but complete 200 (its own timeout
+//! below the scenario latency) counts as acknowledged here.
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -27,8 +33,51 @@ pub struct OracleEntry {
     pub count: u32,
     /// Acceptances whose answer the client never received (reset or hang after processing).
     pub unacknowledged: u32,
+    /// One per acceptance, in order: whether the client got a parseable 200 for it.
+    #[serde(default)]
+    pub acknowledged: Vec<bool>,
     /// `text`, `template`, ...
     pub message_type: String,
+}
+
+/// Why an operation was accepted more than once.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DuplicateKind {
+    /// Every acceptance before the last was hidden from the client: it could know the earlier outcome was
+    /// ambiguous (and should have flagged it rather than resent blindly).
+    AfterAmbiguous,
+    /// The client had a 200 for an earlier acceptance and sent again.
+    Plain,
+}
+
+impl OracleEntry {
+    /// None when accepted once.
+    pub fn duplicate_kind(&self) -> Option<DuplicateKind> {
+        if self.count < 2 {
+            return None;
+        }
+        let saw_a_200 = if self.acknowledged.len() == self.count as usize {
+            self.acknowledged[..self.acknowledged.len() - 1].iter().any(|acked| *acked)
+        } else {
+            // A dump from before `acknowledged` existed: only the count of hidden acceptances is known.
+            self.unacknowledged + 1 < self.count
+        };
+        if saw_a_200 { Some(DuplicateKind::Plain) } else { Some(DuplicateKind::AfterAmbiguous) }
+    }
+}
+
+/// The duplicates of a snapshot, by kind (operation ids, or `wamid:<first wamid>` without one).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DuplicateReport {
+    /// Operations accepted more than once.
+    pub total: u64,
+    /// Of those: the client could know the earlier acceptance was ambiguous.
+    pub after_ambiguous: u64,
+    /// Of those: the client had a 200 and sent again.
+    pub plain: u64,
+    pub after_ambiguous_ids: Vec<String>,
+    pub plain_ids: Vec<String>,
 }
 
 /// A point-in-time copy of the oracle.
@@ -37,6 +86,9 @@ pub struct OracleSnapshot {
     /// Sorted by operation id, then first acceptance.
     pub messages: Vec<OracleEntry>,
     pub counters: Counters,
+    /// Computed from `messages` when the snapshot is taken.
+    #[serde(default)]
+    pub duplicates: DuplicateReport,
 }
 
 impl OracleSnapshot {
@@ -53,20 +105,82 @@ impl OracleSnapshot {
     pub fn duplicates(&self) -> Vec<&OracleEntry> {
         self.messages.iter().filter(|e| e.count > 1).collect()
     }
+
+    /// Duplicates whose earlier acceptances the client never saw a 200 for.
+    pub fn duplicates_after_ambiguous(&self) -> Vec<&OracleEntry> {
+        self.messages.iter().filter(|e| e.duplicate_kind() == Some(DuplicateKind::AfterAmbiguous)).collect()
+    }
+
+    /// Duplicates sent again after a 200.
+    pub fn plain_duplicates(&self) -> Vec<&OracleEntry> {
+        self.messages.iter().filter(|e| e.duplicate_kind() == Some(DuplicateKind::Plain)).collect()
+    }
+}
+
+fn duplicate_report(messages: &[OracleEntry]) -> DuplicateReport {
+    let mut r = DuplicateReport::default();
+    for e in messages {
+        let Some(kind) = e.duplicate_kind() else { continue };
+        let id = e.operation_id.clone().unwrap_or_else(|| format!("wamid:{}", e.wamids.first().map_or("", |w| w)));
+        r.total += 1;
+        match kind {
+            DuplicateKind::AfterAmbiguous => {
+                r.after_ambiguous += 1;
+                r.after_ambiguous_ids.push(id);
+            }
+            DuplicateKind::Plain => {
+                r.plain += 1;
+                r.plain_ids.push(id);
+            }
+        }
+    }
+    r
+}
+
+/// Why the simulator gave an answer, for [`Counters`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The request itself: success, validation or authentication answers.
+    Request,
+    /// The scenario (a window's fault, a token event) or an admin call (token revoked) produced it.
+    Injected,
+    /// The client exceeded a modelled limit (self-inflicted): 130429, 131056, 4, 80007/80008.
+    Limit,
 }
 
 /// Requests by outcome. Keys: `"200"`, Meta codes as text (`"130429"`, `"131056"`, `"190"`, `"100"`...),
-/// `"http_503"` for bodiless HTTP errors, `"reset"`, `"hang"`; plus webhook delivery counters.
+/// `"http_503"` for bodiless HTTP errors, `"reset"`, `"hang"`, `"200_unparseable"`; plus webhook delivery
+/// counters. `injected` and `limit_exceeded` split the same keys by cause (see the [`admin`](crate::admin)
+/// header): `by_outcome[k] = injected[k] + limit_exceeded[k] + answers to the request itself`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Counters {
     pub requests: u64,
     pub by_outcome: BTreeMap<String, u64>,
+    /// Answers the scenario or an admin call injected, by outcome key.
+    #[serde(default)]
+    pub injected: BTreeMap<String, u64>,
+    /// Answers caused by the client exceeding a limit, by outcome key.
+    #[serde(default)]
+    pub limit_exceeded: BTreeMap<String, u64>,
+    /// Messages accepted whose acceptance the client was not shown (reset, hang, bodiless 5xx, garbled 200).
+    #[serde(default)]
+    pub accepted_unacknowledged: u64,
     pub webhooks: WebhookCounters,
 }
 
 impl Counters {
     pub fn outcome(&self, key: &str) -> u64 {
         self.by_outcome.get(key).copied().unwrap_or(0)
+    }
+
+    /// Answers with `key` the scenario or an admin call injected.
+    pub fn injected(&self, key: &str) -> u64 {
+        self.injected.get(key).copied().unwrap_or(0)
+    }
+
+    /// Answers with `key` caused by a limit the client exceeded.
+    pub fn limit_exceeded(&self, key: &str) -> u64 {
+        self.limit_exceeded.get(key).copied().unwrap_or(0)
     }
 }
 
@@ -85,6 +199,12 @@ pub struct WebhookCounters {
     pub statuses_dropped: u64,
     /// Inbound customer messages delivered.
     pub inbound_delivered: u64,
+    /// Statuses a scenario status window withheld (`drop_rate`): never scheduled, never sent.
+    #[serde(default)]
+    pub statuses_withheld: u64,
+    /// Statuses a scenario status window delayed (`delay_ms`).
+    #[serde(default)]
+    pub statuses_delayed: u64,
 }
 
 const SHARDS: usize = 16;
@@ -141,25 +261,44 @@ impl Oracle {
             last_accepted_ms: now,
             count: 0,
             unacknowledged: 0,
+            acknowledged: Vec::with_capacity(1),
             message_type: a.message_type.to_string(),
         });
         entry.wamids.push(a.wamid.to_string());
+        entry.acknowledged.push(!a.unacknowledged);
         entry.last_accepted_ms = now;
         entry.count += 1;
         if a.unacknowledged {
             entry.unacknowledged += 1;
         }
+        drop(map);
+        if a.unacknowledged {
+            lock(&self.counters).accepted_unacknowledged += 1;
+        }
     }
 
-    /// Counts one request by its outcome key.
+    /// Counts one request by its outcome key, as an answer to the request itself.
     pub fn count(&self, outcome: &str) {
+        self.count_as(outcome, Source::Request);
+    }
+
+    /// Counts one request by its outcome key and cause.
+    pub fn count_as(&self, outcome: &str, source: Source) {
+        fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
+            match map.get_mut(key) {
+                Some(n) => *n += 1,
+                None => {
+                    map.insert(key.to_string(), 1);
+                }
+            }
+        }
         let mut c = lock(&self.counters);
         c.requests += 1;
-        match c.by_outcome.get_mut(outcome) {
-            Some(n) => *n += 1,
-            None => {
-                c.by_outcome.insert(outcome.to_string(), 1);
-            }
+        bump(&mut c.by_outcome, outcome);
+        match source {
+            Source::Request => {}
+            Source::Injected => bump(&mut c.injected, outcome),
+            Source::Limit => bump(&mut c.limit_exceeded, outcome),
         }
     }
 
@@ -181,7 +320,8 @@ impl Oracle {
                 &b.wamids,
             ))
         });
-        OracleSnapshot { messages, counters: self.counters() }
+        let duplicates = duplicate_report(&messages);
+        OracleSnapshot { messages, counters: self.counters(), duplicates }
     }
 
     pub fn clear(&self) {
@@ -227,6 +367,22 @@ mod tests {
         assert_eq!((e.count, e.unacknowledged, e.wamids.len()), (2, 1, 2));
         assert_eq!(e.recipient_masked, "+549*******234");
         assert_eq!(snap.duplicates().len(), 1);
+        assert_eq!(e.acknowledged, vec![true, false]);
+        assert_eq!(e.duplicate_kind(), Some(DuplicateKind::Plain), "resent after a 200");
+        assert_eq!((snap.duplicates.total, snap.duplicates.plain, snap.duplicates.after_ambiguous), (1, 1, 0));
+        accept(Some("op-3"), "w5", true);
+        accept(Some("op-3"), "w6", true);
+        accept(Some("op-3"), "w7", false);
+        let snap = o.snapshot();
+        assert_eq!(snap.get("op-3").and_then(OracleEntry::duplicate_kind), Some(DuplicateKind::AfterAmbiguous));
+        assert_eq!(snap.duplicates.after_ambiguous_ids, vec!["op-3".to_string()]);
+        assert_eq!(snap.duplicates_after_ambiguous().len(), 1);
+        assert_eq!(snap.plain_duplicates().len(), 1);
+        assert_eq!(snap.counters.accepted_unacknowledged, 3);
+        // Entries read from an older dump (no `acknowledged`) fall back on the count of hidden acceptances.
+        let old = |count, unacknowledged| OracleEntry { acknowledged: vec![], count, unacknowledged, ..e.clone() };
+        assert_eq!(old(2, 1).duplicate_kind(), Some(DuplicateKind::AfterAmbiguous));
+        assert_eq!(old(3, 1).duplicate_kind(), Some(DuplicateKind::Plain));
         assert_eq!(snap.counters.outcome("200"), 2);
         assert_eq!(snap.counters.outcome("130429"), 1);
         assert_eq!(snap.counters.requests, 3);

@@ -142,6 +142,18 @@ impl Webhooks {
 
     /// Schedules the statuses of one accepted message: sent/delivered/read, or failed with `fail_code`.
     pub fn message_accepted(&self, base: StatusEvent, fail_code: Option<i64>) {
+        self.message_accepted_with(base, fail_code, Duration::ZERO, false);
+    }
+
+    /// As [`Webhooks::message_accepted`], each status `extra_delay` later; with `withhold`, none is sent (a
+    /// scenario window dropping status webhooks), counted in `statuses_withheld`.
+    pub fn message_accepted_with(
+        &self,
+        base: StatusEvent,
+        fail_code: Option<i64>,
+        extra_delay: Duration,
+        withhold: bool,
+    ) {
         let cfg = self.config();
         if cfg.url.is_none() {
             return;
@@ -163,10 +175,19 @@ impl Webhooks {
             .filter_map(|(k, d)| d.map(|d| (k, d)))
             .collect(),
         };
+        if withhold {
+            let n = plan.len() as u64;
+            self.shared.oracle.webhooks(|w| w.statuses_withheld += n);
+            return;
+        }
+        if !extra_delay.is_zero() {
+            let n = plan.len() as u64;
+            self.shared.oracle.webhooks(|w| w.statuses_delayed += n);
+        }
         let now = Instant::now();
         for (kind, delay_ms) in plan {
             let jitter = if cfg.jitter_ms > 0 { self.shared.rng.next_u64() % (cfg.jitter_ms + 1) } else { 0 };
-            let delay = Duration::from_millis(delay_ms + jitter);
+            let delay = Duration::from_millis(delay_ms + jitter) + extra_delay;
             let mut ev = base.clone();
             ev.kind = kind;
             ev.timestamp = base.timestamp + delay.as_secs();

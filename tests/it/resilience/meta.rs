@@ -38,6 +38,7 @@ async fn meta_hanging_past_the_timeout_is_reconciled_and_never_resent_blindly() 
             latency: None,
             phone_number_ids: vec![],
         }],
+        ..Scenario::default()
     });
     h.start_ingest(&[("reconciler.review_delay_ms", "1500".into())]).await;
     let mut settings = breaker(200);

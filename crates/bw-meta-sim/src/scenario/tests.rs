@@ -1,19 +1,11 @@
 use super::*;
 
 fn window(rate: f64, faults: Vec<Fault>) -> Window {
-    Window {
-        name: "w".into(),
-        start_ms: 0,
-        duration_ms: None,
-        error_rate: rate,
-        faults,
-        latency: None,
-        phone_number_ids: vec![],
-    }
+    Window { error_rate: rate, faults, ..Window::new("w", 0, None) }
 }
 
 fn err(code: i64, weight: u32) -> Fault {
-    Fault { kind: FaultKind::Error { code, http_status: None, subcode: None }, weight }
+    Fault { kind: FaultKind::error(code), weight }
 }
 
 #[test]
@@ -87,4 +79,101 @@ fn latency_samples_stay_in_range() {
         assert!(n <= Duration::from_millis(305));
     }
     assert_eq!(Latency::Fixed { ms: 7 }.sample(&rng), Duration::from_millis(7));
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_name() {
+    let cases = [
+        ("bogus = 1\n", "bogus"),
+        ("[[windows]]\nstart_ms = 0\nerorr_rate = 0.5\n", "erorr_rate"),
+        (
+            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"error\", code = 2, wieght = 1 }]\n",
+            "wieght",
+        ),
+        (
+            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"reset\", after_procesing = true }]\n",
+            "after_procesing",
+        ),
+        ("[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"explode\" }]\n", "explode"),
+        ("[limits]\napp_call = 5\n", "app_call"),
+        ("[[token_events]]\ntoken = \"t\"\nat = 5\n", "at"),
+        ("[[windows]]\nstart_ms = 0\nlatency = { kind = \"fixed\", ms = 1, jitter = 2 }\n", "jitter"),
+    ];
+    for (text, key) in cases {
+        let err = Scenario::from_toml(text).expect_err(text).to_string();
+        assert!(err.contains(&format!("`{key}`")), "error names `{key}`: {err}");
+    }
+    let weight = Scenario::from_toml(
+        "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"error\", code = 2, weight = -1 }]\n",
+    );
+    assert!(weight.expect_err("negative weight").to_string().contains("weight"));
+}
+
+#[test]
+fn invalid_values_are_refused_precisely() {
+    let cases = [
+        ("[[status_windows]]\nname = \"late\"\nstart_ms = 0\ndrop_rate = 2.0\n", "status window `late`: drop_rate"),
+        ("[[status_windows]]\nstart_ms = 0\n", "status window `#1`: set delay_ms or drop_rate"),
+        (
+            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"bodiless\", status = 200 }]\n",
+            "bodiless fault status must be 4xx or 5xx",
+        ),
+        ("[[windows]]\nstart_ms = 0\nduration_ms = 0\n", "window `#1`: duration_ms"),
+        ("[[token_events]]\ntoken = \"t\"\ncode = 200\n", "token_events[0]: code"),
+        ("[limits]\nwaba_code = 4\n", "waba_code"),
+        ("[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"hang\", hold_ms = 0 }]\n", "hold_ms"),
+        (
+            "[[windows]]\nstart_ms = 0\nerror_rate = 1.0\nfaults = [{ kind = \"http\", status = 503, page = \"plain\" }]\n",
+            "unknown field `page`",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = Scenario::from_toml(text).expect_err(text).to_string();
+        assert!(err.contains(want), "`{want}` in: {err}");
+    }
+}
+
+#[test]
+fn mixed_ambiguous_example_parses_and_round_trips() {
+    let text = include_str!("../../scenarios/mixed-ambiguous.toml");
+    let s = Scenario::from_toml(text).expect("shipped example parses");
+    assert_eq!(s.name, "mixed-ambiguous");
+    let kinds: Vec<&FaultKind> = s.windows.iter().flat_map(|w| w.faults.iter().map(|f| &f.kind)).collect();
+    assert!(kinds.iter().any(|k| matches!(k, FaultKind::Bodiless { after_processing: true, .. })));
+    assert!(kinds.iter().any(|k| matches!(k, FaultKind::Reset { after_processing: true })));
+    assert!(kinds.iter().any(|k| matches!(k, FaultKind::Hang { accept: true, .. })));
+    assert!(kinds.iter().any(|k| matches!(k, FaultKind::OkUnparseable { .. })));
+    assert!(kinds.iter().any(|k| matches!(k, FaultKind::Error { code: 4, .. })));
+    assert!(s.status_windows.iter().any(|w| w.delay_ms.is_some()));
+    assert_eq!(Scenario::builtin("mixed-ambiguous").expect("built in"), s);
+    let back = Scenario::from_toml(&toml::to_string(&s).expect("serializes")).expect("reparses");
+    assert_eq!(back, s);
+    assert_eq!(Scenario::from_json(&serde_json::to_vec(&s).expect("json")).expect("json parses"), s);
+}
+
+#[test]
+fn status_effects_and_token_events_follow_the_clock() {
+    let w = StatusWindow {
+        delay_ms: Some(5_000),
+        drop_rate: 0.5,
+        phone_number_ids: vec!["1".into()],
+        ..StatusWindow::default()
+    };
+    let s = Scenario {
+        selection: Selection::Deterministic,
+        status_windows: vec![w],
+        token_events: vec![
+            TokenEvent { token: "now".into(), at_ms: 0, code: 0 },
+            TokenEvent { token: "later".into(), at_ms: 3_600_000, code: 190 },
+        ],
+        ..Scenario::default()
+    };
+    let active = Active::start(s);
+    let decisions: Vec<Decision> = (0..10).map(|_| active.decide("1")).collect();
+    assert!(decisions.iter().all(|d| d.status_delay == Duration::from_secs(5) && d.fault.is_none()));
+    assert_eq!(decisions.iter().filter(|d| d.drop_statuses).count(), 5, "deterministic 50% dropped");
+    assert!(!active.decide("2").drop_statuses, "filtered number unaffected");
+    assert_eq!(active.token_fault("now"), Some(0));
+    assert_eq!(active.token_fault("later"), None, "event not reached yet");
+    assert_eq!(active.token_fault("other"), None);
 }

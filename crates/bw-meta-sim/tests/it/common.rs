@@ -10,12 +10,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub const TOKEN: &str = "test-token";
-pub const SECRET: &str = "test-app-secret";
-pub const PHONE: &str = "106540352242922";
+pub(crate) const TOKEN: &str = "test-token";
+pub(crate) const SECRET: &str = "test-app-secret";
+pub(crate) const PHONE: &str = "106540352242922";
 
 /// A config with one accepted token and no limits (tests that need limits set them).
-pub fn config() -> SimConfig {
+pub(crate) fn config() -> SimConfig {
     SimConfig {
         access_tokens: vec![TOKEN.into()],
         app_secret: SECRET.into(),
@@ -24,38 +24,38 @@ pub fn config() -> SimConfig {
     }
 }
 
-pub async fn start(cfg: SimConfig) -> SimHandle {
+pub(crate) async fn start(cfg: SimConfig) -> SimHandle {
     MetaSim::start(cfg).await.expect("simulator starts")
 }
 
-pub fn client(timeout: Duration) -> reqwest::Client {
+pub(crate) fn client(timeout: Duration) -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder().timeout(timeout).build().expect("client builds")
 }
 
 /// One answer: HTTP status, JSON body (Null when not JSON), headers.
 #[derive(Debug)]
-pub struct Answer {
-    pub status: u16,
-    pub body: Value,
-    pub headers: reqwest::header::HeaderMap,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
+    pub(crate) headers: reqwest::header::HeaderMap,
 }
 
 impl Answer {
     /// Meta error code, or 0 for a 200, or -status for a bodiless error.
-    pub fn code(&self) -> i64 {
+    pub(crate) fn code(&self) -> i64 {
         if self.status == 200 {
             return 0;
         }
         self.body["error"]["code"].as_i64().unwrap_or(-i64::from(self.status))
     }
 
-    pub fn wamid(&self) -> Option<&str> {
+    pub(crate) fn wamid(&self) -> Option<&str> {
         self.body["messages"][0]["id"].as_str()
     }
 }
 
-pub async fn post(
+pub(crate) async fn post(
     client: &reqwest::Client,
     sim: &SimHandle,
     body: &Value,
@@ -73,7 +73,7 @@ pub async fn post(
     Ok(Answer { status, body, headers })
 }
 
-pub fn text(to: &str, op: Option<&str>) -> Value {
+pub(crate) fn text(to: &str, op: Option<&str>) -> Value {
     let mut v = json!({
         "messaging_product": "whatsapp",
         "recipient_type": "individual",
@@ -87,16 +87,21 @@ pub fn text(to: &str, op: Option<&str>) -> Value {
     v
 }
 
-pub async fn send(client: &reqwest::Client, sim: &SimHandle, to: &str, op: Option<&str>) -> reqwest::Result<Answer> {
+pub(crate) async fn send(
+    client: &reqwest::Client,
+    sim: &SimHandle,
+    to: &str,
+    op: Option<&str>,
+) -> reqwest::Result<Answer> {
     post(client, sim, &text(to, op), Some(TOKEN)).await
 }
 
 /// Recipient number `n` (distinct numbers avoid the pair limit).
-pub fn recipient(n: u32) -> String {
+pub(crate) fn recipient(n: u32) -> String {
     format!("+1650555{n:04}")
 }
 
-pub async fn wait_until<F, Fut>(timeout: Duration, mut f: F)
+pub(crate) async fn wait_until<F, Fut>(timeout: Duration, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -113,27 +118,27 @@ where
 
 /// One POST the receiver got.
 #[derive(Debug, Clone)]
-pub struct Received {
-    pub signature: String,
-    pub raw: Bytes,
-    pub answered: u16,
+pub(crate) struct Received {
+    pub(crate) signature: String,
+    pub(crate) raw: Bytes,
+    pub(crate) answered: u16,
 }
 
 impl Received {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.raw).expect("webhook body is json")
     }
 }
 
 /// A webhook receiver that answers 500 to the first `fail_first` POSTs.
 #[derive(Clone)]
-pub struct Receiver {
-    pub url: String,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
     got: Arc<Mutex<Vec<Received>>>,
 }
 
 impl Receiver {
-    pub async fn start(fail_first: usize) -> Receiver {
+    pub(crate) async fn start(fail_first: usize) -> Receiver {
         let got = Arc::new(Mutex::new(Vec::new()));
         let fail = Arc::new(AtomicUsize::new(fail_first));
         let state = (got.clone(), fail.clone());
@@ -146,17 +151,17 @@ impl Receiver {
         Receiver { url, got }
     }
 
-    pub fn all(&self) -> Vec<Received> {
+    pub(crate) fn all(&self) -> Vec<Received> {
         self.got.lock().expect("lock").clone()
     }
 
     /// Bodies answered 200.
-    pub fn accepted(&self) -> Vec<Value> {
+    pub(crate) fn accepted(&self) -> Vec<Value> {
         self.all().into_iter().filter(|r| r.answered == 200).map(|r| r.json()).collect()
     }
 
     /// Every status in accepted POSTs.
-    pub fn statuses(&self) -> Vec<Value> {
+    pub(crate) fn statuses(&self) -> Vec<Value> {
         self.accepted()
             .iter()
             .flat_map(|b| b["entry"][0]["changes"][0]["value"]["statuses"].as_array().cloned().unwrap_or_default())
@@ -172,4 +177,35 @@ async fn receive(State((got, fail)): State<RecvState>, headers: HeaderMap, raw: 
     let signature = headers.get("x-hub-signature-256").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     got.lock().expect("lock").push(Received { signature, raw, answered });
     StatusCode::from_u16(answered).expect("valid status")
+}
+
+/// Sends a text to `to` from business number `phone` with bearer `token`.
+pub(crate) async fn send_from(
+    client: &reqwest::Client,
+    sim: &SimHandle,
+    phone: &str,
+    token: &str,
+    to: &str,
+    op: Option<&str>,
+) -> reqwest::Result<Answer> {
+    let resp = client.post(sim.messages_url("v21.0", phone)).bearer_auth(token).json(&text(to, op)).send().await?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await?;
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok(Answer { status, body, headers })
+}
+
+/// The raw answer: status, content type, body bytes.
+pub(crate) async fn send_raw(
+    client: &reqwest::Client,
+    sim: &SimHandle,
+    to: &str,
+    op: Option<&str>,
+) -> reqwest::Result<(u16, String, Bytes)> {
+    let resp = client.post(sim.messages_url("v21.0", PHONE)).bearer_auth(TOKEN).json(&text(to, op)).send().await?;
+    let status = resp.status().as_u16();
+    let ctype =
+        resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    Ok((status, ctype, resp.bytes().await?))
 }

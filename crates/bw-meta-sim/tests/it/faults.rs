@@ -6,22 +6,18 @@ use std::time::Duration;
 
 fn window(start_ms: u64, duration_ms: Option<u64>, error_rate: f64, faults: Vec<FaultKind>) -> Window {
     Window {
-        name: "w".into(),
-        start_ms,
-        duration_ms,
         error_rate,
         faults: faults.into_iter().map(|kind| Fault { kind, weight: 1 }).collect(),
-        latency: None,
-        phone_number_ids: vec![],
+        ..Window::new("w", start_ms, duration_ms)
     }
 }
 
 fn http(status: u16, meta_body: bool) -> FaultKind {
-    FaultKind::Http { status, meta_body, code: None, after_processing: false }
+    FaultKind::http(status, meta_body)
 }
 
 fn error(code: i64) -> FaultKind {
-    FaultKind::Error { code, http_status: None, subcode: None }
+    FaultKind::error(code)
 }
 
 #[tokio::test]

@@ -1,8 +1,11 @@
 //! Tests of the Meta simulator through its HTTP surface, with reqwest as the client and a tiny axum receiver
 //! for webhooks.
 
+mod ambiguous;
+mod binary;
 mod common;
 mod faults;
 mod limits;
 mod oracle;
+mod scopes;
 mod webhooks;

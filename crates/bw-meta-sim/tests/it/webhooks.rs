@@ -117,13 +117,9 @@ async fn async_failures_send_failed_statuses() {
     assert_eq!(send(&client, &sim, "+16505550001", Some("op-undeliverable")).await.expect("answered").status, 200);
     sim.set_scenario(Scenario {
         windows: vec![Window {
-            name: "eco".into(),
-            start_ms: 0,
-            duration_ms: None,
             error_rate: 1.0,
             faults: vec![Fault { kind: FaultKind::AsyncFailure { code: 131049 }, weight: 1 }],
-            latency: None,
-            phone_number_ids: vec![],
+            ..Window::new("eco", 0, None)
         }],
         ..Scenario::default()
     });
