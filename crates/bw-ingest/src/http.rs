@@ -87,11 +87,23 @@ async fn store_webhook(state: &HttpState, headers: &HeaderMap, body: Body) -> Re
         return (StatusCode::UNAUTHORIZED, "invalid signature\n").into_response();
     }
     let sha = webhook::body_sha256(&bytes);
-    let stored =
-        StoredWebhook { body: bytes.to_vec(), received_at_unix_ms: bw_common::time::now_ms(), body_sha256: sha };
+    let span = tracing::info_span!("ingest.webhook", body_sha256 = %sha, bytes = bytes.len());
     let mut nats_headers = async_nats::HeaderMap::new();
-    nats_headers.insert("Nats-Msg-Id", stored.body_sha256.as_str());
-    let span = tracing::info_span!("ingest.webhook", body_sha256 = %stored.body_sha256);
+    nats_headers.insert("Nats-Msg-Id", sha.as_str());
+    // A body too large for one NATS message goes to the object store first; the record then points to it.
+    let body = if state.intake.bodies.fits_inline(bytes.len()) {
+        bytes.to_vec()
+    } else {
+        let name = crate::bodies::webhook_object(&sha);
+        if let Err(e) = state.intake.bodies.put(&name, &bytes).instrument(span.clone()).await {
+            state.metrics.received("store_failed");
+            tracing::warn!(parent: &span, error = %e, "large webhook body not stored; answering 503");
+            return (StatusCode::SERVICE_UNAVAILABLE, "not stored; retry\n").into_response();
+        }
+        nats_headers.insert(crate::bodies::OBJECT_HEADER, name.as_str());
+        Vec::new()
+    };
+    let stored = StoredWebhook { body, received_at_unix_ms: bw_common::time::now_ms(), body_sha256: sha };
     bw_common::telemetry::inject(&span, &mut nats_headers);
     let result = bw_common::nats::publish_durable(
         &state.js,

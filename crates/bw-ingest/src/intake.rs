@@ -56,6 +56,7 @@ pub(crate) struct Intake {
     pub ledger: Ledger,
     pub limits: Limits,
     pub metrics: Metrics,
+    pub bodies: crate::bodies::Bodies,
 }
 
 fn reply_rejected(operation_id: &str, rejection: &Rejection) -> IntakeReply {
@@ -119,8 +120,20 @@ impl Intake {
             }
             Source::Http => ("http".to_string(), "http".to_string()),
         };
+        let mut headers = HeaderMap::new();
+        // Input too large for one record goes to the object store; the record names it.
+        let raw = if self.bodies.fits_inline(raw.len()) {
+            raw.to_vec()
+        } else {
+            let name = crate::bodies::rejected_object(&crate::webhook::body_sha256(raw));
+            match self.bodies.put(&name, raw).await {
+                Ok(()) => headers.insert(crate::bodies::OBJECT_HEADER, name.as_str()),
+                Err(e) => tracing::warn!(error = %e, "large rejected input not kept"),
+            }
+            Vec::new()
+        };
         let record = RejectedRequest {
-            raw: raw.to_vec(),
+            raw,
             source: origin,
             reason: r.reason as i32,
             error: r.error.clone(),
@@ -129,7 +142,7 @@ impl Intake {
         let stored = bw_common::nats::publish_durable(
             &self.js,
             names::rejected_subject(&stream_source),
-            HeaderMap::new(),
+            headers,
             record.encode_to_vec().into(),
         )
         .await;

@@ -12,6 +12,7 @@
 //!
 //! Entry point: [`run`] (or [`run_on`] with listeners bound by the caller).
 
+mod bodies;
 mod http;
 mod intake;
 mod metrics;
@@ -20,6 +21,7 @@ mod reconciler;
 pub mod validate;
 pub mod webhook;
 
+pub use bodies::{BODIES_BUCKET, OBJECT_HEADER};
 pub use reconciler::{Policies, Policy};
 
 use async_nats::jetstream::consumer::{self, pull};
@@ -290,7 +292,14 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     cfg.validate()?;
     let metrics = metrics::Metrics::register(&deps.metrics);
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    let budget = Duration::from_secs(30);
+    let max_payload = deps.nats.server_info().max_payload;
+    let bodies = retry_during_startup("large-body object store", budget, || {
+        bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
+    })
+    .await?;
     let intake = Arc::new(intake::Intake {
+        bodies: bodies.clone(),
         js: deps.js.clone(),
         ledger: ledger.clone(),
         limits: cfg.intake.limits(),
@@ -312,7 +321,6 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
 
     // Consumers are created before readiness so a failure to bind them fails start-up.
     // A cluster still electing leaders times out for a while: retry within a budget first.
-    let budget = Duration::from_secs(30);
     let webhook_messages = if cfg.webhook.process {
         Some(retry_during_startup("webhook consumer", budget, || webhook_consumer(&deps.js, &cfg.webhook)).await?)
     } else {
@@ -358,6 +366,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             ledger: ledger.clone(),
             dedup: deps.buckets.webhook_dedup.clone(),
             metrics: metrics.clone(),
+            bodies: bodies.clone(),
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(

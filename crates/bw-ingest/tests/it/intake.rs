@@ -283,3 +283,39 @@ async fn unavailable_storage_is_reported_as_retryable() {
     assert!(reply.accepted, "{reply:?}");
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_rejected_request_near_max_payload_is_kept_whole() {
+    // Compiled defaults against a nats-server with its default 1 MiB max_payload.
+    let env = start(|_| {}).await;
+    let mut request = text("near-limit-1");
+    let base = request.encoded_len();
+    // One label whose value brings the encoded request to exactly 1,048,512 bytes.
+    let target = 1_048_512;
+    let mut fill = target - base - 8;
+    loop {
+        request.labels.insert("k".into(), "v".repeat(fill));
+        match request.encoded_len() {
+            n if n == target => break,
+            n if n < target => fill += target - n,
+            n => fill -= n - target,
+        }
+    }
+    let payload = request.encode_to_vec();
+    assert_eq!(payload.len(), target);
+    let reply = raw_request(&env.nats, &names::intake_subject(PHONE), payload.clone()).await;
+    assert_eq!(reply.reason(), RejectReason::Oversize, "{}", reply.error);
+    assert_eq!(reply.operation_id, "near-limit-1");
+    assert!(env.wait_count(names::REJECTED_STREAM, 1).await, "the rejection is kept in BW_REJECTED");
+    let kept = env.last(names::REJECTED_STREAM, &names::rejected_subject(PHONE)).await;
+    let record = RejectedRequest::decode(kept.payload.as_ref()).expect("RejectedRequest");
+    assert_eq!(record.reason(), RejectReason::Oversize);
+    assert!(record.raw.is_empty(), "too large to keep inline");
+    let object = kept.headers.get(bw_ingest::OBJECT_HEADER).expect("object header").to_string();
+    let store = env.js.get_object_store(bw_ingest::BODIES_BUCKET).await.expect("bucket");
+    let mut raw = Vec::new();
+    use tokio::io::AsyncReadExt as _;
+    store.get(&object).await.expect("object").read_to_end(&mut raw).await.expect("read");
+    assert!(raw == payload, "the raw input is kept byte for byte");
+    env.stop().await;
+}
