@@ -5,6 +5,7 @@
 //! signature over the raw bytes, and store the body durably in BW_WEBHOOKS (awaiting the JetStream ack).
 //! Parsing happens later, in the processor.
 
+use crate::auth;
 use crate::intake::{Intake, Source};
 use crate::metrics::Metrics;
 use crate::validate::Rejection;
@@ -35,6 +36,8 @@ pub(crate) struct HttpState {
     pub max_webhook_bytes: usize,
     /// Largest HTTP intake body read before answering OVERSIZE (JSON is bigger than protobuf).
     pub max_intake_body_bytes: usize,
+    /// Producer API keys.
+    pub keys: Arc<auth::Keys>,
 }
 
 /// Routes for producers.
@@ -129,27 +132,29 @@ async fn store_webhook(state: &HttpState, headers: &HeaderMap, body: Body) -> Re
 
 // ---- Producer intake ----
 
-/// The JSON form of a send request (same fields as the protobuf `SendRequest`).
+/// The JSON form of a send request (same fields as the protobuf `SendRequest`). Both the snake_case names and
+/// proto3 canonical JSON (lowerCamelCase names, int64 as a string) are accepted.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonRequest {
-    #[serde(default)]
+    #[serde(default, alias = "operationId")]
     operation_id: String,
-    #[serde(default)]
+    #[serde(default, alias = "wabaId")]
     waba_id: String,
-    #[serde(default)]
+    #[serde(default, alias = "phoneNumberId")]
     phone_number_id: String,
+    /// Kept as a value so a number is refused precisely (and never echoed).
     #[serde(default)]
-    recipient: String,
+    recipient: Option<serde_json::Value>,
     #[serde(default)]
     category: Option<serde_json::Value>,
     #[serde(default)]
     text: Option<JsonText>,
     #[serde(default)]
     template: Option<JsonTemplate>,
-    #[serde(default)]
+    #[serde(default, alias = "deadlineUnixMs", deserialize_with = "int64")]
     deadline_unix_ms: i64,
-    #[serde(default)]
+    #[serde(default, alias = "customerLastInboundUnixMs", deserialize_with = "int64")]
     customer_last_inbound_unix_ms: i64,
     #[serde(default)]
     labels: std::collections::BTreeMap<String, String>,
@@ -159,7 +164,7 @@ struct JsonRequest {
 #[serde(deny_unknown_fields)]
 struct JsonText {
     body: String,
-    #[serde(default)]
+    #[serde(default, alias = "previewUrl")]
     preview_url: bool,
 }
 
@@ -170,10 +175,23 @@ struct JsonTemplate {
     name: String,
     #[serde(default)]
     language: String,
-    #[serde(default)]
+    #[serde(default, alias = "bodyParameters")]
     body_parameters: Vec<String>,
-    #[serde(default)]
+    #[serde(default, alias = "componentsJson")]
     components_json: String,
+}
+
+/// An int64 as proto3 JSON writes it (a string of digits) or as a plain number. The value is never echoed.
+fn int64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Number(n) => n.as_i64().ok_or_else(|| serde::de::Error::custom("expected an int64 (ms)")),
+        serde_json::Value::String(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| serde::de::Error::custom("expected an int64 (ms) as a number or a string of digits")),
+        serde_json::Value::Null => Ok(0),
+        _ => Err(serde::de::Error::custom("expected an int64 (ms)")),
+    }
 }
 
 /// The JSON form of an `IntakeReply`.
@@ -209,17 +227,30 @@ fn parse_category(v: &serde_json::Value) -> Result<i32, Rejection> {
 
 fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
     let j: JsonRequest = serde_json::from_slice(raw).map_err(|e| {
-        (String::new(), Rejection::new(RejectReason::Undecodable, format!("body is not a JSON send request: {e}")))
+        // serde quotes offending values (a recipient sent as a number, text...): mask them.
+        let error = crate::secret::mask_values(&e.to_string());
+        (String::new(), Rejection::new(RejectReason::Undecodable, format!("body is not a JSON send request: {error}")))
     })?;
     let op = j.operation_id.clone();
+    let recipient = match j.recipient {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => {
+            return Err((
+                op,
+                Rejection::new(
+                    RejectReason::BadRecipient,
+                    "recipient must be a JSON string in E.164 form (\"+5491155551234\"), not a number",
+                ),
+            ));
+        }
+    };
     let category = match &j.category {
         Some(v) => parse_category(v).map_err(|r| (op.clone(), r))?,
         None => 0,
     };
     let payload = match (j.text, j.template) {
-        (Some(_), Some(_)) => {
-            return Err((op, Rejection::new(RejectReason::BadPayload, "set either text or template, not both")));
-        }
+        (Some(_), Some(_)) => return Err((op, crate::validate::both_payloads())),
         (Some(t), None) => {
             Some(Payload::Text(bw_common::proto::TextPayload { body: t.body, preview_url: t.preview_url }))
         }
@@ -235,7 +266,7 @@ fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
         operation_id: j.operation_id,
         waba_id: j.waba_id,
         phone_number_id: j.phone_number_id,
-        recipient: j.recipient,
+        recipient,
         category,
         payload,
         deadline_unix_ms: j.deadline_unix_ms,
@@ -278,8 +309,62 @@ fn is_protobuf(headers: &HeaderMap, name: header::HeaderName) -> bool {
     headers.get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("protobuf"))
 }
 
+/// Body formats of the intake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Protobuf,
+}
+
+/// The declared body format; None when the Content-Type is missing or another type.
+fn body_format(headers: &HeaderMap) -> Option<Format> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match essence.as_str() {
+        "application/json" => Some(Format::Json),
+        "application/x-protobuf" | "application/protobuf" => Some(Format::Protobuf),
+        _ => None,
+    }
+}
+
+/// A JSON error of the HTTP layer (before validation): `{"accepted":false,"reason":..,"error":..}`.
+pub(crate) fn http_error(status: StatusCode, reason: &'static str, error: &str) -> Response {
+    let json = JsonReply { accepted: false, operation_id: "", duplicate: false, reason: Some(reason), error };
+    let body = serde_json::to_vec(&json).unwrap_or_else(|_| b"{\"accepted\":false}".to_vec());
+    let mut res = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        res.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    }
+    res
+}
+
+/// Answers a refused authentication (401) and counts it.
+pub(crate) fn refuse(state: &HttpState, refusal: auth::Refusal) -> Response {
+    state.metrics.refused(refusal.label());
+    tracing::info!(reason = refusal.label(), "http request refused");
+    let error = match refusal {
+        auth::Refusal::MissingKey => "an API key is required: send `Authorization: Bearer <key>` (or `X-Api-Key`)",
+        auth::Refusal::UnknownKey => "the API key is not valid",
+        auth::Refusal::Forbidden => "this API key may not act for that sender",
+    };
+    let status = if refusal == auth::Refusal::Forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
+    http_error(status, if status == StatusCode::FORBIDDEN { "FORBIDDEN" } else { "UNAUTHENTICATED" }, error)
+}
+
 async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: Body) -> Response {
-    let protobuf_in = is_protobuf(&headers, header::CONTENT_TYPE);
+    let principal = match state.keys.authenticate(auth::presented_key(&headers)) {
+        Ok(p) => p,
+        Err(r) => return refuse(&state, r),
+    };
+    let Some(format) = body_format(&headers) else {
+        state.metrics.refused("unsupported_media_type");
+        return http_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "Content-Type must be application/json or application/x-protobuf",
+        );
+    };
+    let protobuf_in = format == Format::Protobuf;
     let protobuf_out = protobuf_in || is_protobuf(&headers, header::ACCEPT);
     let span = tracing::info_span!("ingest.intake", source = "http", operation_id = tracing::field::Empty);
     let mut trace_headers = async_nats::HeaderMap::new();
@@ -298,26 +383,37 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
                     RejectReason::Oversize,
                     format!("body is over {} bytes", state.max_intake_body_bytes),
                 );
-                return intake.reject(&[], Source::Http, "", r).await;
+                return Ok(intake.reject(&[], Source::Http, "", r).await);
             }
         };
-        if protobuf_in {
-            return intake.handle_bytes(&raw, Source::Http, &span).await;
-        }
-        match from_json(&raw) {
-            Ok(request) => {
-                let len = request.encoded_len();
-                intake.handle(request, &raw, len, Source::Http, &span).await
+        let decoded = if protobuf_in {
+            crate::intake::decode(&raw).map(|r| (r, raw.len())).map_err(|r| (String::new(), r))
+        } else {
+            from_json(&raw).map(|r| {
+                let len = r.encoded_len();
+                (r, len)
+            })
+        };
+        match decoded {
+            Ok((request, len)) => {
+                if !principal.may_use(&request.waba_id, &request.phone_number_id) {
+                    tracing::info!(key = principal.name.as_deref().unwrap_or(""), phone_number_id = %request.phone_number_id, "api key not allowed for this sender");
+                    return Err(auth::Refusal::Forbidden);
+                }
+                Ok(intake.handle(request, &raw, len, Source::Http, &span).await)
             }
             Err((op, r)) => {
                 let op = if bw_common::ledger::valid_operation_id(&op) { op } else { String::new() };
-                intake.reject(&raw, Source::Http, &op, r).await
+                Ok(intake.reject(&raw, Source::Http, &op, r).await)
             }
         }
     }
     .instrument(span.clone())
     .await;
-    render(&reply, protobuf_out)
+    match reply {
+        Ok(reply) => render(&reply, protobuf_out),
+        Err(refusal) => refuse(&state, refusal),
+    }
 }
 
 #[cfg(test)]

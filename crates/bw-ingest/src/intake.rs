@@ -59,6 +59,17 @@ pub(crate) struct Intake {
     pub bodies: crate::bodies::Bodies,
 }
 
+/// Decodes a protobuf `SendRequest`. A body carrying both `text` and `template` is refused like the JSON
+/// intake refuses it (protobuf decoding alone would silently keep the last one).
+pub(crate) fn decode(raw: &[u8]) -> Result<SendRequest, Rejection> {
+    let request = SendRequest::decode(raw)
+        .map_err(|e| Rejection::new(RejectReason::Undecodable, format!("body is not a protobuf SendRequest: {e}")))?;
+    if validate::has_both_payloads(raw) {
+        return Err(validate::both_payloads());
+    }
+    Ok(request)
+}
+
 fn reply_rejected(operation_id: &str, rejection: &Rejection) -> IntakeReply {
     IntakeReply {
         accepted: false,
@@ -76,12 +87,9 @@ fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
 impl Intake {
     /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body).
     pub(crate) async fn handle_bytes(&self, raw: &[u8], source: Source<'_>, span: &tracing::Span) -> IntakeReply {
-        match SendRequest::decode(raw) {
+        match decode(raw) {
             Ok(request) => self.handle(request, raw, raw.len(), source, span).await,
-            Err(e) => {
-                let r = Rejection::new(RejectReason::Undecodable, format!("body is not a protobuf SendRequest: {e}"));
-                self.reject(raw, source, "", r).await
-            }
+            Err(r) => self.reject(raw, source, "", r).await,
         }
     }
 

@@ -11,6 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 pub const APP_SECRET: &str = "test-app-secret";
 pub const VERIFY_TOKEN: &str = "test-verify-token";
+/// The producer key the tests configure (allowed for the intake tests' phone number id 2002).
+pub const API_KEY: &str = "test-producer-key";
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// A running ingest with its own NATS server.
@@ -33,6 +35,14 @@ pub fn test_config(nats_url: &str) -> Config {
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.webhook.app_secret = APP_SECRET.into();
     cfg.webhook.verify_token = VERIFY_TOKEN.into();
+    cfg.intake.api_keys.insert(
+        "test".into(),
+        bw_ingest::ApiKeyConfig {
+            sha256: bw_ingest::key_sha256(API_KEY),
+            phone_number_ids: vec!["2002".into()],
+            waba_ids: vec![],
+        },
+    );
     cfg.reconciler.review_delay_ms = 500;
     cfg.shutdown.grace_ms = 2_000;
     cfg
@@ -126,8 +136,17 @@ pub fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
     }
 }
 
-/// An HTTP client without proxies.
+/// An HTTP client without proxies that presents the test producer key.
 pub fn http_client() -> reqwest::Client {
+    bw_common::service::install_crypto();
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {API_KEY}");
+    headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("header value"));
+    reqwest::Client::builder().no_proxy().default_headers(headers).build().expect("http client")
+}
+
+/// An HTTP client without proxies and without a key.
+pub fn bare_http_client() -> reqwest::Client {
     bw_common::service::install_crypto();
     reqwest::Client::builder().no_proxy().build().expect("http client")
 }
