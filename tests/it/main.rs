@@ -7,4 +7,5 @@ mod fuzz;
 mod outage;
 mod redaction;
 mod resilience;
+mod skeleton;
 mod tracing;

@@ -65,10 +65,13 @@ async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_eve
         }
     }
     assert!(replayed > 0, "some operations went through the DLQ and were replayed");
-    // Without the breaker, 60 messages with 3 retries each would have made up to 240 failed calls.
+    // Without the breaker every one of the 60 messages would have failed at least once (up to 240 failed calls
+    // with 3 retries each). How many calls were already in flight when the trip landed depends on scheduling
+    // (20 are admitted at once, the burst), so the bound is "fewer failed calls than messages": some messages
+    // must have failed fast into the DLQ without a call.
     let failed_calls = h.sim.counters().outcome("2");
     eprintln!("outage: {failed_calls} failed calls, {replayed} of {N} replayed from the DLQ");
-    assert!(failed_calls > 0 && failed_calls <= 30, "failed calls during the outage: {failed_calls}");
+    assert!(failed_calls > 0 && failed_calls < N as u64, "failed calls during the outage: {failed_calls}");
 
     let mut seen = Vec::new();
     while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_millis(100), transitions.next()).await {

@@ -164,6 +164,9 @@ impl ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
+    fn validate(&self) -> Result<(), String> {
+        Config::validate(self)
+    }
 }
 
 impl Config {

@@ -103,7 +103,6 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     deps.health.set_started();
     tracing::info!(consumer = CONSUMER, "alerting started");
     shutdown.cancelled().await;
-    deps.health.set_shutting_down();
     if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait()).await.is_err() {
         tracing::warn!("shutdown grace expired with notifications still in flight");
     }

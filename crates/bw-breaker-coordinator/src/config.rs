@@ -36,6 +36,10 @@ impl bw_common::service::ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
+    fn validate(&self) -> Result<(), String> {
+        self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
+        self.initial_limits().map(|_| ()).map_err(|e| format!("invalid limits: {e}"))
+    }
 }
 
 /// Timing of the coordinator's loops.

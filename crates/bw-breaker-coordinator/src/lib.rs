@@ -381,18 +381,10 @@ fn file_mtime(path: &str) -> Option<SystemTime> {
     std::fs::metadata(PathBuf::from(path)).and_then(|m| m.modified()).ok()
 }
 
-/// Runs the coordinator: admin server with the breaker API, then the loops until `shutdown`.
+/// Runs the coordinator: mounts the breaker API on the admin server, then runs the loops until `shutdown`.
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let listen = cfg.admin.listen.clone();
     let coordinator = Coordinator::new(cfg, &deps)?;
-    let router = admin::router(coordinator.clone());
-    let addr =
-        bw_common::admin::serve(&listen, deps.health.clone(), deps.metrics.clone(), Some(router), shutdown.clone())
-            .await?;
-    tracing::info!(admin = %addr, "breaker-coordinator admin API listening");
+    deps.admin.mount(admin::router(coordinator.clone()));
     deps.health.set_started();
-    let result = coordinator.run(shutdown).await;
-    deps.health.set_shutting_down();
-    let _ = deps.nats.drain().await;
-    result
+    coordinator.run(shutdown).await
 }

@@ -9,8 +9,43 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use tokio_util::sync::CancellationToken;
+
+/// Service-specific admin routes, mounted by the service once it has built what they need (the coordinator's
+/// breaker API). The admin server is started before the service runs and answers them as soon as they are
+/// mounted; until then they are 404.
+#[derive(Clone, Default)]
+pub struct AdminRoutes {
+    routes: Arc<RwLock<Option<Router>>>,
+}
+
+impl AdminRoutes {
+    /// Mounts `router` beside `/livez`, `/readyz` and `/metrics` (replacing an earlier mount).
+    pub fn mount(&self, router: Router) {
+        if let Ok(mut slot) = self.routes.write() {
+            *slot = Some(router);
+        }
+    }
+
+    /// A router that forwards every request it gets to the mounted routes.
+    fn forwarder(&self) -> Router {
+        let routes = self.routes.clone();
+        Router::new().fallback(move |request: axum::extract::Request| {
+            let mounted = routes.read().ok().and_then(|r| r.clone());
+            async move {
+                use tower::ServiceExt;
+                match mounted {
+                    Some(router) => match router.oneshot(request).await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    },
+                    None => (StatusCode::NOT_FOUND, "not found\n").into_response(),
+                }
+            }
+        })
+    }
+}
 
 /// Shared Prometheus registry; services register their metrics at start.
 pub type MetricsRegistry = Arc<Mutex<Registry>>;
@@ -98,6 +133,19 @@ async fn metrics(State(state): State<AdminState>) -> impl IntoResponse {
     } else {
         (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], "metrics unavailable\n".to_string())
     }
+}
+
+/// Binds `listen` and serves the admin routes plus whatever the service mounts on `routes`, until `shutdown`.
+/// The skeleton cancels `shutdown` only after the service has settled and NATS is drained, so probes and
+/// `/metrics` answer through the whole wind-down. Returns the bound address.
+pub async fn serve_with(
+    listen: &str,
+    health: Arc<Health>,
+    registry: MetricsRegistry,
+    routes: &AdminRoutes,
+    shutdown: CancellationToken,
+) -> anyhow::Result<SocketAddr> {
+    serve(listen, health, registry, Some(routes.forwarder()), shutdown).await
 }
 
 /// Binds `listen` and serves the admin routes (plus `extra`) until `shutdown`. Returns the bound address.

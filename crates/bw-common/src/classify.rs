@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-/// Which limit a rate-limit error belongs to.
+/// Which limit a rate-limit error belongs to (meta-cloud-api.md §2.3, §3, §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateScope {
     /// 130429: the phone number's throughput.
@@ -17,19 +17,28 @@ pub enum RateScope {
     Spam,
     /// 80007 / 80008: the WABA's budget.
     Waba,
-    /// 4: the app's call budget.
+    /// 4 (and the generic Graph throttles 17, 32, 613): the app's call budget, across every number on the app.
     App,
+    /// 131049: Meta limits marketing to this recipient; wait at least 24 h.
+    Recipient,
+    /// 132069: a Flow was sent 10 times in the last hour.
+    Flow,
+    /// 133016: register / deregister attempts of the number.
+    Registration,
 }
 
 impl RateScope {
-    /// Default fleet-wide pause for this scope when Meta gives no hint, milliseconds.
+    /// Default pause for this scope when Meta gives no hint, milliseconds.
     pub fn default_pause_ms(self) -> u64 {
         match self {
             RateScope::PhoneNumber => 1_000,
-            RateScope::Pair => 6_000,
+            RateScope::Pair => 1_000,
             RateScope::Spam => 10 * 60_000,
             RateScope::Waba => 60_000,
             RateScope::App => 60_000,
+            RateScope::Recipient => 24 * 3_600_000,
+            RateScope::Flow => 3_600_000,
+            RateScope::Registration => 10 * 60_000,
         }
     }
 
@@ -41,6 +50,9 @@ impl RateScope {
             RateScope::Spam => "spam",
             RateScope::Waba => "waba",
             RateScope::App => "app",
+            RateScope::Recipient => "recipient",
+            RateScope::Flow => "flow",
+            RateScope::Registration => "registration",
         }
     }
 }
@@ -48,14 +60,17 @@ impl RateScope {
 /// What an error means for the message and the sender.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorClass {
-    /// Retry with backoff; counts toward the breaker.
+    /// Meta says "try again" and the message was not created: retry with backoff; counts toward the breaker.
     Transient,
     /// Back off the given scope fleet-wide; not a health failure; does not use up retries.
     RateLimit(RateScope),
     /// Permanent for this message or recipient: quarantine, never retry.
     Permanent,
-    /// Credentials or account fault: pause the sender, keep messages in the DLQ, alert.
+    /// Credentials or account fault: halt the token's numbers, keep messages in the DLQ, alert.
     Credentials,
+    /// A code this table does not know: a person looks at it (DLQ with reason "unclassified" and an alert);
+    /// never retried blindly, never quarantined after one try.
+    Unclassified,
 }
 
 impl ErrorClass {
@@ -66,11 +81,12 @@ impl ErrorClass {
             ErrorClass::RateLimit(_) => "rate_limit",
             ErrorClass::Permanent => "permanent",
             ErrorClass::Credentials => "credentials",
+            ErrorClass::Unclassified => "unclassified",
         }
     }
 }
 
-/// Classifies a Meta error code.
+/// Classifies a Meta error code (meta-cloud-api.md §2.3 and "More codes that matter to a sender").
 pub fn classify_code(code: i64) -> ErrorClass {
     use ErrorClass::*;
     match code {
@@ -78,8 +94,11 @@ pub fn classify_code(code: i64) -> ErrorClass {
         130429 => RateLimit(RateScope::PhoneNumber),
         131056 => RateLimit(RateScope::Pair),
         131048 => RateLimit(RateScope::Spam),
+        131049 => RateLimit(RateScope::Recipient),
         80007 | 80008 => RateLimit(RateScope::Waba),
         4 | 17 | 32 | 613 => RateLimit(RateScope::App),
+        132069 => RateLimit(RateScope::Flow),
+        133016 => RateLimit(RateScope::Registration),
         0
         | 3
         | 10
@@ -94,19 +113,21 @@ pub fn classify_code(code: i64) -> ErrorClass {
         | 131064
         | 131037
         | 133000
-        | 133010
-        | 133016 => Credentials,
-        _ => Permanent,
+        | 133010 => Credentials,
+        100 | 130403 | 130472 | 130497 | 131008 | 131009 | 131021 | 131026 | 131047 | 131050 | 131051 | 131053
+        | 132000 | 132001 | 132005 | 132007 | 132012 | 132015 | 132016 | 132068 | 135000 => Permanent,
+        _ => Unclassified,
     }
 }
 
-/// Classifies an HTTP answer whose body had no parseable Meta error.
+/// Classifies an HTTP error answer whose body had no parseable Meta error, for statuses that say the request
+/// was refused before it was processed. 5xx and 2xx without a Meta body are not classified here: they may
+/// have been accepted (meta-cloud-api.md §2.2, §5) and are unknown outcomes.
 pub fn classify_http_status(status: u16) -> ErrorClass {
     match status {
         429 => ErrorClass::RateLimit(RateScope::PhoneNumber),
         401 | 403 => ErrorClass::Credentials,
-        408 | 500..=599 => ErrorClass::Transient,
-        _ => ErrorClass::Permanent,
+        _ => ErrorClass::Unclassified,
     }
 }
 
@@ -163,17 +184,23 @@ mod tests {
         for code in [190, 10, 200, 250, 368, 131031, 0, 131042] {
             check(code, Credentials);
         }
-        for code in [100, 131008, 131009, 131026, 131047, 132000, 132001, 131049, 130472, 132015] {
+        for code in [100, 131008, 131009, 131026, 131047, 132000, 132001, 130472, 132015, 131050, 130403] {
             check(code, Permanent);
+        }
+        check(131049, RateLimit(RateScope::Recipient));
+        check(132069, RateLimit(RateScope::Flow));
+        check(133016, RateLimit(RateScope::Registration));
+        check(80008, RateLimit(RateScope::Waba));
+        for code in [5, 999, 131999, 2494101] {
+            check(code, Unclassified);
         }
     }
 
     #[test]
     fn http_fallback_and_body_parsing() {
-        assert_eq!(classify_http_status(503), Transient);
         assert_eq!(classify_http_status(429), RateLimit(RateScope::PhoneNumber));
         assert_eq!(classify_http_status(401), Credentials);
-        assert_eq!(classify_http_status(400), Permanent);
+        assert_eq!(classify_http_status(400), Unclassified);
         let body = br#"{"error":{"message":"(#130429) Rate limit hit","type":"OAuthException","code":130429,
             "error_data":{"messaging_product":"whatsapp","details":"Cloud API message throughput has been reached."},
             "error_subcode":2494055,"fbtrace_id":"Az8or2yhqkZfEZ-_4Qn_Bam"}}"#;

@@ -44,7 +44,55 @@ pub fn load<T: DeserializeOwned>(
         let path: Vec<String> = key[prefix.len()..].split("__").map(|s| s.to_ascii_lowercase()).collect();
         set_path(&mut merged, &path, parse_scalar(value));
     }
-    T::deserialize(toml::Value::Table(merged)).map_err(|e| ConfigError::Invalid(e.to_string()))
+    T::deserialize(toml::Value::Table(merged)).map_err(|e| ConfigError::Invalid(without_values(&e.to_string())))
+}
+
+/// A deserialization error without the offending value: serde quotes it in backticks (`invalid type: integer
+/// `8675309123`, expected a string`), and the value may be a secret or a phone number. Field and variant names
+/// (after "expected" / "unknown field") stay, they are what the reader needs.
+fn without_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for line in message.lines() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        match (line.find("invalid type: "), line.find("invalid value: ")) {
+            (Some(at), _) | (None, Some(at)) => {
+                let (head, rest) = line.split_at(at);
+                out.push_str(head);
+                // Keep "invalid type: integer" / "invalid value: string", drop the quoted value.
+                let mut kept = rest.to_string();
+                if let Some(open) = kept.find('`')
+                    && let Some(close) = kept[open + 1..].find('`')
+                {
+                    kept.replace_range(open..open + close + 2, "(value not shown)");
+                }
+                out.push_str(&kept);
+            }
+            _ => out.push_str(line),
+        }
+    }
+    out
+}
+
+/// Deserializes a text field (token, secret, id) from whatever the layers hold: an environment value that looks
+/// like a number or a boolean (`BW_INGEST__WEBHOOK__VERIFY_TOKEN=8675309123`) is parsed as a TOML scalar, yet it
+/// is still the text the operator wrote. Use with `#[serde(deserialize_with = "bw_common::config::text")]`.
+pub fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Text(String),
+        Integer(i64),
+        Float(f64),
+        Bool(bool),
+    }
+    Ok(match Text::deserialize(d)? {
+        Text::Text(s) => s,
+        Text::Integer(n) => n.to_string(),
+        Text::Float(f) => f.to_string(),
+        Text::Bool(b) => b.to_string(),
+    })
 }
 
 fn parse_scalar(raw: &str) -> toml::Value {
@@ -228,6 +276,28 @@ mod tests {
         assert_eq!(cfg.name, "from-file");
         assert_eq!(cfg.nats.url, "nats://10.0.0.5:4222");
         assert_eq!(cfg.nats.replicas, 1);
+    }
+
+    #[derive(Debug, Deserialize)]
+    struct Secret {
+        #[serde(deserialize_with = "text")]
+        token: String,
+        plain: Option<String>,
+    }
+
+    #[test]
+    fn text_fields_take_numeric_env_values_as_written_and_errors_never_show_values() {
+        let env = HashMap::from([("BW_X__TOKEN".to_string(), "8675309123".to_string())]);
+        let cfg: Secret = load("x", "", None, &env).expect("a numeric token is text");
+        assert_eq!(cfg.token, "8675309123");
+        let env = HashMap::from([
+            ("BW_X__TOKEN".to_string(), "abc".to_string()),
+            ("BW_X__PLAIN".to_string(), "5491155550099".to_string()),
+        ]);
+        let err = load::<Secret>("x", "", None, &env).expect_err("a plain String field refuses an integer");
+        let msg = err.to_string();
+        assert!(!msg.contains("5491155550099"), "the value leaked: {msg}");
+        assert!(msg.contains("invalid type: integer"), "{msg}");
     }
 
     #[test]

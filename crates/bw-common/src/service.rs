@@ -1,26 +1,65 @@
-//! The start-up sequence shared by every service binary, and the [`Deps`] handed to `run`.
+//! The one service skeleton every Breakwater binary and `bw-stack` use.
 //!
-//! `main` → parse `--config` → load config (exit 64 on error) → telemetry → connect NATS (and Redis) with
-//! bounded retry → ensure the JetStream topology → admin server → `run(cfg, deps, token)` → flush telemetry.
+//! A service declares its name, its compiled defaults, its config type (a [`ServiceConfig`], validated one way:
+//! [`load_config`]), optional admin routes (mounted on [`Deps::admin`]) and `run(config, deps, shutdown)`.
+//!
+//! Start-up: parse `--config` → load and validate the config (exit 64 with the reason on an invalid one) →
+//! telemetry → connect NATS (and Redis) with bounded retry → ensure the JetStream topology → admin server →
+//! `run`.
+//!
+//! Wind-down, the same for every service ([`run_service`]): on the first SIGTERM/SIGINT readiness turns 503 at
+//! once; `run` sees its token cancelled, stops taking new work and settles what is in flight within the
+//! service's grace ([`ServiceConfig::shutdown_grace`]); past the grace (plus a margin) the skeleton abandons it
+//! (JetStream redelivers whatever was not settled); then NATS is drained (every publish flushed, subscriptions
+//! closed) and only then does the admin server stop, so `/readyz` (503) and `/metrics` answer until the end.
 
-use crate::admin::{self, Health, MetricsRegistry};
-use crate::config::{AdminConfig, NatsConfig, RedisConfig, TelemetryConfig};
+use crate::admin::{self, AdminRoutes, Health, MetricsRegistry};
+use crate::config::{AdminConfig, ConfigError, NatsConfig, RedisConfig, TelemetryConfig};
 use crate::nats::Buckets;
 use async_nats::jetstream;
 use serde::de::DeserializeOwned;
+use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The common sections every service config has.
+/// How long the skeleton waits past a service's grace before it abandons the work still running.
+const ABANDON_MARGIN: Duration = Duration::from_secs(2);
+/// Bound on draining NATS at the end of the wind-down.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long start-up waits for NATS, Redis and the JetStream topology.
+const STARTUP_WAIT: Duration = Duration::from_secs(30);
+
+/// The common sections every service config has, and its validation.
 pub trait ServiceConfig: DeserializeOwned + Send + 'static {
     fn nats(&self) -> &NatsConfig;
     /// None for services that never talk to Redis.
     fn redis(&self) -> Option<&RedisConfig>;
     fn admin(&self) -> &AdminConfig;
     fn telemetry(&self) -> &TelemetryConfig;
+    /// Checks what the types cannot: relations between fields, ranges. The message names the field.
+    fn validate(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// How long in-flight work may take to settle after shutdown is asked for.
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+}
+
+/// Loads a service's config (compiled defaults → optional file → `BW_<SERVICE>__*` env) and validates it: the
+/// only way any binary, `bw-stack` or test gets a service config.
+pub fn load_config<C: ServiceConfig>(
+    service: &str,
+    defaults: &str,
+    file: Option<&Path>,
+    env: &HashMap<String, String>,
+) -> Result<C, ConfigError> {
+    let cfg: C = crate::config::load(service, defaults, file, env)?;
+    cfg.validate().map_err(ConfigError::Invalid)?;
+    Ok(cfg)
 }
 
 /// Connections and shared handles given to a service's `run`.
@@ -32,6 +71,8 @@ pub struct Deps {
     pub redis: Option<redis::aio::ConnectionManager>,
     pub metrics: MetricsRegistry,
     pub health: Arc<Health>,
+    /// Service-specific admin routes; mount them once what they need is built.
+    pub admin: AdminRoutes,
 }
 
 impl Deps {
@@ -52,7 +93,7 @@ impl Deps {
             None => None,
         };
         let health = Health::new(Some(nats.clone()), redis.clone());
-        Ok(Deps { nats, js, buckets, redis, metrics: admin::new_registry(), health })
+        Ok(Deps { nats, js, buckets, redis, metrics: admin::new_registry(), health, admin: AdminRoutes::default() })
     }
 }
 
@@ -89,16 +130,72 @@ pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Runs a service binary: the whole start-up sequence, then `run`, then shutdown. Never returns.
+/// Runs one service from a validated config until `stop` is cancelled, with the shared wind-down (module docs).
+/// `bw-stack` runs several of these on one token; each binary's [`main`] runs one.
+pub async fn run_service<C, F, Fut>(
+    service: &'static str,
+    cfg: C,
+    run: F,
+    stop: CancellationToken,
+) -> anyhow::Result<()>
+where
+    C: ServiceConfig,
+    F: FnOnce(C, Deps, CancellationToken) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
+{
+    let deps = Deps::connect(service, cfg.nats(), cfg.redis(), STARTUP_WAIT).await?;
+    // The admin server outlives the service's own token: it stops only after the drain below.
+    let admin_stop = CancellationToken::new();
+    let _admin_guard = admin_stop.clone().drop_guard();
+    let addr = admin::serve_with(
+        &cfg.admin().listen,
+        deps.health.clone(),
+        deps.metrics.clone(),
+        &deps.admin,
+        admin_stop.clone(),
+    )
+    .await?;
+    tracing::info!(service, admin = %addr, "started");
+    let health = deps.health.clone();
+    let asked = stop.clone();
+    let readiness = tokio::spawn(async move {
+        asked.cancelled().await;
+        health.set_shutting_down();
+    });
+    let grace = cfg.shutdown_grace();
+    let nats = deps.nats.clone();
+    let mut work = tokio::spawn(run(cfg, deps.clone(), stop.clone()));
+    let result = tokio::select! {
+        joined = &mut work => joined.unwrap_or_else(|e| Err(anyhow::anyhow!("service task failed: {e}"))),
+        _ = async { stop.cancelled().await; tokio::time::sleep(grace + ABANDON_MARGIN).await } => {
+            tracing::warn!(service, grace_ms = grace.as_millis() as u64, "in-flight work did not settle within the grace; JetStream will redeliver it");
+            work.abort();
+            Ok(())
+        }
+    };
+    // A service that returns on its own (an error) is not ready either while it winds down.
+    deps.health.set_shutting_down();
+    readiness.abort();
+    match tokio::time::timeout(DRAIN_TIMEOUT, nats.drain()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(service, error = %e, "NATS drain failed"),
+        Err(_) => tracing::warn!(service, "NATS drain did not finish in time"),
+    }
+    tracing::info!(service, "stopped");
+    result
+}
+
+/// Runs a service binary: the whole start-up sequence, [`run_service`], then exit. Never returns. Exit status 64
+/// for an invalid config (with the reason on stderr), 1 when the service failed, 0 after a clean stop.
 pub fn main<C, F, Fut>(service: &'static str, defaults: &'static str, run: F) -> !
 where
     C: ServiceConfig,
     F: FnOnce(C, Deps, CancellationToken) -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
+    Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
     use clap::Parser;
     let args = Args::parse();
-    let cfg: C = match crate::config::load(service, defaults, args.config.as_deref(), &crate::config::process_env()) {
+    let cfg: C = match load_config(service, defaults, args.config.as_deref(), &crate::config::process_env()) {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("bw-{service}: {e}");
@@ -115,21 +212,9 @@ where
     };
     let code = runtime.block_on(async move {
         let _telemetry = crate::telemetry::init(&format!("bw-{service}"), cfg.telemetry());
-        let token = crate::shutdown::signal_token();
-        let result = async {
-            let deps = Deps::connect(service, cfg.nats(), cfg.redis(), Duration::from_secs(30)).await?;
-            let addr =
-                admin::serve(&cfg.admin().listen, deps.health.clone(), deps.metrics.clone(), None, token.clone())
-                    .await?;
-            tracing::info!(service, admin = %addr, "started");
-            run(cfg, deps, token.clone()).await
-        }
-        .await;
-        match result {
-            Ok(()) => {
-                tracing::info!(service, "stopped");
-                0
-            }
+        let stop = crate::shutdown::signal_token();
+        match run_service(service, cfg, run, stop).await {
+            Ok(()) => 0,
             Err(e) => {
                 tracing::error!(service, error = format!("{e:#}"), "service failed");
                 1

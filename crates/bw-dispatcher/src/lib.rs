@@ -20,6 +20,7 @@ mod meta;
 mod metrics;
 mod moves;
 mod process;
+mod route;
 
 pub use meta::{MetaAnswer, MetaClient, build_body};
 
@@ -59,6 +60,7 @@ pub struct Config {
 pub struct MetaConfig {
     pub base_url: String,
     pub api_version: String,
+    #[serde(deserialize_with = "bw_common::config::text")]
     pub access_token: String,
     pub connect_timeout_ms: u64,
     pub request_timeout_ms: u64,
@@ -109,21 +111,9 @@ impl ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
-}
-
-impl Config {
-    /// Loads the config from the compiled defaults, an optional file and an env map.
-    pub fn load(
-        file: Option<&std::path::Path>,
-        env: &std::collections::HashMap<String, String>,
-    ) -> Result<Config, bw_common::config::ConfigError> {
-        let cfg: Config = bw_common::config::load("dispatcher", DEFAULT_CONFIG, file, env)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    fn validate(&self) -> Result<(), bw_common::config::ConfigError> {
-        let invalid = |m: &str| Err(bw_common::config::ConfigError::Invalid(m.to_string()));
+    fn validate(&self) -> Result<(), String> {
+        self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
+        let invalid = |m: &str| Err(m.to_string());
         if self.dispatch.ack_wait_ms <= self.meta.request_timeout_ms {
             return invalid("dispatch.ack_wait_ms must exceed meta.request_timeout_ms");
         }
@@ -138,10 +128,25 @@ impl Config {
         }
         Ok(())
     }
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.dispatch.shutdown_grace_ms)
+    }
 }
 
-/// Client-side bound on waiting for the answer to a pull request.
+impl Config {
+    /// Loads and validates the config from the compiled defaults, an optional file and an env map.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        env: &std::collections::HashMap<String, String>,
+    ) -> Result<Config, bw_common::config::ConfigError> {
+        bw_common::service::load_config("dispatcher", DEFAULT_CONFIG, file, env)
+    }
+}
+
+/// Client-side bound on waiting for the answer to a long-poll pull request.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
+/// Client-side bound on one no-wait fetch of a batch (see the fetch loop in [`run`]).
+const FETCH_BOUND: Duration = Duration::from_secs(10);
 
 /// An outstanding long-poll pull request (one message) on a lane.
 struct Parked {
@@ -254,6 +259,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         cfg: cfg.dispatch.clone(),
         metrics,
         shutdown: shutdown.clone(),
+        instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
@@ -301,7 +307,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                     Err(e) => tracing::warn!(lane = lane.token(), error = %e, "fetch failed"),
                 }
             };
-            if tokio::time::timeout(FETCH_TIMEOUT, fetch).await.is_err() {
+            // The bound is generous: a fetch abandoned while its messages are still arriving leaves them
+            // delivered-but-unacked until the ack wait (30 s) redelivers them, which stalled whole batches on a
+            // loaded machine when it was 2 s. A leader move answers within a few seconds anyway.
+            if tokio::time::timeout(FETCH_BOUND, fetch).await.is_err() {
                 tracing::warn!(lane = lane.token(), "fetch unanswered; retrying");
             }
         }
@@ -335,17 +344,16 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     // A message that reached a parked request meanwhile goes back at once rather than after the ack wait.
     for slot in &mut parked {
         if let Some(m) = take_parked(slot) {
-            let _ = m.ack_with(async_nats::jetstream::AckKind::Nak(None)).await;
+            let settle = bw_common::disposition::Settle::nak(moves::Outcome::Held, Duration::ZERO);
+            bw_common::disposition::apply(&m, settle, &tracing::Span::none(), |l| worker.metrics.result(l)).await;
         }
     }
 
-    deps.health.set_shutting_down();
     tracker.close();
     let grace = Duration::from_millis(cfg.dispatch.shutdown_grace_ms);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!("shutdown grace expired with messages in flight; JetStream will redeliver them");
     }
-    let _ = deps.nats.flush().await;
     tracing::info!("dispatcher stopped");
     Ok(())
 }

@@ -102,22 +102,34 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|s| s * 1000);
+        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
     let body = match response.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            // Headers arrived but the body did not: for a 200 Meta created the message; we cannot know its id.
+            // Headers arrived but the body did not: Meta may have created the message; we cannot know its id.
             return MetaAnswer::Unknown { details: format!("body lost: {}", error_chain(&e)), http_status: status };
         }
     };
-    if status == 200 {
-        if let Some(wamid) = parse_wamid(&body) {
+    answer_from(status, &body, usage_percent, retry_after_ms)
+}
+
+/// What a complete HTTP answer means. Only Meta's own error body, or a status that says the request was refused
+/// before processing (401, 403, 429, other 4xx), proves the message was not created. A 2xx without a message
+/// id and a 5xx without Meta's body may come after Meta accepted it (meta-cloud-api.md §2.2, §5): unknown
+/// outcome, reconciled through status webhooks, never resent blindly.
+pub(crate) fn answer_from(
+    status: u16,
+    body: &[u8],
+    usage_percent: Option<u32>,
+    retry_after_ms: Option<u64>,
+) -> MetaAnswer {
+    if (200..300).contains(&status) {
+        if let Some(wamid) = parse_wamid(body) {
             return MetaAnswer::Accepted { wamid, usage_percent };
         }
-        return MetaAnswer::Unknown { details: "200 without a message id".into(), http_status: status };
+        return MetaAnswer::Unknown { details: format!("{status} without a message id"), http_status: status };
     }
-    match classify::parse_error_body(&body) {
+    match classify::parse_error_body(body) {
         Some(err) => MetaAnswer::Rejected {
             class: classify::classify_code(err.code),
             code: err.code,
@@ -126,9 +138,8 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
             fbtrace_id: err.fbtrace_id,
             retry_after_ms,
         },
-        // A gateway timeout without Meta's body may have been processed upstream: unknown, not retried blindly.
-        None if status == 504 => {
-            MetaAnswer::Unknown { details: "504 without a Meta error body".into(), http_status: status }
+        None if status >= 500 => {
+            MetaAnswer::Unknown { details: format!("HTTP {status} without a Meta error body"), http_status: status }
         }
         None => MetaAnswer::Rejected {
             class: classify::classify_http_status(status),
@@ -139,6 +150,16 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
             retry_after_ms,
         },
     }
+}
+
+/// `Retry-After` as a wait in milliseconds: delta seconds, or an HTTP-date (a date in the past is no wait).
+pub(crate) fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(seconds.saturating_mul(1000));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).map(|d| d.as_millis() as u64).unwrap_or(0))
 }
 
 fn parse_wamid(body: &[u8]) -> Option<String> {
@@ -234,6 +255,18 @@ mod tests {
         assert_eq!(tpl["type"], "template");
         assert_eq!(tpl["template"]["language"]["code"], "es_AR");
         assert_eq!(tpl["template"]["components"][0]["parameters"][0]["text"], "1234");
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_784_000_000);
+        assert_eq!(parse_retry_after("30", now), Some(30_000));
+        assert_eq!(parse_retry_after(" 0 ", now), Some(0));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(90));
+        assert_eq!(parse_retry_after(&later, now), Some(90_000));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(5));
+        assert_eq!(parse_retry_after(&earlier, now), Some(0));
+        assert_eq!(parse_retry_after("soon", now), None);
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub(crate) struct Metrics {
     pub meta_seconds: Histogram,
     /// Messages refused for now and waiting in memory for their slot.
     pub held: Gauge,
+    /// Deliveries that met another delivery's on-the-wire mark and left without sending.
+    pub mark_conflicts: Counter,
+    /// Accepted sends whose answer carried no usage header (no quota visibility).
+    pub no_usage_headers: Counter,
 }
 
 impl Metrics {
@@ -32,6 +36,8 @@ impl Metrics {
             meta_responses: Family::default(),
             meta_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             held: Gauge::default(),
+            mark_conflicts: Counter::default(),
+            no_usage_headers: Counter::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
@@ -39,6 +45,16 @@ impl Metrics {
             r.register("bw_meta_responses", "Meta answers by error code", m.meta_responses.clone());
             r.register("bw_meta_request_seconds", "Duration of Meta send calls", m.meta_seconds.clone());
             r.register("bw_dispatch_held_messages", "Messages waiting in memory for an admission slot", m.held.clone());
+            r.register(
+                "bw_dispatch_mark_conflicts",
+                "Deliveries that met another delivery's on-the-wire mark and left without sending",
+                m.mark_conflicts.clone(),
+            );
+            r.register(
+                "bw_meta_no_usage_headers",
+                "Accepted sends whose answer carried no usage header (no quota visibility)",
+                m.no_usage_headers.clone(),
+            );
         }
         m
     }

@@ -1,9 +1,13 @@
 //! Moving a message to its next place. Order for every move: publish to the destination durably (with a
 //! message id, so a redelivered source does not publish twice), then update the ledger, then ack the source.
 //! A crash anywhere in between is healed by redelivery: the ledger check in `prepare` acks what was moved.
+//!
+//! Every move returns a [`Settle`] (what to tell the broker, and the typed [`Outcome`]); [`Worker::settle`] is
+//! the one function that applies it: the acknowledgement, the span's `result` field, the result metric and
+//! the outcome event.
 
 use crate::process::{Work, Worker, retry_after_pauses};
-use async_nats::jetstream::AckKind;
+use bw_common::disposition::{Label, Settle};
 use bw_common::names;
 use bw_common::proto::{
     Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason, Signal,
@@ -14,9 +18,74 @@ use prost::Message as _;
 use rand::RngExt;
 use std::time::Duration;
 
-const RETRY_LATER: Duration = Duration::from_secs(1);
+/// Redelivery delay after a move that could not complete (broker or ledger unavailable).
+pub(crate) const RETRY_LATER: Duration = Duration::from_secs(1);
+
+/// What one delivery of a message ended in (metric label `result`, span field `result`, outcome event).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Sent,
+    /// Accepted by Meta, but the ledger stayed unavailable: left unacknowledged for redelivery, whose
+    /// on-the-wire mark sends it to reconciliation.
+    SentUnrecorded,
+    Retry,
+    RateLimited,
+    /// Refused by admission for now and given back to the broker for its slot.
+    Held,
+    Dlq,
+    Quarantined,
+    Unknown,
+    Expired,
+    /// Already sent or moved by an earlier delivery (or owned by another live one): nothing to do.
+    AlreadyHandled,
+    Undecodable,
+    /// A move or ledger write failed; redelivered shortly.
+    MovePending,
+}
+
+impl Label for Outcome {
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Sent => "sent",
+            Outcome::SentUnrecorded => "sent_unrecorded",
+            Outcome::Retry => "retry",
+            Outcome::RateLimited => "rate_limited",
+            Outcome::Held => "held",
+            Outcome::Dlq => "dlq",
+            Outcome::Quarantined => "quarantined",
+            Outcome::Unknown => "unknown",
+            Outcome::Expired => "expired",
+            Outcome::AlreadyHandled => "already_handled",
+            Outcome::Undecodable => "undecodable",
+            Outcome::MovePending => "move_pending",
+        }
+    }
+}
+
+/// What the outcome event of a settled delivery carries.
+pub(crate) struct Event<'a> {
+    pub err: &'a ErrorInfo,
+    pub wamid: &'a str,
+    pub latency_us: u64,
+}
+
+/// Ack with `outcome` when the ledger write went through, else redeliver shortly.
+fn done_if(ok: bool, outcome: Outcome) -> Settle<Outcome> {
+    if ok { Settle::ack(outcome) } else { Settle::nak(Outcome::MovePending, RETRY_LATER) }
+}
 
 impl Worker {
+    /// Applies a delivery's decision: acknowledgement, span field, result metric, and (when given) the outcome
+    /// event. The only place the dispatcher settles a message it has a [`Work`] for.
+    pub(crate) async fn settle(&self, w: &Work, settle: Settle<Outcome>, event: Option<Event<'_>>) {
+        if let Some(e) = event
+            && settle.result != Outcome::MovePending
+        {
+            self.outcome(w, settle.result.label(), e.err, e.wamid, e.latency_us);
+        }
+        bw_common::disposition::apply(&w.msg, settle, &w.span, |label| self.metrics.result(label)).await;
+    }
+
     fn attempt_record(&self, w: &Work, err: &ErrorInfo) -> Attempt {
         Attempt {
             number: w.attempt(),
@@ -30,7 +99,7 @@ impl Worker {
 
     fn headers(&self, w: &Work, msg_id: &str) -> async_nats::HeaderMap {
         let mut h = async_nats::HeaderMap::new();
-        h.insert("Nats-Msg-Id", msg_id);
+        h.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
         bw_common::telemetry::inject(&w.span, &mut h);
         h
     }
@@ -52,28 +121,18 @@ impl Worker {
         }
     }
 
-    async fn finish(&self, w: &Work, result: &str, ok: bool) {
-        w.span.record("result", result);
-        if ok {
-            self.metrics.result(result);
-            if let Err(e) = w.msg.ack().await {
-                tracing::debug!(parent: &w.span, error = %e, "ack failed; redelivery will be acked by the ledger check");
-            }
-        } else {
-            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-        }
-    }
-
     /// Meta refused for now (rate limit): clear the on-the-wire mark and redeliver after `delay`.
-    pub(crate) async fn held_back(&self, w: Work, delay: Duration) {
+    pub(crate) async fn held_back(&self, w: Work, delay: Duration, err: ErrorInfo) {
         let ok = self
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
                 Some(e)
             })
             .await;
-        let _ = w.msg.ack_with(AckKind::Nak(Some(if ok { delay } else { RETRY_LATER }))).await;
+        let settle = Settle::nak(Outcome::RateLimited, if ok { delay } else { RETRY_LATER });
+        self.settle(&w, settle, Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
     }
 
     pub(crate) async fn sent(&self, w: Work, wamid: String, took: Duration) {
@@ -84,7 +143,7 @@ impl Worker {
         let recorded = retry_after_pauses(
             &[200, 500, 1_000, 2_000],
             move || async move {
-                let _ = work.msg.ack_with(AckKind::Progress).await;
+                let _ = work.msg.ack_with(bw_common::disposition::Disposition::Progress.ack_kind()).await;
             },
             move || async move { if this.try_sent(work, id).await { Ok(()) } else { Err(()) } },
         )
@@ -94,12 +153,12 @@ impl Worker {
                 // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
                 tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
             }
-            self.outcome(&w, "sent", &ErrorInfo::default(), &wamid, took.as_micros() as u64);
-            self.finish(&w, "sent", true).await;
+            let event = Event { err: &ErrorInfo::default(), wamid: &wamid, latency_us: took.as_micros() as u64 };
+            self.settle(&w, Settle::ack(Outcome::Sent), Some(event)).await;
             return;
         }
-        w.span.record("result", "sent_unrecorded");
-        self.metrics.result("sent_unrecorded");
+        w.span.record("result", Outcome::SentUnrecorded.label());
+        self.metrics.result(Outcome::SentUnrecorded.label());
         tracing::warn!(parent: &w.span, "Meta accepted the message but the ledger stayed unavailable; left for redelivery and reconciliation");
     }
 
@@ -108,6 +167,7 @@ impl Worker {
             let mut e = cur.cloned().unwrap_or_default();
             e.set_state(OperationState::Sent);
             e.in_flight_since_unix_ms = 0;
+            e.in_flight_token.clear();
             e.wamid = wamid.to_string();
             e.attempts += 1;
             e.reason.clear();
@@ -118,50 +178,72 @@ impl Worker {
         .await
     }
 
-    /// Transient failure: retry with decorrelated jitter through a delayed redelivery, or give up to the DLQ.
-    pub(crate) async fn retry_or_dlq(&self, w: Work, err: ErrorInfo) {
+    /// The ledger's retry state of this delivery, for [`crate::route::after_answer`]; draws the next jitter.
+    pub(crate) fn tries(&self, w: &Work) -> crate::route::Tries {
+        let entry = &w.ledger.entry;
+        let since =
+            if entry.first_failure_at_unix_ms > 0 { (now_ms() - entry.first_failure_at_unix_ms).max(0) } else { 0 };
+        let previous =
+            if entry.last_retry_delay_ms > 0 { entry.last_retry_delay_ms as u64 } else { self.cfg.retry_base_ms };
+        crate::route::Tries {
+            lane: w.lane,
+            failures: entry.transient_failures,
+            since_first_failure_ms: since as u64,
+            jitter_ms: decorrelated_jitter(self.cfg.retry_base_ms, self.cfg.retry_cap_ms, previous),
+        }
+    }
+
+    /// Transient failure that created nothing: a delayed redelivery after `delay_ms`, counted in the ledger's
+    /// retry state.
+    pub(crate) async fn retry(&self, w: Work, err: ErrorInfo, delay_ms: u64) {
         let now = now_ms();
         let entry = &w.ledger.entry;
         let failures = entry.transient_failures + 1;
         let first = if entry.first_failure_at_unix_ms > 0 { entry.first_failure_at_unix_ms } else { now };
-        let previous =
-            if entry.last_retry_delay_ms > 0 { entry.last_retry_delay_ms as u64 } else { self.cfg.retry_base_ms };
-        let delay = decorrelated_jitter(self.cfg.retry_base_ms, self.cfg.retry_cap_ms, previous);
-        let over_budget = (now - first) as u64 + delay > self.cfg.retry_budget_ms;
-        if w.lane == names::Lane::Replay || failures > self.cfg.max_retries || over_budget {
-            // Replayed messages go straight back: replay owns their schedule.
-            let (not_before, prev) = if w.lane == names::Lane::Replay {
-                let d = bw_ops::jitter::next_replay_delay(
-                    entry.replays,
-                    entry.last_retry_delay_ms.max(0) as u64,
-                    &mut rand::rng(),
-                );
-                (now + d as i64, d as i64)
-            } else {
-                (0, 0)
-            };
-            self.to_dlq(w, DlqReason::RetriesExhausted, "", err, not_before, prev).await;
-            return;
-        }
         let code = err.meta_code;
         let ok = self
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.attempts += 1;
                 e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
                 e.transient_failures = failures;
                 e.first_failure_at_unix_ms = first;
-                e.last_retry_delay_ms = delay as i64;
+                e.last_retry_delay_ms = delay_ms as i64;
                 e.last_code = code;
                 e.reason = "transient error; retrying".into();
                 Some(e)
             })
             .await;
-        self.outcome(&w, "retry", &err, "", 0);
-        w.span.record("result", "retry");
-        self.metrics.result("retry");
-        let wait = if ok { Duration::from_millis(delay) } else { RETRY_LATER };
-        let _ = w.msg.ack_with(AckKind::Nak(Some(wait))).await;
+        let settle = Settle::nak(Outcome::Retry, if ok { Duration::from_millis(delay_ms) } else { RETRY_LATER });
+        self.settle(&w, settle, Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
+    }
+
+    /// The DLQ after a failed try or a refusal: `not_before_ms` from now (a limit's wait), or for a replayed
+    /// message the next step of replay's jitter schedule.
+    pub(crate) async fn dead_letter(
+        &self,
+        w: Work,
+        reason: DlqReason,
+        incident: &str,
+        err: ErrorInfo,
+        not_before_ms: u64,
+    ) {
+        let now = now_ms();
+        let entry = &w.ledger.entry;
+        let (not_before, previous) = if not_before_ms > 0 {
+            (now + not_before_ms as i64, 0)
+        } else if w.lane == names::Lane::Replay && reason != DlqReason::BreakerOpen {
+            let d = bw_ops::jitter::next_replay_delay(
+                entry.replays,
+                entry.last_retry_delay_ms.max(0) as u64,
+                &mut rand::rng(),
+            );
+            (now + d as i64, d as i64)
+        } else {
+            (0, 0)
+        };
+        self.to_dlq(w, reason, incident, err, not_before, previous).await;
     }
 
     pub(crate) async fn to_dlq(
@@ -202,7 +284,7 @@ impl Worker {
             bw_common::nats::publish_durable(&self.js, subject, headers, envelope.encode_to_vec().into()).await
         {
             tracing::warn!(parent: &w.span, error = %e, "dlq publish failed; message stays queued");
-            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             return;
         }
         let counts_attempt = reason != DlqReason::BreakerOpen;
@@ -211,12 +293,13 @@ impl Worker {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Dlq);
                 e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
                 if counts_attempt {
                     e.attempts += 1;
                 }
                 e.incident_id = incident.to_string();
                 e.last_code = err.meta_code;
-                e.reason = format!("dlq: {}", bw_ops::inspect::dlq_reason_label(reason));
+                e.reason = format!("dlq: {}", reason.label());
                 e.transient_failures = 0;
                 e.first_failure_at_unix_ms = 0;
                 // For a replayed message this is the replay back-off, the "previous" of the next jitter draw.
@@ -224,8 +307,7 @@ impl Worker {
                 Some(e)
             })
             .await;
-        self.outcome(&w, "dlq", &err, "", 0);
-        self.finish(&w, "dlq", ok).await;
+        self.settle(&w, done_if(ok, Outcome::Dlq), Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
     }
 
     pub(crate) async fn to_quarantine(&self, w: Work, reason: QuarantineReason, err: ErrorInfo) {
@@ -244,7 +326,7 @@ impl Worker {
         if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await
         {
             tracing::warn!(parent: &w.span, error = %e, "quarantine publish failed; message stays queued");
-            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             return;
         }
         let ok = self
@@ -252,15 +334,14 @@ impl Worker {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Quarantined);
                 e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
                 e.attempts += 1;
                 e.last_code = err.meta_code;
                 e.reason = format!("permanent error {}", err.meta_code);
                 Some(e)
             })
             .await;
-        self.outcome(&w, "quarantined", &err, "", 0);
-        self.signal("quarantined", &w, &err).await;
-        self.finish(&w, "quarantined", ok).await;
+        self.settle(&w, done_if(ok, Outcome::Quarantined), Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
     }
 
     /// The request may have reached Meta: never resend blindly; wait for a status webhook.
@@ -279,7 +360,7 @@ impl Worker {
         if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await
         {
             tracing::warn!(parent: &w.span, error = %e, "unknown-outcome publish failed; message stays queued");
-            let _ = w.msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             return;
         }
         let ok = self
@@ -292,13 +373,13 @@ impl Worker {
                 }
                 e.attempts += 1;
                 e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
                 e.flagged_unknown = true;
                 e.reason = "outcome unknown; waiting for a status webhook".into();
                 Some(e)
             })
             .await;
-        self.outcome(&w, "unknown", &err, "", 0);
-        self.finish(&w, "unknown", ok).await;
+        self.settle(&w, done_if(ok, Outcome::Unknown), Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
     }
 
     pub(crate) async fn expire(&self, w: Work) {
@@ -310,8 +391,8 @@ impl Worker {
                 Some(e)
             })
             .await;
-        self.outcome(&w, "expired", &ErrorInfo::default(), "", 0);
-        self.finish(&w, "expired", ok).await;
+        let event = Event { err: &ErrorInfo::default(), wamid: "", latency_us: 0 };
+        self.settle(&w, done_if(ok, Outcome::Expired), Some(event)).await;
     }
 
     pub(crate) async fn signal(&self, kind: &str, w: &Work, err: &ErrorInfo) {

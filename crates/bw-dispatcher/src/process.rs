@@ -4,12 +4,15 @@
 use crate::DispatchConfig;
 use crate::meta::{MetaAnswer, MetaClient};
 use crate::metrics::Metrics;
-use async_nats::jetstream::{self, AckKind};
+use crate::moves::{Outcome, RETRY_LATER};
+use crate::route::{self, Next, Policy};
+use async_nats::jetstream;
 use bw_breaker::{AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
 use bw_common::classify::ErrorClass;
+use bw_common::disposition::Settle;
 use bw_common::ledger::{Ledger, Versioned};
 use bw_common::names::Lane;
-use bw_common::proto::{DispatchOutcome, DlqReason, ErrorInfo, OperationState, QuarantineReason, SendRequest};
+use bw_common::proto::{DispatchOutcome, ErrorInfo, OperationState, SendRequest};
 use bw_common::time::now_ms;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -28,6 +31,8 @@ pub(crate) struct Worker {
     pub cfg: DispatchConfig,
     pub metrics: Metrics,
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// This instance's id in on-the-wire mark tokens.
+    pub instance: String,
 }
 
 /// A message that passed the pre-checks and waits for admission.
@@ -244,7 +249,7 @@ impl Worker {
                 w.span.record("decision", label);
                 self.metrics.decision(label);
                 let wait = Duration::from_millis(retry_after_ms);
-                let holdable = !matches!(reason, DenyReason::BreakerOpen | DenyReason::ForcedOpen);
+                let holdable = crate::route::holdable(reason);
                 let hold_max = Duration::from_millis(self.cfg.hold_max_ms);
                 if holdable && w.received.elapsed() + wait <= hold_max && !self.shutdown.is_cancelled() {
                     let now = Instant::now();
@@ -261,9 +266,7 @@ impl Worker {
 
     /// Gives a held message back to the broker, redelivered after `delay`.
     async fn release(&self, w: Work, delay: Duration) {
-        self.metrics.result("held");
-        let _ =
-            w.msg.ack_with(AckKind::Nak(Some(delay.clamp(Duration::from_millis(20), Duration::from_secs(60))))).await;
+        self.settle(&w, Settle::nak(Outcome::Held, delay), None).await;
     }
 
     /// Records the buffered outcomes, one breaker round trip per scope.
@@ -273,19 +276,32 @@ impl Worker {
         }
     }
 
+    /// Sets the on-the-wire mark by compare-and-set. Only the delivery whose write set the mark may send: a
+    /// delivery that finds another's mark (a second live copy of the operation: a replayed DLQ entry, a producer
+    /// retry after the dedup window, a redelivery while the first is still mid-call) leaves without sending, to
+    /// BW_UNKNOWN, where the other delivery's outcome or a status webhook settles the operation.
     async fn mark_in_flight(&self, mut w: Work, canary: bool) -> Option<(Work, bool)> {
         let now = now_ms();
+        let token = self.delivery_token(&w);
         // A write whose answer is lost (broker failover) may still have landed: retry the same mark a few times
-        // rather than give up, or the next delivery would find a mark for a request that never left.
-        let (ledger, op, expected) = (&self.ledger, &w.request.operation_id, &w.ledger);
+        // rather than give up; our own token on the entry means it did.
+        let (ledger, op, expected, token_ref) = (&self.ledger, &w.request.operation_id, &w.ledger, &token);
         let result = retry_after_pauses(
             &[100, 300, 1_000],
             || async {},
             move || async move {
                 ledger
                     .update_versioned(op, Some(expected.clone()), |cur| {
-                        let mut e = cur.cloned().unwrap_or_default();
+                        let e = cur?;
+                        if e.state() != OperationState::Queued || e.in_flight_token == *token_ref {
+                            return None;
+                        }
+                        if e.in_flight_since_unix_ms != 0 {
+                            return None;
+                        }
+                        let mut e = e.clone();
                         e.in_flight_since_unix_ms = now;
+                        e.in_flight_token = token_ref.clone();
                         Some(e)
                     })
                     .await
@@ -293,22 +309,39 @@ impl Worker {
         )
         .await;
         match result {
-            Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_since_unix_ms == now => {
+            Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_token == token => {
                 w.ledger = v;
                 Some((w, canary))
             }
+            Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_since_unix_ms != 0 => {
+                // Another live delivery holds the mark: it alone may send.
+                self.metrics.mark_conflicts.inc();
+                let err = ErrorInfo {
+                    details: "another delivery of this operation is on the wire; this one did not send".into(),
+                    at_unix_ms: v.entry.in_flight_since_unix_ms,
+                    ..Default::default()
+                };
+                w.ledger = v;
+                self.to_unknown(w, err).await;
+                None
+            }
             Ok(_) => {
                 // Another delivery moved it meanwhile; this one has nothing left to do.
-                self.metrics.result("already_handled");
-                let _ = w.msg.ack().await;
+                self.settle(&w, Settle::ack(Outcome::AlreadyHandled), None).await;
                 None
             }
             Err(e) => {
                 tracing::warn!(parent: &w.span, error = %e, "ledger unavailable before sending; message will be redelivered");
-                let _ = w.msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
                 None
             }
         }
+    }
+
+    /// Identifies this delivery of this message: instance, stream sequence, delivery count.
+    fn delivery_token(&self, w: &Work) -> String {
+        let (seq, delivered) = w.msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 0));
+        format!("{}.{seq}.{delivered}", self.instance)
     }
 
     /// Decodes, checks the ledger and the deadline. Returns None when the message was already handled here.
@@ -319,10 +352,13 @@ impl Worker {
                 // Ingest validates everything it stores, so this is corruption or a foreign publisher. Keep the
                 // bytes for inspection and stop redelivery.
                 tracing::error!(subject = %msg.subject, error = %e, "undecodable message in BW_SEND; moved to BW_REJECTED");
-                self.metrics.result("undecodable");
-                if self.reject_raw(&msg, &e.to_string()).await {
-                    let _ = msg.ack_with(AckKind::Term).await;
-                }
+                let settle = if self.reject_raw(&msg, &e.to_string()).await {
+                    Settle::term(Outcome::Undecodable)
+                } else {
+                    Settle::nak(Outcome::MovePending, RETRY_LATER)
+                };
+                bw_common::disposition::apply(&msg, settle, &tracing::Span::current(), |l| self.metrics.result(l))
+                    .await;
                 return None;
             }
         };
@@ -342,18 +378,21 @@ impl Worker {
             Ok(Some(v)) => v,
             Ok(None) => {
                 // Ingest stores the message before the ledger entry; a crash in between leaves this case.
+                // Never ack a message whose ledger entry could not be created: it would be in no place at all.
                 let _ = self.ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Queued)).await;
                 match self.ledger.get(&request.operation_id).await {
                     Ok(Some(v)) => v,
                     _ => {
-                        let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                        let settle = Settle::nak(Outcome::MovePending, RETRY_LATER);
+                        bw_common::disposition::apply(&msg, settle, &span, |l| self.metrics.result(l)).await;
                         return None;
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "ledger unavailable; message will be redelivered");
-                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
+                tracing::warn!(parent: &span, error = %e, "ledger unavailable; message will be redelivered");
+                let settle = Settle::nak(Outcome::MovePending, RETRY_LATER);
+                bw_common::disposition::apply(&msg, settle, &span, |l| self.metrics.result(l)).await;
                 return None;
             }
         };
@@ -361,8 +400,10 @@ impl Worker {
             // Already sent, or already moved elsewhere by an earlier delivery of this same message (a crash
             // between the move and the ack). Never send it again.
             span.in_scope(|| tracing::debug!(state = versioned.entry.state().label(), "already handled; acked"));
-            self.metrics.result("already_handled");
-            let _ = msg.ack().await;
+            bw_common::disposition::apply(&msg, Settle::ack(Outcome::AlreadyHandled), &span, |l| {
+                self.metrics.result(l)
+            })
+            .await;
             return None;
         }
         span.record("attempt", versioned.entry.attempts + 1);
@@ -396,71 +437,88 @@ impl Worker {
         Some(work)
     }
 
-    async fn on_denied(&self, w: Work, reason: DenyReason, retry_after_ms: u64, incident: &str) {
-        match reason {
-            DenyReason::BreakerOpen | DenyReason::ForcedOpen => {
-                let err = ErrorInfo {
-                    details: "breaker open: failed fast".into(),
-                    at_unix_ms: now_ms(),
-                    ..Default::default()
-                };
-                self.to_dlq(w, DlqReason::BreakerOpen, incident, err, 0, 0).await;
-            }
-            DenyReason::Paused if retry_after_ms > self.cfg.long_pause_ms => {
-                // A long pause (credentials, spam restriction): keep the message in the DLQ until it is fixed
-                // rather than cycling it through redeliveries.
-                let err = ErrorInfo { details: "sender paused".into(), at_unix_ms: now_ms(), ..Default::default() };
-                self.to_dlq(w, DlqReason::Credentials, incident, err, now_ms() + retry_after_ms as i64, 0).await;
-            }
-            _ => self.release(w, Duration::from_millis(retry_after_ms)).await,
+    fn policy(&self) -> Policy {
+        Policy {
+            max_retries: self.cfg.max_retries,
+            retry_budget_ms: self.cfg.retry_budget_ms,
+            long_pause_ms: self.cfg.long_pause_ms,
         }
     }
 
-    async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
-        match answer {
-            MetaAnswer::Accepted { wamid, usage_percent } => {
-                self.metrics.meta_response("200");
-                if let Some(pct) = usage_percent {
-                    self.breaker.observe_usage(&w.scope(), pct).await;
-                }
-                self.sent(w, wamid, took).await;
-            }
-            MetaAnswer::Rejected { class, code, http_status, details, fbtrace_id, retry_after_ms } => {
-                self.metrics.meta_response(&code.to_string());
-                let err = ErrorInfo {
-                    meta_code: code,
-                    http_status: http_status as u32,
-                    details,
-                    fbtrace_id,
-                    at_unix_ms: now_ms(),
+    async fn on_denied(&self, w: Work, reason: DenyReason, retry_after_ms: u64, incident: &str) {
+        match route::after_denial(reason, retry_after_ms, &self.policy()) {
+            Next::Dlq { reason: dlq, not_before_ms, .. } => {
+                let details = match reason {
+                    DenyReason::BreakerOpen | DenyReason::ForcedOpen => "breaker open: failed fast",
+                    _ => "sender paused",
                 };
-                match class {
-                    ErrorClass::Transient => self.retry_or_dlq(w, err).await,
-                    ErrorClass::RateLimit(scope) => {
-                        let delay = retry_after_ms.unwrap_or(scope.default_pause_ms());
-                        self.metrics.result("rate_limited");
-                        w.span.record("result", "rate_limited");
-                        self.outcome(&w, "rate_limited", &err, "", 0);
-                        self.held_back(w, Duration::from_millis(delay.min(60_000))).await;
+                let err = ErrorInfo { details: details.into(), at_unix_ms: now_ms(), ..Default::default() };
+                self.dead_letter(w, dlq, incident, err, not_before_ms).await;
+            }
+            Next::HoldBack { delay_ms } => self.release(w, Duration::from_millis(delay_ms)).await,
+            other => {
+                // after_denial only dead-letters or holds back; anything else is a bug in the table.
+                tracing::error!(parent: &w.span, next = ?other, "unexpected route for a refusal; held back");
+                self.release(w, Duration::from_millis(retry_after_ms)).await;
+            }
+        }
+    }
+
+    /// Carries out what [`route::after_answer`] decided for Meta's answer.
+    async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
+        let next = route::after_answer(&answer, &self.tries(&w), &self.policy());
+        let err = match &answer {
+            MetaAnswer::Accepted { usage_percent, .. } => {
+                self.metrics.meta_response("200");
+                match usage_percent {
+                    Some(pct) => self.breaker.observe_usage(&w.scope(), *pct).await,
+                    None => {
+                        self.metrics.no_usage_headers.inc();
                     }
-                    ErrorClass::Permanent => self.to_quarantine(w, QuarantineReason::PermanentError, err).await,
-                    ErrorClass::Credentials => {
-                        self.signal("credentials", &w, &err).await;
-                        self.to_dlq(w, DlqReason::Credentials, "", err, 0, 0).await;
-                    }
+                }
+                ErrorInfo::default()
+            }
+            MetaAnswer::Rejected { code, http_status, details, fbtrace_id, .. } => {
+                self.metrics.meta_response(&code.to_string());
+                ErrorInfo {
+                    meta_code: *code,
+                    http_status: u32::from(*http_status),
+                    details: details.clone(),
+                    fbtrace_id: fbtrace_id.clone(),
+                    at_unix_ms: now_ms(),
                 }
             }
             MetaAnswer::NotSent { details } => {
                 self.metrics.meta_response("not_sent");
-                let err = ErrorInfo { details, at_unix_ms: now_ms(), ..Default::default() };
-                self.retry_or_dlq(w, err).await;
+                ErrorInfo { details: details.clone(), at_unix_ms: now_ms(), ..Default::default() }
             }
             MetaAnswer::Unknown { details, http_status } => {
                 self.metrics.meta_response("unknown");
-                let err =
-                    ErrorInfo { details, http_status: http_status as u32, at_unix_ms: now_ms(), ..Default::default() };
-                self.to_unknown(w, err).await;
+                ErrorInfo {
+                    details: details.clone(),
+                    http_status: u32::from(*http_status),
+                    at_unix_ms: now_ms(),
+                    ..Default::default()
+                }
             }
+        };
+        match next {
+            Next::Sent { wamid } => self.sent(w, wamid, took).await,
+            Next::Retry { delay_ms } => self.retry(w, err, delay_ms).await,
+            Next::HoldBack { delay_ms } => self.held_back(w, Duration::from_millis(delay_ms), err).await,
+            Next::Dlq { reason, not_before_ms, signal } => {
+                if let Some(kind) = signal {
+                    self.signal(kind, &w, &err).await;
+                }
+                self.dead_letter(w, reason, "", err, not_before_ms).await;
+            }
+            Next::Quarantine { reason, signal } => {
+                if let Some(kind) = signal {
+                    self.signal(kind, &w, &err).await;
+                }
+                self.to_quarantine(w, reason, err).await;
+            }
+            Next::Unknown => self.to_unknown(w, err).await,
         }
     }
 
@@ -493,6 +551,8 @@ impl Worker {
     }
 }
 
+/// What the breaker learns from an answer. Unknown outcomes count as transient failures (Meta is not answering
+/// as it should), rate limits pause their own scope, permanent and unclassified errors never count.
 fn outcome_kind(answer: &MetaAnswer, cfg: &DispatchConfig) -> OutcomeKind {
     match answer {
         MetaAnswer::Accepted { .. } => OutcomeKind::Success,
@@ -502,7 +562,7 @@ fn outcome_kind(answer: &MetaAnswer, cfg: &DispatchConfig) -> OutcomeKind {
             ErrorClass::RateLimit(scope) => {
                 OutcomeKind::RateLimited { scope: *scope, pause_ms: retry_after_ms.unwrap_or(scope.default_pause_ms()) }
             }
-            ErrorClass::Permanent => OutcomeKind::Permanent,
+            ErrorClass::Permanent | ErrorClass::Unclassified => OutcomeKind::Permanent,
             ErrorClass::Credentials => OutcomeKind::Credentials { pause_ms: cfg.long_pause_ms.max(60_000) * 5 },
         },
     }

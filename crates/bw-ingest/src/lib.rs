@@ -162,6 +162,12 @@ impl ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
+    fn validate(&self) -> Result<(), String> {
+        Config::validate(self)
+    }
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.shutdown.grace_ms)
+    }
 }
 
 impl Config {
@@ -181,23 +187,19 @@ impl Config {
                 (k.clone(), if secret { toml_quoted(v) } else { v.clone() })
             })
             .collect();
-        let cfg: Config = bw_common::config::load("ingest", DEFAULT_CONFIG, file, &env)?;
-        cfg.validate()?;
-        Ok(cfg)
+        bw_common::service::load_config("ingest", DEFAULT_CONFIG, file, &env)
     }
 
     /// Checks values serde cannot.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |m: &str| Err(ConfigError::Invalid(m.to_string()));
+    pub fn validate(&self) -> Result<(), String> {
+        let invalid = |m: &str| Err(m.to_string());
         if !self.webhook.path.starts_with('/') || self.webhook.path == "/v1/messages" {
             return invalid("webhook.path must start with '/' and differ from /v1/messages");
         }
         if self.webhook.max_body_bytes == 0 || self.intake.max_request_bytes == 0 {
             return invalid("webhook.max_body_bytes and intake.max_request_bytes must be > 0");
         }
-        if let Err(e) = auth::Keys::new(self.intake.auth, &self.intake.api_keys) {
-            return Err(ConfigError::Invalid(e));
-        }
+        auth::Keys::new(self.intake.auth, &self.intake.api_keys)?;
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
@@ -283,7 +285,6 @@ impl Listeners {
 
 /// Runs ingest until `shutdown`, binding the listeners from `cfg.http`.
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cfg.validate()?;
     let listeners = Listeners::bind(&cfg.http).await?;
     run_on(cfg, deps, listeners, shutdown).await
 }
@@ -362,7 +363,7 @@ async fn consume<F, Fut>(
 
 /// Runs ingest on listeners bound by the caller until `shutdown`, then drains in-flight work.
 pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: CancellationToken) -> anyhow::Result<()> {
-    cfg.validate()?;
+    cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let metrics = metrics::Metrics::register(&deps.metrics);
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let budget = Duration::from_secs(30);
@@ -472,14 +473,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     tracing::info!(http = %http_addr, nats_intake = cfg.intake.nats_enabled, "ingest ready");
 
     shutdown.cancelled().await;
-    deps.health.set_shutting_down();
     tracker.close();
     let grace = Duration::from_millis(cfg.shutdown.grace_ms);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(grace_ms = cfg.shutdown.grace_ms, "in-flight work did not finish within the grace period");
-    }
-    if let Err(e) = deps.nats.flush().await {
-        tracing::debug!(error = %e, "final flush failed");
     }
     Ok(())
 }

@@ -138,15 +138,7 @@ pub fn quarantine_stats(items: &[QuarantineItem]) -> Vec<QueueStats> {
 
 /// Short lowercase name of a DLQ reason.
 pub fn dlq_reason_label(reason: DlqReason) -> &'static str {
-    match reason {
-        DlqReason::Unspecified => "unspecified",
-        DlqReason::BreakerOpen => "breaker_open",
-        DlqReason::RetriesExhausted => "retries_exhausted",
-        DlqReason::Credentials => "credentials",
-        DlqReason::UnknownNoStatus => "unknown_no_status",
-        DlqReason::Operator => "operator",
-        DlqReason::Failover => "failover",
-    }
+    reason.label()
 }
 
 /// Short lowercase name of a quarantine reason.

@@ -71,3 +71,24 @@ impl v1::OperationState {
 
 #[cfg(test)]
 mod tests;
+
+impl v1::DlqReason {
+    /// Short lowercase name, for metrics, `bwctl` and the ledger's reason text.
+    pub fn label(self) -> &'static str {
+        use v1::DlqReason::*;
+        match self {
+            Unspecified => "unspecified",
+            BreakerOpen => "breaker_open",
+            RetriesExhausted => "retries_exhausted",
+            Credentials => "credentials",
+            UnknownNoStatus => "unknown_no_status",
+            Operator => "operator",
+            Failover => "failover",
+            RateLimited => "rate_limited",
+            SpamLimited => "spam_limited",
+            RecipientDeferred => "recipient_deferred",
+            Unclassified => "unclassified",
+            SenderPaused => "sender_paused",
+        }
+    }
+}

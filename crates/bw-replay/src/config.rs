@@ -164,6 +164,12 @@ impl bw_common::service::ServiceConfig for Config {
     fn telemetry(&self) -> &TelemetryConfig {
         &self.telemetry
     }
+    fn validate(&self) -> Result<(), String> {
+        Config::validate(self)
+    }
+    fn shutdown_grace(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.replay.shutdown_grace_ms)
+    }
 }
 
 #[cfg(test)]

@@ -183,7 +183,6 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             }
         }
     }
-    deps.health.set_shutting_down();
     drop(workers);
     tracker.close();
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {

@@ -5,77 +5,67 @@
 //!
 //! Example: `scripts/setup.sh --start && cargo run --release -p bw-stack -- --with-simulator`.
 
-use bw_common::service::{Deps, ServiceConfig};
+use bw_common::service::{Deps, ServiceConfig, load_config, run_service};
 use clap::Parser;
 use std::collections::HashMap;
 use std::future::Future;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(about = "Every Breakwater service in one process (local use)")]
 struct Args {
-    /// Also run the Meta simulator on this address and aim the dispatcher and its webhooks at it.
+    /// Also run the Meta simulator on this address and aim the dispatcher and its webhooks at it. The simulator
+    /// accepts the dispatcher's access token and signs with ingest's app secret, whatever they are set to.
     #[arg(long)]
     with_simulator: bool,
     #[arg(long, default_value = "127.0.0.1:8089")]
     simulator_listen: std::net::SocketAddr,
 }
 
+/// Credentials of the local stack when the environment sets none.
 const SIM_TOKEN: &str = "local-access-token";
 const SIM_SECRET: &str = "local-app-secret";
 
 fn load<C: ServiceConfig>(service: &str, defaults: &str, env: &HashMap<String, String>) -> anyhow::Result<C> {
-    bw_common::config::load(service, defaults, None, env).map_err(|e| anyhow::anyhow!("bw-{service}: {e}"))
+    load_config(service, defaults, None, env).map_err(|e| anyhow::anyhow!("bw-{service}: {e}"))
 }
 
-async fn start<C, F, Fut>(
+/// Starts one service on the shared token through the common skeleton.
+fn start<C, F, Fut>(
     service: &'static str,
     cfg: C,
-    own_admin: bool,
     run: F,
     token: CancellationToken,
-) -> anyhow::Result<tokio::task::JoinHandle<anyhow::Result<()>>>
+) -> tokio::task::JoinHandle<anyhow::Result<()>>
 where
     C: ServiceConfig,
     F: FnOnce(C, Deps, CancellationToken) -> Fut + Send + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let deps = Deps::connect(service, cfg.nats(), cfg.redis(), Duration::from_secs(30)).await?;
-    if !own_admin {
-        let addr = bw_common::admin::serve(
-            &cfg.admin().listen,
-            deps.health.clone(),
-            deps.metrics.clone(),
-            None,
-            token.clone(),
-        )
-        .await?;
-        tracing::info!(service, admin = %addr, "started");
-    }
-    Ok(tokio::spawn(run(cfg, deps, token)))
+    tokio::spawn(run_service(service, cfg, run, token))
 }
 
 async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
     let mut env = bw_common::config::process_env();
     let sim = if args.with_simulator {
+        // Local credentials unless the environment sets others; the simulator takes whichever the services use.
+        for (key, value) in
+            [("BW_DISPATCHER__META__ACCESS_TOKEN", SIM_TOKEN), ("BW_INGEST__WEBHOOK__APP_SECRET", SIM_SECRET)]
+        {
+            env.entry(key.to_string()).or_insert_with(|| value.to_string());
+        }
         let ingest: bw_ingest::Config = load("ingest", bw_ingest::DEFAULT_CONFIG, &env)?;
+        let dispatcher: bw_dispatcher::Config = load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env)?;
         let mut cfg = bw_meta_sim::SimConfig {
             listen: args.simulator_listen,
-            access_tokens: vec![SIM_TOKEN.into()],
-            app_secret: SIM_SECRET.into(),
+            access_tokens: vec![dispatcher.meta.access_token.clone()],
+            app_secret: ingest.webhook.app_secret.clone(),
             ..Default::default()
         };
         cfg.webhook.url = Some(format!("http://{}{}", ingest.http.listen, ingest.webhook.path));
         let sim = bw_meta_sim::MetaSim::start(cfg).await?;
         tracing::info!(url = %sim.base_url(), "Meta simulator started");
-        for (key, value) in [
-            ("BW_DISPATCHER__META__BASE_URL", sim.base_url()),
-            ("BW_DISPATCHER__META__ACCESS_TOKEN", SIM_TOKEN.to_string()),
-            ("BW_INGEST__WEBHOOK__APP_SECRET", SIM_SECRET.to_string()),
-        ] {
-            env.entry(key.to_string()).or_insert(value);
-        }
+        env.entry("BW_DISPATCHER__META__BASE_URL".to_string()).or_insert(sim.base_url());
         Some(sim)
     } else {
         None
@@ -88,43 +78,33 @@ async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
                 bw_breaker_coordinator::DEFAULT_CONFIG,
                 &env,
             )?,
-            true,
             bw_breaker_coordinator::run,
             token.clone(),
-        )
-        .await?,
+        ),
         start(
             "ingest",
-            bw_ingest::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-ingest: {e}"))?,
-            false,
+            load::<bw_ingest::Config>("ingest", bw_ingest::DEFAULT_CONFIG, &env)?,
             bw_ingest::run,
             token.clone(),
-        )
-        .await?,
+        ),
         start(
             "dispatcher",
-            bw_dispatcher::Config::load(None, &env).map_err(|e| anyhow::anyhow!("bw-dispatcher: {e}"))?,
-            false,
+            load::<bw_dispatcher::Config>("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env)?,
             bw_dispatcher::run,
             token.clone(),
-        )
-        .await?,
+        ),
         start(
             "replay",
             load::<bw_replay::Config>("replay", bw_replay::DEFAULT_CONFIG, &env)?,
-            false,
             bw_replay::run,
             token.clone(),
-        )
-        .await?,
+        ),
         start(
             "alerting",
             load::<bw_alerting::Config>("alerting", bw_alerting::DEFAULT_CONFIG, &env)?,
-            false,
             bw_alerting::run,
             token.clone(),
-        )
-        .await?,
+        ),
     ];
     tracing::info!("all services running; SIGTERM or Ctrl-C stops them");
     let mut failed = None;

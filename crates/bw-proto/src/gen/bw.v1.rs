@@ -528,6 +528,19 @@ pub enum DlqReason {
     Operator = 5,
     /// Failover to a secondary number was requested.
     Failover = 6,
+    /// A rate limit asked for a wait past the retry budget (Retry-After, 132069 per-Flow hourly limit); kept
+    /// with a not-before time and replayed after it.
+    RateLimited = 7,
+    /// 131048: the number is restricted for spam / quality; paused for minutes. Check quality, not credentials.
+    SpamLimited = 8,
+    /// 131049: Meta limits marketing to this recipient; deferred at least 24 h (not a sender failure).
+    RecipientDeferred = 9,
+    /// An error code Breakwater does not know: never retried blindly, never quarantined after one try; a person
+    /// reviews it (alert `unclassified`).
+    Unclassified = 10,
+    /// A long pause of the sender's app, WABA or token (code 4, 80007/80008, a halted token) outlasted the wait
+    /// a message may spend in memory or in redeliveries.
+    SenderPaused = 11,
 }
 impl DlqReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -543,6 +556,11 @@ impl DlqReason {
             Self::UnknownNoStatus => "DLQ_REASON_UNKNOWN_NO_STATUS",
             Self::Operator => "DLQ_REASON_OPERATOR",
             Self::Failover => "DLQ_REASON_FAILOVER",
+            Self::RateLimited => "DLQ_REASON_RATE_LIMITED",
+            Self::SpamLimited => "DLQ_REASON_SPAM_LIMITED",
+            Self::RecipientDeferred => "DLQ_REASON_RECIPIENT_DEFERRED",
+            Self::Unclassified => "DLQ_REASON_UNCLASSIFIED",
+            Self::SenderPaused => "DLQ_REASON_SENDER_PAUSED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -555,6 +573,11 @@ impl DlqReason {
             "DLQ_REASON_UNKNOWN_NO_STATUS" => Some(Self::UnknownNoStatus),
             "DLQ_REASON_OPERATOR" => Some(Self::Operator),
             "DLQ_REASON_FAILOVER" => Some(Self::Failover),
+            "DLQ_REASON_RATE_LIMITED" => Some(Self::RateLimited),
+            "DLQ_REASON_SPAM_LIMITED" => Some(Self::SpamLimited),
+            "DLQ_REASON_RECIPIENT_DEFERRED" => Some(Self::RecipientDeferred),
+            "DLQ_REASON_UNCLASSIFIED" => Some(Self::Unclassified),
+            "DLQ_REASON_SENDER_PAUSED" => Some(Self::SenderPaused),
             _ => None,
         }
     }
@@ -657,6 +680,10 @@ pub struct LedgerEntry {
     /// or lost the broker mid-call): that operation goes to reconciliation, never straight to a resend.
     #[prost(int64, tag = "19")]
     pub in_flight_since_unix_ms: i64,
+    /// Which delivery set the on-the-wire mark (`<instance>.<stream seq>.<delivery>`): only the delivery whose
+    /// compare-and-set wrote it may send; any other delivery that meets the mark leaves without sending.
+    #[prost(string, tag = "20")]
+    pub in_flight_token: ::prost::alloc::string::String,
 }
 /// What one dispatch try ended in, published on bw.outcome.v1.<phone_number_id> (stream BW_EVENTS)
 /// for dashboards, the drill and alerting. The ledger stays the source of truth.
