@@ -38,11 +38,18 @@ pub(crate) struct HttpState {
     pub max_intake_body_bytes: usize,
     /// Producer API keys.
     pub keys: Arc<auth::Keys>,
+    pub ledger: bw_common::ledger::Ledger,
+    /// Zone of the local times in status answers.
+    pub display_tz: chrono_tz::Tz,
+    pub status_enabled: bool,
 }
 
 /// Routes for producers.
 pub(crate) fn intake_routes(state: HttpState) -> Router {
-    Router::new().route("/v1/messages", post(post_message)).with_state(state)
+    Router::new()
+        .route("/v1/messages", post(post_message))
+        .route("/v1/messages/{operation_id}", get(get_message))
+        .with_state(state)
 }
 
 /// Routes for Meta.
@@ -414,6 +421,90 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
         Ok(reply) => render(&reply, protobuf_out),
         Err(refusal) => refuse(&state, refusal),
     }
+}
+
+// ---- Status query ----
+
+/// A time in Unix ms, in UTC and in the display zone (null when unset).
+fn times(ms: i64, tz: chrono_tz::Tz) -> serde_json::Value {
+    use chrono::TimeZone as _;
+    if ms <= 0 {
+        return serde_json::Value::Null;
+    }
+    match chrono::Utc.timestamp_millis_opt(ms).single() {
+        Some(t) => serde_json::json!({
+            "unix_ms": ms,
+            "utc": t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+            "local": t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S%.3f %Z").to_string(),
+        }),
+        None => serde_json::json!({ "unix_ms": ms }),
+    }
+}
+
+/// The JSON of one feed event.
+pub(crate) fn event_json(e: &bw_common::proto::OutcomeEvent, tz: chrono_tz::Tz) -> serde_json::Value {
+    let kind = e.kind().as_str_name().trim_start_matches("OUTCOME_KIND_").to_ascii_lowercase();
+    serde_json::json!({
+        "revision": e.revision,
+        "event": kind,
+        "state": e.state().label(),
+        "at": times(e.at_unix_ms, tz),
+        "wamid": e.wamid,
+        "meta_code": e.meta_code,
+        "reason": e.reason,
+        "incident_id": e.incident_id,
+        "attempts": e.attempts,
+        "replays": e.replays,
+        "flagged_unknown": e.flagged_unknown,
+    })
+}
+
+async fn get_message(
+    State(state): State<HttpState>,
+    axum::extract::Path(operation_id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let principal = match state.keys.authenticate(auth::presented_key(&headers)) {
+        Ok(p) => p,
+        Err(r) => return refuse(&state, r),
+    };
+    if !state.status_enabled {
+        return http_error(StatusCode::NOT_FOUND, "NOT_FOUND", "status queries are disabled on this instance");
+    }
+    let reply = crate::feed::status(&state.ledger, &state.js, &operation_id, None).await;
+    if !reply.error.is_empty() && !reply.found {
+        let status =
+            if reply.error.contains("unavailable") { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_REQUEST };
+        return http_error(status, "ERROR", &reply.error);
+    }
+    // An operation of a sender the key does not list is answered like an unknown one (no existence leak).
+    let current = reply.current.as_ref().filter(|c| principal.may_use(&c.waba_id, &c.phone_number_id));
+    let Some(current) = current else {
+        return http_error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such operation for this API key");
+    };
+    let tz = state.display_tz;
+    let journey: Vec<serde_json::Value> = reply.journey.iter().map(|e| event_json(e, tz)).collect();
+    let body = serde_json::json!({
+        "operation_id": reply.operation_id,
+        "state": current.state().label(),
+        "event": event_json(current, tz)["event"],
+        "waba_id": current.waba_id,
+        "phone_number_id": current.phone_number_id,
+        "category": current.category().label(),
+        "wamid": current.wamid,
+        "attempts": current.attempts,
+        "meta_code": current.meta_code,
+        "reason": current.reason,
+        "incident_id": current.incident_id,
+        "flagged_unknown": current.flagged_unknown,
+        "replays": current.replays,
+        "accepted_at": times(current.accepted_at_unix_ms, tz),
+        "updated_at": times(current.at_unix_ms, tz),
+        "time_zone": tz.name(),
+        "journey": journey,
+        "journey_error": (!reply.error.is_empty()).then_some(reply.error.as_str()),
+    });
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 #[cfg(test)]

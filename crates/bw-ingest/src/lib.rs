@@ -14,6 +14,7 @@
 
 mod auth;
 mod bodies;
+pub mod feed;
 mod http;
 mod intake;
 mod metrics;
@@ -57,7 +58,22 @@ pub struct Config {
     pub intake: IntakeConfig,
     pub webhook: WebhookConfig,
     pub reconciler: ReconcilerConfig,
+    pub feed: FeedConfig,
     pub shutdown: ShutdownConfig,
+}
+
+/// Outcome feed and status query.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedConfig {
+    /// Run the feed publisher (durable consumer feed-publisher on the ledger's stream) in this instance.
+    pub enabled: bool,
+    /// Serve status queries on bw.status.v1.* (and GET /v1/messages/{operation_id}).
+    pub status_enabled: bool,
+    /// Revisions handled at once per instance.
+    pub max_in_flight: usize,
+    /// IANA time zone in which status answers show times beside UTC.
+    pub display_time_zone: String,
 }
 
 /// HTTP listeners.
@@ -200,6 +216,12 @@ impl Config {
             return invalid("webhook.max_body_bytes and intake.max_request_bytes must be > 0");
         }
         auth::Keys::new(self.intake.auth, &self.intake.api_keys)?;
+        if self.feed.display_time_zone.parse::<chrono_tz::Tz>().is_err() {
+            return invalid("feed.display_time_zone must be an IANA zone name such as America/Argentina/Buenos_Aires");
+        }
+        if self.feed.max_in_flight == 0 {
+            return invalid("feed.max_in_flight must be > 0");
+        }
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
@@ -372,6 +394,8 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
     })
     .await?;
+    retry_during_startup("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
+    let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let intake = Arc::new(intake::Intake {
         bodies: bodies.clone(),
         js: deps.js.clone(),
@@ -390,6 +414,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         max_webhook_bytes: cfg.webhook.max_body_bytes,
         max_intake_body_bytes: cfg.intake.max_request_bytes.saturating_mul(4),
         keys: Arc::new(keys),
+        ledger: ledger.clone(),
+        display_tz,
+        status_enabled: cfg.feed.status_enabled,
     };
     let tracker = TaskTracker::new();
 
@@ -405,6 +432,12 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             retry_during_startup("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler))
                 .await?,
         )
+    } else {
+        None
+    };
+
+    let feed_messages = if cfg.feed.enabled {
+        Some(retry_during_startup("feed consumer", budget, || feed::consumer(&deps.js, cfg.feed.max_in_flight)).await?)
     } else {
         None
     };
@@ -468,6 +501,25 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             })
             .instrument(tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM)),
         );
+    }
+    if let Some(messages) = feed_messages {
+        let publisher = Arc::new(feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() });
+        tracker.spawn(
+            consume(messages, cfg.feed.max_in_flight, tracker.clone(), shutdown.clone(), move |msg| {
+                let p = publisher.clone();
+                async move { p.handle(msg).await }
+            })
+            .instrument(tracing::info_span!("ingest.consume", stream = "KV_BW_LEDGER")),
+        );
+    }
+    if cfg.feed.status_enabled {
+        let (ledger, js, nats) = (ledger.clone(), deps.js.clone(), deps.nats.clone());
+        let (tracker2, token) = (tracker.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            if let Err(e) = feed::serve_status(ledger, js, nats, tracker2, token).await {
+                tracing::error!(error = %e, "status query listener stopped");
+            }
+        });
     }
     deps.health.set_started();
     tracing::info!(http = %http_addr, nats_intake = cfg.intake.nats_enabled, "ingest ready");
