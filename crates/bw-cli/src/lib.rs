@@ -7,6 +7,7 @@
 //! clear or message bodies. Entry point: [`run`], which returns the process exit code.
 
 pub mod fmt;
+pub mod op;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -50,6 +51,8 @@ pub enum Command {
     /// Breaker overrides (through the breaker-coordinator admin API).
     #[command(subcommand)]
     Breaker(BreakerCommand),
+    /// One operation's state and journey (ledger + outcome feed), personal data masked; exits 1 if unknown.
+    Op(op::OpArgs),
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -396,6 +399,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             )?;
             Ok(0)
         }
+        Command::Op(args) => op::run(js, buckets, &args, out).await,
         Command::Breaker(_) => Ok(0),
     }
 }
