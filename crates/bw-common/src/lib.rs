@@ -12,6 +12,7 @@ pub mod admin;
 pub mod classify;
 pub mod config;
 pub mod disposition;
+pub mod jitter;
 pub mod ledger;
 pub mod mask;
 pub mod names;

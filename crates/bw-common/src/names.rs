@@ -137,6 +137,61 @@ pub const SCOPES_BUCKET: &str = "BW_SCOPES";
 /// Webhook deduplication (KV with TTL). Key: sha of (wamid, status) or inbound message id.
 pub const WEBHOOK_DEDUP_BUCKET: &str = "BW_WEBHOOK_DEDUP";
 
+/// Every breaker transition subject (the coordinator's queue subscription).
+pub const BREAKER_WILDCARD: &str = "bw.breaker.v1.*";
+
+/// Header carrying the JetStream message id (deduplication within the stream's window).
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Headers with just the JetStream message id set.
+pub fn msg_id_headers(msg_id: &str) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(MSG_ID_HEADER, msg_id);
+    headers
+}
+
+/// Nats-Msg-Id of "this delivery of this operation moved to `dest`" (dlq, quarantine, unknown): the source
+/// stream sequence is unique per enqueue, so a redelivery after a crash maps to the same id and JetStream drops
+/// the copy.
+pub fn move_msg_id(operation_id: &str, dest: &str, source_sequence: u64) -> String {
+    format!("{operation_id}.{dest}.{source_sequence}")
+}
+
+/// KV bucket of alerting's dedup and storm state.
+pub const ALERTS_BUCKET: &str = "BW_ALERTS";
+
+/// KV bucket of replay leases: key phone_number_id, value `<instance>|<expires unix ms>`. The lease makes one
+/// replay instance at a time drain a scope, so the per-scope replay rate holds across instances.
+pub const REPLAY_LEASE_BUCKET: &str = "BW_REPLAY_LEASES";
+
+/// Durable consumer of replay on BW_DLQ for one scope (filter `bw.dlq.v1.<phone>`). Work-queue streams need
+/// non-overlapping filters, so there is exactly one per scope and every replay instance binds to it.
+pub fn replay_consumer(phone_number_id: &str) -> String {
+    format!("replay-{phone_number_id}")
+}
+
+/// Nats-Msg-Id of the `replay`-th replay of an operation into the replay lane. A redelivered or repeated
+/// replay of the same DLQ entry reuses the number, so JetStream drops the second publish.
+pub fn replay_msg_id(operation_id: &str, replay: u32) -> String {
+    format!("{operation_id}.r{replay}")
+}
+
+/// Nats-Msg-Id of a quarantine entry written by replay or the CLI.
+pub fn quarantine_msg_id(operation_id: &str, replays: u32, reason: &str) -> String {
+    format!("{operation_id}.q{replays}.{reason}")
+}
+
+/// Header carrying the replay number on replay-lane messages (informational).
+pub const REPLAY_HEADER: &str = "Bw-Replay";
+
+/// Header set on a quarantine entry that holds undecodable bytes from another stream.
+pub const UNDECODABLE_HEADER: &str = "Bw-Undecodable";
+
+/// The phone_number_id of a `bw.<domain>.v1.[<lane>.]<phone>` subject: its last token.
+pub fn phone_of_subject(subject: &str) -> &str {
+    subject.rsplit('.').next().unwrap_or(subject)
+}
+
 /// Redis hash tag of a scope, shared by every key of the scope so scripts run on Redis Cluster.
 pub fn scope_tag(waba_id: &str, phone_number_id: &str) -> String {
     format!("{{{waba_id}:{phone_number_id}}}")

@@ -98,8 +98,7 @@ impl Worker {
     }
 
     fn headers(&self, w: &Work, msg_id: &str) -> async_nats::HeaderMap {
-        let mut h = async_nats::HeaderMap::new();
-        h.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+        let mut h = names::msg_id_headers(msg_id);
         bw_common::telemetry::inject(&w.span, &mut h);
         h
     }
@@ -108,7 +107,7 @@ impl Worker {
     /// enqueue, so a redelivery after a crash maps to the same id and JetStream drops the copy.
     fn move_id(&self, w: &Work, dest: &str) -> String {
         let seq = w.msg.info().map(|i| i.stream_sequence).unwrap_or(0);
-        format!("{}.{dest}.{seq}", w.request.operation_id)
+        names::move_msg_id(&w.request.operation_id, dest, seq)
     }
 
     async fn update_ledger(&self, w: &Work, f: impl FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>) -> bool {
@@ -234,7 +233,7 @@ impl Worker {
         let (not_before, previous) = if not_before_ms > 0 {
             (now + not_before_ms as i64, 0)
         } else if w.lane == names::Lane::Replay && reason != DlqReason::BreakerOpen {
-            let d = bw_ops::jitter::next_replay_delay(
+            let d = bw_common::jitter::next_replay_delay(
                 entry.replays,
                 entry.last_retry_delay_ms.max(0) as u64,
                 &mut rand::rng(),

@@ -12,7 +12,8 @@
 
 pub mod account;
 pub mod inspect;
-pub mod jitter;
+/// The replay back-off schedule now lives with the dispatcher's shared plumbing.
+pub use bw_common::jitter;
 pub mod moves;
 pub mod names;
 pub mod ops;

@@ -2,7 +2,8 @@
 //! scope's DLQ into the replay lane at the paced rate.
 
 use crate::{Ctx, ScopeView};
-use async_nats::jetstream::{AckKind, Message, consumer::pull};
+use async_nats::jetstream::{Message, consumer::pull};
+use bw_common::disposition::{Label, Settle};
 use bw_common::proto::{BreakerState, DlqEnvelope};
 use bw_common::time::now_ms;
 use bw_common::{names, telemetry};
@@ -29,6 +30,89 @@ enum Mode {
     Probe,
     /// Replay eligible entries through a secondary sender.
     Failover(Target),
+}
+
+/// What one fetched DLQ entry ended in (metric `bw_replay_skipped_total{reason}` for everything but
+/// `replayed`, which counts in `bw_replay_replayed_total{scope}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EntryResult {
+    Replayed,
+    AlreadySent,
+    AlreadyFinal,
+    Expired,
+    Poison,
+    WindowClosed,
+    Quarantined,
+    NotBefore,
+    Changed,
+    Skipped,
+    Purged,
+    /// The pacing gate closed before the move, or the drain session ended (scope changed, shutdown, lease
+    /// lost): nothing changed, redelivered at once for whoever drains next.
+    Stopped,
+    FailoverCategory,
+    Undecodable,
+    Error,
+}
+
+impl Label for EntryResult {
+    fn label(self) -> &'static str {
+        match self {
+            EntryResult::Replayed => "replayed",
+            EntryResult::AlreadySent => "already_sent",
+            EntryResult::AlreadyFinal => "already_final",
+            EntryResult::Expired => "expired",
+            EntryResult::Poison => "poison",
+            EntryResult::WindowClosed => "window_closed",
+            EntryResult::Quarantined => "quarantined",
+            EntryResult::NotBefore => "not_before",
+            EntryResult::Changed => "changed",
+            EntryResult::Skipped => "skipped",
+            EntryResult::Purged => "purged",
+            EntryResult::Stopped => "stopped",
+            EntryResult::FailoverCategory => "failover_category",
+            EntryResult::Undecodable => "undecodable",
+            EntryResult::Error => "error",
+        }
+    }
+}
+
+/// What the broker is told about a DLQ entry after a move: the source goes once the move has put the
+/// operation somewhere else (or found it already elsewhere); otherwise it comes back after the move's wait.
+fn settle_for(outcome: &Outcome) -> Settle<EntryResult> {
+    use bw_common::proto::QuarantineReason;
+    let result = match outcome {
+        Outcome::Replayed { .. } => EntryResult::Replayed,
+        Outcome::AlreadyAccepted => EntryResult::AlreadySent,
+        Outcome::AlreadyFinal => EntryResult::AlreadyFinal,
+        Outcome::Expired => EntryResult::Expired,
+        Outcome::Quarantined(QuarantineReason::Poison) => EntryResult::Poison,
+        Outcome::Quarantined(QuarantineReason::WindowClosed) => EntryResult::WindowClosed,
+        Outcome::Quarantined(_) => EntryResult::Quarantined,
+        Outcome::NotYet(_) => EntryResult::NotBefore,
+        Outcome::Changed => EntryResult::Changed,
+        Outcome::Skipped(_) => EntryResult::Skipped,
+        Outcome::Purged => EntryResult::Purged,
+        Outcome::Stopped => EntryResult::Stopped,
+    };
+    match outcome {
+        o if o.source_done() => Settle::ack(result),
+        Outcome::NotYet(wait) => Settle::nak(result, *wait),
+        Outcome::Stopped => Settle::nak(result, Duration::ZERO),
+        _ => Settle::nak(result, Duration::from_secs(1)),
+    }
+}
+
+/// Applies the decision for one DLQ entry: the acknowledgement, the span field and the metric.
+async fn settle(ctx: &Ctx, scope: &str, msg: &Message, settle: Settle<EntryResult>) {
+    bw_common::disposition::apply(msg, settle, &tracing::Span::current(), |label| {
+        if label == EntryResult::Replayed.label() {
+            ctx.metrics.replayed(scope);
+        } else {
+            ctx.metrics.skipped(label);
+        }
+    })
+    .await;
 }
 
 /// How a drain session ended.
@@ -240,21 +324,20 @@ async fn drain(
             }
             if stop.is_some() {
                 gate.close();
-                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                settle(ctx, scope, &msg, Settle::nak(EntryResult::Stopped, Duration::ZERO)).await;
                 continue;
             }
             let envelope = DlqEnvelope::decode(msg.payload.as_ref()).ok().filter(|e| e.request.is_some());
             if let Some(env) = &envelope {
                 // Cheap checks first: they need no ledger read and no token.
                 if env.not_before_unix_ms > now_ms() {
-                    ctx.metrics.skipped("not_before");
                     let wait = Duration::from_millis((env.not_before_unix_ms - now_ms()).max(1) as u64);
-                    let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
+                    settle(ctx, scope, &msg, Settle::nak(EntryResult::NotBefore, wait)).await;
                     continue;
                 }
                 if target.is_some() && !eligible_for_failover(env, &categories) {
-                    ctx.metrics.skipped("failover_category");
-                    let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(30)))).await;
+                    let later = Settle::nak(EntryResult::FailoverCategory, Duration::from_secs(30));
+                    settle(ctx, scope, &msg, later).await;
                     continue;
                 }
             }
@@ -264,7 +347,7 @@ async fn drain(
                     None => {
                         stop = Some(Ended::LeaseLost);
                         gate.close();
-                        let _ = msg.ack_with(AckKind::Nak(None)).await;
+                        settle(ctx, scope, &msg, Settle::nak(EntryResult::Stopped, Duration::ZERO)).await;
                         continue;
                     }
                 }
@@ -331,13 +414,10 @@ async fn handle(
         let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         tracing::error!(sequence, "undecodable dlq entry; keeping its bytes in the quarantine");
         match ctx.mover.quarantine_undecodable(scope, names::DLQ_STREAM, sequence, msg.payload.clone()).await {
-            Ok(()) => {
-                ctx.metrics.skipped("undecodable");
-                let _ = msg.ack().await;
-            }
+            Ok(()) => settle(ctx, scope, &msg, Settle::ack(EntryResult::Undecodable)).await,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot quarantine an undecodable dlq entry");
-                let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(5)))).await;
+                settle(ctx, scope, &msg, Settle::nak(EntryResult::Error, Duration::from_secs(5))).await;
             }
         }
         return;
@@ -347,29 +427,49 @@ async fn handle(
         Ok(outcome) => {
             match &outcome {
                 Outcome::Replayed { replay, duplicate } => {
-                    ctx.metrics.replayed(scope);
                     tracing::debug!(operation_id = %op, replay, duplicate, "replayed");
                 }
                 Outcome::Quarantined(reason) => {
-                    if outcome.label() == "poison" {
+                    if *reason == bw_common::proto::QuarantineReason::Poison {
                         ctx.metrics.poison.inc();
                     }
-                    ctx.metrics.skipped(outcome.label());
                     tracing::info!(operation_id = %op, reason = ?reason, "quarantined instead of replayed");
                 }
-                other => ctx.metrics.skipped(other.label()),
+                _ => {}
             }
-            let _ = match outcome {
-                o if o.source_done() => msg.ack().await,
-                Outcome::NotYet(wait) => msg.ack_with(AckKind::Nak(Some(wait))).await,
-                Outcome::Stopped => msg.ack_with(AckKind::Nak(None)).await,
-                _ => msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await,
-            };
+            settle(ctx, scope, &msg, settle_for(&outcome)).await;
         }
         Err(e) => {
-            ctx.metrics.skipped("error");
             tracing::warn!(operation_id = %op, error = %e, "replay failed; will retry");
-            let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(2)))).await;
+            settle(ctx, scope, &msg, Settle::nak(EntryResult::Error, Duration::from_secs(2))).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bw_common::disposition::Disposition;
+    use bw_common::proto::QuarantineReason;
+
+    #[test]
+    fn each_move_outcome_settles_its_dlq_entry() {
+        let rows = [
+            (Outcome::Replayed { replay: 1, duplicate: false }, Disposition::Ack, "replayed"),
+            (Outcome::AlreadyAccepted, Disposition::Ack, "already_sent"),
+            (Outcome::AlreadyFinal, Disposition::Ack, "already_final"),
+            (Outcome::Expired, Disposition::Ack, "expired"),
+            (Outcome::Quarantined(QuarantineReason::Poison), Disposition::Ack, "poison"),
+            (Outcome::Quarantined(QuarantineReason::WindowClosed), Disposition::Ack, "window_closed"),
+            (Outcome::Purged, Disposition::Ack, "purged"),
+            (Outcome::NotYet(Duration::from_secs(7)), Disposition::Nak(Duration::from_secs(7)), "not_before"),
+            (Outcome::Changed, Disposition::Nak(Duration::from_secs(1)), "changed"),
+            (Outcome::Skipped("x".into()), Disposition::Nak(Duration::from_secs(1)), "skipped"),
+            (Outcome::Stopped, Disposition::Nak(Duration::ZERO), "stopped"),
+        ];
+        for (outcome, disposition, label) in rows {
+            let settle = settle_for(&outcome);
+            assert_eq!((settle.disposition, settle.result.label()), (disposition, label), "{outcome:?}");
         }
     }
 }
