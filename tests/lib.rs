@@ -14,6 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 /// App secret the simulator signs webhooks with and ingest verifies.
 pub const APP_SECRET: &str = "e2e-app-secret";
+/// The producer API key the end-to-end ingest accepts on its HTTP intake (any sender).
+pub const INTAKE_API_KEY: &str = "e2e-producer-key";
 /// Access token the dispatcher sends and the simulator accepts.
 pub const ACCESS_TOKEN: &str = "e2e-access-token";
 /// WABA of the test senders.
@@ -101,6 +103,8 @@ impl Harness {
             ("http.listen", listen),
             ("webhook.app_secret", APP_SECRET.to_string()),
             ("webhook.verify_token", "e2e-verify".to_string()),
+            ("intake.api_keys.e2e.sha256", bw_ingest::key_sha256(INTAKE_API_KEY)),
+            ("intake.api_keys.e2e.phone_number_ids", r#"["*"]"#.to_string()),
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");

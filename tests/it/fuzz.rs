@@ -371,10 +371,13 @@ async fn garbage_sent_to_the_real_services_is_refused_clearly_and_kept() {
     kept.push(valid);
 
     // HTTP intake.
-    let http = reqwest::Client::new();
+    let mut auth = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {}", bw_e2e::INTAKE_API_KEY);
+    auth.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("header value"));
+    let http = reqwest::Client::builder().default_headers(auth).build().expect("http client");
     let url = format!("http://{}/v1/messages", h.ingest_http);
     let ready = bw_testkit::wait_until(std::time::Duration::from_secs(10), || async {
-        http.post(&url).body("{").send().await.is_ok()
+        http.post(&url).header("content-type", "application/json").body("{").send().await.is_ok()
     })
     .await;
     assert!(ready, "ingest serves HTTP");

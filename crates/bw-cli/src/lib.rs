@@ -7,6 +7,7 @@
 //! clear or message bodies. Entry point: [`run`], which returns the process exit code.
 
 pub mod fmt;
+pub mod op;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -57,6 +58,8 @@ pub enum Command {
     /// Print the sha256 (hex) of an operator token read from standard input, for the coordinator's
     /// `operator.token_sha256` (the token itself is never printed).
     OperatorTokenHash,
+    /// One operation's state and journey (ledger + outcome feed), personal data masked; exits 1 if unknown.
+    Op(op::OpArgs),
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -448,6 +451,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             )?;
             Ok(0)
         }
+        Command::Op(args) => op::run(js, buckets, &args, out).await,
         Command::Breaker(_) | Command::OperatorTokenHash => Ok(0),
     }
 }

@@ -8,11 +8,15 @@
 //!
 //! Must not: invent operation ids on retry, or log message bodies and recipients.
 //!
-//! Entry points: [`Client::new`], [`Client::send`], [`Request`] (builder).
+//! Following outcomes: [`follow`] binds the producer's own durable consumer on the outcome feed (BW_FEED,
+//! `bw.feed.v1.<phone_number_id>.>`), and [`Client::status`] asks where one operation is.
+//!
+//! Entry points: [`Client::new`], [`Client::send`], [`Client::status`], [`follow`], [`Request`] (builder).
 
 use bw_common::names;
 use bw_common::proto::{
-    Category, IntakeReply, RejectReason, SendRequest, TemplatePayload, TextPayload, send_request::Payload,
+    Category, IntakeReply, OutcomeEvent, RejectReason, SendRequest, StatusQuery, StatusReply, TemplatePayload,
+    TextPayload, send_request::Payload,
 };
 use prost::Message as _;
 use std::collections::BTreeMap;
@@ -114,6 +118,98 @@ impl Client {
             }
         }
         Err(Error::NoReply { operation_id: op, tries, last })
+    }
+
+    /// Asks ingest where an operation is (`bw.status.v1.<phone_number_id>`): the current state and its journey.
+    /// `found == false` when the sender has no such operation. Retries timeouts like [`Client::send`].
+    pub async fn status(&self, phone_number_id: &str, operation_id: &str) -> Result<StatusReply, Error> {
+        let subject = format!("bw.status.v1.{phone_number_id}");
+        let payload: bytes::Bytes = StatusQuery { operation_id: operation_id.to_string() }.encode_to_vec().into();
+        let op = operation_id.to_string();
+        let tries = self.options.tries.max(1);
+        let mut backoff = self.options.backoff;
+        let mut last = String::new();
+        for attempt in 1..=tries {
+            let req = async_nats::Request::new().payload(payload.clone()).timeout(Some(self.options.timeout));
+            match self.nats.send_request(subject.clone(), req).await {
+                Ok(msg) => return StatusReply::decode(msg.payload.as_ref()).map_err(|_| Error::BadReply(op.clone())),
+                Err(e) => {
+                    use async_nats::RequestErrorKind::*;
+                    match e.kind() {
+                        TimedOut | NoResponders => last = e.to_string(),
+                        _ => return Err(Error::Publish { operation_id: op, detail: e.to_string() }),
+                    }
+                }
+            }
+            if attempt < tries {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(self.options.max_backoff);
+            }
+        }
+        Err(Error::NoReply { operation_id: op, tries, last })
+    }
+}
+
+/// Follows the outcome feed of one sender through the producer's own durable consumer `durable` on BW_FEED
+/// (filter `bw.feed.v1.<phone_number_id>.>`): every state change of every operation of that sender, from where
+/// the consumer left off. Ack each [`FeedItem`] once handled; an unacked event comes again after 30 s.
+pub async fn follow(
+    js: &async_nats::jetstream::Context,
+    phone_number_id: &str,
+    durable: &str,
+) -> Result<Feed, FeedError> {
+    use async_nats::jetstream::consumer;
+    let stream = js.get_stream("BW_FEED").await.map_err(|e| FeedError(e.to_string()))?;
+    let config = consumer::pull::Config {
+        durable_name: Some(durable.to_string()),
+        filter_subject: format!("bw.feed.v1.{phone_number_id}.>"),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(durable, config).await.map_err(|e| FeedError(e.to_string()))?;
+    let messages = consumer.messages().await.map_err(|e| FeedError(e.to_string()))?;
+    Ok(Feed { messages })
+}
+
+/// The feed could not be followed (stream or consumer unavailable).
+#[derive(Debug, thiserror::Error)]
+#[error("outcome feed unavailable: {0}")]
+pub struct FeedError(String);
+
+/// A stream of outcome events (see [`follow`]).
+pub struct Feed {
+    messages: async_nats::jetstream::consumer::pull::Stream,
+}
+
+/// One event with its acknowledgement handle.
+pub struct FeedItem {
+    pub event: OutcomeEvent,
+    message: async_nats::jetstream::Message,
+}
+
+impl FeedItem {
+    /// Marks the event handled (the durable consumer moves past it).
+    pub async fn ack(&self) -> Result<(), FeedError> {
+        self.message.ack().await.map_err(|e| FeedError(e.to_string()))
+    }
+}
+
+impl Feed {
+    /// The next event; None when the connection closes. Undecodable messages are acked and skipped.
+    pub async fn next(&mut self) -> Option<Result<FeedItem, FeedError>> {
+        use futures::StreamExt;
+        loop {
+            match self.messages.next().await? {
+                Ok(message) => match OutcomeEvent::decode(message.payload.as_ref()) {
+                    Ok(event) => return Some(Ok(FeedItem { event, message })),
+                    Err(_) => {
+                        let _ = message.ack().await;
+                    }
+                },
+                Err(e) => return Some(Err(FeedError(e.to_string()))),
+            }
+        }
     }
 }
 

@@ -16,10 +16,18 @@ pub async fn connect(cfg: &NatsConfig, default_name: &str, wait: Duration) -> an
         .split(',')
         .map(|u| u.trim().parse())
         .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!("invalid nats url `{}`: {e}", cfg.url))?;
+        .map_err(|e| anyhow::anyhow!("invalid nats url `{}`: {e}", redact_url(&cfg.url)))?;
+    // Credentials in the URL (`nats://user:password@host:4222`, NATS accounts) are not used by the client on
+    // their own: pass them explicitly. Errors show the URL without them.
+    let credentials = urls.iter().find(|u| u.has_user_pass()).and_then(|u| Some((u.username()?, u.password()?)));
+    let shown = redact_url(&cfg.url);
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        let attempt = async_nats::ConnectOptions::new()
+        let options = match credentials {
+            Some((user, password)) => async_nats::ConnectOptions::with_user_and_password(user.into(), password.into()),
+            None => async_nats::ConnectOptions::new(),
+        };
+        let attempt = options
             .name(&name)
             .connection_timeout(Duration::from_secs(2))
             .max_reconnects(None)
@@ -31,8 +39,30 @@ pub async fn connect(cfg: &NatsConfig, default_name: &str, wait: Duration) -> an
                 tracing::warn!(error = %e, "nats not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            Err(e) => return Err(anyhow::anyhow!("nats not reachable at {}: {e}", cfg.url)),
+            Err(e) => return Err(anyhow::anyhow!("nats not reachable at {shown}: {e}")),
         }
+    }
+}
+
+/// `urls` with any `user:password@` replaced by `***@`, for logs and errors.
+pub fn redact_url(urls: &str) -> String {
+    urls.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &u[..scheme + 3], &u[at..]),
+            (None, Some(at)) => format!("***{}", &u[at..]),
+            _ => u.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod redact_tests {
+    #[test]
+    fn credentials_never_show_in_urls() {
+        assert_eq!(super::redact_url("nats://svc:s3cret@10.0.0.5:4222"), "nats://***@10.0.0.5:4222");
+        assert_eq!(super::redact_url("nats://a:4222, nats://u:p@b:4222"), "nats://a:4222, nats://***@b:4222");
+        assert_eq!(super::redact_url("u:p@h:1"), "***@h:1");
     }
 }
 

@@ -5,6 +5,7 @@
 //! signature over the raw bytes, and store the body durably in BW_WEBHOOKS (awaiting the JetStream ack).
 //! Parsing happens later, in the processor.
 
+use crate::auth;
 use crate::intake::{Intake, Source};
 use crate::metrics::Metrics;
 use crate::validate::Rejection;
@@ -35,11 +36,20 @@ pub(crate) struct HttpState {
     pub max_webhook_bytes: usize,
     /// Largest HTTP intake body read before answering OVERSIZE (JSON is bigger than protobuf).
     pub max_intake_body_bytes: usize,
+    /// Producer API keys.
+    pub keys: Arc<auth::Keys>,
+    pub ledger: bw_common::ledger::Ledger,
+    /// Zone of the local times in status answers.
+    pub display_tz: chrono_tz::Tz,
+    pub status_enabled: bool,
 }
 
 /// Routes for producers.
 pub(crate) fn intake_routes(state: HttpState) -> Router {
-    Router::new().route("/v1/messages", post(post_message)).with_state(state)
+    Router::new()
+        .route("/v1/messages", post(post_message))
+        .route("/v1/messages/{operation_id}", get(get_message))
+        .with_state(state)
 }
 
 /// Routes for Meta.
@@ -87,11 +97,23 @@ async fn store_webhook(state: &HttpState, headers: &HeaderMap, body: Body) -> Re
         return (StatusCode::UNAUTHORIZED, "invalid signature\n").into_response();
     }
     let sha = webhook::body_sha256(&bytes);
-    let stored =
-        StoredWebhook { body: bytes.to_vec(), received_at_unix_ms: bw_common::time::now_ms(), body_sha256: sha };
+    let span = tracing::info_span!("ingest.webhook", body_sha256 = %sha, bytes = bytes.len());
     let mut nats_headers = async_nats::HeaderMap::new();
-    nats_headers.insert("Nats-Msg-Id", stored.body_sha256.as_str());
-    let span = tracing::info_span!("ingest.webhook", body_sha256 = %stored.body_sha256);
+    nats_headers.insert("Nats-Msg-Id", sha.as_str());
+    // A body too large for one NATS message goes to the object store first; the record then points to it.
+    let body = if state.intake.bodies.fits_inline(bytes.len()) {
+        bytes.to_vec()
+    } else {
+        let name = crate::bodies::webhook_object(&sha);
+        if let Err(e) = state.intake.bodies.put(&name, &bytes).instrument(span.clone()).await {
+            state.metrics.received("store_failed");
+            tracing::warn!(parent: &span, error = %e, "large webhook body not stored; answering 503");
+            return (StatusCode::SERVICE_UNAVAILABLE, "not stored; retry\n").into_response();
+        }
+        nats_headers.insert(crate::bodies::OBJECT_HEADER, name.as_str());
+        Vec::new()
+    };
+    let stored = StoredWebhook { body, received_at_unix_ms: bw_common::time::now_ms(), body_sha256: sha };
     bw_common::telemetry::inject(&span, &mut nats_headers);
     let result = bw_common::nats::publish_durable(
         &state.js,
@@ -117,27 +139,29 @@ async fn store_webhook(state: &HttpState, headers: &HeaderMap, body: Body) -> Re
 
 // ---- Producer intake ----
 
-/// The JSON form of a send request (same fields as the protobuf `SendRequest`).
+/// The JSON form of a send request (same fields as the protobuf `SendRequest`). Both the snake_case names and
+/// proto3 canonical JSON (lowerCamelCase names, int64 as a string) are accepted.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonRequest {
-    #[serde(default)]
+    #[serde(default, alias = "operationId")]
     operation_id: String,
-    #[serde(default)]
+    #[serde(default, alias = "wabaId")]
     waba_id: String,
-    #[serde(default)]
+    #[serde(default, alias = "phoneNumberId")]
     phone_number_id: String,
+    /// Kept as a value so a number is refused precisely (and never echoed).
     #[serde(default)]
-    recipient: String,
+    recipient: Option<serde_json::Value>,
     #[serde(default)]
     category: Option<serde_json::Value>,
     #[serde(default)]
     text: Option<JsonText>,
     #[serde(default)]
     template: Option<JsonTemplate>,
-    #[serde(default)]
+    #[serde(default, alias = "deadlineUnixMs", deserialize_with = "int64")]
     deadline_unix_ms: i64,
-    #[serde(default)]
+    #[serde(default, alias = "customerLastInboundUnixMs", deserialize_with = "int64")]
     customer_last_inbound_unix_ms: i64,
     #[serde(default)]
     labels: std::collections::BTreeMap<String, String>,
@@ -147,7 +171,7 @@ struct JsonRequest {
 #[serde(deny_unknown_fields)]
 struct JsonText {
     body: String,
-    #[serde(default)]
+    #[serde(default, alias = "previewUrl")]
     preview_url: bool,
 }
 
@@ -158,10 +182,23 @@ struct JsonTemplate {
     name: String,
     #[serde(default)]
     language: String,
-    #[serde(default)]
+    #[serde(default, alias = "bodyParameters")]
     body_parameters: Vec<String>,
-    #[serde(default)]
+    #[serde(default, alias = "componentsJson")]
     components_json: String,
+}
+
+/// An int64 as proto3 JSON writes it (a string of digits) or as a plain number. The value is never echoed.
+fn int64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::Number(n) => n.as_i64().ok_or_else(|| serde::de::Error::custom("expected an int64 (ms)")),
+        serde_json::Value::String(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| serde::de::Error::custom("expected an int64 (ms) as a number or a string of digits")),
+        serde_json::Value::Null => Ok(0),
+        _ => Err(serde::de::Error::custom("expected an int64 (ms)")),
+    }
 }
 
 /// The JSON form of an `IntakeReply`.
@@ -197,17 +234,30 @@ fn parse_category(v: &serde_json::Value) -> Result<i32, Rejection> {
 
 fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
     let j: JsonRequest = serde_json::from_slice(raw).map_err(|e| {
-        (String::new(), Rejection::new(RejectReason::Undecodable, format!("body is not a JSON send request: {e}")))
+        // serde quotes offending values (a recipient sent as a number, text...): mask them.
+        let error = crate::secret::mask_values(&e.to_string());
+        (String::new(), Rejection::new(RejectReason::Undecodable, format!("body is not a JSON send request: {error}")))
     })?;
     let op = j.operation_id.clone();
+    let recipient = match j.recipient {
+        None | Some(serde_json::Value::Null) => String::new(),
+        Some(serde_json::Value::String(s)) => s,
+        Some(_) => {
+            return Err((
+                op,
+                Rejection::new(
+                    RejectReason::BadRecipient,
+                    "recipient must be a JSON string in E.164 form (\"+5491155551234\"), not a number",
+                ),
+            ));
+        }
+    };
     let category = match &j.category {
         Some(v) => parse_category(v).map_err(|r| (op.clone(), r))?,
         None => 0,
     };
     let payload = match (j.text, j.template) {
-        (Some(_), Some(_)) => {
-            return Err((op, Rejection::new(RejectReason::BadPayload, "set either text or template, not both")));
-        }
+        (Some(_), Some(_)) => return Err((op, crate::validate::both_payloads())),
         (Some(t), None) => {
             Some(Payload::Text(bw_common::proto::TextPayload { body: t.body, preview_url: t.preview_url }))
         }
@@ -223,7 +273,7 @@ fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
         operation_id: j.operation_id,
         waba_id: j.waba_id,
         phone_number_id: j.phone_number_id,
-        recipient: j.recipient,
+        recipient,
         category,
         payload,
         deadline_unix_ms: j.deadline_unix_ms,
@@ -266,8 +316,62 @@ fn is_protobuf(headers: &HeaderMap, name: header::HeaderName) -> bool {
     headers.get(name).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("protobuf"))
 }
 
+/// Body formats of the intake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Protobuf,
+}
+
+/// The declared body format; None when the Content-Type is missing or another type.
+fn body_format(headers: &HeaderMap) -> Option<Format> {
+    let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+    let essence = value.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match essence.as_str() {
+        "application/json" => Some(Format::Json),
+        "application/x-protobuf" | "application/protobuf" => Some(Format::Protobuf),
+        _ => None,
+    }
+}
+
+/// A JSON error of the HTTP layer (before validation): `{"accepted":false,"reason":..,"error":..}`.
+pub(crate) fn http_error(status: StatusCode, reason: &'static str, error: &str) -> Response {
+    let json = JsonReply { accepted: false, operation_id: "", duplicate: false, reason: Some(reason), error };
+    let body = serde_json::to_vec(&json).unwrap_or_else(|_| b"{\"accepted\":false}".to_vec());
+    let mut res = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        res.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+    }
+    res
+}
+
+/// Answers a refused authentication (401) and counts it.
+pub(crate) fn refuse(state: &HttpState, refusal: auth::Refusal) -> Response {
+    state.metrics.refused(refusal.label());
+    tracing::info!(reason = refusal.label(), "http request refused");
+    let error = match refusal {
+        auth::Refusal::MissingKey => "an API key is required: send `Authorization: Bearer <key>` (or `X-Api-Key`)",
+        auth::Refusal::UnknownKey => "the API key is not valid",
+        auth::Refusal::Forbidden => "this API key may not act for that sender",
+    };
+    let status = if refusal == auth::Refusal::Forbidden { StatusCode::FORBIDDEN } else { StatusCode::UNAUTHORIZED };
+    http_error(status, if status == StatusCode::FORBIDDEN { "FORBIDDEN" } else { "UNAUTHENTICATED" }, error)
+}
+
 async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: Body) -> Response {
-    let protobuf_in = is_protobuf(&headers, header::CONTENT_TYPE);
+    let principal = match state.keys.authenticate(auth::presented_key(&headers)) {
+        Ok(p) => p,
+        Err(r) => return refuse(&state, r),
+    };
+    let Some(format) = body_format(&headers) else {
+        state.metrics.refused("unsupported_media_type");
+        return http_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UNSUPPORTED_MEDIA_TYPE",
+            "Content-Type must be application/json or application/x-protobuf",
+        );
+    };
+    let protobuf_in = format == Format::Protobuf;
     let protobuf_out = protobuf_in || is_protobuf(&headers, header::ACCEPT);
     let span = tracing::info_span!("ingest.intake", source = "http", operation_id = tracing::field::Empty);
     let mut trace_headers = async_nats::HeaderMap::new();
@@ -286,26 +390,121 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
                     RejectReason::Oversize,
                     format!("body is over {} bytes", state.max_intake_body_bytes),
                 );
-                return intake.reject(&[], Source::Http, "", r).await;
+                return Ok(intake.reject(&[], Source::Http, "", r).await);
             }
         };
-        if protobuf_in {
-            return intake.handle_bytes(&raw, Source::Http, &span).await;
-        }
-        match from_json(&raw) {
-            Ok(request) => {
-                let len = request.encoded_len();
-                intake.handle(request, &raw, len, Source::Http, &span).await
+        let decoded = if protobuf_in {
+            crate::intake::decode(&raw).map(|r| (r, raw.len())).map_err(|r| (String::new(), r))
+        } else {
+            from_json(&raw).map(|r| {
+                let len = r.encoded_len();
+                (r, len)
+            })
+        };
+        match decoded {
+            Ok((request, len)) => {
+                if !principal.may_use(&request.waba_id, &request.phone_number_id) {
+                    tracing::info!(key = principal.name.as_deref().unwrap_or(""), phone_number_id = %request.phone_number_id, "api key not allowed for this sender");
+                    return Err(auth::Refusal::Forbidden);
+                }
+                Ok(intake.handle(request, &raw, len, Source::Http, &span).await)
             }
             Err((op, r)) => {
                 let op = if bw_common::ledger::valid_operation_id(&op) { op } else { String::new() };
-                intake.reject(&raw, Source::Http, &op, r).await
+                Ok(intake.reject(&raw, Source::Http, &op, r).await)
             }
         }
     }
     .instrument(span.clone())
     .await;
-    render(&reply, protobuf_out)
+    match reply {
+        Ok(reply) => render(&reply, protobuf_out),
+        Err(refusal) => refuse(&state, refusal),
+    }
+}
+
+// ---- Status query ----
+
+/// A time in Unix ms, in UTC and in the display zone (null when unset).
+fn times(ms: i64, tz: chrono_tz::Tz) -> serde_json::Value {
+    use chrono::TimeZone as _;
+    if ms <= 0 {
+        return serde_json::Value::Null;
+    }
+    match chrono::Utc.timestamp_millis_opt(ms).single() {
+        Some(t) => serde_json::json!({
+            "unix_ms": ms,
+            "utc": t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+            "local": t.with_timezone(&tz).format("%Y-%m-%d %H:%M:%S%.3f %Z").to_string(),
+        }),
+        None => serde_json::json!({ "unix_ms": ms }),
+    }
+}
+
+/// The JSON of one feed event.
+pub(crate) fn event_json(e: &bw_common::proto::OutcomeEvent, tz: chrono_tz::Tz) -> serde_json::Value {
+    let kind = e.kind().as_str_name().trim_start_matches("OUTCOME_KIND_").to_ascii_lowercase();
+    serde_json::json!({
+        "revision": e.revision,
+        "event": kind,
+        "state": e.state().label(),
+        "at": times(e.at_unix_ms, tz),
+        "wamid": e.wamid,
+        "meta_code": e.meta_code,
+        "reason": e.reason,
+        "incident_id": e.incident_id,
+        "attempts": e.attempts,
+        "replays": e.replays,
+        "flagged_unknown": e.flagged_unknown,
+    })
+}
+
+async fn get_message(
+    State(state): State<HttpState>,
+    axum::extract::Path(operation_id): axum::extract::Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let principal = match state.keys.authenticate(auth::presented_key(&headers)) {
+        Ok(p) => p,
+        Err(r) => return refuse(&state, r),
+    };
+    if !state.status_enabled {
+        return http_error(StatusCode::NOT_FOUND, "NOT_FOUND", "status queries are disabled on this instance");
+    }
+    let reply = crate::feed::status(&state.ledger, &state.js, &operation_id, None).await;
+    if !reply.error.is_empty() && !reply.found {
+        let status =
+            if reply.error.contains("unavailable") { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_REQUEST };
+        return http_error(status, "ERROR", &reply.error);
+    }
+    // An operation of a sender the key does not list is answered like an unknown one (no existence leak).
+    let current = reply.current.as_ref().filter(|c| principal.may_use(&c.waba_id, &c.phone_number_id));
+    let Some(current) = current else {
+        return http_error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such operation for this API key");
+    };
+    let tz = state.display_tz;
+    let journey: Vec<serde_json::Value> = reply.journey.iter().map(|e| event_json(e, tz)).collect();
+    let body = serde_json::json!({
+        "operation_id": reply.operation_id,
+        "state": current.state().label(),
+        "event": event_json(current, tz)["event"],
+        "waba_id": current.waba_id,
+        "phone_number_id": current.phone_number_id,
+        "category": current.category().label(),
+        "wamid": current.wamid,
+        "attempts": current.attempts,
+        "meta_code": current.meta_code,
+        "reason": current.reason,
+        "incident_id": current.incident_id,
+        "flagged_unknown": current.flagged_unknown,
+        "replays": current.replays,
+        "accepted_at": times(current.accepted_at_unix_ms, tz),
+        "updated_at": times(current.at_unix_ms, tz),
+        "time_zone": tz.name(),
+        "journey": journey,
+        "journey_error": (!reply.error.is_empty()).then_some(reply.error.as_str()),
+    });
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
 }
 
 #[cfg(test)]

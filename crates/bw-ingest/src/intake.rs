@@ -56,6 +56,18 @@ pub(crate) struct Intake {
     pub ledger: Ledger,
     pub limits: Limits,
     pub metrics: Metrics,
+    pub bodies: crate::bodies::Bodies,
+}
+
+/// Decodes a protobuf `SendRequest`. A body carrying both `text` and `template` is refused like the JSON
+/// intake refuses it (protobuf decoding alone would silently keep the last one).
+pub(crate) fn decode(raw: &[u8]) -> Result<SendRequest, Rejection> {
+    let request = SendRequest::decode(raw)
+        .map_err(|e| Rejection::new(RejectReason::Undecodable, format!("body is not a protobuf SendRequest: {e}")))?;
+    if validate::has_both_payloads(raw) {
+        return Err(validate::both_payloads());
+    }
+    Ok(request)
 }
 
 fn reply_rejected(operation_id: &str, rejection: &Rejection) -> IntakeReply {
@@ -75,12 +87,9 @@ fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
 impl Intake {
     /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body).
     pub(crate) async fn handle_bytes(&self, raw: &[u8], source: Source<'_>, span: &tracing::Span) -> IntakeReply {
-        match SendRequest::decode(raw) {
+        match decode(raw) {
             Ok(request) => self.handle(request, raw, raw.len(), source, span).await,
-            Err(e) => {
-                let r = Rejection::new(RejectReason::Undecodable, format!("body is not a protobuf SendRequest: {e}"));
-                self.reject(raw, source, "", r).await
-            }
+            Err(r) => self.reject(raw, source, "", r).await,
         }
     }
 
@@ -119,8 +128,20 @@ impl Intake {
             }
             Source::Http => ("http".to_string(), "http".to_string()),
         };
+        let mut headers = HeaderMap::new();
+        // Input too large for one record goes to the object store; the record names it.
+        let raw = if self.bodies.fits_inline(raw.len()) {
+            raw.to_vec()
+        } else {
+            let name = crate::bodies::rejected_object(&crate::webhook::body_sha256(raw));
+            match self.bodies.put(&name, raw).await {
+                Ok(()) => headers.insert(crate::bodies::OBJECT_HEADER, name.as_str()),
+                Err(e) => tracing::warn!(error = %e, "large rejected input not kept"),
+            }
+            Vec::new()
+        };
         let record = RejectedRequest {
-            raw: raw.to_vec(),
+            raw,
             source: origin,
             reason: r.reason as i32,
             error: r.error.clone(),
@@ -129,7 +150,7 @@ impl Intake {
         let stored = bw_common::nats::publish_durable(
             &self.js,
             names::rejected_subject(&stream_source),
-            HeaderMap::new(),
+            headers,
             record.encode_to_vec().into(),
         )
         .await;

@@ -12,14 +12,20 @@
 //!
 //! Entry point: [`run`] (or [`run_on`] with listeners bound by the caller).
 
+mod auth;
+mod bodies;
+pub mod feed;
 mod http;
 mod intake;
 mod metrics;
 mod processor;
 mod reconciler;
+mod secret;
 pub mod validate;
 pub mod webhook;
 
+pub use auth::{ApiKeyConfig, AuthMode, key_sha256};
+pub use bodies::{BODIES_BUCKET, OBJECT_HEADER};
 pub use reconciler::{Policies, Policy};
 
 use async_nats::jetstream::consumer::{self, pull};
@@ -52,7 +58,22 @@ pub struct Config {
     pub intake: IntakeConfig,
     pub webhook: WebhookConfig,
     pub reconciler: ReconcilerConfig,
+    pub feed: FeedConfig,
     pub shutdown: ShutdownConfig,
+}
+
+/// Outcome feed and status query.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedConfig {
+    /// Run the feed publisher (durable consumer feed-publisher on the ledger's stream) in this instance.
+    pub enabled: bool,
+    /// Serve status queries on bw.status.v1.* (and GET /v1/messages/{operation_id}).
+    pub status_enabled: bool,
+    /// Revisions handled at once per instance.
+    pub max_in_flight: usize,
+    /// IANA time zone in which status answers show times beside UTC.
+    pub display_time_zone: String,
 }
 
 /// HTTP listeners.
@@ -77,6 +98,11 @@ pub struct IntakeConfig {
     pub max_param_chars: usize,
     pub max_components_bytes: usize,
     pub max_labels: usize,
+    /// HTTP intake authentication (`required` by default: no configured key, no HTTP intake).
+    pub auth: AuthMode,
+    /// Producer keys by name: sha256 of the key and the senders it may send for.
+    #[serde(default)]
+    pub api_keys: std::collections::BTreeMap<String, ApiKeyConfig>,
 }
 
 impl IntakeConfig {
@@ -98,9 +124,9 @@ impl IntakeConfig {
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     pub path: String,
-    #[serde(deserialize_with = "bw_common::config::text")]
+    #[serde(deserialize_with = "secret::string")]
     pub verify_token: String,
-    #[serde(deserialize_with = "bw_common::config::text")]
+    #[serde(deserialize_with = "secret::string")]
     pub app_secret: String,
     pub max_body_bytes: usize,
     pub process: bool,
@@ -166,7 +192,18 @@ impl Config {
         file: Option<&std::path::Path>,
         env: &std::collections::HashMap<String, String>,
     ) -> Result<Config, ConfigError> {
-        bw_common::service::load_config("ingest", DEFAULT_CONFIG, file, env)
+        // Secrets are taken verbatim: quoted so the loader's scalar parsing never turns them into numbers (and
+        // a type error never prints them).
+        let env: std::collections::HashMap<String, String> = env
+            .iter()
+            .map(|(k, v)| {
+                let upper = k.to_ascii_uppercase();
+                let secret = upper.starts_with("BW_INGEST__")
+                    && ["__VERIFY_TOKEN", "__APP_SECRET", "__SHA256"].iter().any(|s| upper.ends_with(s));
+                (k.clone(), if secret { toml_quoted(v) } else { v.clone() })
+            })
+            .collect();
+        bw_common::service::load_config("ingest", DEFAULT_CONFIG, file, &env)
     }
 
     /// Checks values serde cannot.
@@ -178,10 +215,66 @@ impl Config {
         if self.webhook.max_body_bytes == 0 || self.intake.max_request_bytes == 0 {
             return invalid("webhook.max_body_bytes and intake.max_request_bytes must be > 0");
         }
+        auth::Keys::new(self.intake.auth, &self.intake.api_keys)?;
+        if self.feed.display_time_zone.parse::<chrono_tz::Tz>().is_err() {
+            return invalid("feed.display_time_zone must be an IANA zone name such as America/Argentina/Buenos_Aires");
+        }
+        if self.feed.max_in_flight == 0 {
+            return invalid("feed.max_in_flight must be > 0");
+        }
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
         Ok(())
+    }
+}
+
+/// `v` as a TOML basic string.
+fn toml_quoted(v: &str) -> String {
+    let mut out = String::with_capacity(v.len() + 2);
+    out.push('"');
+    for c in v.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Secret values the local stack, the drill, the simulator and the tests use; a production ingest with one of
+/// them accepts deliveries anyone can sign.
+const LOCAL_APP_SECRETS: [&str; 4] = ["local-sim-app-secret", "sim-app-secret", "drill-app-secret", "test-app-secret"];
+
+/// True when every NATS URL points at this machine (the local stack, the drill, tests).
+fn nats_is_local(url: &str) -> bool {
+    url.split(',').all(|u| {
+        let host = u.trim().trim_start_matches("nats://").trim_start_matches("tls://");
+        let host = host.rsplit('@').next().unwrap_or(host);
+        host.starts_with("127.") || host.starts_with("localhost") || host.starts_with("[::1]")
+    })
+}
+
+/// Start-up warnings about the configuration (never printing a secret).
+fn warn_about(cfg: &Config, keys: &auth::Keys) {
+    if cfg.webhook.app_secret.is_empty() {
+        tracing::warn!("webhook.app_secret is empty: every webhook delivery will be refused with 401");
+    } else if LOCAL_APP_SECRETS.contains(&cfg.webhook.app_secret.as_str()) && !nats_is_local(&cfg.nats.url) {
+        tracing::warn!(
+            "webhook.app_secret is a well-known local default outside the local stack: set the Meta app secret (BW_INGEST__WEBHOOK__APP_SECRET)"
+        );
+    }
+    match keys.mode() {
+        AuthMode::Disabled => {
+            tracing::warn!("intake.auth = \"disabled\": the HTTP intake accepts requests without an API key")
+        }
+        AuthMode::Required if keys.is_empty() => tracing::warn!(
+            "intake.auth = \"required\" and no intake.api_keys configured: every HTTP intake request is refused with 401"
+        ),
+        AuthMode::Required => {}
     }
 }
 
@@ -295,15 +388,23 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let metrics = metrics::Metrics::register(&deps.metrics);
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    let budget = Duration::from_secs(30);
+    let max_payload = deps.nats.server_info().max_payload;
+    let bodies = retry_during_startup("large-body object store", budget, || {
+        bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
+    })
+    .await?;
+    retry_during_startup("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
+    let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let intake = Arc::new(intake::Intake {
+        bodies: bodies.clone(),
         js: deps.js.clone(),
         ledger: ledger.clone(),
         limits: cfg.intake.limits(),
         metrics: metrics.clone(),
     });
-    if cfg.webhook.app_secret.is_empty() {
-        tracing::warn!("webhook.app_secret is empty: every webhook delivery will be refused with 401");
-    }
+    let keys = auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys).map_err(|e| anyhow::anyhow!(e))?;
+    warn_about(&cfg, &keys);
     let state = http::HttpState {
         intake: intake.clone(),
         js: deps.js.clone(),
@@ -312,12 +413,15 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         app_secret: Arc::from(cfg.webhook.app_secret.as_bytes()),
         max_webhook_bytes: cfg.webhook.max_body_bytes,
         max_intake_body_bytes: cfg.intake.max_request_bytes.saturating_mul(4),
+        keys: Arc::new(keys),
+        ledger: ledger.clone(),
+        display_tz,
+        status_enabled: cfg.feed.status_enabled,
     };
     let tracker = TaskTracker::new();
 
     // Consumers are created before readiness so a failure to bind them fails start-up.
     // A cluster still electing leaders times out for a while: retry within a budget first.
-    let budget = Duration::from_secs(30);
     let webhook_messages = if cfg.webhook.process {
         Some(retry_during_startup("webhook consumer", budget, || webhook_consumer(&deps.js, &cfg.webhook)).await?)
     } else {
@@ -328,6 +432,12 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             retry_during_startup("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler))
                 .await?,
         )
+    } else {
+        None
+    };
+
+    let feed_messages = if cfg.feed.enabled {
+        Some(retry_during_startup("feed consumer", budget, || feed::consumer(&deps.js, cfg.feed.max_in_flight)).await?)
     } else {
         None
     };
@@ -363,6 +473,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             ledger: ledger.clone(),
             dedup: deps.buckets.webhook_dedup.clone(),
             metrics: metrics.clone(),
+            bodies: bodies.clone(),
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(
@@ -391,6 +502,25 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             .instrument(tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM)),
         );
     }
+    if let Some(messages) = feed_messages {
+        let publisher = Arc::new(feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() });
+        tracker.spawn(
+            consume(messages, cfg.feed.max_in_flight, tracker.clone(), shutdown.clone(), move |msg| {
+                let p = publisher.clone();
+                async move { p.handle(msg).await }
+            })
+            .instrument(tracing::info_span!("ingest.consume", stream = "KV_BW_LEDGER")),
+        );
+    }
+    if cfg.feed.status_enabled {
+        let (ledger, js, nats) = (ledger.clone(), deps.js.clone(), deps.nats.clone());
+        let (tracker2, token) = (tracker.clone(), shutdown.clone());
+        tracker.spawn(async move {
+            if let Err(e) = feed::serve_status(ledger, js, nats, tracker2, token).await {
+                tracing::error!(error = %e, "status query listener stopped");
+            }
+        });
+    }
     deps.health.set_started();
     tracing::info!(http = %http_addr, nats_intake = cfg.intake.nats_enabled, "ingest ready");
 
@@ -406,5 +536,67 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
 async fn serve_http(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
     if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "http server stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn compiled_defaults_refuse_http_intake_without_a_key() {
+        let cfg = Config::load(None, &HashMap::new()).expect("defaults load");
+        assert_eq!(cfg.intake.auth, AuthMode::Required);
+        assert!(cfg.intake.api_keys.is_empty());
+        let keys = auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys).expect("keys");
+        assert!(keys.authenticate(None).is_err() && keys.authenticate(Some("anything")).is_err());
+    }
+
+    #[test]
+    fn secrets_that_look_like_numbers_stay_strings_and_are_never_printed() {
+        let hash = key_sha256("k");
+        let cfg = Config::load(
+            None,
+            &env(&[
+                ("BW_INGEST__WEBHOOK__VERIFY_TOKEN", "8675309123"),
+                ("BW_INGEST__WEBHOOK__APP_SECRET", "0012e5"),
+                ("BW_INGEST__INTAKE__API_KEYS__CRM__SHA256", &hash),
+                ("BW_INGEST__INTAKE__API_KEYS__CRM__PHONE_NUMBER_IDS", "[106540352242922]"),
+            ]),
+        )
+        .expect("numeric-looking secrets load");
+        assert_eq!(cfg.webhook.verify_token, "8675309123");
+        assert_eq!(cfg.webhook.app_secret, "0012e5");
+        assert_eq!(cfg.intake.api_keys["crm"].phone_number_ids, vec!["106540352242922".to_string()]);
+        let shown = format!("{cfg:?}");
+        for secret in ["8675309123", "0012e5", hash.as_str()] {
+            assert!(!shown.contains(secret), "{secret} printed in {shown}");
+        }
+        // A secret of another type in a file: refused without showing it.
+        let dir = std::env::temp_dir().join(format!("bw-ingest-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("ingest.toml");
+        std::fs::write(&file, "[webhook]\nverify_token = 8675309.123\n").expect("write");
+        let err = Config::load(Some(&file), &HashMap::new()).expect_err("float refused").to_string();
+        assert!(err.contains("quoted string") && !err.contains("8675309"), "{err}");
+        // A bad key hash names the key, never the hash.
+        let err = Config::load(None, &env(&[("BW_INGEST__INTAKE__API_KEYS__CRM__SHA256", "123456789")]))
+            .expect_err("bad hash")
+            .to_string();
+        assert!(err.contains("api_keys.crm") && !err.contains("123456789"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn local_nats_urls_are_recognised() {
+        assert!(nats_is_local("nats://127.0.0.1:4222"));
+        assert!(nats_is_local("nats://localhost:4222,nats://127.0.0.1:4223"));
+        assert!(!nats_is_local("nats://nats:4222"));
+        assert!(!nats_is_local("nats://127.0.0.1:4222,nats://10.0.0.5:4222"));
     }
 }

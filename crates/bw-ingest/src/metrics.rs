@@ -26,6 +26,11 @@ pub(crate) struct Metrics {
     pub inbound_forwarded: Counter,
     /// Reconciler decisions: resolved, waiting, resend, quarantine, expire, undecodable.
     pub reconciler: Family<Labels, Counter>,
+    /// HTTP requests refused before validation: missing_key, unknown_key, forbidden_sender,
+    /// unsupported_media_type.
+    pub refused: Family<Labels, Counter>,
+    /// Ledger revisions handled by the feed publisher: published, deleted, undecodable, retry.
+    pub feed: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -39,6 +44,8 @@ impl Metrics {
             duplicates_dropped: Family::default(),
             inbound_forwarded: Counter::default(),
             reconciler: Family::default(),
+            refused: Family::default(),
+            feed: Family::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
@@ -52,6 +59,8 @@ impl Metrics {
             r.register("bw_statuses_applied", "Status updates applied to the ledger by status", m.statuses.clone());
             r.register("bw_duplicates_dropped", "Duplicate deliveries dropped by kind", m.duplicates_dropped.clone());
             r.register("bw_inbound_forwarded", "Inbound customer messages forwarded", m.inbound_forwarded.clone());
+            r.register("bw_intake_refused", "HTTP requests refused before validation, by reason", m.refused.clone());
+            r.register("bw_feed_events", "Ledger revisions handled by the feed publisher, by result", m.feed.clone());
             r.register("bw_reconciler_decisions", "Unknown-outcome reconciler decisions", m.reconciler.clone());
         }
         m
@@ -81,6 +90,14 @@ impl Metrics {
 
     pub(crate) fn duplicate(&self, kind: &str) {
         self.duplicates_dropped.get_or_create(&vec![("kind", kind.to_string())]).inc();
+    }
+
+    pub(crate) fn refused(&self, reason: &str) {
+        self.refused.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    pub(crate) fn feed(&self, result: &str) {
+        self.feed.get_or_create(&vec![("result", result.to_string())]).inc();
     }
 
     pub(crate) fn reconciled(&self, action: &str) {

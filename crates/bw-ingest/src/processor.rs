@@ -3,22 +3,31 @@
 //!
 //! Per delivery: parse the envelope; for each status, drop it if its `(wamid, status)` was handled before
 //! (KV BW_WEBHOOK_DEDUP), find its operation (`biz_opaque_callback_data`, else the BW_WAMID map), apply it to
-//! the ledger forward-only (a late "sent" never overwrites "read"; "failed" is terminal), raise signals for
+//! the ledger forward-only (a late "sent" never overwrites "read"; the first terminal fact stays: a late "failed"
+//! never overrides "delivered"/"read" and nothing revives a "failed", the other fact is recorded in the entry's
+//! reason, see [`conflicting_fact`]), raise signals for
 //! error codes; forward inbound customer messages to BW_INBOUND. Work that hit an unavailable broker is
 //! retried by a delayed redelivery of the whole delivery; items already handled are skipped by the dedup
 //! keys, which are written only after an item's effects are stored. Bad bodies are acked, logged and counted:
-//! they never block the consumer.
+//! they never block the consumer. A body stored in the object store (over the server's `max_payload`, see
+//! `bodies`) is read from there and deleted once every item in it is handled. Statuses of different messages
+//! are applied concurrently (of one message, in document order); a long delivery tells the broker it is in
+//! progress. Every delivery ends in one typed [`Processed`] applied by `bw_common::disposition::apply`.
 
+use crate::bodies::{Bodies, OBJECT_HEADER};
 use crate::metrics::Metrics;
 use crate::webhook::{self, ValueError};
-use async_nats::jetstream::{self, AckKind, kv};
+use async_nats::jetstream::{self, kv};
 use bw_common::classify::{ErrorClass, classify_code};
+use bw_common::disposition::{Disposition, Label, Settle, apply};
 use bw_common::ledger::{Ledger, LedgerError};
 use bw_common::names;
 use bw_common::proto::{DeliveryStatus, InboundMessage, OperationState, Signal, StatusUpdate, StoredWebhook};
 use bw_common::time::now_ms;
+use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
+use tracing::Instrument;
 
 const RETRY_LATER: Duration = Duration::from_secs(1);
 
@@ -39,6 +48,7 @@ pub(crate) struct Processor {
     pub ledger: Ledger,
     pub dedup: kv::Store,
     pub metrics: Metrics,
+    pub bodies: Bodies,
 }
 
 fn target_state(status: DeliveryStatus) -> Option<OperationState> {
@@ -49,6 +59,20 @@ fn target_state(status: DeliveryStatus) -> Option<OperationState> {
         DeliveryStatus::Read | DeliveryStatus::Played => Some(OperationState::Read),
         DeliveryStatus::Failed => Some(OperationState::Failed),
         DeliveryStatus::Unspecified => None,
+    }
+}
+
+/// Meta may deliver "failed" and "delivered"/"read" in either order on multi-device accounts. The first
+/// terminal fact is kept: a late "failed" never overrides "delivered" or "read" (the message reached a device),
+/// and a late "delivered"/"read" never revives a "failed" (failed is terminal in the ledger). The other fact is
+/// recorded in the entry's reason (and a late failure's code in `last_code`). Returns that note when `target`
+/// contradicts `current`.
+pub(crate) fn conflicting_fact(current: OperationState, target: OperationState, code: i64) -> Option<String> {
+    use OperationState::{Delivered, Failed, Read};
+    match (current, target) {
+        (Delivered | Read, Failed) => Some(format!("a later failed status ({code}) was recorded, not applied")),
+        (Failed, Delivered | Read) => Some(format!("a later {} status was recorded, not applied", target.label())),
+        _ => None,
     }
 }
 
@@ -63,52 +87,114 @@ fn status_label(status: DeliveryStatus) -> &'static str {
     }
 }
 
+/// What became of one stored delivery (the `result` label of `bw_webhooks_processed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Processed {
+    /// Every item handled.
+    Ok,
+    /// Some item hit an unavailable broker: redelivered later, handled items are skipped then.
+    Retry,
+    /// Signed by Meta but not understood: kept in BW_REJECTED.
+    BadJson,
+    /// The stored record itself is undecodable (never written by ingest): dropped.
+    Undecodable,
+    /// Its large body is gone from the object store: a previous delivery of it finished and deleted it.
+    BodyGone,
+}
+
+impl Label for Processed {
+    fn label(self) -> &'static str {
+        match self {
+            Processed::Ok => "ok",
+            Processed::Retry => "retry",
+            Processed::BadJson => "bad_json",
+            Processed::Undecodable => "undecodable",
+            Processed::BodyGone => "body_gone",
+        }
+    }
+}
+
+/// Statuses of different messages are applied concurrently, those of one message in document order.
+const STATUS_CONCURRENCY: usize = 16;
+/// While a large delivery is worked on, the broker is told so this often (ack wait is 30 s by default).
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 impl Processor {
-    /// Handles one stored delivery and acks or naks it.
+    /// Handles one stored delivery and settles it (the one place its acknowledgement is decided).
     pub(crate) async fn handle(&self, msg: jetstream::Message) {
-        let stored = match StoredWebhook::decode(msg.payload.as_ref()) {
+        let span = tracing::info_span!("ingest.process_webhook", result = tracing::field::Empty);
+        let object = msg.headers.as_ref().and_then(|h| h.get(OBJECT_HEADER)).map(|v| v.as_str().to_string());
+        let work = self.settle(&msg, object.as_deref()).instrument(span.clone());
+        tokio::pin!(work);
+        // A delivery of thousands of statuses may take longer than the ack wait on a loaded broker: say it is
+        // in progress until the decision is taken.
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
+        let settle = loop {
+            tokio::select! {
+                s = &mut work => break s,
+                _ = tick.tick() => {
+                    let _ = msg.ack_with(Disposition::Progress.ack_kind()).await;
+                }
+            }
+        };
+        if settle.result == Processed::Ok
+            && let Some(name) = &object
+        {
+            self.bodies.delete(name).await;
+        }
+        apply(&msg, settle, &span, |label| self.metrics.processed(label)).await;
+    }
+
+    async fn settle(&self, msg: &jetstream::Message, object: Option<&str>) -> Settle<Processed> {
+        let mut stored = match StoredWebhook::decode(msg.payload.as_ref()) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "stored webhook undecodable; dropped");
-                self.metrics.processed("undecodable");
-                let _ = msg.ack().await;
-                return;
+                return Settle::term(Processed::Undecodable);
             }
         };
+        if let Some(name) = object {
+            match self.bodies.get(name).await {
+                Ok(Some(body)) => stored.body = body,
+                Ok(None) => {
+                    tracing::info!(body_sha256 = %stored.body_sha256, "large webhook body already processed and deleted");
+                    return Settle::ack(Processed::BodyGone);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "large webhook body unreadable; redelivering");
+                    return Settle::nak(Processed::Retry, RETRY_LATER);
+                }
+            }
+        }
         let parsed = match webhook::parse(&stored.body) {
             Ok(p) => p,
-            Err(e) => {
-                // Signed by Meta but not understood: keep the bytes for inspection, never just drop them.
-                let rejected = bw_common::proto::RejectedRequest {
-                    raw: stored.body.clone(),
-                    source: "webhook".into(),
-                    reason: bw_common::proto::RejectReason::Undecodable as i32,
-                    error: e.to_string(),
-                    at_unix_ms: now_ms(),
-                };
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Msg-Id", format!("webhook.{}", stored.body_sha256).as_str());
-                let kept = bw_common::nats::publish_durable(
-                    &self.js,
-                    names::rejected_subject("webhook"),
-                    headers,
-                    rejected.encode_to_vec().into(),
-                )
-                .await;
-                if kept.is_err() {
-                    let _ = msg.ack_with(AckKind::Nak(Some(Duration::from_secs(1)))).await;
-                    return;
-                }
-                tracing::warn!(error = %e, body_sha256 = %stored.body_sha256, "webhook body not understood; kept in BW_REJECTED");
-                self.metrics.processed("bad_json");
-                let _ = msg.ack().await;
-                return;
-            }
+            Err(e) => return self.keep_bad_json(&stored, &e.to_string()).await,
         };
         let mut failed: Option<Retry> = None;
+        // Group statuses by message, keeping document order inside a group.
+        let mut groups: Vec<Vec<&StatusUpdate>> = Vec::new();
+        let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
         for s in &parsed.statuses {
-            if let Err(e) = self.status(s).await {
-                failed.get_or_insert(e);
+            let i = *index.entry(s.wamid.as_str()).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[i].push(s);
+        }
+        // Bounded concurrency without a higher-ranked closure (which the Send check of spawned tasks refuses).
+        let mut pending = groups.into_iter();
+        let mut running = futures::stream::FuturesUnordered::new();
+        loop {
+            while running.len() < STATUS_CONCURRENCY {
+                let Some(group) = pending.next() else { break };
+                running.push(self.status_group(group));
+            }
+            match running.next().await {
+                Some(Err(e)) => {
+                    failed.get_or_insert(e);
+                }
+                Some(Ok(())) => {}
+                None => break,
             }
         }
         for m in &parsed.inbound {
@@ -123,16 +209,55 @@ impl Processor {
             self.metrics.status("unrecognised");
         }
         match failed {
-            None => {
-                self.metrics.processed("ok");
-                let _ = msg.ack().await;
-            }
+            None => Settle::ack(Processed::Ok),
             Some(e) => {
                 tracing::warn!(error = %e, body_sha256 = %stored.body_sha256, "webhook processing incomplete; redelivering");
-                self.metrics.processed("retry");
-                let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+                Settle::nak(Processed::Retry, RETRY_LATER)
             }
         }
+    }
+
+    /// Signed by Meta but not understood: keep the bytes for inspection, never just drop them.
+    async fn keep_bad_json(&self, stored: &StoredWebhook, error: &str) -> Settle<Processed> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("webhook.{}", stored.body_sha256).as_str());
+        let raw = if self.bodies.fits_inline(stored.body.len()) {
+            stored.body.clone()
+        } else {
+            let name = crate::bodies::rejected_object(&stored.body_sha256);
+            if let Err(e) = self.bodies.put(&name, &stored.body).await {
+                tracing::warn!(error = %e, "unparsable large webhook body not kept yet; redelivering");
+                return Settle::nak(Processed::Retry, RETRY_LATER);
+            }
+            headers.insert(OBJECT_HEADER, name.as_str());
+            Vec::new()
+        };
+        let rejected = bw_common::proto::RejectedRequest {
+            raw,
+            source: "webhook".into(),
+            reason: bw_common::proto::RejectReason::Undecodable as i32,
+            error: error.to_string(),
+            at_unix_ms: now_ms(),
+        };
+        let kept = bw_common::nats::publish_durable(
+            &self.js,
+            names::rejected_subject("webhook"),
+            headers,
+            rejected.encode_to_vec().into(),
+        )
+        .await;
+        if kept.is_err() {
+            return Settle::nak(Processed::Retry, RETRY_LATER);
+        }
+        tracing::warn!(error, body_sha256 = %stored.body_sha256, "webhook body not understood; kept in BW_REJECTED");
+        Settle::ack(Processed::BadJson)
+    }
+
+    async fn status_group(&self, group: Vec<&StatusUpdate>) -> Result<(), Retry> {
+        for s in group {
+            self.status(s).await?;
+        }
+        Ok(())
     }
 
     async fn seen(&self, key: &str) -> Result<bool, Retry> {
@@ -181,10 +306,21 @@ impl Processor {
             .update(&op, |cur| {
                 let cur = cur?;
                 let mut next = cur.clone();
-                next.set_state(target);
                 if next.wamid.is_empty() {
                     next.wamid = wamid.clone();
                 }
+                if let Some(reason) = conflicting_fact(cur.state(), target, code) {
+                    // The first terminal fact stays; the other is recorded beside it (once).
+                    if cur.reason.contains(&reason) {
+                        return None;
+                    }
+                    next.reason = if cur.reason.is_empty() { reason } else { format!("{}; {reason}", cur.reason) };
+                    if target == OperationState::Failed {
+                        next.last_code = code;
+                    }
+                    return Some(next);
+                }
+                next.set_state(target);
                 if target == OperationState::Failed {
                     next.last_code = code;
                     next.reason = format!("failed status: {code}");
@@ -199,6 +335,15 @@ impl Processor {
             Some(entry) if entry.state() == target => {
                 self.metrics.status(status_label(status));
                 tracing::debug!(operation_id = %op, status = status_label(status), "status applied");
+            }
+            Some(entry) if conflicting_fact(entry.state(), target, code).is_some() => {
+                self.metrics.status("conflict");
+                tracing::info!(
+                    operation_id = %op,
+                    status = status_label(status),
+                    kept = entry.state().label(),
+                    "status contradicts the first terminal fact; recorded, not applied"
+                );
             }
             Some(entry) => {
                 self.metrics.status("stale");

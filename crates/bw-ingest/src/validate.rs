@@ -168,6 +168,30 @@ pub fn validate(
     Ok(category)
 }
 
+/// The refusal of a request that sets both payloads.
+pub fn both_payloads() -> Rejection {
+    Rejection::new(RejectReason::BadPayload, "set either text or template, not both")
+}
+
+/// True when the encoded `SendRequest` carries both field 6 (text) and field 7 (template) at the top level.
+pub fn has_both_payloads(raw: &[u8]) -> bool {
+    use prost::encoding::{DecodeContext, decode_key, skip_field};
+    let mut buf = raw;
+    let (mut text, mut template) = (false, false);
+    while !buf.is_empty() {
+        let Ok((tag, wire_type)) = decode_key(&mut buf) else { return false };
+        match tag {
+            6 => text = true,
+            7 => template = true,
+            _ => {}
+        }
+        if skip_field(wire_type, tag, &mut buf, DecodeContext::default()).is_err() {
+            return false;
+        }
+    }
+    text && template
+}
+
 fn check_template(t: &bw_common::proto::TemplatePayload, limits: &Limits) -> Result<(), Rejection> {
     use RejectReason::*;
     if t.name.is_empty() {

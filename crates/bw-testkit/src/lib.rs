@@ -92,9 +92,16 @@ pub struct NatsServer {
     port: u16,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
+    envs: Vec<(String, String)>,
 }
 
 impl NatsServer {
+    /// Starts a server with a config file (`-c`, e.g. `deploy/nats/accounts.conf`) and environment variables
+    /// the file refers to (passwords). Port, store and log stay the testkit's.
+    pub fn start_with_config(config: &Path, envs: &[(&str, &str)]) -> NatsServer {
+        Self::start_prepared(vec!["-c".into(), config.display().to_string()], envs)
+    }
+
     /// Starts a JetStream-enabled server.
     pub fn start() -> NatsServer {
         Self::start_with_args(Vec::new())
@@ -102,8 +109,13 @@ impl NatsServer {
 
     /// Starts a server with extra command-line arguments (used by [`NatsCluster`]).
     pub fn start_with_args(extra_args: Vec<String>) -> NatsServer {
+        Self::start_prepared(extra_args, &[])
+    }
+
+    fn start_prepared(extra_args: Vec<String>, envs: &[(&str, &str)]) -> NatsServer {
         let dir = tempfile::Builder::new().prefix("bw-nats-").tempdir().expect("temp dir");
-        let mut server = NatsServer { child: None, port: 0, dir, extra_args };
+        let envs = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut server = NatsServer { child: None, port: 0, dir, extra_args, envs };
         for _ in 0..5 {
             server.port = free_port();
             if server.spawn() {
@@ -117,6 +129,7 @@ impl NatsServer {
         let bin = find_bin("NATS_SERVER_BIN", "nats-server");
         let log = self.dir.path().join("nats.log");
         let mut cmd = Command::new(bin);
+        cmd.envs(self.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         cmd.arg("-js")
             .arg("-a")
             .arg("127.0.0.1")

@@ -5,15 +5,79 @@
 // responders" (or REJECT_REASON_UNAVAILABLE) it retries with the SAME operation id: ingest deduplicates by
 // operation id, so retrying can never send a message twice.
 //
+// Then it follows the operation's outcomes: it binds its own durable consumer on the outcome feed (stream
+// BW_FEED, subject bw.feed.v1.<phone_number_id>.>, one bw.v1.OutcomeEvent per state change) and prints the events
+// of this operation until a final one (or FOLLOW_SECONDS), and asks the status query (bw.status.v1.<phone>).
+//
 // Usage: NATS_URL=nats://127.0.0.1:4222 npm run send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
 
-import { connect, headers, type NatsConnection } from "nats";
+import { AckPolicy, DeliverPolicy, connect, headers, type NatsConnection } from "nats";
 import protobuf from "protobufjs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const protoFile = path.resolve(here, "../../../proto/bw/v1/send.proto");
+const feedProtoFile = path.resolve(here, "../../../proto/bw/v1/feed.proto");
+const protoRoot = path.resolve(here, "../../../proto");
+
+// Loads the feed schema; its imports ("bw/v1/ledger.proto") resolve against proto/.
+async function loadFeed(): Promise<protobuf.Root> {
+  const root = new protobuf.Root();
+  root.resolvePath = (_origin, target) => (path.isAbsolute(target) ? target : path.join(protoRoot, target));
+  return root.load(feedProtoFile);
+}
+
+interface OutcomeEvent {
+  operationId: string;
+  revision: string;
+  kind: string;
+  state: string;
+  wamid: string;
+  metaCode: string;
+  reason: string;
+  attempts: number;
+  atUnixMs: string;
+}
+
+const FINAL = new Set(["OUTCOME_KIND_DELIVERED", "OUTCOME_KIND_READ", "OUTCOME_KIND_FAILED",
+  "OUTCOME_KIND_QUARANTINED", "OUTCOME_KIND_EXPIRED"]);
+
+// Prints the feed events of one operation, through the producer's own durable consumer, until a final one.
+async function follow(nc: NatsConnection, phoneNumberId: string, operationId: string, durable: string,
+  seconds: number): Promise<void> {
+  const root = await loadFeed();
+  const Event = root.lookupType("bw.v1.OutcomeEvent");
+  const jsm = await nc.jetstreamManager();
+  await jsm.consumers.add("BW_FEED", {
+    durable_name: durable,
+    filter_subject: `bw.feed.v1.${phoneNumberId}.>`,
+    ack_policy: AckPolicy.Explicit,
+    deliver_policy: DeliverPolicy.All,
+  });
+  const consumer = await nc.jetstream().consumers.get("BW_FEED", durable);
+  const deadline = Date.now() + seconds * 1000;
+  while (Date.now() < deadline) {
+    const batch = await consumer.fetch({ max_messages: 16, expires: 2000 });
+    for await (const m of batch) {
+      const ev = Event.toObject(Event.decode(m.data), { enums: String, longs: String, defaults: true }) as OutcomeEvent;
+      m.ack();
+      if (ev.operationId !== operationId) continue;
+      console.log(JSON.stringify({ event: ev.kind, state: ev.state, wamid: ev.wamid, metaCode: ev.metaCode,
+        reason: ev.reason, attempts: ev.attempts, atUnixMs: ev.atUnixMs }));
+      if (FINAL.has(ev.kind)) return;
+    }
+  }
+}
+
+// Asks ingest where the operation is and how it got there.
+async function status(nc: NatsConnection, phoneNumberId: string, operationId: string): Promise<unknown> {
+  const root = await loadFeed();
+  const Query = root.lookupType("bw.v1.StatusQuery");
+  const Reply = root.lookupType("bw.v1.StatusReply");
+  const msg = await nc.request(`bw.status.v1.${phoneNumberId}`, Query.encode({ operationId }).finish(), { timeout: 5000 });
+  return Reply.toObject(Reply.decode(msg.data), { enums: String, longs: String, defaults: true });
+}
 
 interface Reply {
   accepted: boolean;
@@ -70,6 +134,11 @@ async function main(): Promise<void> {
     });
     console.log(JSON.stringify(reply));
     process.exitCode = reply.accepted ? 0 : 1;
+    if (reply.accepted) {
+      const seconds = Number(process.env.FOLLOW_SECONDS ?? "60");
+      await follow(nc, phoneNumberId, operationId, process.env.FEED_DURABLE ?? "producer-ts", seconds);
+      console.log(JSON.stringify(await status(nc, phoneNumberId, operationId)));
+    }
   } finally {
     await nc.close();
   }

@@ -283,3 +283,178 @@ async fn unavailable_storage_is_reported_as_retryable() {
     assert!(reply.accepted, "{reply:?}");
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_rejected_request_near_max_payload_is_kept_whole() {
+    // Compiled defaults against a nats-server with its default 1 MiB max_payload.
+    let env = start(|_| {}).await;
+    let mut request = text("near-limit-1");
+    let base = request.encoded_len();
+    // One label whose value brings the encoded request to exactly 1,048,512 bytes.
+    let target = 1_048_512;
+    let mut fill = target - base - 8;
+    loop {
+        request.labels.insert("k".into(), "v".repeat(fill));
+        match request.encoded_len() {
+            n if n == target => break,
+            n if n < target => fill += target - n,
+            n => fill -= n - target,
+        }
+    }
+    let payload = request.encode_to_vec();
+    assert_eq!(payload.len(), target);
+    let reply = raw_request(&env.nats, &names::intake_subject(PHONE), payload.clone()).await;
+    assert_eq!(reply.reason(), RejectReason::Oversize, "{}", reply.error);
+    assert_eq!(reply.operation_id, "near-limit-1");
+    assert!(env.wait_count(names::REJECTED_STREAM, 1).await, "the rejection is kept in BW_REJECTED");
+    let kept = env.last(names::REJECTED_STREAM, &names::rejected_subject(PHONE)).await;
+    let record = RejectedRequest::decode(kept.payload.as_ref()).expect("RejectedRequest");
+    assert_eq!(record.reason(), RejectReason::Oversize);
+    assert!(record.raw.is_empty(), "too large to keep inline");
+    let object = kept.headers.get(bw_ingest::OBJECT_HEADER).expect("object header").to_string();
+    let store = env.js.get_object_store(bw_ingest::BODIES_BUCKET).await.expect("bucket");
+    let mut raw = Vec::new();
+    use tokio::io::AsyncReadExt as _;
+    store.get(&object).await.expect("object").read_to_end(&mut raw).await.expect("read");
+    assert!(raw == payload, "the raw input is kept byte for byte");
+    env.stop().await;
+}
+
+async fn post_raw(
+    http: &reqwest::Client,
+    env: &crate::support::Env,
+    content_type: Option<&str>,
+    body: Vec<u8>,
+) -> (u16, serde_json::Value) {
+    let mut req = http.post(env.url("/v1/messages")).body(body);
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    let res = req.send().await.expect("post");
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+#[tokio::test]
+async fn http_intake_is_authenticated_and_strict_at_the_compiled_defaults() {
+    let env = start(|cfg| {
+        cfg.intake.api_keys.insert(
+            "other".into(),
+            bw_ingest::ApiKeyConfig {
+                sha256: bw_ingest::key_sha256("other-key"),
+                phone_number_ids: vec![],
+                waba_ids: vec!["9009".into()],
+            },
+        );
+    })
+    .await;
+    let good = serde_json::json!({"operation_id": "auth-1", "waba_id": WABA, "phone_number_id": PHONE,
+        "recipient": TO, "category": "transactional", "text": {"body": "hi"}})
+    .to_string()
+    .into_bytes();
+    let json = Some("application/json");
+    // No key, an unknown key: 401 with a JSON error, nothing stored.
+    let (status, body) = post_raw(&support::bare_http_client(), &env, json, good.clone()).await;
+    assert_eq!((status, body["reason"].as_str()), (401, Some("UNAUTHENTICATED")), "{body}");
+    assert!(body["error"].as_str().is_some_and(|e| e.contains("Authorization: Bearer")), "{body}");
+    let wrong = reqwest::Client::builder().no_proxy().build().expect("client");
+    let res = wrong.post(env.url("/v1/messages")).bearer_auth("not-a-key").header("content-type", "application/json");
+    let res = res.body(good.clone()).send().await.expect("post");
+    assert_eq!(res.status(), 401);
+    assert_eq!(res.headers().get("www-authenticate").map(|v| v.as_bytes()), Some(&b"Bearer"[..]));
+    // A valid key for another sender: 403.
+    let res =
+        wrong.post(env.url("/v1/messages")).header("x-api-key", "other-key").header("content-type", "application/json");
+    let res = res.body(good.clone()).send().await.expect("post");
+    assert_eq!(res.status(), 403);
+    let body: serde_json::Value = res.json().await.expect("json");
+    assert_eq!(body["reason"], "FORBIDDEN");
+    // Content-Type is required: missing or another type is 415.
+    let http = support::http_client();
+    assert_eq!(post_raw(&http, &env, None, good.clone()).await.0, 415);
+    let (status, body) = post_raw(&http, &env, Some("text/plain"), good.clone()).await;
+    assert_eq!((status, body["reason"].as_str()), (415, Some("UNSUPPORTED_MEDIA_TYPE")));
+    assert_eq!(env.count(names::SEND_STREAM).await, 0, "nothing refused was stored");
+    assert_eq!(env.count(names::REJECTED_STREAM).await, 0, "refusals before validation are counted, not kept");
+    let metrics = env.metrics_text();
+    for reason in ["missing_key", "unknown_key", "forbidden_sender", "unsupported_media_type"] {
+        assert!(metrics.contains(&format!("bw_intake_refused_total{{reason=\"{reason}\"}} ")), "{reason}: {metrics}");
+    }
+    // The right key, with a charset parameter: accepted.
+    let (status, body) = post_raw(&http, &env, Some("application/json; charset=utf-8"), good).await;
+    assert_eq!(status, 202, "{body}");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn proto3_canonical_json_is_accepted_and_numbers_are_never_echoed() {
+    let env = start(|_| {}).await;
+    let http = support::http_client();
+    let json = Some("application/json");
+    let deadline = bw_common::time::now_ms() + 3_600_000;
+    let canonical = serde_json::json!({"operationId": "camel-1", "wabaId": WABA, "phoneNumberId": PHONE,
+        "recipient": TO, "category": "CATEGORY_TRANSACTIONAL", "text": {"body": "hi", "previewUrl": false},
+        "deadlineUnixMs": deadline.to_string(), "customerLastInboundUnixMs": "0"});
+    let (status, body) = post_raw(&http, &env, json, canonical.to_string().into_bytes()).await;
+    assert_eq!(status, 202, "{body}");
+    let stored = env.last(names::SEND_STREAM, &names::outbox_subject(Lane::High, PHONE)).await;
+    let stored = SendRequest::decode(stored.payload.as_ref()).expect("SendRequest");
+    assert_eq!((stored.operation_id.as_str(), stored.deadline_unix_ms), ("camel-1", deadline));
+
+    // A recipient sent as a JSON number: a precise error that never shows it, in the reply and in BW_REJECTED.
+    let number = serde_json::json!({"operation_id": "num-1", "waba_id": WABA, "phone_number_id": PHONE,
+        "recipient": 5491155550099u64, "category": "transactional", "text": {"body": "hi"}});
+    let (status, body) = post_raw(&http, &env, json, number.to_string().into_bytes()).await;
+    assert_eq!((status, body["reason"].as_str()), (400, Some("REJECT_REASON_BAD_RECIPIENT")), "{body}");
+    assert!(!body.to_string().contains("5491155550099"), "{body}");
+    // Inside a nested wrong type serde would quote it: masked too.
+    let nested = br#"{"operation_id":"num-2","labels":{"phone":5491155550099}}"#.to_vec();
+    let (status, body) = post_raw(&http, &env, json, nested).await;
+    assert_eq!((status, body["reason"].as_str()), (400, Some("REJECT_REASON_UNDECODABLE")), "{body}");
+    assert!(!body.to_string().contains("5491155550099"), "{body}");
+    assert!(env.wait_count(names::REJECTED_STREAM, 2).await);
+    let kept = env.last(names::REJECTED_STREAM, &names::rejected_subject("http")).await;
+    let kept = RejectedRequest::decode(kept.payload.as_ref()).expect("kept");
+    assert!(!kept.error.contains("5491155550099") && kept.error.contains("+549*******099"), "{}", kept.error);
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn text_plus_template_is_refused_the_same_way_on_both_intakes() {
+    let env = start(|_| {}).await;
+    // Protobuf cannot hold both in its oneof, but the wire can: concatenate a text request and a template field.
+    let mut wire = text("both-1").encode_to_vec();
+    let template = SendRequest {
+        payload: Some(Payload::Template(bw_common::proto::TemplatePayload {
+            name: "order_update".into(),
+            language: "en_US".into(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    wire.extend(template.encode_to_vec());
+    let nats = raw_request(&env.nats, &names::intake_subject(PHONE), wire.clone()).await;
+    let http = support::http_client();
+    let res = http.post(env.url("/v1/messages")).header("content-type", "application/x-protobuf").body(wire);
+    let res = res.send().await.expect("post");
+    assert_eq!(res.status(), 400);
+    let over_http = IntakeReply::decode(res.bytes().await.expect("body")).expect("reply");
+    let json = serde_json::json!({"operation_id": "both-1", "waba_id": WABA, "phone_number_id": PHONE,
+        "recipient": TO, "category": "transactional", "text": {"body": "x"},
+        "template": {"name": "order_update", "language": "en_US"}});
+    let (_, as_json) = post_raw(&http, &env, Some("application/json"), json.to_string().into_bytes()).await;
+    for (name, reason, error) in [
+        ("nats", nats.reason().as_str_name().to_string(), nats.error.clone()),
+        ("http protobuf", over_http.reason().as_str_name().to_string(), over_http.error.clone()),
+        (
+            "http json",
+            as_json["reason"].as_str().unwrap_or("").to_string(),
+            as_json["error"].as_str().unwrap_or("").to_string(),
+        ),
+    ] {
+        assert_eq!(reason, "REJECT_REASON_BAD_PAYLOAD", "{name}");
+        assert_eq!(error, "set either text or template, not both", "{name}");
+    }
+    assert_eq!(env.count(names::SEND_STREAM).await, 0);
+    env.stop().await;
+}

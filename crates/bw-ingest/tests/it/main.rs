@@ -3,6 +3,8 @@
 //! Each test starts its own server and runs the real `run_on` in-process; producers talk to it through
 //! `bw-client`, raw NATS requests and HTTP; Meta is played by signed HTTP POSTs of its documented payloads.
 
+mod accounts;
+mod feed;
 mod intake;
 mod reconcile;
 mod shared;

@@ -9,37 +9,47 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-pub const APP_SECRET: &str = "test-app-secret";
-pub const VERIFY_TOKEN: &str = "test-verify-token";
-pub const WAIT: Duration = Duration::from_secs(10);
+pub(crate) const APP_SECRET: &str = "test-app-secret";
+pub(crate) const VERIFY_TOKEN: &str = "test-verify-token";
+/// The producer key the tests configure (allowed for the intake tests' phone number id 2002).
+pub(crate) const API_KEY: &str = "test-producer-key";
+pub(crate) const WAIT: Duration = Duration::from_secs(10);
 
 /// A running ingest with its own NATS server.
-pub struct Env {
-    pub server: NatsServer,
-    pub nats: async_nats::Client,
-    pub js: async_nats::jetstream::Context,
-    pub deps: Deps,
-    pub ledger: Ledger,
-    pub http: SocketAddr,
-    pub token: CancellationToken,
-    pub task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+pub(crate) struct Env {
+    pub(crate) server: NatsServer,
+    pub(crate) nats: async_nats::Client,
+    pub(crate) js: async_nats::jetstream::Context,
+    pub(crate) deps: Deps,
+    pub(crate) ledger: Ledger,
+    pub(crate) http: SocketAddr,
+    pub(crate) token: CancellationToken,
+    pub(crate) task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
 /// The compiled defaults with test-friendly values.
-pub fn test_config(nats_url: &str) -> Config {
+pub(crate) fn test_config(nats_url: &str) -> Config {
     let mut cfg = Config::load(None, &Default::default()).expect("defaults load");
     cfg.nats.url = nats_url.to_string();
     cfg.admin.listen = "127.0.0.1:0".into();
     cfg.http.listen = "127.0.0.1:0".into();
     cfg.webhook.app_secret = APP_SECRET.into();
     cfg.webhook.verify_token = VERIFY_TOKEN.into();
+    cfg.intake.api_keys.insert(
+        "test".into(),
+        bw_ingest::ApiKeyConfig {
+            sha256: bw_ingest::key_sha256(API_KEY),
+            phone_number_ids: vec!["2002".into()],
+            waba_ids: vec![],
+        },
+    );
     cfg.reconciler.review_delay_ms = 500;
     cfg.shutdown.grace_ms = 2_000;
     cfg
 }
 
 /// Starts NATS and ingest; `edit` adjusts the config first.
-pub async fn start(edit: impl FnOnce(&mut Config)) -> Env {
+pub(crate) async fn start(edit: impl FnOnce(&mut Config)) -> Env {
     let server = NatsServer::start();
     let mut cfg = test_config(&server.url());
     edit(&mut cfg);
@@ -65,34 +75,34 @@ pub async fn start(edit: impl FnOnce(&mut Config)) -> Env {
 
 impl Env {
     /// Number of messages currently in a stream.
-    pub async fn count(&self, stream: &str) -> u64 {
+    pub(crate) async fn count(&self, stream: &str) -> u64 {
         let s = self.js.get_stream(stream).await.expect("stream exists");
         s.get_info().await.expect("stream info").state.messages
     }
 
     /// Waits until a stream holds `n` messages.
-    pub async fn wait_count(&self, stream: &str, n: u64) -> bool {
+    pub(crate) async fn wait_count(&self, stream: &str, n: u64) -> bool {
         bw_testkit::wait_until(WAIT, || async { self.count(stream).await == n }).await
     }
 
     /// The last message on a subject of a stream.
-    pub async fn last(&self, stream: &str, subject: &str) -> async_nats::jetstream::message::StreamMessage {
+    pub(crate) async fn last(&self, stream: &str, subject: &str) -> async_nats::jetstream::message::StreamMessage {
         let s = self.js.get_stream(stream).await.expect("stream exists");
         s.get_last_raw_message_by_subject(subject).await.expect("message on subject")
     }
 
     /// The ledger entry of an operation.
-    pub async fn entry(&self, op: &str) -> Option<LedgerEntry> {
+    pub(crate) async fn entry(&self, op: &str) -> Option<LedgerEntry> {
         self.ledger.get(op).await.expect("ledger readable").map(|v| v.entry)
     }
 
     /// Waits until the ledger shows `state` for `op`.
-    pub async fn wait_state(&self, op: &str, state: OperationState) -> bool {
+    pub(crate) async fn wait_state(&self, op: &str, state: OperationState) -> bool {
         bw_testkit::wait_until(WAIT, || async { self.entry(op).await.is_some_and(|e| e.state() == state) }).await
     }
 
     /// The Prometheus text of the service's registry.
-    pub fn metrics_text(&self) -> String {
+    pub(crate) fn metrics_text(&self) -> String {
         let mut out = String::new();
         let registry = self.deps.metrics.lock().expect("registry lock");
         prometheus_client::encoding::text::encode(&mut out, &registry).expect("encode");
@@ -100,12 +110,12 @@ impl Env {
     }
 
     /// Base URL of the HTTP server.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.http)
     }
 
     /// Stops ingest and checks it returned cleanly.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.token.cancel();
         if let Some(task) = self.task.take() {
             let result = tokio::time::timeout(WAIT, task).await.expect("stops in time").expect("task joins");
@@ -115,7 +125,7 @@ impl Env {
 }
 
 /// A ledger entry in `state` for tests that start mid-pipeline.
-pub fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
+pub(crate) fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
     LedgerEntry {
         operation_id: op.into(),
         state: state as i32,
@@ -126,8 +136,17 @@ pub fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
     }
 }
 
-/// An HTTP client without proxies.
-pub fn http_client() -> reqwest::Client {
+/// An HTTP client without proxies that presents the test producer key.
+pub(crate) fn http_client() -> reqwest::Client {
+    bw_common::service::install_crypto();
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {API_KEY}");
+    headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("header value"));
+    reqwest::Client::builder().no_proxy().default_headers(headers).build().expect("http client")
+}
+
+/// An HTTP client without proxies and without a key.
+pub(crate) fn bare_http_client() -> reqwest::Client {
     bw_common::service::install_crypto();
     reqwest::Client::builder().no_proxy().build().expect("http client")
 }

@@ -190,7 +190,7 @@ async fn credential_errors_raise_a_credentials_signal() {
     assert_eq!((signal.meta_code, signal.waba_id.as_str()), (131031, "102290129340398"));
     // A "read" after "failed" never resurrects it.
     post_signed(&env, &status_body("wamid.C", "read", Some("op-c"), None)).await;
-    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="stale"} 1"#).await);
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="conflict"} 1"#).await);
     assert_eq!(env.entry("op-c").await.expect("entry").state(), OperationState::Failed);
     env.stop().await;
 }
@@ -212,5 +212,104 @@ async fn bad_bodies_never_block_the_consumer() {
     assert!(env.wait_count(names::WEBHOOK_STREAM, 0).await);
     // Signed but not understood: kept for inspection, not dropped.
     assert!(env.wait_count(names::REJECTED_STREAM, 3).await, "bad bodies kept in BW_REJECTED");
+    env.stop().await;
+}
+
+/// A signed delivery of `n` "delivered" statuses for operations `big-<i>`, padded with fields Meta may add (and
+/// ingest ignores) so the body is about `target` bytes.
+fn many_statuses_body(n: usize, target: usize) -> String {
+    // About 200 bytes of each status are its other fields.
+    let pad = "p".repeat(target / n - 200);
+    let statuses: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({"id": format!("wamid.BIG{i}"), "status": "delivered", "timestamp": "1750030073",
+                "recipient_id": "16505551234", "biz_opaque_callback_data": format!("big-{i}"),
+                "conversation": {"id": pad, "origin": {"type": "utility"}}})
+        })
+        .collect();
+    serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398", "changes": [{
+        "field": "messages",
+        "value": {"messaging_product": "whatsapp",
+                  "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE},
+                  "statuses": statuses}}]}]})
+    .to_string()
+}
+
+#[tokio::test]
+async fn deliveries_up_to_meta_limit_are_stored_and_fully_applied() {
+    // Compiled defaults (max_body_bytes 3 MiB) against a nats-server with its default 1 MiB max_payload.
+    let env = start(|_| {}).await;
+    assert_eq!(env.nats.server_info().max_payload, 1024 * 1024, "the server runs with its default max_payload");
+    let mut first = 0;
+    for (round, (n, target)) in [(400usize, 1_100_000usize), (800, 3_000_000)].into_iter().enumerate() {
+        for i in first..first + n {
+            env.ledger.create(&entry_in(&format!("big-{i}"), OperationState::Sent)).await.expect("ledger");
+        }
+        let body = many_statuses_body(n, target)
+            .replace("wamid.BIG", &format!("wamid.R{round}BIG"))
+            .replace("\"big-", "\"tmp-");
+        // Renumber the operations of this round.
+        let mut body = body;
+        for i in (0..n).rev() {
+            body = body.replace(&format!("\"tmp-{i}\""), &format!("\"big-{}\"", first + i));
+        }
+        assert!(body.len() * 100 >= target * 99 && body.len() <= 3 * 1024 * 1024, "body is {} bytes", body.len());
+        assert!(body.len() > 1024 * 1024, "over the server's max_payload");
+        let status = post(&env, &body, Some(sign(APP_SECRET.as_bytes(), body.as_bytes()))).await;
+        assert_eq!(status, 200, "a signed {} byte body is stored", body.len());
+        let all_delivered = bw_testkit::wait_until(std::time::Duration::from_secs(120), || async {
+            for i in first..first + n {
+                if env.entry(&format!("big-{i}")).await.is_none_or(|e| e.state() != OperationState::Delivered) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        assert!(all_delivered, "every status of the {} byte body applied; {}", body.len(), env.metrics_text());
+        first += n;
+    }
+    assert!(env.wait_count(names::WEBHOOK_STREAM, 0).await, "both deliveries acked");
+    // Once processed, the large bodies are deleted from the object store.
+    let store = env.js.get_object_store(bw_ingest::BODIES_BUCKET).await.expect("bucket");
+    let gone = bw_testkit::wait_until(WAIT, || async {
+        use futures::StreamExt;
+        let mut list = store.list().await.expect("list");
+        let mut left = 0;
+        while let Some(o) = list.next().await {
+            if o.is_ok_and(|o| o.name.starts_with("webhook.")) {
+                left += 1;
+            }
+        }
+        left == 0
+    })
+    .await;
+    assert!(gone, "processed large bodies deleted");
+    assert!(env.metrics_text().contains(r#"bw_statuses_applied_total{status="delivered"} 1200"#));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_late_failed_never_overrides_read_and_the_first_terminal_fact_stays() {
+    let env = start(|_| {}).await;
+    env.ledger.create(&entry_in("op-r", OperationState::Sent)).await.expect("ledger");
+    post_signed(&env, &status_body("wamid.R", "read", Some("op-r"), None)).await;
+    assert!(env.wait_state("op-r", OperationState::Read).await);
+    post_signed(&env, &status_body("wamid.R", "failed", Some("op-r"), Some(131_049))).await;
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="conflict"} 1"#).await, "{}", env.metrics_text());
+    let e = env.entry("op-r").await.expect("entry");
+    assert_eq!(e.state(), OperationState::Read, "read is kept");
+    assert_eq!(e.last_code, 131_049, "the late failure's code is recorded");
+    assert!(e.reason.contains("later failed status (131049) was recorded"), "{}", e.reason);
+
+    // The other order: failed first, then delivered: failed stays, the delivery is recorded.
+    env.ledger.create(&entry_in("op-f", OperationState::Sent)).await.expect("ledger");
+    post_signed(&env, &status_body("wamid.F", "failed", Some("op-f"), Some(131_026))).await;
+    assert!(env.wait_state("op-f", OperationState::Failed).await);
+    post_signed(&env, &status_body("wamid.F", "delivered", Some("op-f"), None)).await;
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="conflict"} 2"#).await, "{}", env.metrics_text());
+    let e = env.entry("op-f").await.expect("entry");
+    assert_eq!((e.state(), e.last_code), (OperationState::Failed, 131_026));
+    assert!(e.reason.contains("later delivered status was recorded"), "{}", e.reason);
     env.stop().await;
 }

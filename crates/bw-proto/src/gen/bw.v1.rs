@@ -786,6 +786,143 @@ impl OperationState {
         }
     }
 }
+/// One revision of an operation's ledger entry. Holds no recipient and no message body.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct OutcomeEvent {
+    #[prost(string, tag = "1")]
+    pub operation_id: ::prost::alloc::string::String,
+    /// BW_LEDGER revision (strictly increasing per operation).
+    #[prost(uint64, tag = "2")]
+    pub revision: u64,
+    #[prost(enumeration = "OutcomeKind", tag = "3")]
+    pub kind: i32,
+    #[prost(enumeration = "OperationState", tag = "4")]
+    pub state: i32,
+    #[prost(string, tag = "5")]
+    pub waba_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "6")]
+    pub phone_number_id: ::prost::alloc::string::String,
+    #[prost(enumeration = "Category", tag = "7")]
+    pub category: i32,
+    #[prost(string, tag = "8")]
+    pub wamid: ::prost::alloc::string::String,
+    /// Meta error code of the last failure, 0 if none.
+    #[prost(int64, tag = "9")]
+    pub meta_code: i64,
+    /// Non-personal reason for the state.
+    #[prost(string, tag = "10")]
+    pub reason: ::prost::alloc::string::String,
+    #[prost(string, tag = "11")]
+    pub incident_id: ::prost::alloc::string::String,
+    /// Tries that reached (or may have reached) Meta so far.
+    #[prost(uint32, tag = "12")]
+    pub attempts: u32,
+    #[prost(uint32, tag = "13")]
+    pub replays: u32,
+    #[prost(bool, tag = "14")]
+    pub flagged_unknown: bool,
+    #[prost(int64, tag = "15")]
+    pub accepted_at_unix_ms: i64,
+    /// When this revision was written, Unix ms.
+    #[prost(int64, tag = "16")]
+    pub at_unix_ms: i64,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct StatusQuery {
+    #[prost(string, tag = "1")]
+    pub operation_id: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct StatusReply {
+    /// False when no such operation is known for the sender of the subject (or the ledger entry expired).
+    #[prost(bool, tag = "1")]
+    pub found: bool,
+    #[prost(string, tag = "2")]
+    pub operation_id: ::prost::alloc::string::String,
+    /// The current entry as an event (its latest revision).
+    #[prost(message, optional, tag = "3")]
+    pub current: ::core::option::Option<OutcomeEvent>,
+    /// Every revision the feed holds for it, oldest first.
+    #[prost(message, repeated, tag = "4")]
+    pub journey: ::prost::alloc::vec::Vec<OutcomeEvent>,
+    /// Set when the query could not be answered (bad operation id, ledger unavailable).
+    #[prost(string, tag = "5")]
+    pub error: ::prost::alloc::string::String,
+}
+/// What happened to an operation, as the producer reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum OutcomeKind {
+    Unspecified = 0,
+    /// Stored by ingest (QUEUED).
+    Accepted = 1,
+    /// A try is on the wire to Meta.
+    Sending = 2,
+    /// A transient failure; it will be retried (code in meta_code).
+    Retrying = 3,
+    /// Meta accepted it (wamid set).
+    Sent = 4,
+    Delivered = 5,
+    Read = 6,
+    /// Failed after acceptance (meta_code, reason).
+    Failed = 7,
+    /// In the DLQ (reason, incident_id): it will be replayed when the sender recovers.
+    DeadLettered = 8,
+    /// Put back on the send path by replay.
+    Replayed = 9,
+    /// Kept for a human (reason).
+    Quarantined = 10,
+    /// Dropped as stale (deadline passed, or an unknown outcome past its review time by policy).
+    Expired = 11,
+    /// A try may have reached Meta without an answer; waiting for a status webhook, never resent blindly.
+    Unknown = 12,
+    /// An unknown outcome resolved by a status webhook.
+    Resolved = 13,
+}
+impl OutcomeKind {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "OUTCOME_KIND_UNSPECIFIED",
+            Self::Accepted => "OUTCOME_KIND_ACCEPTED",
+            Self::Sending => "OUTCOME_KIND_SENDING",
+            Self::Retrying => "OUTCOME_KIND_RETRYING",
+            Self::Sent => "OUTCOME_KIND_SENT",
+            Self::Delivered => "OUTCOME_KIND_DELIVERED",
+            Self::Read => "OUTCOME_KIND_READ",
+            Self::Failed => "OUTCOME_KIND_FAILED",
+            Self::DeadLettered => "OUTCOME_KIND_DEAD_LETTERED",
+            Self::Replayed => "OUTCOME_KIND_REPLAYED",
+            Self::Quarantined => "OUTCOME_KIND_QUARANTINED",
+            Self::Expired => "OUTCOME_KIND_EXPIRED",
+            Self::Unknown => "OUTCOME_KIND_UNKNOWN",
+            Self::Resolved => "OUTCOME_KIND_RESOLVED",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "OUTCOME_KIND_UNSPECIFIED" => Some(Self::Unspecified),
+            "OUTCOME_KIND_ACCEPTED" => Some(Self::Accepted),
+            "OUTCOME_KIND_SENDING" => Some(Self::Sending),
+            "OUTCOME_KIND_RETRYING" => Some(Self::Retrying),
+            "OUTCOME_KIND_SENT" => Some(Self::Sent),
+            "OUTCOME_KIND_DELIVERED" => Some(Self::Delivered),
+            "OUTCOME_KIND_READ" => Some(Self::Read),
+            "OUTCOME_KIND_FAILED" => Some(Self::Failed),
+            "OUTCOME_KIND_DEAD_LETTERED" => Some(Self::DeadLettered),
+            "OUTCOME_KIND_REPLAYED" => Some(Self::Replayed),
+            "OUTCOME_KIND_QUARANTINED" => Some(Self::Quarantined),
+            "OUTCOME_KIND_EXPIRED" => Some(Self::Expired),
+            "OUTCOME_KIND_UNKNOWN" => Some(Self::Unknown),
+            "OUTCOME_KIND_RESOLVED" => Some(Self::Resolved),
+            _ => None,
+        }
+    }
+}
 /// A raw webhook delivery as stored in BW_WEBHOOKS before answering 200.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StoredWebhook {

@@ -1,0 +1,243 @@
+//! `bwctl op <operation_id>`: where one operation is and how it got there, for a human.
+//!
+//! Reads the ledger entry (BW_LEDGER) and the events the outcome feed holds for it (BW_FEED, subject
+//! `bw.feed.v1.<phone_number_id>.<operation_id>`, written by ingest's feed publisher), so it works while ingest
+//! is down. Ledger entries and feed events hold no recipient and no body; reasons are non-personal texts.
+
+use async_nats::jetstream::{self, consumer};
+use bw_common::nats::Buckets;
+use bw_common::proto::{LedgerEntry, OutcomeEvent};
+use futures::StreamExt;
+use prost::Message as _;
+use std::io::Write;
+use std::time::Duration;
+
+/// Arguments of `bwctl op`.
+#[derive(Debug, clap::Args)]
+pub struct OpArgs {
+    /// The producer's operation id.
+    pub operation_id: String,
+}
+
+const FEED_STREAM: &str = "BW_FEED";
+const MAX_EVENTS: usize = 500;
+
+async fn journey(js: &jetstream::Context, phone: &str, op: &str) -> anyhow::Result<Vec<OutcomeEvent>> {
+    let Ok(stream) = js.get_stream(FEED_STREAM).await else { return Ok(Vec::new()) };
+    let config = consumer::pull::Config {
+        filter_subject: format!("bw.feed.v1.{phone}.{op}"),
+        deliver_policy: consumer::DeliverPolicy::All,
+        ack_policy: consumer::AckPolicy::None,
+        inactive_threshold: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let mut c = stream.create_consumer(config).await?;
+    let pending = c.info().await?.num_pending as usize;
+    let mut out = Vec::new();
+    if pending > 0 {
+        let mut batch =
+            c.fetch().max_messages(pending.min(MAX_EVENTS)).expires(Duration::from_secs(5)).messages().await?;
+        while let Some(m) = batch.next().await {
+            if let Ok(ev) = OutcomeEvent::decode(m.map_err(|e| anyhow::anyhow!("{e}"))?.payload.as_ref()) {
+                out.push(ev);
+            }
+        }
+    }
+    let name = c.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    Ok(out)
+}
+
+/// Masks runs of 8 or more digits (a phone number in a free text) with `bw_common::mask::phone`; Meta error
+/// codes (at most 6 digits) stay readable.
+fn mask_digits(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        let digits = run.trim_start_matches('+').len();
+        if digits >= 8 {
+            out.push_str(&bw_common::mask::phone(run));
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() || (c == '+' && run.is_empty()) {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+fn event_name(e: &OutcomeEvent) -> String {
+    e.kind().as_str_name().trim_start_matches("OUTCOME_KIND_").to_ascii_lowercase().replace('_', " ")
+}
+
+/// Writes the journey of `entry` (and its feed events) for a human.
+pub fn render(entry: &LedgerEntry, events: &[OutcomeEvent], out: &mut (dyn Write + Send)) -> std::io::Result<()> {
+    writeln!(out, "operation  {}", entry.operation_id)?;
+    writeln!(out, "state      {}", entry.state().label())?;
+    writeln!(out, "sender     waba {}  phone_number_id {}", entry.waba_id, entry.phone_number_id)?;
+    writeln!(out, "category   {}", entry.category().label())?;
+    if !entry.wamid.is_empty() {
+        writeln!(out, "wamid      {}", entry.wamid)?;
+    }
+    writeln!(out, "attempts   {}   replays {}", entry.attempts, entry.replays)?;
+    if entry.last_code != 0 {
+        writeln!(out, "last code  {}", entry.last_code)?;
+    }
+    if !entry.reason.is_empty() {
+        writeln!(out, "reason     {}", mask_digits(&entry.reason))?;
+    }
+    if !entry.incident_id.is_empty() {
+        writeln!(out, "incident   {}", entry.incident_id)?;
+    }
+    if entry.flagged_unknown {
+        writeln!(out, "flag       outcome was unknown once: a duplicate at Meta cannot be ruled out")?;
+    }
+    writeln!(out, "accepted   {}", crate::fmt::utc(entry.accepted_at_unix_ms))?;
+    writeln!(out, "updated    {}", crate::fmt::utc(entry.updated_at_unix_ms))?;
+    writeln!(out)?;
+    if events.is_empty() {
+        writeln!(
+            out,
+            "journey    (no feed events: older than the feed's 7 days, or the feed publisher is not running)"
+        )?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = events
+        .iter()
+        .map(|e| {
+            vec![
+                crate::fmt::utc(e.at_unix_ms),
+                event_name(e),
+                e.attempts.to_string(),
+                if e.meta_code == 0 { "-".into() } else { e.meta_code.to_string() },
+                mask_digits(&e.reason),
+            ]
+        })
+        .collect();
+    write!(out, "{}", crate::fmt::table(&["at (UTC)", "event", "attempts", "code", "reason"], &rows))
+}
+
+/// Runs `bwctl op`; exit code 0, or 1 when the operation is unknown.
+pub async fn run(
+    js: &jetstream::Context,
+    buckets: &Buckets,
+    args: &OpArgs,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    let ledger = bw_common::ledger::Ledger::new(buckets);
+    if !bw_common::ledger::valid_operation_id(&args.operation_id) {
+        writeln!(out, "not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")?;
+        return Ok(1);
+    }
+    let Some(current) = ledger.get(&args.operation_id).await? else {
+        writeln!(out, "no ledger entry for `{}` (never accepted, or expired)", args.operation_id)?;
+        return Ok(1);
+    };
+    let events = journey(js, &current.entry.phone_number_id, &args.operation_id).await?;
+    render(&current.entry, &events, out)?;
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bw_common::proto::{OperationState, OutcomeKind};
+
+    #[test]
+    fn journey_is_readable_and_masked() {
+        let mut entry = LedgerEntry {
+            operation_id: "op-1".into(),
+            waba_id: "1001".into(),
+            phone_number_id: "2002".into(),
+            wamid: "wamid.X".into(),
+            attempts: 2,
+            last_code: 131_049,
+            reason: "failed status: 131049 for +5491155550099".into(),
+            accepted_at_unix_ms: 1_796_118_258_268,
+            updated_at_unix_ms: 1_796_118_259_000,
+            ..Default::default()
+        };
+        entry.set_state(OperationState::Failed);
+        let ev = |kind: OutcomeKind, at: i64, code: i64| OutcomeEvent {
+            kind: kind as i32,
+            at_unix_ms: at,
+            meta_code: code,
+            attempts: 1,
+            reason: "retrying after 130429".into(),
+            ..Default::default()
+        };
+        let events = vec![
+            ev(OutcomeKind::Accepted, 1_796_118_258_268, 0),
+            ev(OutcomeKind::DeadLettered, 1_796_118_258_300, 130_429),
+            ev(OutcomeKind::Failed, 1_796_118_259_000, 131_049),
+        ];
+        let mut out = Vec::new();
+        render(&entry, &events, &mut out).expect("renders");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(text.contains("state      failed"), "{text}");
+        assert!(text.contains("dead lettered") && text.contains("131049") && text.contains("2026-"), "{text}");
+        assert!(!text.contains("5491155550099"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn bwctl_op_reads_the_ledger_and_the_feed_of_a_real_server() {
+        use clap::Parser as _;
+        let server = bw_testkit::NatsServer::start();
+        let cfg = bw_common::config::NatsConfig {
+            url: server.url(),
+            name: String::new(),
+            replicas: 1,
+            limits: Default::default(),
+        };
+        let deps = bw_common::service::Deps::connect("test", &cfg, None, Duration::from_secs(10)).await.expect("deps");
+        let mut entry = LedgerEntry {
+            operation_id: "op-9".into(),
+            waba_id: "1001".into(),
+            phone_number_id: "2002".into(),
+            wamid: "wamid.NINE".into(),
+            attempts: 1,
+            ..Default::default()
+        };
+        entry.set_state(OperationState::Delivered);
+        bw_common::ledger::Ledger::new(&deps.buckets).create(&entry).await.expect("ledger");
+        deps.js
+            .get_or_create_stream(jetstream::stream::Config {
+                name: FEED_STREAM.into(),
+                subjects: vec!["bw.feed.v1.>".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("feed stream");
+        for (kind, at) in [(OutcomeKind::Accepted, 1_796_118_258_268), (OutcomeKind::Delivered, 1_796_118_259_000)] {
+            let ev =
+                OutcomeEvent { operation_id: "op-9".into(), kind: kind as i32, at_unix_ms: at, ..Default::default() };
+            deps.js
+                .publish("bw.feed.v1.2002.op-9", ev.encode_to_vec().into())
+                .await
+                .expect("publish")
+                .await
+                .expect("stored");
+        }
+        let run = |args: Vec<String>| async move {
+            let mut out = Vec::new();
+            let code = crate::run(crate::Cli::parse_from(args), &mut out).await.expect("runs");
+            (code, String::from_utf8(out).expect("utf8"))
+        };
+        let args = |op: &str| vec!["bwctl".to_string(), "--nats-url".into(), server.url(), "op".into(), op.into()];
+        let (code, text) = run(args("op-9")).await;
+        assert_eq!(code, 0, "{text}");
+        assert!(text.contains("state      delivered") && text.contains("wamid.NINE"), "{text}");
+        let accepted = text.find("accepted  ").expect("accepted row");
+        assert!(text[accepted..].contains("delivered"), "journey in order: {text}");
+        let (code, text) = run(args("op-404")).await;
+        assert_eq!(code, 1, "{text}");
+    }
+}

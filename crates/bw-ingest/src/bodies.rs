@@ -1,0 +1,104 @@
+//! Bodies too large for one NATS message (nats-server's default `max_payload` is 1 MiB; Meta signs webhook
+//! deliveries of up to 3 MB, and a rejected request near the intake limit plus its record exceeds it).
+//!
+//! Such a body is put first into the JetStream object store [`BODIES_BUCKET`] (chunked, each chunk acked by
+//! the broker) under a name derived from its sha256; then the small record that points to it is published with
+//! the header [`OBJECT_HEADER`] naming the object and an empty body field. Only after both are stored does the
+//! caller answer (a webhook 200, a producer's rejection). This works with any server `max_payload`, so nothing
+//! in the deployment has to be raised for it. Webhook bodies are deleted by the processor once every item in
+//! them is handled; rejected inputs stay until the bucket's max age (like BW_REJECTED, 7 days) removes them.
+
+use async_nats::jetstream::{self, object_store};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// Object store bucket of large bodies (created by ingest at start-up).
+pub const BODIES_BUCKET: &str = "BW_INGEST_BODIES";
+/// NATS header of a record whose body lives in [`BODIES_BUCKET`]: the object's name.
+pub const OBJECT_HEADER: &str = "Bw-Body-Object";
+/// Room kept in one NATS message for the record around the body (headers, protobuf framing, other fields).
+const RECORD_MARGIN: usize = 64 * 1024;
+/// Chunk size of stored objects.
+const CHUNK: usize = 256 * 1024;
+
+/// Access to the large-body bucket.
+#[derive(Clone)]
+pub(crate) struct Bodies {
+    store: object_store::ObjectStore,
+    /// Largest body kept inline in its record.
+    inline_max: usize,
+}
+
+/// Largest body kept inline in a record, for a server `max_payload`.
+pub(crate) fn inline_max(max_payload: usize) -> usize {
+    max_payload.saturating_sub(RECORD_MARGIN).max(1024)
+}
+
+impl Bodies {
+    /// Binds to (or creates) the bucket. `max_payload` is the server's limit (from its INFO).
+    pub(crate) async fn ensure(js: &jetstream::Context, replicas: usize, max_payload: usize) -> anyhow::Result<Bodies> {
+        let store = match js.get_object_store(BODIES_BUCKET).await {
+            Ok(s) => s,
+            Err(_) => js
+                .create_object_store(object_store::Config {
+                    bucket: BODIES_BUCKET.to_string(),
+                    description: Some("Breakwater ingest: webhook bodies and rejected inputs over max_payload".into()),
+                    max_age: Duration::from_secs(7 * 24 * 3600),
+                    num_replicas: replicas.max(1),
+                    storage: jetstream::stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot create object store {BODIES_BUCKET}: {e}"))?,
+        };
+        Ok(Bodies { store, inline_max: inline_max(max_payload) })
+    }
+
+    /// True when a body of `len` bytes fits inline in its record.
+    pub(crate) fn fits_inline(&self, len: usize) -> bool {
+        len <= self.inline_max
+    }
+
+    /// Stores `body` under `name` (idempotent: an object of that name and size is kept as is).
+    pub(crate) async fn put(&self, name: &str, body: &[u8]) -> Result<(), String> {
+        if let Ok(info) = self.store.info(name).await
+            && !info.deleted
+            && info.size == body.len()
+        {
+            return Ok(());
+        }
+        let meta =
+            object_store::ObjectMetadata { name: name.to_string(), chunk_size: Some(CHUNK), ..Default::default() };
+        let mut reader = body;
+        self.store.put(meta, &mut reader).await.map(|_| ()).map_err(|e| format!("object {name} not stored: {e}"))
+    }
+
+    /// The body stored under `name`; None when it is gone (deleted after processing, or expired).
+    pub(crate) async fn get(&self, name: &str) -> Result<Option<Vec<u8>>, String> {
+        let mut object = match self.store.get(name).await {
+            Ok(o) => o,
+            Err(e) if e.kind() == object_store::GetErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("object {name} unreadable: {e}")),
+        };
+        let mut out = Vec::with_capacity(object.info().size);
+        object.read_to_end(&mut out).await.map_err(|e| format!("object {name} unreadable: {e}"))?;
+        Ok(Some(out))
+    }
+
+    /// Deletes an object (best effort: the bucket's max age removes what is left).
+    pub(crate) async fn delete(&self, name: &str) {
+        if let Err(e) = self.store.delete(name).await {
+            tracing::debug!(error = %e, "large body not deleted; it expires with the bucket's max age");
+        }
+    }
+}
+
+/// The object name of a webhook body.
+pub(crate) fn webhook_object(body_sha256: &str) -> String {
+    format!("webhook.{body_sha256}")
+}
+
+/// The object name of a rejected input.
+pub(crate) fn rejected_object(raw_sha256: &str) -> String {
+    format!("rejected.{raw_sha256}")
+}

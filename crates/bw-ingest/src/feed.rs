@@ -1,0 +1,310 @@
+//! Outcome feed and status query for producers.
+//!
+//! Design (needs no change in other services): the feed publisher is a durable pull consumer
+//! ([`FEED_CONSUMER`]) on the stream behind the ledger KV bucket (`KV_BW_LEDGER`), shared by every ingest
+//! instance. Each ledger revision becomes one [`OutcomeEvent`] published to [`FEED_STREAM`] on
+//! `bw.feed.v1.<phone_number_id>.<operation_id>` with `Nats-Msg-Id = <operation_id>.<revision>`: a redelivery
+//! after a crash, or two instances racing, store it once. Then the revision is acked. The consumer is created
+//! with "new revisions only", so a first start does not replay the whole ledger; after that it resumes where
+//! it stopped. BW_LEDGER keeps one revision per key: an entry that changes again before the publisher reads it
+//! is published at its newer revision only (the latest state of every operation always reaches the feed; a lag
+//! can coalesce intermediate states).
+//!
+//! Events carry no recipient and no body (the ledger has neither). The status query (`bw.status.v1.<phone>`,
+//! NATS request/reply, and `GET /v1/messages/{operation_id}`) answers the current entry and its journey: the
+//! events the feed holds for the operation, oldest first.
+
+use crate::metrics::Metrics;
+use async_nats::jetstream::{self, consumer, stream};
+use bw_common::disposition::{Label, Settle, apply};
+use bw_common::ledger::Ledger;
+use bw_common::proto::{LedgerEntry, OperationState, OutcomeEvent, OutcomeKind, StatusQuery, StatusReply};
+use futures::StreamExt;
+use prost::Message as _;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// The feed stream.
+pub const FEED_STREAM: &str = "BW_FEED";
+/// Durable consumer of the feed publisher on the ledger's stream.
+pub const FEED_CONSUMER: &str = "feed-publisher";
+/// The stream behind the ledger KV bucket.
+const LEDGER_KV_STREAM: &str = "KV_BW_LEDGER";
+/// Subject of the status query, one token per sender; [`STATUS_ANY`] asks without naming the sender (operators).
+pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
+/// Sender token of an operator's status query (bwctl): answers for any sender. NATS accounts keep it from
+/// producers (deploy/nats/).
+pub const STATUS_ANY: &str = "_";
+/// Longest journey returned.
+const MAX_JOURNEY: usize = 500;
+
+/// The feed subject of an operation.
+pub fn feed_subject(phone_number_id: &str, operation_id: &str) -> String {
+    format!("bw.feed.v1.{phone_number_id}.{operation_id}")
+}
+
+/// The feed subjects of one sender (bind a durable consumer on this filter).
+pub fn feed_filter(phone_number_id: &str) -> String {
+    format!("bw.feed.v1.{phone_number_id}.>")
+}
+
+/// The status query subject of a sender.
+pub fn status_subject(phone_number_id: &str) -> String {
+    format!("bw.status.v1.{phone_number_id}")
+}
+
+/// What the producer reads from an entry.
+pub fn kind_of(entry: &LedgerEntry) -> OutcomeKind {
+    match entry.state() {
+        OperationState::Queued if entry.in_flight_since_unix_ms > 0 => OutcomeKind::Sending,
+        OperationState::Queued if entry.replays > 0 => OutcomeKind::Replayed,
+        OperationState::Queued if entry.transient_failures > 0 => OutcomeKind::Retrying,
+        OperationState::Queued | OperationState::Unspecified => OutcomeKind::Accepted,
+        OperationState::Sent | OperationState::Delivered | OperationState::Read
+            if entry.flagged_unknown && entry.reason.starts_with("unknown outcome resolved") =>
+        {
+            OutcomeKind::Resolved
+        }
+        OperationState::Sent => OutcomeKind::Sent,
+        OperationState::Delivered => OutcomeKind::Delivered,
+        OperationState::Read => OutcomeKind::Read,
+        OperationState::Failed => OutcomeKind::Failed,
+        OperationState::Dlq => OutcomeKind::DeadLettered,
+        OperationState::Quarantined => OutcomeKind::Quarantined,
+        OperationState::Expired => OutcomeKind::Expired,
+        OperationState::Unknown => OutcomeKind::Unknown,
+    }
+}
+
+/// The event of one ledger revision.
+pub fn event_of(entry: &LedgerEntry, revision: u64) -> OutcomeEvent {
+    OutcomeEvent {
+        operation_id: entry.operation_id.clone(),
+        revision,
+        kind: kind_of(entry) as i32,
+        state: entry.state,
+        waba_id: entry.waba_id.clone(),
+        phone_number_id: entry.phone_number_id.clone(),
+        category: entry.category,
+        wamid: entry.wamid.clone(),
+        meta_code: entry.last_code,
+        reason: entry.reason.clone(),
+        incident_id: entry.incident_id.clone(),
+        attempts: entry.attempts,
+        replays: entry.replays,
+        flagged_unknown: entry.flagged_unknown,
+        accepted_at_unix_ms: entry.accepted_at_unix_ms,
+        at_unix_ms: entry.updated_at_unix_ms,
+    }
+}
+
+/// Creates (or binds to) the feed stream.
+pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize) -> anyhow::Result<()> {
+    let config = stream::Config {
+        name: FEED_STREAM.to_string(),
+        description: Some("Breakwater outcome feed: one event per ledger revision, per sender".into()),
+        subjects: vec!["bw.feed.v1.>".to_string()],
+        retention: stream::RetentionPolicy::Limits,
+        max_age: Duration::from_secs(7 * 24 * 3600),
+        max_messages: 50_000_000,
+        duplicate_window: Duration::from_secs(120),
+        storage: stream::StorageType::File,
+        num_replicas: replicas.max(1),
+        ..Default::default()
+    };
+    js.get_or_create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create stream {FEED_STREAM}: {e}"))?;
+    Ok(())
+}
+
+/// Creates (or binds to) the feed publisher's durable consumer on the ledger's stream.
+pub(crate) async fn consumer(js: &jetstream::Context, max_in_flight: usize) -> anyhow::Result<consumer::pull::Stream> {
+    let stream = js.get_stream(LEDGER_KV_STREAM).await?;
+    let config = consumer::pull::Config {
+        durable_name: Some(FEED_CONSUMER.to_string()),
+        deliver_policy: consumer::DeliverPolicy::New,
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        max_deliver: -1,
+        max_ack_pending: (max_in_flight * 64).max(1024) as i64,
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(FEED_CONSUMER, config).await?;
+    Ok(consumer.stream().max_messages_per_batch(max_in_flight.max(1)).messages().await?)
+}
+
+/// What became of one ledger revision (the `result` label of `bw_feed_events_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// Published (or already, by another instance).
+    Event,
+    /// A delete or purge of a ledger key: nothing to tell.
+    Deleted,
+    /// Not a ledger entry (never written by Breakwater): skipped.
+    Undecodable,
+    /// The feed stream did not take it: redelivered later.
+    Retry,
+}
+
+impl Label for Published {
+    fn label(self) -> &'static str {
+        match self {
+            Published::Event => "published",
+            Published::Deleted => "deleted",
+            Published::Undecodable => "undecodable",
+            Published::Retry => "retry",
+        }
+    }
+}
+
+/// Publishes ledger revisions to the feed.
+pub(crate) struct Publisher {
+    pub js: jetstream::Context,
+    pub metrics: Metrics,
+}
+
+impl Publisher {
+    pub(crate) async fn handle(&self, msg: jetstream::Message) {
+        let span = tracing::debug_span!("ingest.feed", result = tracing::field::Empty);
+        let settle = self.settle(&msg).await;
+        apply(&msg, settle, &span, |label| self.metrics.feed(label)).await;
+    }
+
+    async fn settle(&self, msg: &jetstream::Message) -> Settle<Published> {
+        let deleted = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
+        if deleted || msg.payload.is_empty() {
+            return Settle::ack(Published::Deleted);
+        }
+        let Ok(entry) = LedgerEntry::decode(msg.payload.as_ref()) else {
+            return Settle::ack(Published::Undecodable);
+        };
+        let revision = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
+        let event = event_of(&entry, revision);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{}.{revision}", entry.operation_id).as_str());
+        let subject = feed_subject(&entry.phone_number_id, &entry.operation_id);
+        match bw_common::nats::publish_durable(&self.js, subject, headers, event.encode_to_vec().into()).await {
+            Ok(_) => Settle::ack(Published::Event),
+            Err(e) => {
+                tracing::warn!(operation_id = %entry.operation_id, error = %e, "feed event not stored; retrying");
+                Settle::nak(Published::Retry, Duration::from_secs(1))
+            }
+        }
+    }
+}
+
+/// The events the feed holds for an operation, oldest first (at most [`MAX_JOURNEY`]).
+pub(crate) async fn journey(
+    js: &jetstream::Context,
+    phone_number_id: &str,
+    operation_id: &str,
+) -> Result<Vec<OutcomeEvent>, String> {
+    let stream = js.get_stream(FEED_STREAM).await.map_err(|e| format!("feed unavailable: {e}"))?;
+    let config = consumer::pull::Config {
+        filter_subject: feed_subject(phone_number_id, operation_id),
+        deliver_policy: consumer::DeliverPolicy::All,
+        ack_policy: consumer::AckPolicy::None,
+        inactive_threshold: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let mut c = stream.create_consumer(config).await.map_err(|e| format!("feed unavailable: {e}"))?;
+    let pending = c.info().await.map_err(|e| format!("feed unavailable: {e}"))?.num_pending as usize;
+    let mut out = Vec::new();
+    if pending > 0 {
+        let want = pending.min(MAX_JOURNEY);
+        let mut batch = c
+            .fetch()
+            .max_messages(want)
+            .expires(Duration::from_secs(5))
+            .messages()
+            .await
+            .map_err(|e| format!("feed unavailable: {e}"))?;
+        while let Some(m) = batch.next().await {
+            let m = m.map_err(|e| format!("feed unavailable: {e}"))?;
+            if let Ok(ev) = OutcomeEvent::decode(m.payload.as_ref()) {
+                out.push(ev);
+            }
+        }
+    }
+    let name = c.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    Ok(out)
+}
+
+/// Answers a status query. `sender` is the phone number id the asker may see (None: any, for operators).
+pub(crate) async fn status(
+    ledger: &Ledger,
+    js: &jetstream::Context,
+    operation_id: &str,
+    sender: Option<&str>,
+) -> StatusReply {
+    let mut reply = StatusReply { operation_id: operation_id.to_string(), ..Default::default() };
+    if !bw_common::ledger::valid_operation_id(operation_id) {
+        reply.error = "operation_id must be 1..=128 characters of [A-Za-z0-9_=.-]".into();
+        return reply;
+    }
+    let current = match ledger.get(operation_id).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "ledger unavailable for a status query");
+            reply.error = "ledger unavailable; retry".into();
+            return reply;
+        }
+    };
+    let Some(current) = current.filter(|c| sender.is_none_or(|s| s == c.entry.phone_number_id)) else {
+        return reply;
+    };
+    reply.found = true;
+    match journey(js, &current.entry.phone_number_id, operation_id).await {
+        Ok(events) => reply.journey = events,
+        Err(e) => reply.error = e,
+    }
+    reply.current = Some(event_of(&current.entry, current.revision));
+    reply
+}
+
+/// Serves `bw.status.v1.*` (queue group of the intake) until `shutdown`.
+pub(crate) async fn serve_status(
+    ledger: Ledger,
+    js: jetstream::Context,
+    nats: async_nats::Client,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut sub = nats
+        .queue_subscribe(STATUS_WILDCARD, bw_common::names::INTAKE_QUEUE_GROUP.to_string())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot subscribe to {STATUS_WILDCARD}: {e}"))?;
+    let slots = Arc::new(tokio::sync::Semaphore::new(64));
+    loop {
+        let msg = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            next = sub.next() => match next { Some(m) => m, None => break },
+        };
+        let Ok(permit) = slots.clone().acquire_owned().await else { break };
+        let (ledger, js, nats) = (ledger.clone(), js.clone(), nats.clone());
+        tracker.spawn(async move {
+            let _permit = permit;
+            let token = msg.subject.as_str().rsplit('.').next().unwrap_or("").to_string();
+            let reply = match StatusQuery::decode(msg.payload.as_ref()) {
+                Ok(q) => {
+                    let sender = if token == STATUS_ANY { None } else { Some(token.as_str()) };
+                    status(&ledger, &js, &q.operation_id, sender).await
+                }
+                Err(_) => StatusReply { error: "body is not a protobuf StatusQuery".into(), ..Default::default() },
+            };
+            if let Some(to) = msg.reply
+                && let Err(e) = nats.publish(to, reply.encode_to_vec().into()).await
+            {
+                tracing::debug!(error = %e, "status reply not sent");
+            }
+        });
+    }
+    let _ = sub.unsubscribe().await;
+    Ok(())
+}

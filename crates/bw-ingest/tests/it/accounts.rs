@@ -1,0 +1,87 @@
+//! NATS accounts (deploy/nats/accounts.conf, the very file): a producer user sends and follows its feed, and is
+//! refused on internal subjects, the ledger and stream administration.
+
+use crate::support::{WAIT, test_config};
+use bw_client::{Client, Request};
+use bw_common::names;
+use bw_common::proto::OutcomeKind;
+use bw_testkit::NatsServer;
+use std::path::Path;
+
+const WABA: &str = "1001";
+const PHONE: &str = "2002";
+
+#[tokio::test]
+async fn a_producer_user_is_refused_on_internal_subjects() {
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
+    let server = NatsServer::start_with_config(
+        &conf,
+        &[
+            ("BW_NATS_SERVICE_PASSWORD", "svc-pw"),
+            ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
+            ("BW_NATS_PRODUCER_PASSWORD", "crm-pw"),
+        ],
+    );
+    let port = server.port();
+    // Ingest runs as the service user.
+    let cfg = test_config(&format!("nats://breakwater:svc-pw@127.0.0.1:{port}"));
+    let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
+    let token = tokio_util::sync::CancellationToken::new();
+    let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ingest ready");
+
+    let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), "crm-pw".into())
+        .custom_inbox_prefix("_INBOX_producer-crm")
+        .event_callback(move |ev| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(ev.to_string());
+            }
+        })
+        .connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("producer connects");
+
+    // Allowed: send, and follow its feed through its own durable consumer.
+    let client = Client::new(producer.clone());
+    let reply = client.send(&Request::text("acct-1", WABA, PHONE, "+5491155551234", "hi").build()).await;
+    assert!(reply.expect("answered").accepted);
+    let producer_js = async_nats::jetstream::new(producer.clone());
+    let mut feed = bw_client::follow(&producer_js, PHONE, "crm").await.expect("feed consumer allowed");
+    let item = tokio::time::timeout(WAIT, feed.next()).await.expect("event in time").expect("open").expect("event");
+    assert_eq!(item.event.kind(), OutcomeKind::Accepted);
+    item.ack().await.expect("ack allowed");
+    assert!(client.status(PHONE, "acct-1").await.expect("status allowed").found);
+
+    // Refused: an internal subject, the ledger, stream administration, snooping on the services' subjects.
+    let refused = |what: String| what.contains("Permissions Violation");
+    producer.publish(names::dlq_subject(PHONE), "x".into()).await.expect("queued locally");
+    producer.publish("$KV.BW_LEDGER.acct-1".to_string(), "x".into()).await.expect("queued locally");
+    producer.publish("$JS.API.STREAM.PURGE.BW_SEND".to_string(), "".into()).await.expect("queued locally");
+    let _snoop = producer.subscribe("_INBOX.>".to_string()).await.expect("queued locally");
+    producer.flush().await.expect("flush");
+    let mut violations = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while violations.len() < 4 {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(ev)) if refused(ev.clone()) => violations.push(ev),
+            Ok(Some(_)) => {}
+            _ => break,
+        }
+    }
+    let all = violations.join("\n");
+    for subject in
+        [names::dlq_subject(PHONE).as_str(), "$KV.BW_LEDGER.acct-1", "$JS.API.STREAM.PURGE.BW_SEND", "_INBOX.>"]
+    {
+        assert!(all.contains(subject), "no violation for {subject}: {all}");
+    }
+    // Nothing happened: the request is still in BW_SEND and its ledger entry is intact.
+    let send = deps.js.get_stream(names::SEND_STREAM).await.expect("stream").get_info().await.expect("info");
+    assert_eq!(send.state.messages, 1);
+    let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    assert!(ledger.get("acct-1").await.expect("ledger").is_some());
+    token.cancel();
+    ingest.await.expect("joins").expect("stops");
+}
