@@ -60,6 +60,10 @@ pub struct Config {
 pub struct MetaConfig {
     pub base_url: String,
     pub api_version: String,
+    /// The Meta app the token belongs to: app-wide limits (code 4) pause every number on it. Empty: the
+    /// token's fingerprint stands for the app.
+    #[serde(default, deserialize_with = "bw_common::config::text")]
+    pub app_id: String,
     #[serde(deserialize_with = "bw_common::config::text")]
     pub access_token: String,
     pub connect_timeout_ms: u64,
@@ -237,6 +241,8 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let metrics = metrics::Metrics::register(&deps.metrics);
     let breaker = bw_breaker::Breaker::new(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
     breaker.register_metrics(&deps.metrics);
+    // App pauses and token halts are keyed by this account (a new token is not under the old one's halt).
+    breaker.set_account(&cfg.meta.app_id, &cfg.meta.access_token);
     // Fail fast without Redis while a scope is known to be OPEN; operators' changes arrive as transitions.
     breaker.follow_transitions().await?;
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);

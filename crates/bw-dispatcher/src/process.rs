@@ -229,14 +229,22 @@ impl Worker {
     fn apply(self: &Arc<Self>, mut w: Work, decision: Decision, state: &str, incident: &str, f: &mut Flight) {
         w.span.record("breaker_state", state);
         match decision {
-            Decision::Allow { canary, .. } => {
+            Decision::Allow { canary, wait_ms } => {
                 w.decision = if canary { "canary" } else { "allow" };
                 w.span.record("decision", w.decision);
                 self.metrics.decision(w.decision);
                 let this = self.clone();
                 // Mark the message as "on the wire" in the ledger before its request leaves: a later delivery
                 // that finds the mark knows this try's outcome is unknown and never resends.
+                // The send slot admission handed out: the fleet's sends of this sender are spaced at its rate
+                // right up to the wire, instead of bunching after a shared admission round.
                 f.sends.push(Box::pin(async move {
+                    let mut w = w;
+                    if wait_ms > 0 {
+                        let slot = Duration::from_millis(wait_ms);
+                        tokio::time::sleep(slot).await;
+                        w.waited += slot;
+                    }
                     let (w, canary) = this.mark_in_flight(w, canary).await?;
                     let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
                     let (answer, took) = this.meta.send(&w.request).instrument(span).await;
@@ -474,6 +482,7 @@ impl Worker {
                     Some(pct) => self.breaker.observe_usage(&w.scope(), *pct).await,
                     None => {
                         self.metrics.no_usage_headers.inc();
+                        self.breaker.observe_no_usage(&w.scope()).await;
                     }
                 }
                 ErrorInfo::default()
