@@ -32,9 +32,8 @@ fn request(i: usize, tag: &str) -> SendRequest {
 }
 
 fn unlimited_sim() -> bw_meta_sim::SimConfig {
-    let mut cfg = bw_meta_sim::SimConfig::default();
-    cfg.limits = bw_meta_sim::Limits::disabled();
-    cfg.usage_headers = false;
+    let mut cfg =
+        bw_meta_sim::SimConfig { limits: bw_meta_sim::Limits::disabled(), usage_headers: false, ..Default::default() };
     // No status webhooks: nothing listens for them in this benchmark.
     cfg.webhook.sent_delay_ms = None;
     cfg.webhook.delivered_delay_ms = None;

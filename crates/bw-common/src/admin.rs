@@ -88,10 +88,10 @@ impl Health {
         if self.shutting_down.load(Ordering::SeqCst) {
             failing.push("shutting_down");
         }
-        if let Some(n) = &self.nats {
-            if n.connection_state() != async_nats::connection::State::Connected {
-                failing.push("nats");
-            }
+        if let Some(n) = &self.nats
+            && n.connection_state() != async_nats::connection::State::Connected
+        {
+            failing.push("nats");
         }
         if let Some(r) = &self.redis {
             let mut conn = r.clone();

@@ -81,17 +81,17 @@ fn without_values(message: &str) -> String {
 pub fn text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum Text {
+    enum Scalar {
         Text(String),
         Integer(i64),
         Float(f64),
         Bool(bool),
     }
-    Ok(match Text::deserialize(d)? {
-        Text::Text(s) => s,
-        Text::Integer(n) => n.to_string(),
-        Text::Float(f) => f.to_string(),
-        Text::Bool(b) => b.to_string(),
+    Ok(match Scalar::deserialize(d)? {
+        Scalar::Text(s) => s,
+        Scalar::Integer(n) => n.to_string(),
+        Scalar::Float(f) => f.to_string(),
+        Scalar::Bool(b) => b.to_string(),
     })
 }
 
@@ -289,7 +289,7 @@ mod tests {
     fn text_fields_take_numeric_env_values_as_written_and_errors_never_show_values() {
         let env = HashMap::from([("BW_X__TOKEN".to_string(), "8675309123".to_string())]);
         let cfg: Secret = load("x", "", None, &env).expect("a numeric token is text");
-        assert_eq!(cfg.token, "8675309123");
+        assert_eq!((cfg.token.as_str(), cfg.plain), ("8675309123", None));
         let env = HashMap::from([
             ("BW_X__TOKEN".to_string(), "abc".to_string()),
             ("BW_X__PLAIN".to_string(), "5491155550099".to_string()),

@@ -43,10 +43,10 @@ pub fn init(service_name: &str, cfg: &TelemetryConfig) -> TelemetryGuard {
     let otel_layer =
         provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service_name.to_string())));
     let installed = tracing_subscriber::registry().with(filter).with(fmt_layer).with(otel_layer).try_init();
-    if installed.is_ok() {
-        if let Some(p) = &provider {
-            opentelemetry::global::set_tracer_provider(p.clone());
-        }
+    if installed.is_ok()
+        && let Some(p) = &provider
+    {
+        opentelemetry::global::set_tracer_provider(p.clone());
     }
     TelemetryGuard { provider }
 }
@@ -98,10 +98,10 @@ pub fn inject(span: &tracing::Span, headers: &mut async_nats::HeaderMap) {
 
 /// Makes `span` a child of the trace context found in `headers`, if any.
 pub fn set_parent_from(span: &tracing::Span, headers: Option<&async_nats::HeaderMap>) {
-    if let Some(h) = headers {
-        if h.get("traceparent").is_some() {
-            let cx = TraceContextPropagator::new().extract(&HeaderExtractor(h));
-            let _ = span.set_parent(cx);
-        }
+    if let Some(h) = headers
+        && h.get("traceparent").is_some()
+    {
+        let cx = TraceContextPropagator::new().extract(&HeaderExtractor(h));
+        let _ = span.set_parent(cx);
     }
 }

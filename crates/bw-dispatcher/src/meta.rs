@@ -177,19 +177,19 @@ fn usage_percent(headers: &reqwest::header::HeaderMap) -> Option<u32> {
             }
         }
     };
-    if let Some(raw) = headers.get("x-business-use-case-usage").and_then(|v| v.to_str().ok()) {
-        if let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(raw) {
-            for entries in map.values() {
-                if let Some(list) = entries.as_array() {
-                    list.iter().for_each(&mut consider);
-                }
+    if let Some(raw) = headers.get("x-business-use-case-usage").and_then(|v| v.to_str().ok())
+        && let Ok(serde_json::Value::Object(map)) = serde_json::from_str::<serde_json::Value>(raw)
+    {
+        for entries in map.values() {
+            if let Some(list) = entries.as_array() {
+                list.iter().for_each(&mut consider);
             }
         }
     }
-    if let Some(raw) = headers.get("x-app-usage").and_then(|v| v.to_str().ok()) {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(raw) {
-            consider(&v);
-        }
+    if let Some(raw) = headers.get("x-app-usage").and_then(|v| v.to_str().ok())
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(raw)
+    {
+        consider(&v);
     }
     max
 }

@@ -121,24 +121,27 @@ impl Worker {
         }
     }
 
+    /// Where a move of `w` to `dest` (dlq, quarantine, unknown) publishes, with its deterministic message id.
+    fn destination(&self, w: &Work, dest: &str, subject: String, payload: bytes::Bytes) -> Destination {
+        Destination { subject, headers: self.headers(w, &self.move_id(w, dest)), payload }
+    }
+
     /// Moves `w` to `dest` through the shared routine (publish → ledger → ack) and settles it: acked with
     /// `outcome` once both steps landed, else redelivered shortly (the move is idempotent).
     async fn move_to(
         &self,
         w: &Work,
-        dest: &str,
-        subject: String,
-        payload: bytes::Bytes,
+        destination: Destination,
         outcome: Outcome,
         event: Event<'_>,
         update: impl FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
     ) {
-        let destination = Destination { subject, headers: self.headers(w, &self.move_id(w, dest)), payload };
+        let dest = destination.subject.clone();
         let op = &w.request.operation_id;
         match publish_then_record(&self.js, &self.ledger, op, Some(w.ledger.clone()), destination, update).await {
             Ok(_) => self.settle(w, Settle::ack(outcome), Some(event)).await,
             Err(e) => {
-                tracing::warn!(parent: &w.span, dest, error = %e, "move not completed; message will be redelivered");
+                tracing::warn!(parent: &w.span, dest = %dest, error = %e, "move not completed; message will be redelivered");
                 self.settle(w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             }
         }
@@ -304,23 +307,29 @@ impl Worker {
         let counts_attempt = reason != DlqReason::BreakerOpen;
         let subject = names::dlq_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
-        self.move_to(&w, "dlq", subject, envelope.encode_to_vec().into(), Outcome::Dlq, event, |cur| {
-            let mut e = cur.cloned().unwrap_or_default();
-            e.set_state(OperationState::Dlq);
-            e.in_flight_since_unix_ms = 0;
-            e.in_flight_token.clear();
-            if counts_attempt {
-                e.attempts += 1;
-            }
-            e.incident_id = incident.to_string();
-            e.last_code = err.meta_code;
-            e.reason = format!("dlq: {}", reason.label());
-            e.transient_failures = 0;
-            e.first_failure_at_unix_ms = 0;
-            // For a replayed message this is the replay back-off, the "previous" of the next jitter draw.
-            e.last_retry_delay_ms = previous_delay_ms;
-            Some(e)
-        })
+        self.move_to(
+            &w,
+            self.destination(&w, "dlq", subject, envelope.encode_to_vec().into()),
+            Outcome::Dlq,
+            event,
+            |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Dlq);
+                e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
+                if counts_attempt {
+                    e.attempts += 1;
+                }
+                e.incident_id = incident.to_string();
+                e.last_code = err.meta_code;
+                e.reason = format!("dlq: {}", reason.label());
+                e.transient_failures = 0;
+                e.first_failure_at_unix_ms = 0;
+                // For a replayed message this is the replay back-off, the "previous" of the next jitter draw.
+                e.last_retry_delay_ms = previous_delay_ms;
+                Some(e)
+            },
+        )
         .await;
     }
 
@@ -337,16 +346,22 @@ impl Worker {
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
-        self.move_to(&w, "quarantine", subject, entry.encode_to_vec().into(), Outcome::Quarantined, event, |cur| {
-            let mut e = cur.cloned().unwrap_or_default();
-            e.set_state(OperationState::Quarantined);
-            e.in_flight_since_unix_ms = 0;
-            e.in_flight_token.clear();
-            e.attempts += 1;
-            e.last_code = err.meta_code;
-            e.reason = format!("permanent error {}", err.meta_code);
-            Some(e)
-        })
+        self.move_to(
+            &w,
+            self.destination(&w, "quarantine", subject, entry.encode_to_vec().into()),
+            Outcome::Quarantined,
+            event,
+            |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Quarantined);
+                e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
+                e.attempts += 1;
+                e.last_code = err.meta_code;
+                e.reason = format!("permanent error {}", err.meta_code);
+                Some(e)
+            },
+        )
         .await;
     }
 
@@ -363,20 +378,26 @@ impl Worker {
         };
         let subject = names::unknown_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
-        self.move_to(&w, "unknown", subject, entry.encode_to_vec().into(), Outcome::Unknown, event, |cur| {
-            let mut e = cur.cloned().unwrap_or_default();
-            // A status webhook may have proven the send already; keep that state, but remember the
-            // outcome was once unknown (a duplicate at Meta cannot be ruled out for it).
-            if !e.state().is_accepted_by_meta() {
-                e.set_state(OperationState::Unknown);
-            }
-            e.attempts += 1;
-            e.in_flight_since_unix_ms = 0;
-            e.in_flight_token.clear();
-            e.flagged_unknown = true;
-            e.reason = "outcome unknown; waiting for a status webhook".into();
-            Some(e)
-        })
+        self.move_to(
+            &w,
+            self.destination(&w, "unknown", subject, entry.encode_to_vec().into()),
+            Outcome::Unknown,
+            event,
+            |cur| {
+                let mut e = cur.cloned().unwrap_or_default();
+                // A status webhook may have proven the send already; keep that state, but remember the
+                // outcome was once unknown (a duplicate at Meta cannot be ruled out for it).
+                if !e.state().is_accepted_by_meta() {
+                    e.set_state(OperationState::Unknown);
+                }
+                e.attempts += 1;
+                e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
+                e.flagged_unknown = true;
+                e.reason = "outcome unknown; waiting for a status webhook".into();
+                Some(e)
+            },
+        )
         .await;
     }
 

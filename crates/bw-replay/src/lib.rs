@@ -100,7 +100,7 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
-    pub fn view(&self, scope: &str) -> Option<ScopeView> {
+    pub(crate) fn view(&self, scope: &str) -> Option<ScopeView> {
         self.views.read().ok().and_then(|v| v.get(scope).cloned())
     }
 }

@@ -13,15 +13,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 /// States in which Meta has accepted the operation.
-pub const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+pub(super) const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
 
 /// Settled states under broker faults: Meta accepted it, or a write whose answer was lost made its outcome
 /// ambiguous and it waits, flagged, for reconciliation (never resent blindly).
-pub const SETTLED: [OperationState; 4] =
+pub(super) const SETTLED: [OperationState; 4] =
     [OperationState::Sent, OperationState::Delivered, OperationState::Read, OperationState::Unknown];
 
 /// Every operation of `ops` that is UNKNOWN is flagged as such, and there are at most `max` of them.
-pub async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &Buckets, ops: &[String], max: usize) {
+pub(super) async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &Buckets, ops: &[String], max: usize) {
     let entries = ledger(js, buckets).await;
     let unknown: Vec<&LedgerEntry> =
         ops.iter().filter_map(|op| entries.get(op)).filter(|e| e.state() == OperationState::Unknown).collect();
@@ -30,7 +30,7 @@ pub async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &Buckets,
 }
 
 /// A transactional template request to a recipient unique to `i`.
-pub fn request(phone: &str, op: &str, i: usize) -> SendRequest {
+pub(super) fn request(phone: &str, op: &str, i: usize) -> SendRequest {
     bw_client::Request::template(op, WABA_ID, phone, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
         .param("1")
         .category(Category::Transactional)
@@ -38,13 +38,13 @@ pub fn request(phone: &str, op: &str, i: usize) -> SendRequest {
 }
 
 /// `n` requests with operation ids `<prefix>-<i>`.
-pub fn requests(phone: &str, prefix: &str, n: usize) -> Vec<SendRequest> {
+pub(super) fn requests(phone: &str, prefix: &str, n: usize) -> Vec<SendRequest> {
     (0..n).map(|i| request(phone, &format!("{prefix}-{i:06}"), i)).collect()
 }
 
 /// A simulator without Meta's rate limits (Breakwater's own limits are what the tests exercise), with or
 /// without status webhooks.
-pub fn sim(webhooks: bool) -> SimConfig {
+pub(super) fn sim(webhooks: bool) -> SimConfig {
     let mut cfg = SimConfig { limits: Limits::disabled(), usage_headers: false, ..SimConfig::default() };
     if !webhooks {
         cfg.webhook.sent_delay_ms = None;
@@ -56,7 +56,7 @@ pub fn sim(webhooks: bool) -> SimConfig {
 
 /// Dispatcher breaker settings for a test: sender rate `rate_per_s`, no trips (the failure-rate rule needs
 /// more calls than any test makes), no ramp, no pair limit in the way.
-pub fn breaker(rate_per_s: u32) -> Vec<(&'static str, String)> {
+pub(super) fn breaker(rate_per_s: u32) -> Vec<(&'static str, String)> {
     vec![
         ("breaker.defaults.rate_per_s", rate_per_s.to_string()),
         ("breaker.defaults.burst", (rate_per_s / 5).max(10).to_string()),
@@ -69,7 +69,7 @@ pub fn breaker(rate_per_s: u32) -> Vec<(&'static str, String)> {
 
 /// Submits every request through ingest, retrying (same operation id) until it is accepted or `within`
 /// passes; returns the accepted operation ids. Panics on a rejection other than "unavailable".
-pub async fn submit(
+pub(super) async fn submit(
     client: &bw_client::Client,
     requests: Vec<SendRequest>,
     concurrency: usize,
@@ -103,7 +103,7 @@ pub async fn submit(
 }
 
 /// Every ledger entry by operation id.
-pub async fn ledger(js: &jetstream::Context, buckets: &Buckets) -> HashMap<String, LedgerEntry> {
+pub(super) async fn ledger(js: &jetstream::Context, buckets: &Buckets) -> HashMap<String, LedgerEntry> {
     match bw_ops::account::ledger_entries(js, buckets).await {
         Ok(entries) => entries.into_iter().map(|e| (e.operation_id.clone(), e)).collect(),
         Err(_) => HashMap::new(),
@@ -111,7 +111,7 @@ pub async fn ledger(js: &jetstream::Context, buckets: &Buckets) -> HashMap<Strin
 }
 
 /// How many of `ops` are in each state (for failure messages).
-pub fn state_counts(entries: &HashMap<String, LedgerEntry>, ops: &[String]) -> BTreeMap<&'static str, usize> {
+pub(super) fn state_counts(entries: &HashMap<String, LedgerEntry>, ops: &[String]) -> BTreeMap<&'static str, usize> {
     let mut out = BTreeMap::new();
     for op in ops {
         let label = entries.get(op).map(|e| e.state().label()).unwrap_or("missing");
@@ -121,7 +121,7 @@ pub fn state_counts(entries: &HashMap<String, LedgerEntry>, ops: &[String]) -> B
 }
 
 /// Waits until every operation of `ops` is in one of `states`; on timeout, panics with the state counts.
-pub async fn wait_states(
+pub(super) async fn wait_states(
     js: &jetstream::Context,
     buckets: &Buckets,
     ops: &[String],
@@ -150,7 +150,7 @@ pub async fn wait_states(
 }
 
 /// What a test concludes: the accounting report and every operation Meta accepted more than once.
-pub struct Verdict {
+pub(super) struct Verdict {
     pub report: AccountingReport,
     /// (operation id, times accepted by Meta, ledger says its outcome was once unknown).
     pub duplicates: Vec<(String, u32, bool)>,
@@ -160,7 +160,12 @@ pub struct Verdict {
 
 impl Verdict {
     /// Runs the accounting check for `ops` and reads duplicates from the oracle.
-    pub async fn of(js: &jetstream::Context, buckets: &Buckets, oracle: &OracleSnapshot, ops: &[String]) -> Verdict {
+    pub(super) async fn of(
+        js: &jetstream::Context,
+        buckets: &Buckets,
+        oracle: &OracleSnapshot,
+        ops: &[String],
+    ) -> Verdict {
         // A copy the reconciler has yet to acknowledge (its operation already resolved by a status webhook) is
         // a moment of the system settling, not a loss: give it a few seconds to settle before judging.
         let settle_until = Instant::now() + Duration::from_secs(20);
@@ -210,18 +215,18 @@ impl Verdict {
     }
 
     /// Zero lost, nothing in two places, nothing misplaced.
-    pub fn assert_nothing_lost(&self) {
+    pub(super) fn assert_nothing_lost(&self) {
         assert_eq!(self.report.lost_count(), 0, "lost operations:\n{}", self.report);
         assert!(self.report.is_clean(), "accounting not clean:\n{}", self.report);
     }
 
     /// Duplicates whose outcome was never flagged unknown (the only ones allowed to be sent twice).
-    pub fn unflagged_duplicates(&self) -> Vec<&(String, u32, bool)> {
+    pub(super) fn unflagged_duplicates(&self) -> Vec<&(String, u32, bool)> {
         self.duplicates.iter().filter(|d| !d.2).collect()
     }
 
     /// No operation was accepted by Meta twice unless its outcome had been unknown.
-    pub fn assert_no_blind_duplicates(&self) {
+    pub(super) fn assert_no_blind_duplicates(&self) {
         let blind = self.unflagged_duplicates();
         assert!(blind.is_empty(), "sent twice without an unknown outcome: {blind:?}");
     }
@@ -229,7 +234,7 @@ impl Verdict {
 
 /// Fails with a clear message when a service binary is missing (cargo does not build other packages'
 /// binaries for a test).
-pub fn require_binaries(services: &[&str]) {
+pub(super) fn require_binaries(services: &[&str]) {
     let dir = bin_dir();
     let missing: Vec<String> = services.iter().map(|s| format!("bw-{s}")).filter(|b| !dir.join(b).is_file()).collect();
     assert!(
@@ -241,7 +246,7 @@ pub fn require_binaries(services: &[&str]) {
 }
 
 /// A process set whose logs go to a fresh directory under the system temp dir.
-pub fn services(test: &str, needs: &[&str]) -> Services {
+pub(super) fn services(test: &str, needs: &[&str]) -> Services {
     require_binaries(needs);
     let dir = std::env::temp_dir().join(format!("bw-resilience-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -250,7 +255,7 @@ pub fn services(test: &str, needs: &[&str]) -> Services {
 }
 
 /// Dispatcher process settings against the given servers and simulator.
-pub fn dispatcher_settings(nats_url: &str, redis_url: &str, meta_url: &str) -> Vec<(&'static str, String)> {
+pub(super) fn dispatcher_settings(nats_url: &str, redis_url: &str, meta_url: &str) -> Vec<(&'static str, String)> {
     let mut s = vec![
         ("nats.url", nats_url.to_string()),
         ("redis.url", redis_url.to_string()),
@@ -268,6 +273,6 @@ pub fn dispatcher_settings(nats_url: &str, redis_url: &str, meta_url: &str) -> V
 }
 
 /// Runs a blocking server operation (stop, restart) without stalling the runtime's other tasks.
-pub fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
