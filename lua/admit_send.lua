@@ -107,6 +107,10 @@ for i = 1, n do
     local need = 1
     if class == 'm' then need = reserve + 1 end
     if class == 'r' then need = reserve + num(c.replay_headroom, 2) + 1 end
+    -- A full bucket is spare rate by definition: while the adaptive share, a ramp or quota blindness shrink
+    -- the bucket below the reserve plus the headroom, marketing and replay still go once it is full (else
+    -- they would wait for ever: the share only grows back on successes).
+    if need > cap then need = cap end
     if tokens < need then
       if tokens >= 1 then code = CODE.reserve else code = CODE.sender_rate end
       retry = math.ceil((need + queued - tokens) * 1000 / rate)
