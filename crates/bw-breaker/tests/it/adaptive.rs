@@ -227,3 +227,38 @@ async fn the_fleet_converges_below_a_meta_limit_lower_than_the_configured_rate()
     assert!(share < 0.6, "the learned rate is near Meta's 20/s, not the configured 60/s: {share}");
     assert_eq!(fleet[0].status(&scope).await.expect("status").snapshot.state(), BreakerState::Closed);
 }
+
+/// After repeated 130429s the adaptive share shrinks the bucket below the priority reserve plus the replay
+/// headroom. With no live traffic nothing else succeeds, so the share only grows back if replay is admitted:
+/// once the (smaller) bucket is full, replayed messages go (the drill's DLQ once never drained).
+#[tokio::test]
+async fn replay_is_admitted_once_a_bucket_shrunk_by_the_adaptive_share_is_full() {
+    let redis = bw_testkit::RedisServer::start();
+    let limits = ScopeLimits::default();
+    let b = breaker(&redis.url(), limits.clone()).await;
+    let scope = scope();
+    // Separate episodes (aimd_cut_gap_ms apart) cut the share; fewer than the consecutive rate-limit episodes
+    // that trip the breaker.
+    for _ in 0..limits.consecutive_rate_limits.saturating_sub(1) {
+        b.record(&scope, &outcomes(1, throughput(), false)).await;
+        tokio::time::sleep(Duration::from_millis(limits.aimd_cut_gap_ms + 50)).await;
+    }
+    let share = b.status(&scope).await.expect("status").adaptive_share;
+    let cap = limits.burst * share;
+    assert!(
+        cap < limits.burst * limits.reserve_fraction + limits.replay_headroom + 1.0,
+        "the share ({share}) leaves a bucket ({cap}) smaller than what replay needed before"
+    );
+    until_unpaused(&b, &scope).await;
+    let replay = [AdmitItem { recipient_key: "replayed".into(), class: TrafficClass::Replay }];
+    let admitted = bw_testkit::wait_until(WAIT, || async {
+        matches!(b.admit(&scope, &replay).await.decisions.first(), Some(Decision::Allow { .. }))
+    })
+    .await;
+    assert!(
+        admitted,
+        "replay never admitted: {:?} {:?}",
+        b.status(&scope).await.map(|s| s.tokens),
+        b.admit(&scope, &replay).await.decisions
+    );
+}
