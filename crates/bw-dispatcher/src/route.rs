@@ -135,8 +135,9 @@ pub(crate) fn after_denial(reason: DenyReason, retry_after_ms: u64, policy: &Pol
         DenyReason::BreakerOpen | DenyReason::ForcedOpen => {
             Next::Dlq { reason: DlqReason::BreakerOpen, not_before_ms: 0, signal: None }
         }
-        // A long pause of the sender (its app, WABA or token, a spam restriction): keep the message in the DLQ
-        // until it lifts rather than cycling it through redeliveries.
+        // A long pause (the sender's app, WABA or token, a spam restriction, a deferred recipient): keep the
+        // message in the DLQ until it lifts rather than cycling it through redeliveries, under a reason that
+        // says what happened (the on-call person's runbook follows the reason).
         DenyReason::Paused
         | DenyReason::SpamPaused
         | DenyReason::RegistrationPaused
@@ -146,7 +147,14 @@ pub(crate) fn after_denial(reason: DenyReason, retry_after_ms: u64, policy: &Pol
         | DenyReason::RecipientDeferred
             if retry_after_ms > policy.long_pause_ms =>
         {
-            Next::Dlq { reason: DlqReason::SenderPaused, not_before_ms: retry_after_ms, signal: None }
+            let dlq = match reason {
+                DenyReason::TokenHalted => DlqReason::Credentials,
+                DenyReason::SpamPaused => DlqReason::SpamLimited,
+                DenyReason::RecipientDeferred => DlqReason::RecipientDeferred,
+                DenyReason::RegistrationPaused => DlqReason::RateLimited,
+                _ => DlqReason::SenderPaused,
+            };
+            Next::Dlq { reason: dlq, not_before_ms: retry_after_ms, signal: None }
         }
         DenyReason::Paused
         | DenyReason::SpamPaused
@@ -317,9 +325,20 @@ mod tests {
             (DenyReason::Throttled, 100, Next::HoldBack { delay_ms: 100 }),
             (DenyReason::CanaryBudget, 1_000, Next::HoldBack { delay_ms: 1_000 }),
             (DenyReason::Degraded, 5_000, Next::HoldBack { delay_ms: 5_000 }),
+            (DenyReason::SpamPaused, 5_000, Next::HoldBack { delay_ms: 5_000 }),
+            (DenyReason::SpamPaused, 600_000, dlq(DlqReason::SpamLimited, 600_000, None)),
+            (DenyReason::RegistrationPaused, 600_000, dlq(DlqReason::RateLimited, 600_000, None)),
+            (DenyReason::AppPaused, 30_000, Next::HoldBack { delay_ms: 30_000 }),
+            (DenyReason::AppPaused, 120_000, dlq(DlqReason::SenderPaused, 120_000, None)),
+            (DenyReason::WabaPaused, 120_000, dlq(DlqReason::SenderPaused, 120_000, None)),
+            (DenyReason::TokenHalted, 300_000, dlq(DlqReason::Credentials, 300_000, None)),
+            (DenyReason::RecipientDeferred, 86_400_000, dlq(DlqReason::RecipientDeferred, 86_400_000, None)),
         ];
-        for (reason, wait, expect) in rows {
-            assert_eq!(after_denial(reason, wait, &POLICY), expect, "{reason:?} for {wait} ms");
+        for (reason, wait, expect) in &rows {
+            assert_eq!(after_denial(*reason, *wait, &POLICY), *expect, "{reason:?} for {wait} ms");
+        }
+        for reason in DenyReason::ALL {
+            assert!(rows.iter().any(|(r, _, _)| *r == reason), "{reason:?} has no row in the table");
         }
         assert!(!holdable(DenyReason::BreakerOpen) && !holdable(DenyReason::ForcedOpen));
         assert!(holdable(DenyReason::SenderRate) && holdable(DenyReason::PairRate) && holdable(DenyReason::Paused));
