@@ -84,8 +84,15 @@ for i = 1, n do
     code, retry = CODE.forced_open, math.max(1000, num(c.cooldown_ms))
   elseif st == OPEN then
     code, retry = CODE.breaker_open, math.max(1, num(S[F.open_until]) - now)
-  elseif low and stop_low then
+  elseif low and stop_low and (now - num(S[F.usage_at]) < num(c.throttle_retry_ms, 5000)
+      or now - num(S[F.throttle_probe]) < num(c.throttle_retry_ms, 5000)) then
     code, retry = CODE.throttled, num(c.throttle_retry_ms, 5000)
+  elseif low and stop_low then
+    -- Paused by a usage reading older than throttle_retry_ms, which Meta's answers alone refresh: one
+    -- low-priority message per throttle_retry_ms
+    -- goes as a probe, so a reading trusted for Meta's hourly window cannot keep marketing and replay paused
+    -- after the usage fell (priority traffic may have ended: nothing else would refresh it).
+    set(S, F.throttle_probe, now)
   elseif st == HALF_OPEN and cc >= canaries then
     code, retry = CODE.canary_budget, (sec + 1) * 1000 - now
   end

@@ -52,7 +52,15 @@ async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_eve
 
     let ops = h.submit_orders(PHONE, "outage", N).await;
     let sent = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
-    assert!(h.wait_all(&ops, &sent, Duration::from_secs(40)).await, "every operation reached Meta after the recovery");
+    if !h.wait_all(&ops, &sent, Duration::from_secs(40)).await {
+        let mut states = std::collections::BTreeMap::<String, usize>::new();
+        for op in &ops {
+            let e = h.ledger_entry(op).await.map(|v| v.entry);
+            let key = e.map(|e| format!("{} ({})", e.state().label(), e.reason)).unwrap_or_else(|| "none".into());
+            *states.entry(key).or_default() += 1;
+        }
+        panic!("not every operation reached Meta after the recovery: {states:?}");
+    }
 
     let oracle = h.sim.oracle();
     for op in &ops {

@@ -172,6 +172,7 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
     ("fast_since", "fs"),
     ("fast_calls", "fc"),
     ("fast_keys", "fk"),
+    ("throttle_probe", "tq"),
     ("win_bucket", "wn"),
     ("win_calls", "wc"),
     ("win_fails", "wf"),

@@ -212,3 +212,32 @@ async fn without_usage_headers_the_scope_is_quota_blind_and_conservative() {
     breaker.observe_usage(&blind, 10).await;
     assert_eq!(breaker.status(&blind).await.expect("status").quota_visibility, bw_breaker::QuotaVisibility::Seen);
 }
+
+/// A usage reading trusted for Meta's hourly window pauses marketing and replay, and only Meta's answers
+/// refresh it. At the default config, once the reading is older than `throttle_retry_ms`, one low-priority
+/// message per `throttle_retry_ms` goes as a probe (its answer refreshes the reading); the others stay paused.
+#[tokio::test]
+async fn a_paused_usage_reading_lets_one_probe_through_per_retry_interval() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = breaker(&redis.url(), ScopeLimits::default()).await;
+    let scope = scope();
+    breaker.observe_usage(&scope, 95).await;
+    assert_eq!(
+        reasons(&breaker.admit(&scope, &items(1, TrafficClass::Replay)).await.decisions),
+        [Some(DenyReason::Throttled)],
+        "a fresh reading pauses replay"
+    );
+    let probed = bw_testkit::wait_until(std::time::Duration::from_secs(20), || async {
+        allowed(&breaker.admit(&scope, &items(1, TrafficClass::Replay)).await.decisions) == 1
+    })
+    .await;
+    assert!(probed, "no probe once the reading was older than throttle_retry_ms");
+    assert_eq!(
+        reasons(&breaker.admit(&scope, &items(2, TrafficClass::Marketing)).await.decisions),
+        [Some(DenyReason::Throttled), Some(DenyReason::Throttled)],
+        "one probe per interval, not a flood"
+    );
+    // The probe's answer brings a fresh, low reading: marketing flows again.
+    breaker.observe_usage(&scope, 10).await;
+    assert_eq!(allowed(&breaker.admit(&scope, &items(1, TrafficClass::Marketing)).await.decisions), 1);
+}
