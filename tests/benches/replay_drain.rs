@@ -52,7 +52,7 @@ fn main() {
                 creates.join_next().await;
             }
             let envelope = DlqEnvelope { request: Some(request), reason: DlqReason::BreakerOpen as i32, incident_id: "bench".into(), ..Default::default() };
-            acks.push(h.js.publish(names::dlq_subject(PHONE), envelope.encode_to_vec().into()).await.expect("publish"));
+            acks.push(h.js.publish(names::dlq_subject(bw_common::proto::Category::Marketing, PHONE), envelope.encode_to_vec().into()).await.expect("publish"));
             if acks.len() == 4096 {
                 for a in acks.drain(..) {
                     a.await.expect("ack");
@@ -93,7 +93,7 @@ fn main() {
             }
             if verbose && last_print.elapsed() >= Duration::from_secs(2) {
                 let lane = bw_ops::scan::subject_depth(&h.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, PHONE)).await.unwrap_or(0);
-                let dlq = bw_ops::scan::subject_depth(&h.js, names::DLQ_STREAM, &names::dlq_subject(PHONE)).await.unwrap_or(0);
+                let dlq = bw_ops::scan::subject_depth(&h.js, names::DLQ_STREAM, &names::dlq_scope_filter(PHONE)).await.unwrap_or(0);
                 let rate = (accepted - last_accepted) as f64 / last_print.elapsed().as_secs_f64();
                 let limited = h.sim.counters().outcome("130429");
                 println!("  t={:>5.1}s accepted {accepted} ({rate:.0}/s) replay lane {lane} dlq {dlq} 130429 so far {limited}", t0.elapsed().as_secs_f64());

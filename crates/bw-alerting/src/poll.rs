@@ -98,9 +98,14 @@ impl Poller {
         metrics.dlq_scopes.set(ages.len() as i64);
         metrics.dlq_oldest_age.set(ages.iter().filter_map(|(_, _, a)| *a).fold(0.0, f64::max));
         found.evaluated.extend([Rule::DlqDepth, Rule::DlqOldestAge]);
+        // One subject per class and sender (names::dlq_subject): a sender's depth is the sum, its age the oldest.
+        let mut per_sender: std::collections::BTreeMap<String, (u64, f64)> = std::collections::BTreeMap::new();
         for (subject, depth, age) in ages {
-            let phone = subject.rsplit('.').next().unwrap_or_default().to_string();
-            let age = age.unwrap_or(0.0);
+            let slot = per_sender.entry(names::phone_of_subject(&subject).to_string()).or_default();
+            slot.0 += depth;
+            slot.1 = slot.1.max(age.unwrap_or(0.0));
+        }
+        for (phone, (depth, age)) in per_sender {
             let labels =
                 vec![("depth".to_string(), depth.to_string()), ("oldest_age_s".to_string(), format!("{age:.0}"))];
             if depth >= self.rules.dlq_depth_threshold {

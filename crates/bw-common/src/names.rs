@@ -65,9 +65,21 @@ pub fn outbox_subject(lane: Lane, phone_number_id: &str) -> String {
 
 /// Dead-letter stream.
 pub const DLQ_STREAM: &str = "BW_DLQ";
-/// `bw.dlq.v1.<phone_number_id>`.
-pub fn dlq_subject(phone_number_id: &str) -> String {
-    format!("bw.dlq.v1.{phone_number_id}")
+/// Class token of a DLQ subject: `p` for priority categories (authentication, transactional, support), `m` for
+/// the rest. The class is in the subject so the depth of a sender's priority backlog is one stream-info
+/// request (per-subject counts) and replay can drain priority entries before marketing ones.
+pub fn dlq_class(category: bw_proto::v1::Category) -> &'static str {
+    if category.is_priority() { "p" } else { "m" }
+}
+
+/// `bw.dlq.v1.<class>.<phone_number_id>` (class: [`dlq_class`]).
+pub fn dlq_subject(category: bw_proto::v1::Category, phone_number_id: &str) -> String {
+    format!("bw.dlq.v1.{}.{phone_number_id}", dlq_class(category))
+}
+
+/// Every DLQ entry of one sender, whatever its class: `bw.dlq.v1.*.<phone_number_id>`.
+pub fn dlq_scope_filter(phone_number_id: &str) -> String {
+    format!("bw.dlq.v1.*.{phone_number_id}")
 }
 
 /// Quarantine stream (permanent errors and poison messages).
@@ -164,7 +176,7 @@ pub const ALERTS_BUCKET: &str = "BW_ALERTS";
 /// replay instance at a time drain a scope, so the per-scope replay rate holds across instances.
 pub const REPLAY_LEASE_BUCKET: &str = "BW_REPLAY_LEASES";
 
-/// Durable consumer of replay on BW_DLQ for one scope (filter `bw.dlq.v1.<phone>`). Work-queue streams need
+/// Durable consumer of replay on BW_DLQ for one scope (filter [`dlq_scope_filter`]). Work-queue streams need
 /// non-overlapping filters, so there is exactly one per scope and every replay instance binds to it.
 pub fn replay_consumer(phone_number_id: &str) -> String {
     format!("replay-{phone_number_id}")
@@ -222,5 +234,15 @@ mod tests {
         let filters: Vec<String> = Lane::ALL.iter().map(|l| l.filter()).collect();
         assert_eq!(filters, ["bw.outbox.v1.hi.*", "bw.outbox.v1.lo.*", "bw.outbox.v1.rp.*"]);
         assert_eq!(outbox_subject(Lane::High, "123"), "bw.outbox.v1.hi.123");
+    }
+
+    #[test]
+    fn dlq_subjects_carry_the_class_and_end_in_the_phone() {
+        use bw_proto::v1::Category;
+        let otp = dlq_subject(Category::Authentication, "123");
+        let promo = dlq_subject(Category::Marketing, "123");
+        assert_eq!((otp.as_str(), promo.as_str()), ("bw.dlq.v1.p.123", "bw.dlq.v1.m.123"));
+        assert_eq!(phone_of_subject(&otp), "123");
+        assert_eq!(dlq_scope_filter("123"), "bw.dlq.v1.*.123");
     }
 }

@@ -305,7 +305,7 @@ impl Worker {
             previous_delay_ms,
         };
         let counts_attempt = reason != DlqReason::BreakerOpen;
-        let subject = names::dlq_subject(&w.request.phone_number_id);
+        let subject = names::dlq_subject(w.request.category(), &w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
         self.move_to(
             &w,

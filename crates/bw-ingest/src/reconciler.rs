@@ -190,7 +190,7 @@ impl Reconciler {
             ..Default::default()
         };
         let id = format!("{}.unknown-dlq.{seq}", request.operation_id);
-        let subject = names::dlq_subject(&request.phone_number_id);
+        let subject = names::dlq_subject(request.category(), &request.phone_number_id);
         match bw_common::nats::publish_durable(&self.js, subject, headers(&id), envelope.encode_to_vec().into()).await {
             Ok(_) => true,
             Err(e) => {

@@ -44,7 +44,7 @@ pub async fn dlq_items(
     js: &jetstream::Context,
     scope: Option<&str>,
 ) -> Result<(Vec<DlqItem>, Vec<Undecodable>), OpsError> {
-    let messages = scan_stream(js, names::DLQ_STREAM, &filter(names::dlq_subject, scope)).await?;
+    let messages = scan_stream(js, names::DLQ_STREAM, &filter(names::dlq_scope_filter, scope)).await?;
     let mut items = Vec::with_capacity(messages.len());
     let mut bad = Vec::new();
     for m in messages {
@@ -228,7 +228,7 @@ mod tests {
     fn stats_count_depth_oldest_and_reasons() {
         let item = |phone: &str, at: i64, reason: DlqReason| DlqItem {
             sequence: 1,
-            subject: names::dlq_subject(phone),
+            subject: names::dlq_subject(bw_common::proto::Category::Marketing, phone),
             envelope: DlqEnvelope { reason: reason as i32, dead_lettered_at_unix_ms: at, ..Default::default() },
         };
         let stats = dlq_stats(&[

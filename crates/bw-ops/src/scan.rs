@@ -85,7 +85,8 @@ pub async fn subject_counts(
 
 /// Messages currently stored on exactly `subject` in `stream` (0 if none).
 pub async fn subject_depth(js: &jetstream::Context, stream: &str, subject: &str) -> Result<u64, OpsError> {
-    Ok(subject_counts(js, stream, subject).await?.get(subject).copied().unwrap_or(0))
+    // Wildcards allowed: the sum over every matching subject.
+    Ok(subject_counts(js, stream, subject).await?.values().sum())
 }
 
 /// The oldest message stored on `subject` (wildcards allowed), if any.

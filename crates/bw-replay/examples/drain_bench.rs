@@ -70,7 +70,7 @@ async fn main() -> anyhow::Result<()> {
         // Poll the DLQ depth once a second until it is empty.
         loop {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let left = subject_depth(&deps.js, names::DLQ_STREAM, &names::dlq_subject(PHONE)).await?;
+            let left = subject_depth(&deps.js, names::DLQ_STREAM, &names::dlq_scope_filter(PHONE)).await?;
             if left == 0 {
                 break;
             }
@@ -125,7 +125,12 @@ async fn fill_dlq(deps: &Deps, n: usize) -> anyhow::Result<()> {
                 e.set_state(OperationState::Dlq);
                 ledger.create(&e).await?;
                 let env = DlqEnvelope { request: Some(req), dead_lettered_at_unix_ms: now_ms(), ..Default::default() };
-                js.publish(names::dlq_subject(PHONE), env.encode_to_vec().into()).await?.await?;
+                js.publish(
+                    names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+                    env.encode_to_vec().into(),
+                )
+                .await?
+                .await?;
                 Ok(())
             }
         })

@@ -25,8 +25,11 @@ pub(crate) async fn poll(ctx: Arc<Ctx>) {
     loop {
         match subject_counts(&ctx.js, names::DLQ_STREAM, "bw.dlq.v1.>").await {
             Ok(counts) => {
-                let depths: BTreeMap<String, u64> =
-                    counts.into_iter().map(|(subject, n)| (phone_of_subject(&subject).to_string(), n)).collect();
+                // One subject per class and sender: a sender's depth is the sum of its classes.
+                let mut depths: BTreeMap<String, u64> = BTreeMap::new();
+                for (subject, n) in counts {
+                    *depths.entry(phone_of_subject(&subject).to_string()).or_default() += n;
+                }
                 if Instant::now() >= next_stats {
                     next_stats = Instant::now() + stats_every;
                     refresh_metrics(&ctx, &depths, &mut known).await;
@@ -45,7 +48,7 @@ pub(crate) async fn poll(ctx: Arc<Ctx>) {
 async fn refresh_metrics(ctx: &Ctx, depths: &BTreeMap<String, u64>, known: &mut BTreeSet<String>) {
     let mut seen = BTreeSet::new();
     for (scope, depth) in depths {
-        let oldest = match first_message(&ctx.js, names::DLQ_STREAM, &names::dlq_subject(scope)).await {
+        let oldest = match first_message(&ctx.js, names::DLQ_STREAM, &names::dlq_scope_filter(scope)).await {
             Ok(Some(m)) => DlqEnvelope::decode(m.payload.as_ref()).map(|e| e.dead_lettered_at_unix_ms).unwrap_or(0),
             _ => 0,
         };

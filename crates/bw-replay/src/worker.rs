@@ -214,7 +214,7 @@ async fn consumer(ctx: &Ctx, scope: &str) -> anyhow::Result<async_nats::jetstrea
     let config = pull::Config {
         durable_name: Some(name.clone()),
         description: Some(format!("replay of the dlq of scope {scope}")),
-        filter_subject: names::dlq_subject(scope),
+        filter_subject: names::dlq_scope_filter(scope),
         ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
         ack_wait: Duration::from_millis(ctx.cfg.replay.ack_wait_ms),
         max_ack_pending: 4096,

@@ -194,10 +194,21 @@ async fn dlq_depth_and_near_limit_fire_then_resolve_when_drained() {
     )
     .await;
     for i in 0..6u8 {
-        let ack = svc.deps.js.publish(names::dlq_subject("2001"), vec![i].into()).await.expect("publish");
+        let ack = svc
+            .deps
+            .js
+            .publish(names::dlq_subject(bw_common::proto::Category::Marketing, "2001"), vec![i].into())
+            .await
+            .expect("publish");
         ack.await.expect("ack");
     }
-    svc.deps.js.publish(names::dlq_subject("2002"), vec![9].into()).await.expect("publish").await.expect("ack");
+    svc.deps
+        .js
+        .publish(names::dlq_subject(bw_common::proto::Category::Marketing, "2002"), vec![9].into())
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
     let fired = |key: &'static str| {
         let sinks = &sinks;
         move || async move { sinks.find("webhook", |b| b["dedup_key"] == key && b["event"] == "fired").is_some() }
@@ -212,7 +223,7 @@ async fn dlq_depth_and_near_limit_fire_then_resolve_when_drained() {
     assert_eq!(sinks.count_where("webhook", |b| b["dedup_key"] == "dlq_depth.2002"), 0, "below threshold");
 
     let stream = svc.deps.js.get_stream(names::DLQ_STREAM).await.expect("dlq stream");
-    stream.purge().filter(names::dlq_subject("2001")).await.expect("drain");
+    stream.purge().filter(names::dlq_scope_filter("2001")).await.expect("drain");
     let resolved = |key: &'static str| {
         let sinks = &sinks;
         move || async move { sinks.find("webhook", |b| b["dedup_key"] == key && b["status"] == "resolved").is_some() }

@@ -105,7 +105,7 @@ async fn dlq_oldest_age_fires_per_sender_and_resolves_when_replayed() {
     // Relaxed: the default age is 30 minutes; 1 s here. Depth stays at its default (1000), so only age fires.
     let svc = Service::start(&nats, &sinks, &[("RULES__DLQ_OLDEST_AGE_S", "1")]).await;
     let js = &svc.deps.js;
-    put(js, names::dlq_subject("8001"), 2).await;
+    put(js, names::dlq_subject(bw_common::proto::Category::Marketing, "8001"), 2).await;
     assert!(wait_until(WAIT, || async { has(&sinks, "dlq_oldest_age.8001", "firing") }).await);
     let alert = sinks.find("webhook", |b| b["dedup_key"] == "dlq_oldest_age.8001").expect("alert");
     assert_eq!(alert["labels"]["depth"], "2");
@@ -115,7 +115,7 @@ async fn dlq_oldest_age_fires_per_sender_and_resolves_when_replayed() {
         .await
         .expect("stream")
         .purge()
-        .filter(names::dlq_subject("8001"))
+        .filter(names::dlq_scope_filter("8001"))
         .await
         .expect("purge");
     assert!(wait_until(WAIT, || async { has(&sinks, "dlq_oldest_age.8001", "resolved") }).await);

@@ -59,9 +59,14 @@ async fn put_dlq(deps: &Deps, op: &str) {
         dead_lettered_at_unix_ms: now_ms() - 90_000,
         ..Default::default()
     };
-    publish_durable(&deps.js, names::dlq_subject(PHONE), Default::default(), env.encode_to_vec().into())
-        .await
-        .expect("dlq");
+    publish_durable(
+        &deps.js,
+        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+        Default::default(),
+        env.encode_to_vec().into(),
+    )
+    .await
+    .expect("dlq");
 }
 
 async fn set_scope(deps: &Deps, state: BreakerState) {

@@ -57,7 +57,10 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
 
     // Refused: an internal subject, the ledger, stream administration, snooping on the services' subjects.
     let refused = |what: String| what.contains("Permissions Violation");
-    producer.publish(names::dlq_subject(PHONE), "x".into()).await.expect("queued locally");
+    producer
+        .publish(names::dlq_subject(bw_common::proto::Category::Marketing, PHONE), "x".into())
+        .await
+        .expect("queued locally");
     producer.publish("$KV.BW_LEDGER.acct-1".to_string(), "x".into()).await.expect("queued locally");
     producer.publish("$JS.API.STREAM.PURGE.BW_SEND".to_string(), "".into()).await.expect("queued locally");
     let _snoop = producer.subscribe("_INBOX.>".to_string()).await.expect("queued locally");
@@ -72,9 +75,12 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
         }
     }
     let all = violations.join("\n");
-    for subject in
-        [names::dlq_subject(PHONE).as_str(), "$KV.BW_LEDGER.acct-1", "$JS.API.STREAM.PURGE.BW_SEND", "_INBOX.>"]
-    {
+    for subject in [
+        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE).as_str(),
+        "$KV.BW_LEDGER.acct-1",
+        "$JS.API.STREAM.PURGE.BW_SEND",
+        "_INBOX.>",
+    ] {
         assert!(all.contains(subject), "no violation for {subject}: {all}");
     }
     // Nothing happened: the request is still in BW_SEND and its ledger entry is intact.

@@ -121,7 +121,7 @@ async fn unknown_outcome_gets_its_category_policy_after_review() {
     let q = QuarantineEntry::decode(q.payload.as_ref()).expect("QuarantineEntry");
     assert_eq!(q.reason(), QuarantineReason::UnknownReview);
     assert_eq!(q.request.expect("request").operation_id, "op-t");
-    let d = env.last(names::DLQ_STREAM, &names::dlq_subject(PHONE)).await;
+    let d = env.last(names::DLQ_STREAM, &names::dlq_subject(Category::Marketing, PHONE)).await;
     let d = DlqEnvelope::decode(d.payload.as_ref()).expect("DlqEnvelope");
     assert_eq!(d.reason(), DlqReason::UnknownNoStatus);
     assert_eq!(d.request.expect("request").operation_id, "op-m");

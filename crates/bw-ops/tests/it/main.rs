@@ -69,7 +69,13 @@ async fn put_dlq(deps: &Deps, op: &str, replays: u32) {
         dead_lettered_at_unix_ms: now_ms(),
         ..Default::default()
     };
-    publish(deps, names::dlq_subject(PHONE), &format!("{op}.dlq{replays}"), env.encode_to_vec()).await;
+    publish(
+        deps,
+        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+        &format!("{op}.dlq{replays}"),
+        env.encode_to_vec(),
+    )
+    .await;
 }
 
 async fn put_queued(deps: &Deps, op: &str) {
@@ -119,7 +125,13 @@ async fn accounting_is_clean_then_detects_planted_loss_and_double_placement() {
     // Planted double placement: in BW_SEND and in BW_DLQ at once.
     put_queued(&deps, "twice-1").await;
     let env = DlqEnvelope { request: Some(request("twice-1")), ..Default::default() };
-    publish(&deps, names::dlq_subject(PHONE), "twice-1.dlq", env.encode_to_vec()).await;
+    publish(
+        &deps,
+        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+        "twice-1.dlq",
+        env.encode_to_vec(),
+    )
+    .await;
     // A stream copy nobody accepted.
     publish(&deps, names::outbox_subject(names::Lane::Low, PHONE), "stray-1", request("stray-1").encode_to_vec()).await;
 
@@ -155,7 +167,13 @@ async fn operator_dlq_replay_twice_publishes_each_operation_once() {
             let e = ledger(&deps, &format!("op-{i}")).await;
             assert_eq!((e.state(), e.replays), (OperationState::Queued, 1));
             let env = DlqEnvelope { request: Some(request(&format!("op-{i}"))), ..Default::default() };
-            publish(&deps, names::dlq_subject(PHONE), &format!("op-{i}.again"), env.encode_to_vec()).await;
+            publish(
+                &deps,
+                names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+                &format!("op-{i}.again"),
+                env.encode_to_vec(),
+            )
+            .await;
         }
     }
     let mut noop = |_: usize, _: usize| {};

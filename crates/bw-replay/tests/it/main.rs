@@ -113,7 +113,14 @@ async fn put_dlq(deps: &Deps, req: SendRequest, replays: u32, not_before: i64) {
     };
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{op}.dlq{replays}").as_str());
-    publish_durable(&deps.js, names::dlq_subject(PHONE), headers, env.encode_to_vec().into()).await.expect("dlq");
+    publish_durable(
+        &deps.js,
+        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+        headers,
+        env.encode_to_vec().into(),
+    )
+    .await
+    .expect("dlq");
 }
 
 async fn set_scope(deps: &Deps, state: BreakerState, since_ms: i64) {
@@ -142,7 +149,7 @@ async fn rp_lane(deps: &Deps) -> Vec<(String, String, i64)> {
 }
 
 async fn dlq_depth(deps: &Deps) -> u64 {
-    subject_depth(&deps.js, names::DLQ_STREAM, &names::dlq_subject(PHONE)).await.expect("depth")
+    subject_depth(&deps.js, names::DLQ_STREAM, &names::dlq_scope_filter(PHONE)).await.expect("depth")
 }
 
 async fn rp_depth(deps: &Deps) -> u64 {
