@@ -147,6 +147,28 @@ pub fn page(r: &DrillReport, svg: &str) -> String {
     }
     s.push_str("</tbody></table></section>\n");
 
+    s.push_str("<section id=\"categories\"><h2>Per category</h2>\n<table><thead><tr><th>category</th><th>messages</th><th>accepted by Meta</th><th>expired</th><th>ingest → Meta p50 / p99</th><th>dead-lettered</th><th>dead-lettered p50 / p99</th><th>last dead-lettered after recovery</th><th>order violations</th></tr></thead><tbody>\n");
+    for c in &r.journey.categories {
+        s.push_str(&format!(
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{} / {}</td><td class=\"num\">{}</td><td class=\"num\">{} / {}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>\n",
+            escape(&c.category),
+            c.messages,
+            c.accepted_by_meta,
+            c.expired,
+            secs(c.delay_p50_s),
+            secs(c.delay_p99_s),
+            c.dead_lettered,
+            secs(c.dead_lettered_delay_p50_s),
+            secs(c.dead_lettered_delay_p99_s),
+            secs(c.last_dead_lettered_after_recovery_s),
+            c.order_violations
+        ));
+    }
+    s.push_str(&format!(
+        "</tbody></table><p>Dead-lettered priority messages accepted later than (backlog ÷ sender rate) + 5 s after their sender closed: {} of {}. Live promotions accepted while a dead-lettered priority message of the same sender waited: {}. Authentication does not keep per-recipient order (an OTP never waits behind a promotion), so its violations are expected.</p></section>\n",
+        r.journey.priority_late, r.journey.priority_checked, r.journey.promotions_ahead_of_priority
+    ));
+
     s.push_str("<section id=\"senders\"><h2>Per sender</h2>\n<table><colgroup><col style=\"width:22%\"><col><col><col><col><col><col><col></colgroup><thead><tr><th>sender</th><th>accepted by Meta</th><th>sent outcomes</th><th>DLQ moves</th><th>rate-limited</th><th>error answers</th><th>trips</th><th>breaker at end</th></tr></thead><tbody>\n");
     for p in &r.per_sender {
         s.push_str(&format!(

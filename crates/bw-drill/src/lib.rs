@@ -18,6 +18,7 @@ pub mod chaos;
 pub mod chart;
 pub mod errors;
 pub mod html;
+pub mod journey;
 pub mod producer;
 pub mod report;
 pub mod stack;

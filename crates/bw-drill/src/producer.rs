@@ -42,18 +42,38 @@ fn category_for(i: usize) -> Category {
     }
 }
 
+/// Messages between an order confirmation and the shipping update to the same customer: more than the
+/// producer's default concurrency (256), so the confirmation is accepted before the update is submitted (a
+/// multiple of 20, so the update lands on a transactional slot of the category cycle).
+pub const SHIPPING_UPDATE_GAP: usize = 300;
+
+/// An OTP's deadline: Meta's default time-to-live of authentication templates (10 minutes).
+pub const OTP_DEADLINE_MS: i64 = 10 * 60 * 1000;
+
+/// The customer message `i` goes to. Slots 6..=9 of every 20 are shipping updates to the customer of the order
+/// confirmation `SHIPPING_UPDATE_GAP` messages earlier (slots 2..=5): a fifth of the load goes to a repeat
+/// recipient, so a later "your order shipped" can overtake the earlier "confirm your order" if order is not kept.
+pub fn recipient_index(i: usize) -> usize {
+    if matches!(i % 20, 6..=9) && i >= SHIPPING_UPDATE_GAP { i - SHIPPING_UPDATE_GAP - 4 } else { i }
+}
+
 /// Builds message `i` of the run (deterministic, so a run can be reproduced).
 pub fn build(run_id: &str, i: usize, waba_id: &str, senders: &[String]) -> bw_common::proto::SendRequest {
-    let sender = &senders[i % senders.len()];
-    // Distinct recipients so the pair limit (1 per 6 s) is not the bottleneck of the drill.
-    let recipient = format!("+549115{:07}", i % 10_000_000);
+    // The customer decides the sender too: a confirmation and its shipping update come from the same number.
+    let customer = recipient_index(i);
+    let sender = &senders[customer % senders.len()];
+    // Mostly distinct recipients, so the pair limit (Meta: about 1 per 6 s) is not the bottleneck of the drill.
+    let recipient = format!("+549115{:07}", customer % 10_000_000);
     let category = category_for(i);
     let op = format!("{run_id}-{i:06}");
     let request = match category {
         Category::Support => Request::text(&op, waba_id, sender, &recipient, "Your order #1234 is on its way")
             .customer_last_inbound_unix_ms(bw_common::time::now_ms() - 60_000),
-        Category::Authentication => {
-            Request::template(&op, waba_id, sender, &recipient, "otp_code", "es_AR").param("123456")
+        Category::Authentication => Request::template(&op, waba_id, sender, &recipient, "otp_code", "es_AR")
+            .param("123456")
+            .deadline_unix_ms(bw_common::time::now_ms() + OTP_DEADLINE_MS),
+        Category::Transactional if customer != i => {
+            Request::template(&op, waba_id, sender, &recipient, "shipping_update", "es_AR").param("1234")
         }
         Category::Transactional => {
             Request::template(&op, waba_id, sender, &recipient, "order_confirmation", "es_AR").param("1234")
@@ -61,6 +81,37 @@ pub fn build(run_id: &str, i: usize, waba_id: &str, senders: &[String]) -> bw_co
         _ => Request::template(&op, waba_id, sender, &recipient, "flash_sale", "es_AR").param("40%"),
     };
     request.category(category).label("drill", run_id).build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipping_updates_follow_their_confirmation_to_the_same_customer_and_sender() {
+        let senders = sender_ids(4);
+        let mut repeats = 0;
+        for i in 0..2_000 {
+            let customer = recipient_index(i);
+            if customer == i {
+                continue;
+            }
+            repeats += 1;
+            assert!(matches!(i % 20, 6..=9) && matches!(customer % 20, 2..=5), "{i} -> {customer}");
+            assert!(i - customer >= SHIPPING_UPDATE_GAP);
+            let (update, confirmation) = (build("r", i, "w", &senders), build("r", customer, "w", &senders));
+            assert_eq!(update.recipient, confirmation.recipient);
+            assert_eq!(update.phone_number_id, confirmation.phone_number_id);
+            assert_eq!(
+                (update.category(), confirmation.category()),
+                (Category::Transactional, Category::Transactional)
+            );
+        }
+        // A fifth of the load once the first gap has passed.
+        assert_eq!(repeats, (2_000 - SHIPPING_UPDATE_GAP) / 5);
+        let otp = build("r", 0, "w", &senders);
+        assert!(otp.deadline_unix_ms > bw_common::time::now_ms() + OTP_DEADLINE_MS - 60_000);
+    }
 }
 
 /// What the producer publishes.

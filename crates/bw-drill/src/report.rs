@@ -176,6 +176,8 @@ pub struct DrillReport {
     pub errors: ErrorSplit,
     pub webhooks: WebhookCounters,
     pub per_sender: Vec<SenderRow>,
+    /// Per-category delays, recovery of dead-lettered messages, order violations (`journey`).
+    pub journey: crate::journey::Journey,
     pub alerts: Vec<AlertRow>,
     pub chaos: Vec<(f64, String)>,
     pub marks: Vec<Mark>,
@@ -265,6 +267,21 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
             final_breaker: i.observed.states.get(phone).map(|s| format!("{s:?}")).unwrap_or_else(|| "Closed".into()),
         })
         .collect();
+    let started_ms = i.observed.started_unix_ms;
+    let at_ms = |t: f64| started_ms + (t * 1000.0) as i64;
+    let mut closed_unix_ms: BTreeMap<String, i64> = BTreeMap::new();
+    for (t, _, to, scope) in &i.observed.transitions {
+        if *to == BreakerState::Closed && *t >= outage_end {
+            closed_unix_ms.entry(scope.clone()).or_insert_with(|| at_ms(*t));
+        }
+    }
+    let journey = crate::journey::compute(&crate::journey::JourneyInputs {
+        entries: i.entries,
+        oracle: i.oracle,
+        recovery_unix_ms: (i.opts.outage_length_s > 0).then(|| at_ms(outage_end)),
+        closed_unix_ms: &closed_unix_ms,
+        sender_rate: i.sender_rate,
+    });
     let mut alerts: Vec<AlertRow> = i
         .observed
         .alerts
@@ -329,6 +346,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         errors,
         webhooks: i.webhooks,
         per_sender,
+        journey,
         alerts,
         chaos: i.chaos,
         marks: i.marks,
@@ -438,6 +456,7 @@ pub fn text(r: &DrillReport) -> String {
         r.errors.rate_limit_self_inflicted(),
         r.errors.source.label()
     ));
+    s.push_str(&crate::journey::text(&r.journey));
     for (t, label) in &r.chaos {
         s.push_str(&format!("chaos at {t:.1} s: {label}\n"));
     }
@@ -536,6 +555,7 @@ pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) 
             "rate_limited": p.rate_limited, "error_answers": p.error_answers, "trips": p.trips,
             "final_breaker": p.final_breaker,
         })).collect::<Vec<_>>(),
+        "journey": r.journey,
         "alerts": r.alerts.iter().map(|a| json!({
             "dedup_key": a.dedup_key, "rule": a.rule, "severity": a.severity, "scope": a.scope, "summary": a.summary,
             "fired": times(a.started_at_unix_ms), "resolved": times(a.resolved_at_unix_ms),

@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 pub const DEFAULT_OWNERS: &str = include_str!("../validation-owners.toml");
 
 /// The row keys, in display order.
-pub const ROWS: [&str; 12] = [
-    "quotas", "windows", "bursts", "headers", "limiters", "queues", "retries", "dedup", "cache", "webhooks", "alerts",
-    "logs",
+pub const ROWS: [&str; 14] = [
+    "quotas", "windows", "bursts", "headers", "limiters", "queues", "retries", "order", "recovery", "dedup", "cache",
+    "webhooks", "alerts", "logs",
 ];
 
 /// A row's verdict.
@@ -170,6 +170,33 @@ pub fn rows(r: &DrillReport, owners: &BTreeMap<String, String>) -> Vec<Row> {
         ),
         verdict(r.dlq_moves > 0, r.in_dlq == 0 && r.queued == 0),
     );
+    let kept: Vec<&crate::journey::CategoryRow> =
+        r.journey.categories.iter().filter(|c| c.category != "authentication").collect();
+    let violations: u64 = kept.iter().map(|c| c.order_violations).sum();
+    push(
+        "order",
+        "per recipient, a later message never reaches Meta before an earlier one still waiting (authentication exempt)"
+            .into(),
+        "0 order violations in transactional, support and marketing",
+        format!(
+            "{violations} violations ({}; simulator oracle against ingest acceptance order)",
+            kept.iter().map(|c| format!("{} {}", c.category, c.order_violations)).collect::<Vec<_>>().join(", ")
+        ),
+        verdict(kept.iter().any(|c| c.accepted_by_meta > 0), violations == 0),
+    );
+    push(
+        "recovery",
+        "dead-lettered priority messages go before marketing once their sender closes".into(),
+        "every dead-lettered priority message accepted within backlog / rate + 5 s of its sender's close; 0 live promotions ahead of them",
+        format!(
+            "{} of {} late; {} live promotions accepted while priority waited",
+            r.journey.priority_late, r.journey.priority_checked, r.journey.promotions_ahead_of_priority
+        ),
+        verdict(
+            r.journey.priority_checked > 0,
+            r.journey.priority_late == 0 && r.journey.promotions_ahead_of_priority == 0,
+        ),
+    );
     push(
         "dedup",
         "an operation Meta may have accepted is never resent blindly".into(),
@@ -277,7 +304,7 @@ mod tests {
         let owners = parse_owners(DEFAULT_OWNERS).expect("owners");
         // An empty run measured nothing: every row pending, none passed.
         let rows = rows(&DrillReport::default(), &owners);
-        assert_eq!(rows.len(), 12);
+        assert_eq!(rows.len(), ROWS.len());
         assert!(rows.iter().all(|r| r.status == Status::Pending), "{rows:?}");
         let mut r = DrillReport { accepted: 10, lost: 1, meta_requests: 10, ..Default::default() };
         r.errors.codes.push(crate::errors::CodeCount {

@@ -70,11 +70,17 @@ fn assert_nothing_lost(r: &Value, out: &str) {
         .map(|k| n(r, k))
         .sum::<u64>();
     assert_eq!(placed, n(r, "accepted"), "{}", tail(out));
+    // The per-category figures cover every accepted operation, and only what Meta accepted has a delay.
+    let categories = r["journey"]["categories"].as_array().expect("journey categories");
+    let sum = |k: &str| categories.iter().map(|c| c[k].as_u64().expect("count")).sum::<u64>();
+    assert_eq!(sum("messages"), n(r, "accepted"), "{}", tail(out));
+    assert!(sum("accepted_by_meta") <= sum("messages"));
+    assert!(categories.iter().any(|c| c["category"] == "authentication" && c["delay_p99_s"].is_number()));
 }
 
 fn assert_report_files(dir: &Path, r: &Value) {
     let html = std::fs::read_to_string(dir.join("report.html")).expect("report.html");
-    for id in ["header", "summary", "timeline", "errors", "senders", "alerts", "validation"] {
+    for id in ["header", "summary", "timeline", "errors", "categories", "senders", "alerts", "validation"] {
         assert!(html.contains(&format!("<section id=\"{id}\"")), "section {id}");
     }
     assert!(!html.contains("<link") && !html.contains("src=\"http"), "self-contained page");
@@ -84,8 +90,8 @@ fn assert_report_files(dir: &Path, r: &Value) {
     assert_eq!(
         keys,
         [
-            "quotas", "windows", "bursts", "headers", "limiters", "queues", "retries", "dedup", "cache", "webhooks",
-            "alerts", "logs"
+            "quotas", "windows", "bursts", "headers", "limiters", "queues", "retries", "order", "recovery", "dedup",
+            "cache", "webhooks", "alerts", "logs"
         ]
     );
     for row in rows {

@@ -52,6 +52,23 @@ fn report() -> DrillReport {
             final_breaker: "Closed".into(),
         })
         .collect();
+    r.journey.categories = ["authentication", "transactional", "support", "marketing"]
+        .iter()
+        .map(|c| bw_drill::journey::CategoryRow {
+            category: c.to_string(),
+            messages: 20_000,
+            accepted_by_meta: 19_990,
+            expired: 10,
+            quarantined: 3,
+            delay_p50_s: Some(61.8),
+            delay_p99_s: Some(170.5),
+            dead_lettered: 6_324,
+            dead_lettered_delay_p50_s: Some(62.0),
+            dead_lettered_delay_p99_s: Some(169.8),
+            last_dead_lettered_after_recovery_s: Some(68.7),
+            order_violations: 1_234,
+        })
+        .collect();
     let t0 = 1_796_120_236_674;
     r.alerts = (0..4)
         .map(|i| AlertRow {
