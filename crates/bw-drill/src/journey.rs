@@ -209,7 +209,9 @@ pub fn text(j: &Journey) -> String {
 /// Order violations by the category of the later message: pairs of one sender and recipient, ordered by
 /// acceptance at ingest (equal times are not ordered), where Meta accepted the later one first.
 fn order_violations(ops: &[Op<'_>]) -> BTreeMap<Category, u64> {
-    let mut pairs: BTreeMap<(&str, &str), Vec<(i64, i64, Category)>> = BTreeMap::new();
+    // (accepted at ingest, accepted by Meta, category) per (sender, recipient key).
+    type Sends = Vec<(i64, i64, Category)>;
+    let mut pairs: BTreeMap<(&str, &str), Sends> = BTreeMap::new();
     for o in ops {
         if let (Some(meta), Some(rk)) = (o.meta_ms, o.recipient_key) {
             pairs.entry((o.entry.phone_number_id.as_str(), rk)).or_default().push((
