@@ -81,17 +81,16 @@ impl Harness {
         Harness { nats, redis, sim, client, js, buckets, ledger, ingest_http, instances: Vec::new() }
     }
 
-    async fn deps(&self, service: &str, with_redis: bool) -> Deps {
+    /// Connections of a service: the harness's NATS, and Redis as the service's own loaded config says (the
+    /// harness's single node unless a test points it elsewhere, e.g. at a Redis Cluster).
+    async fn deps(&self, service: &str, redis: Option<&bw_common::config::RedisConfig>) -> Deps {
         let nats_cfg = bw_common::config::NatsConfig {
             url: self.nats.url(),
             name: format!("e2e-{service}"),
             replicas: 1,
             limits: Default::default(),
         };
-        let redis_cfg = bw_common::config::RedisConfig { url: self.redis.url(), timeout_ms: 250 };
-        Deps::connect(service, &nats_cfg, with_redis.then_some(&redis_cfg), Duration::from_secs(10))
-            .await
-            .expect("deps connect")
+        Deps::connect(service, &nats_cfg, redis, Duration::from_secs(10)).await.expect("deps connect")
     }
 
     /// Starts an ingest instance serving HTTP on `ingest_http` (the first one) or a free port.
@@ -108,7 +107,7 @@ impl Harness {
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
-        let deps = self.deps("ingest", false).await;
+        let deps = self.deps("ingest", None).await;
         self.keep(|token| tokio::spawn(bw_ingest::run(cfg, deps, token)))
     }
 
@@ -128,7 +127,7 @@ impl Harness {
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
-        let deps = self.deps("dispatcher", true).await;
+        let deps = self.deps("dispatcher", Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
     }
 
@@ -144,7 +143,7 @@ impl Harness {
         let cfg: bw_replay::Config =
             bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
                 .expect("replay config");
-        let deps = self.deps("replay", false).await;
+        let deps = self.deps("replay", None).await;
         self.keep(|token| tokio::spawn(bw_replay::run(cfg, deps, token)))
     }
 
@@ -166,7 +165,7 @@ impl Harness {
             &env_for("breaker-coordinator", &pairs),
         )
         .expect("coordinator config");
-        let deps = self.deps("breaker-coordinator", true).await;
+        let deps = self.deps("breaker-coordinator", Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_breaker_coordinator::run(cfg, deps, token)))
     }
 

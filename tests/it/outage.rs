@@ -15,6 +15,32 @@ const N: usize = 60;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_everything_once() {
+    outage_round(&[]).await;
+}
+
+/// The same outage with the dispatcher's and the coordinator's breaker state on a 3-master Redis Cluster,
+/// chosen by config alone (`redis.cluster_nodes`; `redis.url` points at nothing, so a single-node fallback
+/// would fail): trip, fail fast, cooldown ticks, close and replay all run against the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_outage_runs_unchanged_with_the_services_on_a_redis_cluster() {
+    let cluster = bw_testkit::RedisCluster::start();
+    let nodes = format!("[{}]", cluster.urls().iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(","));
+    let nowhere = format!("redis://127.0.0.1:{}", bw_testkit::free_port());
+    outage_round(&[("redis.cluster_nodes", nodes), ("redis.url", nowhere)]).await;
+    // The scope's keys live on the cluster (one hash tag, so one node), and its index too.
+    let mut found = 0;
+    for url in cluster.urls() {
+        let mut conn =
+            redis::Client::open(url.as_str()).expect("url").get_multiplexed_async_connection().await.expect("node");
+        let keys: Vec<String> =
+            redis::cmd("KEYS").arg(format!("bw:*{PHONE}*")).query_async(&mut conn).await.expect("keys");
+        found += keys.len();
+    }
+    assert!(found >= 2, "the scope's state and config hashes are on the cluster ({found} keys)");
+}
+
+/// Runs the outage round; `redis` overrides the Redis config of the dispatcher and the coordinator.
+async fn outage_round(redis: &[(&str, String)]) {
     let mut h = Harness::start(SimConfig::default()).await;
     // Every call fails with a 503 for the first 1.5 s.
     h.sim.set_scenario(failing(
@@ -39,7 +65,11 @@ async fn an_outage_trips_the_breaker_diverts_to_the_dlq_and_recovery_replays_eve
     let keys = |prefix: &str| -> Vec<(String, String)> {
         limits.iter().map(|(k, v)| (format!("{prefix}.{k}"), v.to_string())).collect()
     };
-    let (coordinator, dispatcher) = (keys("limits.default"), keys("breaker.defaults"));
+    let (mut coordinator, mut dispatcher) = (keys("limits.default"), keys("breaker.defaults"));
+    for (k, v) in redis {
+        coordinator.push((k.to_string(), v.clone()));
+        dispatcher.push((k.to_string(), v.clone()));
+    }
     h.start_ingest(&[]).await;
     h.start_coordinator(&coordinator.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;
     h.start_dispatcher(&dispatcher.iter().map(|(k, v)| (k.as_str(), v.clone())).collect::<Vec<_>>()).await;

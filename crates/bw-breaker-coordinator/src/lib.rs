@@ -78,7 +78,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Inner {
     cfg: Config,
     breaker: Breaker,
-    redis: redis::aio::ConnectionManager,
+    redis: bw_common::redis_conn::RedisConn,
     nats: async_nats::Client,
     js: async_nats::jetstream::Context,
     scopes_kv: async_nats::jetstream::kv::Store,
@@ -113,7 +113,7 @@ impl Coordinator {
         let redis = deps.redis.clone().context("the coordinator needs redis")?;
         let mut breaker_cfg = cfg.breaker.clone();
         breaker_cfg.defaults = limits.default.clone();
-        let breaker = Breaker::new(Some(redis.clone()), Some(deps.nats.clone()), breaker_cfg);
+        let breaker = Breaker::with_conn(Some(redis.clone()), Some(deps.nats.clone()), breaker_cfg);
         let metrics = metrics::Metrics::register(&deps.metrics);
         let known = limits.scopes.iter().map(|(phone, (scope, _))| (phone.clone(), scope.clone())).collect();
         let limits_mtime = Mutex::new(file_mtime(&cfg.coordinator.limits_file));

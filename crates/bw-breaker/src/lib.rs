@@ -354,41 +354,17 @@ pub enum BreakerError {
 }
 
 /// Redis connection: a single node or a cluster (every key of a scope shares one hash tag, so the same
-/// scripts run unchanged on both).
-#[derive(Clone)]
-pub enum RedisConn {
-    Single(redis::aio::ConnectionManager),
-    Cluster(redis::cluster_async::ClusterConnection),
+/// scripts run unchanged on both). Defined in `bw_common::redis_conn`, shared by every service.
+pub use bw_common::redis_conn::RedisConn;
+
+async fn invoke(conn: &RedisConn, inv: &redis::ScriptInvocation<'_>) -> redis::RedisResult<redis::Value> {
+    let mut conn = conn.clone();
+    inv.invoke_async(&mut conn).await
 }
 
-impl RedisConn {
-    async fn invoke(&self, inv: &redis::ScriptInvocation<'_>) -> redis::RedisResult<redis::Value> {
-        match self {
-            RedisConn::Single(conn) => {
-                let mut conn = conn.clone();
-                inv.invoke_async(&mut conn).await
-            }
-            RedisConn::Cluster(conn) => {
-                let mut conn = conn.clone();
-                inv.invoke_async(&mut conn).await
-            }
-        }
-    }
-
-    async fn sadd(&self, key: &str, member: &str) -> redis::RedisResult<()> {
-        let mut cmd = redis::cmd("SADD");
-        cmd.arg(key).arg(member);
-        match self {
-            RedisConn::Single(conn) => {
-                let mut conn = conn.clone();
-                cmd.query_async::<()>(&mut conn).await
-            }
-            RedisConn::Cluster(conn) => {
-                let mut conn = conn.clone();
-                cmd.query_async::<()>(&mut conn).await
-            }
-        }
-    }
+async fn sadd(conn: &RedisConn, key: &str, member: &str) -> redis::RedisResult<()> {
+    let mut conn = conn.clone();
+    redis::cmd("SADD").arg(key).arg(member).query_async::<()>(&mut conn).await
 }
 
 struct Inner {
@@ -491,7 +467,7 @@ impl Breaker {
         let timeout_ms = self.inner.cfg.command_timeout_ms;
         self.inner.round_trips.fetch_add(1, Ordering::Relaxed);
         metrics::Metrics::inc(&self.inner.metrics.round_trips, "script", script);
-        match tokio::time::timeout(Duration::from_millis(timeout_ms), redis.invoke(&inv)).await {
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), invoke(redis, &inv)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(BreakerError::Redis(e)),
             Err(_) => Err(BreakerError::Timeout { script, timeout_ms }),
@@ -519,7 +495,7 @@ impl Breaker {
         if let Some(redis) = &self.inner.redis {
             let timeout = Duration::from_millis(self.inner.cfg.command_timeout_ms);
             if let Ok(Ok(())) =
-                tokio::time::timeout(timeout, redis.sadd(bw_common::names::SCOPES_INDEX_KEY, &member)).await
+                tokio::time::timeout(timeout, sadd(redis, bw_common::names::SCOPES_INDEX_KEY, &member)).await
             {
                 lock(&self.inner.registered).insert(member);
             }

@@ -60,12 +60,12 @@ pub struct Health {
     started: AtomicBool,
     shutting_down: AtomicBool,
     nats: Option<async_nats::Client>,
-    redis: Option<redis::aio::ConnectionManager>,
+    redis: Option<crate::redis_conn::RedisConn>,
 }
 
 impl Health {
     /// Health over the given dependencies; not ready until [`Health::set_started`].
-    pub fn new(nats: Option<async_nats::Client>, redis: Option<redis::aio::ConnectionManager>) -> Arc<Health> {
+    pub fn new(nats: Option<async_nats::Client>, redis: Option<crate::redis_conn::RedisConn>) -> Arc<Health> {
         Arc::new(Health { started: AtomicBool::new(false), shutting_down: AtomicBool::new(false), nats, redis })
     }
 

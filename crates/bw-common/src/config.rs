@@ -192,8 +192,12 @@ fn one() -> usize {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
-    /// `redis://host:port/db`.
+    /// `redis://host:port/db` of a single node; unused when `cluster_nodes` is set.
     pub url: String,
+    /// Seed nodes of a Redis Cluster (`redis://host:port` each; any reachable one is enough). Non-empty:
+    /// connect to the cluster instead of `url`. Env: `BW_<SERVICE>__REDIS__CLUSTER_NODES` as a TOML array.
+    #[serde(default)]
+    pub cluster_nodes: Vec<String>,
     /// Per-command timeout in milliseconds; past it a call counts as Redis unreachable.
     #[serde(default = "default_redis_timeout")]
     pub timeout_ms: u64,

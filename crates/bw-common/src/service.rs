@@ -68,7 +68,7 @@ pub struct Deps {
     pub nats: async_nats::Client,
     pub js: jetstream::Context,
     pub buckets: Buckets,
-    pub redis: Option<redis::aio::ConnectionManager>,
+    pub redis: Option<crate::redis_conn::RedisConn>,
     pub metrics: MetricsRegistry,
     pub health: Arc<Health>,
     /// Service-specific admin routes; mount them once what they need is built.
@@ -89,7 +89,7 @@ impl Deps {
         let buckets =
             retry_during_startup("jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
         let redis = match redis_cfg {
-            Some(r) => Some(crate::redis_conn::connect(&r.url, Duration::from_millis(r.timeout_ms), wait).await?),
+            Some(r) => Some(crate::redis_conn::connect_config(r, wait).await?),
             None => None,
         };
         let health = Health::new(Some(nats.clone()), redis.clone());

@@ -239,7 +239,7 @@ pub async fn lane_consumer(
 /// Runs the dispatcher until `shutdown` is cancelled, then finishes in-flight messages (ack or nak).
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
     let metrics = metrics::Metrics::register(&deps.metrics);
-    let breaker = bw_breaker::Breaker::new(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
+    let breaker = bw_breaker::Breaker::with_conn(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
     breaker.register_metrics(&deps.metrics);
     // App pauses and token halts are keyed by this account (a new token is not under the old one's halt).
     breaker.set_account(&cfg.meta.app_id, &cfg.meta.access_token);

@@ -77,11 +77,11 @@ async fn operator_breaker(h: &Harness) -> Breaker {
         replicas: 1,
         limits: Default::default(),
     };
-    let redis_cfg = bw_common::config::RedisConfig { url: h.redis.url(), timeout_ms: 1000 };
+    let redis_cfg = bw_common::config::RedisConfig { url: h.redis.url(), cluster_nodes: Vec::new(), timeout_ms: 1000 };
     let deps = bw_common::service::Deps::connect("e2e-operator", &nats_cfg, Some(&redis_cfg), Duration::from_secs(10))
         .await
         .expect("operator connects");
-    Breaker::new(deps.redis, Some(deps.nats), BreakerConfig::default())
+    Breaker::with_conn(deps.redis, Some(deps.nats), BreakerConfig::default())
 }
 
 /// The instance id holding an unexpired replay lease, if any.

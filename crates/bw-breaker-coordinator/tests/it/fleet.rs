@@ -147,7 +147,7 @@ async fn ticks_from_two_coordinators_at_once_make_one_transition() {
         },
         ..BreakerConfig::default()
     };
-    let breaker = Breaker::new(a_deps.redis.clone(), Some(a_deps.nats.clone()), cfg);
+    let breaker = Breaker::with_conn(a_deps.redis.clone(), Some(a_deps.nats.clone()), cfg);
     trip(&breaker, &scope).await;
     let half_open = bw_testkit::wait_until(WAIT, || async {
         let (x, y, z, w) = tokio::join!(

@@ -133,7 +133,7 @@ impl Drop for Instance {
 struct Harness {
     servers: Servers,
     one: Instance,
-    redis: redis::aio::ConnectionManager,
+    redis: bw_common::redis_conn::RedisConn,
 }
 
 impl std::ops::Deref for Harness {
@@ -160,7 +160,7 @@ async fn start() -> Harness {
 }
 
 pub(crate) fn client(deps: &bw_common::service::Deps) -> Breaker {
-    Breaker::new(deps.redis.clone(), Some(deps.nats.clone()), BreakerConfig::default())
+    Breaker::with_conn(deps.redis.clone(), Some(deps.nats.clone()), BreakerConfig::default())
 }
 
 impl Harness {

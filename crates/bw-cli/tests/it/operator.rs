@@ -77,7 +77,7 @@ async fn bwctl(base: &str, extra: &[&str], action: &str) -> (i32, String) {
 }
 
 async fn state(r: &Running) -> bw_common::proto::BreakerState {
-    let breaker = bw_breaker::Breaker::new(r.deps.redis.clone(), None, Default::default());
+    let breaker = bw_breaker::Breaker::with_conn(r.deps.redis.clone(), None, Default::default());
     breaker.status(&bw_breaker::Scope::new("9", "1001")).await.expect("status").snapshot.state()
 }
 
