@@ -854,7 +854,28 @@ impl Breaker {
         };
         let refresh = Duration::from_millis(if band > 0 { limits.usage_ttl_ms / 20 } else { limits.usage_ttl_ms / 3 });
         self.inner.metrics.visibility(&scope.index_member(), true);
-        self.send_usage(scope, band, refresh, usage_percent.to_string()).await;
+        if self.send_usage(scope, band, refresh, usage_percent.to_string()).await {
+            self.publish_quota(scope, usage_percent).await;
+        }
+    }
+
+    /// Publishes the `quota` signal alerting's QuotaUsage rule consumes (fires at 80 %, critical at 90 %,
+    /// resolves below): as often as the reading goes to Redis, i.e. when its band changes or it is refreshed,
+    /// never per send.
+    async fn publish_quota(&self, scope: &Scope, usage_percent: u32) {
+        let Some(nats) = &self.inner.nats else { return };
+        let signal = proto::Signal {
+            kind: "quota".into(),
+            waba_id: scope.waba_id.clone(),
+            phone_number_id: scope.phone_number_id.clone(),
+            meta_code: 0,
+            detail: format!("usage {usage_percent}% of Meta's business use case quota (X-Business-Use-Case-Usage)"),
+            at_unix_ms: bw_common::time::now_ms(),
+            operation_id: String::new(),
+        };
+        if let Err(e) = nats.publish(bw_common::names::signal_subject("quota"), signal.encode_to_vec().into()).await {
+            tracing::debug!(error = %e, "quota signal not published");
+        }
     }
 
     /// Meta answered a send of the scope without usage headers: the scope is quota blind (metric
@@ -865,7 +886,8 @@ impl Breaker {
         self.send_usage(scope, -1, Duration::from_secs(30), "none".to_string()).await;
     }
 
-    async fn send_usage(&self, scope: &Scope, band: i8, refresh: Duration, arg: String) {
+    /// Sends a usage reading to Redis unless the same band went there within `refresh`; true when sent.
+    async fn send_usage(&self, scope: &Scope, band: i8, refresh: Duration, arg: String) -> bool {
         let key = scope.index_member();
         {
             let sent = lock(&self.inner.usage_sent);
@@ -873,19 +895,23 @@ impl Breaker {
                 && *last_band == band
                 && at.elapsed() < refresh
             {
-                return;
+                return false;
             }
         }
         if self.redis_skipped() {
-            return;
+            return false;
         }
         let mut inv = scripts::OBSERVE_USAGE.prepare_invoke();
         inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(arg);
         match self.call("observe_usage", inv).await {
             Ok(_) => {
                 lock(&self.inner.usage_sent).insert(key, (band, tokio::time::Instant::now()));
+                true
             }
-            Err(e) => self.mark_down("observe_usage", &e),
+            Err(e) => {
+                self.mark_down("observe_usage", &e);
+                false
+            }
         }
     }
 

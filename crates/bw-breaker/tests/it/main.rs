@@ -7,6 +7,7 @@ mod faults;
 mod limits;
 mod model;
 mod pair;
+mod quota_signal;
 mod scopes;
 mod scripts;
 mod support;
