@@ -131,6 +131,21 @@ impl Harness {
         self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
     }
 
+    /// Starts a dispatcher at the compiled default configuration: only where NATS, Redis and Meta are (and the
+    /// token) is set, nothing relaxed for speed.
+    pub async fn start_dispatcher_at_defaults(&mut self) -> usize {
+        let pairs = [
+            ("nats.url", self.nats.url()),
+            ("redis.url", self.redis.url()),
+            ("admin.listen", "127.0.0.1:0".to_string()),
+            ("meta.base_url", self.sim.base_url()),
+            ("meta.access_token", ACCESS_TOKEN.to_string()),
+        ];
+        let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
+        let deps = self.deps("dispatcher", Some(&cfg.redis)).await;
+        self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
+    }
+
     /// Starts a replay instance.
     pub async fn start_replay(&mut self, overrides: &[(&str, String)]) -> usize {
         let mut pairs = vec![

@@ -42,6 +42,11 @@ pub struct ServiceProcess {
 }
 
 impl ServiceProcess {
+    /// OS process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// True while the process runs.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))

@@ -153,6 +153,11 @@ impl NatsServer {
         }
     }
 
+    /// OS process id while running (benchmarks read its CPU time from `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Client URL, `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
@@ -262,6 +267,11 @@ impl RedisServer {
             kill_hard(&mut child);
             false
         }
+    }
+
+    /// OS process id while running (benchmarks read its CPU time from `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// Client URL, `redis://127.0.0.1:<port>/`.
