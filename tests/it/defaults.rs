@@ -47,3 +47,98 @@ async fn a_pair_storm_at_defaults_draws_no_131056_and_paces_past_the_burst() {
     let spread = times[40] - times[0];
     assert!(spread >= 6_000 - 50, "the 41st waited for the pair's slot (came {spread} ms after the first)");
 }
+
+/// Meta answering ambiguously after accepting, at the compiled defaults (10 s request timeout, 30 s ack wait):
+/// bodiless 500/502/503, resets and hangs after acceptance, and unparseable 200s, then an app-wide call limit
+/// (code 4). Nothing is lost, nothing that may have been accepted is resent blindly: every operation Meta
+/// accepted twice went through BW_UNKNOWN (flagged), every ambiguous answer was reconciled from its status
+/// webhook to SENT or later, and what the app limit refused waits in the DLQ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_answers_and_an_app_limit_at_defaults_lose_nothing_and_resend_nothing_blindly() {
+    let scenario = bw_meta_sim::Scenario::from_toml(
+        r#"
+name = "mixed-ambiguous-short"
+seed = 11
+selection = "random"
+
+[[windows]]
+name = "ambiguous-after-acceptance"
+start_ms = 0
+duration_ms = 4000
+error_rate = 0.2
+faults = [
+  { kind = "bodiless", status = 500, after_processing = true, page = "html", weight = 2 },
+  { kind = "bodiless", status = 502, after_processing = true, page = "plain", weight = 1 },
+  { kind = "bodiless", status = 503, after_processing = true, page = "empty", weight = 1 },
+  { kind = "reset", after_processing = true, weight = 2 },
+  { kind = "hang", hold_ms = 12000, accept = true, weight = 1 },
+  { kind = "ok_unparseable", body = "truncated", weight = 1 },
+]
+
+[[windows]]
+name = "app-call-limit"
+start_ms = 4000
+duration_ms = 2000
+error_rate = 1.0
+faults = [{ kind = "error", code = 4 }]
+"#,
+    )
+    .expect("scenario parses");
+    let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+    h.sim.set_scenario(scenario);
+    let mut ops = Vec::new();
+    // 120 messages over about 6 s, to distinct customers of four senders, through both windows.
+    for chunk in 0..12 {
+        for i in 0..10 {
+            let n = chunk * 10 + i;
+            let phone = format!("10654035224710{}", n % 4);
+            let op = format!("ambiguous-{n:03}");
+            let request = bw_client::Request::template(
+                &op,
+                WABA_ID,
+                &phone,
+                &format!("+54911556{n:05}"),
+                "order_confirmation",
+                "es_AR",
+            )
+            .param("1")
+            .category(Category::Transactional)
+            .build();
+            let reply = h.producer().send(&request).await.expect("ingest answers");
+            assert!(reply.accepted, "rejected: {}", reply.error);
+            ops.push(op);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Settled: reached Meta (reconciled where the answer was ambiguous), or parked in the DLQ by the app-wide
+    // limit (no replay runs here: code 4 pauses every number of the app, and the DLQ is the right place).
+    let settled = [OperationState::Sent, OperationState::Delivered, OperationState::Read, OperationState::Dlq];
+    let done = h.wait_all(&ops, &settled, Duration::from_secs(120)).await;
+    let mut states = std::collections::BTreeMap::<String, usize>::new();
+    let mut flagged = std::collections::BTreeSet::new();
+    for op in &ops {
+        let e = h.ledger_entry(op).await.expect("entry").entry;
+        *states.entry(format!("{} {}", e.state().label(), e.last_code)).or_default() += 1;
+        if e.flagged_unknown {
+            flagged.insert(op.clone());
+        }
+        if e.state() == OperationState::Dlq {
+            assert_eq!(e.last_code, 4, "{op} dead-lettered by the app call limit only ({})", e.reason);
+        }
+    }
+    assert!(done, "every operation settled: {states:?}");
+    let counters = h.sim.counters();
+    let injected = counters.injected.values().sum::<u64>();
+    assert!(injected > 0, "the scenario injected faults: {:?}", counters.injected);
+    let oracle = h.sim.oracle();
+    assert!(oracle.plain_duplicates().is_empty(), "a 200 was never followed by a resend");
+    for d in oracle.duplicates() {
+        let op = d.operation_id.clone().unwrap_or_default();
+        assert!(flagged.contains(&op), "{op} was accepted twice without going through BW_UNKNOWN");
+    }
+    assert!(!flagged.is_empty(), "some answers were ambiguous and went through BW_UNKNOWN");
+    let report = bw_ops::account::account_expected(&h.js, &h.buckets, &ops).await.expect("accounting");
+    assert!(report.is_clean(), "{report}");
+}
