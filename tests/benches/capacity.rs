@@ -94,7 +94,7 @@ async fn read_counters(
         nats_in_msgs: num(&varz["in_msgs"]),
         nats_in_bytes: num(&varz["in_bytes"]),
         nats_out_msgs: num(&varz["out_msgs"]),
-        js_api: num(&jsz["api"]["total"]),
+        js_api: num(&jsz["api"]["total"]).max(num(&varz["jetstream"]["stats"]["api"]["total"])),
         stored,
         redis_commands,
     }

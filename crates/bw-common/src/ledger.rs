@@ -219,6 +219,17 @@ impl Ledger {
             .map_err(|e| LedgerError::Unavailable(e.to_string()))
     }
 
+    /// Remembers which operation a wamid belongs to unless that is already known: a KV create, which the
+    /// server refuses without storing anything when the key exists. Status webhooks call this for every
+    /// status, so the link costs one durable write per message, not one per status.
+    pub async fn link_wamid_once(&self, wamid: &str, operation_id: &str) -> Result<(), LedgerError> {
+        match self.wamid.create(wamid_key(wamid), operation_id.to_string().into()).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(LedgerError::Unavailable(e.to_string())),
+        }
+    }
+
     /// The operation a wamid belongs to, if known.
     pub async fn operation_for_wamid(&self, wamid: &str) -> Result<Option<String>, LedgerError> {
         let value = self.wamid.get(wamid_key(wamid)).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;

@@ -278,7 +278,7 @@ impl Processor {
 
     async fn operation_of(&self, s: &StatusUpdate) -> Result<Option<String>, Retry> {
         if !s.operation_id.is_empty() && bw_common::ledger::valid_operation_id(&s.operation_id) {
-            self.ledger.link_wamid(&s.wamid, &s.operation_id).await?;
+            self.ledger.link_wamid_once(&s.wamid, &s.operation_id).await?;
             return Ok(Some(s.operation_id.clone()));
         }
         Ok(self.ledger.operation_for_wamid(&s.wamid).await?)
