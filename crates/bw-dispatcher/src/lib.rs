@@ -19,6 +19,7 @@
 mod meta;
 mod metrics;
 mod moves;
+mod order;
 mod process;
 mod route;
 
