@@ -4,6 +4,7 @@ mod crash;
 mod dispatch;
 mod flow;
 mod fuzz;
+mod order;
 mod outage;
 mod redaction;
 mod resilience;
