@@ -89,9 +89,10 @@ end
 -- The earliest member of order set `key` when it is not `op` (op being a member), else nil.
 local function order_blocker(key, op)
   if op == '' then return nil end
-  if redis.call('ZSCORE', key, op) == false then return nil end
+  -- The common case (op is the earliest, or the set is gone) costs one command.
   local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if first[1] == nil or first[1] == op then return nil end
+  if redis.call('ZSCORE', key, op) == false then return nil end
   return first[1], math.max(0, now - math.floor(tonumber(first[2]) / 1000))
 end
 
