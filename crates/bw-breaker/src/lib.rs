@@ -617,8 +617,8 @@ impl Breaker {
     /// A gated batch skips the refusals decided without the script (a scope known to be OPEN, a parent pause):
     /// the gate is read first, so a message behind an earlier one waits for it instead of following it into
     /// the DLQ. It costs the round trip the OPEN cache would have saved; under a parent pause the refusal then
-    /// replaces every decision but order_wait. While Redis is unreachable gated messages are refused
-    /// ([`DenyReason::Degraded`]: the order cannot be read), the others get the local fallback's answer.
+    /// replaces every decision but order_wait. While Redis is unreachable every message gets the local
+    /// fallback's answer (a bounded rate): the order sets cannot be read, so order is not kept then.
     pub async fn admit_ordered(&self, scope: &Scope, items: &[AdmitItem], operation_ids: &[String]) -> Admission {
         let gated = operation_ids.iter().any(|op| !op.is_empty());
         if !gated && let Some(admission) = self.admit_known_open(scope, items.len()) {
@@ -844,15 +844,9 @@ impl Breaker {
             None => {
                 metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "admit");
                 let last = self.last_known(scope);
-                let mut admission = lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items);
-                // Without Redis the order sets cannot be read: a gated message waits rather than risk overtaking.
-                let retry_after_ms = self.inner.cfg.redis_retry_after_ms.max(1);
-                for (d, op) in admission.decisions.iter_mut().zip(operation_ids) {
-                    if !op.is_empty() {
-                        *d = Decision::Deny { reason: DenyReason::Degraded, retry_after_ms };
-                    }
-                }
-                admission
+                // Without Redis the order sets cannot be read: the fallback's bounded rate applies to every message
+                // (sending goes on, slowly), and order is not kept until Redis answers again.
+                lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items)
             }
         }
     }

@@ -136,9 +136,7 @@ impl Worker {
                 prepared = preparing.next() => match prepared {
                     None => break,
                     Some(None) => {}
-                    // A message that keeps order is never refused from the OPEN cache: its order gate is read
-                    // first, so it cannot follow an earlier one into the DLQ (`crate::order`).
-                    Some(Some(mut w)) => match (!w.request.keeps_order).then(|| self.breaker.admit_known_open(&w.scope(), 1)).flatten() {
+                    Some(Some(mut w)) => match self.known_open(&w) {
                         Some(admission) => {
                             w.decided_after = w.received.elapsed();
                             let state = format!("{:?}", admission.state);
@@ -206,6 +204,13 @@ impl Worker {
         }
         self.flush_outcomes(&mut outcomes).await;
         while f.finals.next().await.is_some() {}
+    }
+
+    /// The refusal of a message whose sender is known to be OPEN, without a round trip. Never for a message that
+    /// keeps order: its order gate is read first, so it cannot follow an earlier one into the DLQ
+    /// (`crate::order`).
+    fn known_open(&self, w: &Work) -> Option<bw_breaker::Admission> {
+        if w.request.keeps_order { None } else { self.breaker.admit_known_open(&w.scope(), 1) }
     }
 
     /// One admission round: one breaker round trip per scope for `works`. Admitted messages start their mark and
