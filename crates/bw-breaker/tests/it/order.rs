@@ -172,3 +172,27 @@ async fn without_redis_every_message_gets_the_bounded_fallback() {
     assert!(allowed(&a, 0) && allowed(&a, 1), "{:?}", a.decisions);
     assert!(a.blockers.is_empty());
 }
+
+#[tokio::test]
+async fn the_order_scripts_run_unchanged_on_a_redis_cluster() {
+    let cluster = bw_testkit::RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    let conn = client.get_async_connection().await.expect("cluster connection");
+    let breaker = Breaker::with_conn(Some(RedisConn::Cluster(conn.clone())), None, BreakerConfig::default());
+    let book = OrderBook::new(RedisConn::Cluster(conn), Duration::from_millis(500), TTL_MS);
+    // Enough senders to land on every master: each sender's order sets share its hash slot.
+    for _ in 0..6 {
+        let scope = scope();
+        for op in ["a", "b"] {
+            assert!(book.register(&scope, "r1", op).await.expect("register").added);
+        }
+        let first = admit(&breaker, &scope, &[("r1", "b"), ("r1", "a")]).await;
+        assert_eq!(waits_for(&first, 0).as_deref(), Some("a"));
+        assert!(allowed(&first, 1));
+        sent(&breaker, &scope, "r1", "a").await;
+        assert!(allowed(&admit(&breaker, &scope, &[("r1", "b")]).await, 0));
+        let release = OrderRelease { recipient_key: "r1".into(), operation_id: "b".into() };
+        assert_eq!(breaker.release_order(&scope, &[release]).await.expect("release"), 1);
+        assert!(book.members(&scope, "r1").await.expect("members").is_empty());
+    }
+}
