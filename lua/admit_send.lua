@@ -1,6 +1,7 @@
 -- admit_send.lua: admits a batch of sends of one sender scope in one round trip and hands out send slots.
 --
--- Checks, per message and in this order: scope pause (its kind picks the code: paused, spam_paused,
+-- Checks, per message and in this order: per-recipient order (order_wait: the recipient's order set holds an
+-- earlier accepted operation still waiting; see order_register.lua), scope pause (its kind picks the code: paused, spam_paused,
 -- registration_paused), breaker (OPEN / FORCED_OPEN deny; HALF_OPEN admits a bounded number of canaries per
 -- second), Meta usage throttle, 131049 marketing deferral of the recipient, 131056 back-off of the pair, pair
 -- rate (GCRA: emission interval pair_interval_ms, burst pair_burst; Meta's model is 6 s / 45, the default burst
@@ -18,22 +19,33 @@
 --
 -- KEYS[1]    cfg hash of the scope (bw:{<waba>:<phone>}:cfg)
 -- KEYS[2]    state hash of the scope (bw:{<waba>:<phone>}:state)
--- KEYS[2+i]  pair hash of message i (bw:{<waba>:<phone>}:pair:<recipient_key>; fields P)
--- ARGV[1]    compiled defaults "name=value;..."
--- ARGV[2]    tag used in minted incident ids (the phone_number_id)
--- ARGV[3]    random number in [0, 1) for cooldown jitter
--- ARGV[4]    end (ms) of a parent pause (app / WABA / token) that just ended, or 0: starts a ramp from there
--- ARGV[4+i]  class of message i: "p" priority, "m" marketing, "r" replay
+-- Order gate: a message whose operation id is a member of its recipient's order set while a member with a
+-- lower score (an earlier acceptance) is still there is refused with order_wait, before any other check, so it
+-- takes no token and never follows its predecessor into the DLQ on a breaker or pause refusal. A message that
+-- is not a member (a category that does not keep order, or a set that expired) is not gated. Members of one
+-- call are judged against the set as it is: the second message to a recipient in one batch waits for the
+-- first's release (record_outcomes.lua), never overtakes it.
+--
+-- KEYS[2+i]    pair hash of message i (bw:{<waba>:<phone>}:pair:<recipient_key>; fields P)
+-- KEYS[2+n+i]  order set of message i (bw:{<waba>:<phone>}:ord:<recipient_key>)
+-- ARGV[1]      compiled defaults "name=value;..."
+-- ARGV[2]      tag used in minted incident ids (the phone_number_id)
+-- ARGV[3]      random number in [0, 1) for cooldown jitter
+-- ARGV[4]      end (ms) of a parent pause (app / WABA / token) that just ended, or 0: starts a ramp from there
+-- ARGV[4+i]    class of message i: "p" priority, "m" marketing, "r" replay
+-- ARGV[4+n+i]  operation id of message i ('' : not gated)
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms,
---            code_1, retry_after_or_wait_ms_1, ..., code_n, retry_after_or_wait_ms_n,
+--            code_1, retry_after_or_wait_ms_1, blocker_1, blocker_age_ms_1, ...,
 --            then per transition: from, to, at_ms, reason, incident_id }
---   codes: CODE in scope_prelude.lua; for allow / canary the number is the slot wait, otherwise the retry-after
+--   codes: CODE in scope_prelude.lua; for allow / canary the number is the slot wait, otherwise the retry-after;
+--   blocker: for order_wait the earliest waiting operation id of the set and the ms since its registration,
+--   else '' and 0
 
 local now, c, S = begin()
 local tag = ARGV[2]
 local rand = num(ARGV[3])
 local parent_end = num(ARGV[4])
-local n = #ARGV - 4
+local n = math.floor((#ARGV - 4) / 2)
 local T = {}
 
 if parent_end > 0 then start_ramp(S, parent_end, num(c.pause_ramp_ms)) end
@@ -74,11 +86,24 @@ local function pair_of(key)
   return p
 end
 
+-- The earliest member of order set `key` when it is not `op` (op being a member), else nil.
+local function order_blocker(key, op)
+  if op == '' then return nil end
+  -- The common case (op is the earliest, or the set is gone) costs one command.
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[1] == nil or first[1] == op then return nil end
+  if redis.call('ZSCORE', key, op) == false then return nil end
+  return first[1], math.max(0, now - math.floor(tonumber(first[2]) / 1000))
+end
+
 for i = 1, n do
   local class = ARGV[4 + i]
   local low = class ~= 'p'
   local code, retry = CODE.allow, 0
-  if pu > now then
+  local blocker, blocker_age = order_blocker(KEYS[2 + n + i], ARGV[4 + n + i] or '')
+  if blocker ~= nil then
+    code = CODE.order_wait
+  elseif pu > now then
     code, retry = pause_code, pu - now
   elseif st == FORCED_OPEN then
     code, retry = CODE.forced_open, math.max(1000, num(c.cooldown_ms))
@@ -148,6 +173,8 @@ for i = 1, n do
   end
   decisions[#decisions + 1] = code
   decisions[#decisions + 1] = math.max(0, math.floor(retry))
+  decisions[#decisions + 1] = blocker or ''
+  decisions[#decisions + 1] = blocker_age or 0
 end
 
 if took then

@@ -40,13 +40,18 @@
 -- ARGV[4+3(i-1)]  kind of outcome i (OUT)
 -- ARGV[5+3(i-1)]  pause in ms for throughput, spam, registration, deferred and credentials (0 otherwise)
 -- ARGV[6+3(i-1)]  1 when the send was admitted as a canary, else 0
+-- KEYS[2+n+j], ARGV[3+3n+j]  order set and operation id of release j (j = 1..m): the operation left its
+--                 recipient's order set (Meta accepted it, or it ended where it can never be sent before a later
+--                 one: BW_UNKNOWN, quarantine); the operations behind it may go (see order_register.lua)
+--   n = (#ARGV - #KEYS - 1) / 2 outcomes, m = #KEYS - 2 - n releases.
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms,
 --            paused_until_ms, then per transition: from, to, at_ms, reason, incident_id }
 
 local now, c, S = begin()
 local tag = ARGV[2]
 local rand = num(ARGV[3])
-local n = math.floor((#ARGV - 3) / 3)
+local n = math.floor((#ARGV - #KEYS - 1) / 2)
+local m = #KEYS - 2 - n
 local T = {}
 
 maybe_half_open(S, c, now, T, rand, tag)
@@ -180,6 +185,9 @@ for i = 1, n do
 end
 
 fast_check()
+for j = 1, m do
+  redis.call('ZREM', KEYS[2 + n + j], ARGV[3 + 3 * n + j])
+end
 local out = head(S, c, now)
 out[#out + 1] = num(S[F.paused_until])
 return finish(S, out, T)

@@ -1,7 +1,8 @@
 -- scope_prelude.lua: shared definitions and functions of the scope scripts (breaker, window, limits).
 --
 -- This file is not a script on its own: bw-breaker prepends it to each `*_*.lua` script of this directory
--- (admit_send, record_outcomes, tick_scope, read_scope, force_breaker, observe_usage, parent_pause) before
+-- (admit_send, record_outcomes, tick_scope, read_scope, force_breaker, observe_usage, parent_pause,
+-- order_register, order_release) before
 -- loading, so the state machine, the codes and the field names are written once. It reads and writes nothing by
 -- itself. The tables CODE, OUT, PAUSE, F, P and PF below are the only definitions of the decision codes, outcome
 -- kinds, pause kinds and hash field names; `bw_breaker::scripts` mirrors them and a test (tests/it/scripts.rs)
@@ -21,7 +22,7 @@ local CLOSED, OPEN, HALF_OPEN, FORCED_OPEN, FORCED_CLOSED = 1, 2, 3, 4, 5
 local CODE = {
   allow = 0, canary = 1, breaker_open = 2, forced_open = 3, paused = 4, sender_rate = 5, pair_rate = 6,
   reserve = 7, throttled = 8, canary_budget = 9, spam_paused = 10, recipient_deferred = 11,
-  registration_paused = 12,
+  registration_paused = 12, order_wait = 13,
 }
 
 -- Outcome kinds accepted by record_outcomes.lua (bw_breaker::scripts::Out).

@@ -98,6 +98,7 @@ impl Harness {
         let listen = if self.instances.is_empty() { self.ingest_http.clone() } else { "127.0.0.1:0".into() };
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
+            ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("http.listen", listen),
             ("webhook.app_secret", APP_SECRET.to_string()),
@@ -107,7 +108,9 @@ impl Harness {
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
-        let deps = self.deps("ingest", None).await;
+        // The order sets live in Redis (the compiled default keeps order for every category but authentication).
+        let redis = bw_common::service::ServiceConfig::redis(&cfg).cloned();
+        let deps = self.deps("ingest", redis.as_ref()).await;
         self.keep(|token| tokio::spawn(bw_ingest::run(cfg, deps, token)))
     }
 
@@ -273,4 +276,24 @@ impl Drop for Harness {
             i.handle.abort();
         }
     }
+}
+
+/// Per-recipient order violations in Meta's acceptances (the simulator's oracle): pairs (earlier, later) of
+/// `accepted`, given in the order ingest accepted them, to the same sender and recipient, where Meta accepted
+/// the later one first. Operations Meta never accepted are left out.
+pub fn order_violations(oracle: &bw_meta_sim::OracleSnapshot, accepted: &[String]) -> Vec<(String, String)> {
+    let mut last: HashMap<(String, String), (String, u64)> = HashMap::new();
+    let mut out = Vec::new();
+    for op in accepted {
+        let Some(e) = oracle.get(op) else { continue };
+        let key = (e.phone_number_id.clone(), e.recipient_key.clone());
+        if let Some((prev, seq)) = last.get(&key)
+            && e.first_accept_seq < *seq
+        {
+            out.push((prev.clone(), op.clone()));
+            continue;
+        }
+        last.insert(key, (op.clone(), e.first_accept_seq));
+    }
+    out
 }

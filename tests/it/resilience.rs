@@ -4,12 +4,14 @@
 //!
 //! - `processes`: kill -9 of real dispatcher and replay processes (the binaries, spawned by `bw_drill::stack`);
 //! - `servers`: nats-server restart, a 3-node NATS cluster losing its stream leader, Redis restart and outage;
-//! - `meta`: Meta hanging past the client timeout, and a burst of 10,000 (or 100,000) messages.
+//! - `meta`: Meta hanging past the client timeout, and a burst of 10,000 (or 100,000) messages;
+//! - `order`: per-recipient order across a kill -9 of one of two dispatcher processes.
 //!
 //! The process tests need the service binaries next to the test binary: run
 //! `cargo build -p bw-dispatcher -p bw-ingest -p bw-replay -p bw-breaker-coordinator` first.
 
 mod common;
 mod meta;
+mod order;
 mod processes;
 mod servers;

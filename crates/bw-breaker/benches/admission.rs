@@ -2,8 +2,12 @@
 //! (one `admit_send` + one `record_outcomes` per batch of a scope) side by side with the naive design (a check
 //! script then a record script per message), against one real redis-server, plus the replay drain share.
 //!
-//! Run: `cargo bench -p bw-breaker --bench admission` (about 30 s). Round trips are counted exactly from
+//! Run: `cargo bench -p bw-breaker --bench admission` (about 50 s). Round trips are counted exactly from
 //! `INFO commandstats` deltas (eval + evalsha calls).
+//!
+//! The cost of the per-recipient order gate: the same batched loop with every message registered in its
+//! recipient's order set (ingest's side, timed apart) and admitted through `admit_ordered` + released through
+//! `record_releasing`, against the plain loop, as a ratio of admission time per message.
 
 use bw_breaker::{
     AdmitItem, Breaker, BreakerConfig, Decision, OutcomeItem, OutcomeKind, Scope, ScopeLimits, TrafficClass,
@@ -50,22 +54,69 @@ fn open_limits() -> ScopeLimits {
     ScopeLimits { rate_per_s: 1e9, burst: 1e9, pair_burst: 1_000_000, ramp_ms: 0, ..ScopeLimits::default() }
 }
 
-async fn batched(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
+/// Messages admitted and the wall time of the admission phase (admit + record for every round of every task),
+/// plus the wall time of the registration phase before it (ordered runs only).
+struct Run {
+    n: u64,
+    admit: Duration,
+    register: Duration,
+}
+
+/// Rounds of BATCH messages per task in the runs with and without the order gate.
+const ROUNDS: u64 = 250;
+
+fn items_of(task: usize, round: u64) -> Vec<AdmitItem> {
+    (0..BATCH)
+        .map(|i| AdmitItem { recipient_key: format!("{task}-{round}-{i}"), class: TrafficClass::Marketing })
+        .collect()
+}
+
+fn ops_of(task: usize, round: u64) -> Vec<String> {
+    (0..BATCH).map(|i| format!("op-{task}-{round}-{i}")).collect()
+}
+
+/// The batched loop: `rounds` rounds per task (None: for RUN) of admit + record. With `ordered`, every message
+/// is first registered in its recipient's order set (ingest's side, its own phase), then admitted through the
+/// gate and released with its outcome.
+async fn batched(conn: &redis::aio::ConnectionManager, rounds: Option<u64>, ordered: bool) -> Run {
     let breaker =
         Breaker::new(Some(conn.clone()), None, BreakerConfig { defaults: open_limits(), ..BreakerConfig::default() });
+    let book = bw_breaker::OrderBook::new(bw_breaker::RedisConn::Single(conn.clone()), Duration::from_secs(2), 60_000);
+    let scope_of =
+        |task: usize| Scope::new(if ordered { "bench-ordered" } else { "bench" }, format!("{}", 1000 + task % 4));
+    let mut register = Duration::ZERO;
+    if ordered {
+        let rounds = rounds.expect("ordered runs have a fixed number of rounds");
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|task| {
+                let (book, scope) = (book.clone(), scope_of(task));
+                tokio::spawn(async move {
+                    for round in 0..rounds {
+                        for (item, op) in items_of(task, round).iter().zip(ops_of(task, round)) {
+                            book.register(&scope, &item.recipient_key, &op).await.expect("register");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        register = start.elapsed();
+    }
     let start = Instant::now();
     let mut tasks = Vec::new();
     for task in 0..TASKS {
         let breaker = breaker.clone();
+        let scope = scope_of(task);
         tasks.push(tokio::spawn(async move {
-            let scope = Scope::new("bench", format!("{}", 1000 + task % 4));
             let mut n = 0u64;
             let mut round = 0u64;
-            while start.elapsed() < RUN {
-                let items: Vec<AdmitItem> = (0..BATCH)
-                    .map(|i| AdmitItem { recipient_key: format!("{task}-{round}-{i}"), class: TrafficClass::Marketing })
-                    .collect();
-                let a = breaker.admit(&scope, &items).await;
+            while rounds.map_or(start.elapsed() < RUN, |r| round < r) {
+                let items = items_of(task, round);
+                let ops = if ordered { ops_of(task, round) } else { Vec::new() };
+                let a = breaker.admit_ordered(&scope, &items, &ops).await;
                 assert!(!a.degraded);
                 let outcomes: Vec<OutcomeItem> = items
                     .iter()
@@ -77,18 +128,28 @@ async fn batched(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
                         canary: false,
                     })
                     .collect();
-                breaker.record(&scope, &outcomes).await;
-                n += BATCH as u64;
+                let releases: Vec<bw_breaker::OrderRelease> = items
+                    .iter()
+                    .zip(&ops)
+                    .zip(&a.decisions)
+                    .filter(|(_, d)| matches!(d, Decision::Allow { .. }))
+                    .map(|((i, op), _)| bw_breaker::OrderRelease {
+                        recipient_key: i.recipient_key.clone(),
+                        operation_id: op.clone(),
+                    })
+                    .collect();
+                breaker.record_releasing(&scope, &outcomes, &releases).await;
+                n += outcomes.len() as u64;
                 round += 1;
             }
             n
         }));
     }
-    let mut total = 0;
+    let mut n = 0;
     for t in tasks {
-        total += t.await.expect("task");
+        n += t.await.expect("task");
     }
-    (total, start.elapsed())
+    Run { n, admit: start.elapsed(), register }
 }
 
 async fn naive(conn: &redis::aio::ConnectionManager) -> (u64, Duration) {
@@ -167,8 +228,11 @@ async fn main() {
     let mut stats = conn.clone();
 
     let before = script_calls(&mut stats).await;
-    let (n_batched, t_batched) = batched(&conn).await;
+    let timed = batched(&conn, None, false).await;
+    let (n_batched, t_batched) = (timed.n, timed.admit);
     let rt_batched = script_calls(&mut stats).await - before;
+    let plain = batched(&conn, Some(ROUNDS), false).await;
+    let ordered = batched(&conn, Some(ROUNDS), true).await;
     let before = script_calls(&mut stats).await;
     let (n_naive, t_naive) = naive(&conn).await;
     let rt_naive = script_calls(&mut stats).await - before;
@@ -188,6 +252,21 @@ async fn main() {
         "  ratio batched / naive: {:.1}x decisions/s, {:.1}x fewer round trips per message",
         rate_b / rate_n,
         (rt_naive as f64 / n_naive as f64) / (rt_batched as f64 / n_batched as f64)
+    );
+    let per_msg = |d: Duration, n: u64| d.as_secs_f64() * 1e6 / n.max(1) as f64;
+    let (plain_us, ordered_us) = (per_msg(plain.admit, plain.n), per_msg(ordered.admit, ordered.n));
+    println!(
+        "per-recipient order gate ({ROUNDS} rounds per task, every message an order-set member, released with its outcome):"
+    );
+    println!(
+        "  admission + recording: {plain_us:.1} µs of wall time per message without the gate, {ordered_us:.1} with it: cost ratio {:.2} (throughput {:.0} vs {:.0} messages/s)",
+        ordered_us / plain_us,
+        plain.n as f64 / plain.admit.as_secs_f64(),
+        ordered.n as f64 / ordered.admit.as_secs_f64()
+    );
+    println!(
+        "  ingest's registration (one round trip per message, {TASKS} tasks): {:.1} µs/message of wall time",
+        per_msg(ordered.register, ordered.n)
     );
     let (alone, _) = replay_share(&conn, false).await;
     let (with_live, live) = replay_share(&conn, true).await;

@@ -21,9 +21,11 @@
 mod config;
 mod local;
 mod metrics;
+pub mod order;
 pub mod scripts;
 
 pub use config::{BreakerConfig, ScopeLimits};
+pub use order::{Blocker, OrderBook, OrderRelease, Registration};
 
 use bw_common::classify::RateScope;
 use bw_common::proto::{self, BreakerState, BreakerTransition};
@@ -121,6 +123,9 @@ pub enum DenyReason {
     /// A credentials error on the access token: every number on it is halted until the token changes or an
     /// operator clears the halt.
     TokenHalted,
+    /// An earlier accepted message to the same recipient (same sender, a category that keeps order) is still
+    /// waiting: this one may not reach Meta before it ([`Admission::blockers`] names it).
+    OrderWait,
 }
 
 impl DenyReason {
@@ -142,11 +147,12 @@ impl DenyReason {
             DenyReason::AppPaused => "app_paused",
             DenyReason::WabaPaused => "waba_paused",
             DenyReason::TokenHalted => "token_halted",
+            DenyReason::OrderWait => "order_wait",
         }
     }
 
     /// Every reason.
-    pub const ALL: [DenyReason; 15] = [
+    pub const ALL: [DenyReason; 16] = [
         DenyReason::BreakerOpen,
         DenyReason::ForcedOpen,
         DenyReason::Paused,
@@ -162,6 +168,7 @@ impl DenyReason {
         DenyReason::AppPaused,
         DenyReason::WabaPaused,
         DenyReason::TokenHalted,
+        DenyReason::OrderWait,
     ];
 
     /// The `admit_send.lua` code of this reason; None for the reasons decided in Rust (the local fallback and
@@ -183,6 +190,9 @@ pub struct Admission {
     /// Unix ms the decisions were made at (Redis server time; this host's clock when answered without the
     /// scope script). A send slot is at `server_now_ms + wait_ms`.
     pub server_now_ms: i64,
+    /// For each [`DenyReason::OrderWait`] decision (same index), the operation it waits for; empty when the
+    /// admission carried no operation ids ([`Breaker::admit`]) or was answered without the scope script.
+    pub blockers: Vec<Option<Blocker>>,
 }
 
 /// What a send ended in, as far as the breaker cares.
@@ -357,7 +367,7 @@ pub enum BreakerError {
 /// scripts run unchanged on both). Defined in `bw_common::redis_conn`, shared by every service.
 pub use bw_common::redis_conn::RedisConn;
 
-async fn invoke(conn: &RedisConn, inv: &redis::ScriptInvocation<'_>) -> redis::RedisResult<redis::Value> {
+pub(crate) async fn invoke(conn: &RedisConn, inv: &redis::ScriptInvocation<'_>) -> redis::RedisResult<redis::Value> {
     let mut conn = conn.clone();
     inv.invoke_async(&mut conn).await
 }
@@ -560,6 +570,7 @@ impl Breaker {
             incident_id,
             degraded: false,
             server_now_ms: bw_common::time::now_ms(),
+            blockers: Vec::new(),
         })
     }
 
@@ -570,24 +581,51 @@ impl Breaker {
     /// Admits a batch of sends of one scope in one round trip. Never fails: without Redis it answers from the
     /// local fallback with `degraded = true`.
     pub async fn admit(&self, scope: &Scope, items: &[AdmitItem]) -> Admission {
-        if let Some(admission) = self.admit_known_open(scope, items.len()) {
+        self.admit_ordered(scope, items, &[]).await
+    }
+
+    /// [`Breaker::admit`] with the per-recipient order gate: `operation_ids[i]` is the operation of `items[i]`
+    /// (missing or empty: not gated). An operation registered in its recipient's order set
+    /// ([`OrderBook::register`]) behind one still waiting is refused with [`DenyReason::OrderWait`], and
+    /// [`Admission::blockers`] names the earliest one. Same single round trip; the local fallback (Redis
+    /// unreachable) does not gate.
+    ///
+    /// A gated batch skips the refusals decided without the script (a scope known to be OPEN, a parent pause):
+    /// the gate is read first, so a message behind an earlier one waits for it instead of following it into
+    /// the DLQ. It costs the round trip the OPEN cache would have saved; under a parent pause the refusal then
+    /// replaces every decision but order_wait. While Redis is unreachable every message gets the local
+    /// fallback's answer (a bounded rate): the order sets cannot be read, so order is not kept then.
+    pub async fn admit_ordered(&self, scope: &Scope, items: &[AdmitItem], operation_ids: &[String]) -> Admission {
+        let gated = operation_ids.iter().any(|op| !op.is_empty());
+        if !gated && let Some(admission) = self.admit_known_open(scope, items.len()) {
             return admission;
         }
         let parents = self.parent_check(scope).await;
         if let Some((reason, retry_after_ms)) = parents.block {
-            let (state, incident_id) = self.last_known(scope).unwrap_or((BreakerState::Closed, String::new()));
             let deny = Decision::Deny { reason, retry_after_ms: retry_after_ms.max(1) };
-            let admission = Admission {
-                decisions: vec![deny; items.len()],
-                state,
-                incident_id,
-                degraded: false,
-                server_now_ms: bw_common::time::now_ms(),
+            let admission = if gated {
+                let mut admission = self.admit_uncached(scope, items, operation_ids, parents.ended_ms).await;
+                for d in &mut admission.decisions {
+                    if !matches!(d, Decision::Deny { reason: DenyReason::OrderWait, .. }) {
+                        *d = deny;
+                    }
+                }
+                admission
+            } else {
+                let (state, incident_id) = self.last_known(scope).unwrap_or((BreakerState::Closed, String::new()));
+                Admission {
+                    decisions: vec![deny; items.len()],
+                    state,
+                    incident_id,
+                    degraded: false,
+                    server_now_ms: bw_common::time::now_ms(),
+                    blockers: Vec::new(),
+                }
             };
             self.count_decisions(&admission);
             return admission;
         }
-        let admission = self.admit_uncached(scope, items, parents.ended_ms).await;
+        let admission = self.admit_uncached(scope, items, operation_ids, parents.ended_ms).await;
         self.count_decisions(&admission);
         admission
     }
@@ -770,23 +808,37 @@ impl Breaker {
         }
     }
 
-    async fn admit_uncached(&self, scope: &Scope, items: &[AdmitItem], parent_ended_ms: i64) -> Admission {
-        match self.admit_redis(scope, items, parent_ended_ms).await {
+    async fn admit_uncached(
+        &self,
+        scope: &Scope,
+        items: &[AdmitItem],
+        operation_ids: &[String],
+        parent_ended_ms: i64,
+    ) -> Admission {
+        match self.admit_redis(scope, items, operation_ids, parent_ended_ms).await {
             Some(admission) => admission,
             None => {
                 metrics::Metrics::inc(&self.inner.metrics.degraded, "op", "admit");
                 let last = self.last_known(scope);
+                // Without Redis the order sets cannot be read: the fallback's bounded rate applies to every message
+                // (sending goes on, slowly), and order is not kept until Redis answers again.
                 lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items)
             }
         }
     }
 
-    async fn admit_redis(&self, scope: &Scope, items: &[AdmitItem], parent_ended_ms: i64) -> Option<Admission> {
+    async fn admit_redis(
+        &self,
+        scope: &Scope,
+        items: &[AdmitItem],
+        operation_ids: &[String],
+        parent_ended_ms: i64,
+    ) -> Option<Admission> {
         if self.redis_skipped() {
             return None;
         }
         let rand: f64 = rand::rng().random();
-        let inv = scripts::admit_invocation(scope, &self.inner.defaults, rand, parent_ended_ms, items);
+        let inv = scripts::admit_invocation(scope, &self.inner.defaults, rand, parent_ended_ms, items, operation_ids);
         let parsed = match self.call("admit_send", inv).await {
             Ok(value) => parse_admit(value, items.len()),
             Err(e) => Err(e),
@@ -808,11 +860,23 @@ impl Breaker {
     /// Records a batch of outcomes of one scope in one round trip; returns the state and the transitions.
     /// Never fails: without Redis the outcomes feed the local fallback breaker.
     pub async fn record(&self, scope: &Scope, outcomes: &[OutcomeItem]) -> RecordResult {
+        self.record_releasing(scope, outcomes, &[]).await
+    }
+
+    /// [`Breaker::record`], and in the same round trip removes `releases` from their recipients' order sets
+    /// (operations Meta accepted or that ended for good, see `lua/order_register.lua`). Without Redis the
+    /// releases are lost; the dispatcher a lost release blocks heals it from the ledger.
+    pub async fn record_releasing(
+        &self,
+        scope: &Scope,
+        outcomes: &[OutcomeItem],
+        releases: &[OrderRelease],
+    ) -> RecordResult {
         self.record_parents(scope, outcomes).await;
         if !self.redis_skipped() {
             let rand: f64 = rand::rng().random();
             let token_known = lock(&self.inner.account).token_fp.is_some();
-            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes, token_known);
+            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes, token_known, releases);
             let parsed = match self.call("record_outcomes", inv).await {
                 Ok(value) => parse_record(value),
                 Err(e) => Err(e),
@@ -1039,15 +1103,22 @@ fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Hea
     let mut reply = scripts::Reply::new(value)?;
     let head = scripts::head(&mut reply)?;
     let mut decisions = Vec::with_capacity(n);
+    let mut blockers = Vec::with_capacity(n);
     for _ in 0..n {
         let code = reply.int()?;
         let retry_after_ms = reply.int()?.max(0) as u64;
+        let blocker = reply.string()?;
+        let blocker_age_ms = reply.int()?.max(0) as u64;
         let code = scripts::Code::from_i64(code)
             .ok_or_else(|| BreakerError::BadReply(format!("unknown decision code {code}")))?;
         decisions.push(match code.deny_reason() {
             None => Decision::Allow { canary: code == scripts::Code::Canary, wait_ms: retry_after_ms },
             Some(reason) => Decision::Deny { reason, retry_after_ms },
         });
+        blockers.push(
+            (code == scripts::Code::OrderWait && !blocker.is_empty())
+                .then_some(Blocker { operation_id: blocker, age_ms: blocker_age_ms }),
+        );
     }
     let transitions = scripts::transitions(&mut reply)?;
     let admission = Admission {
@@ -1056,6 +1127,7 @@ fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Hea
         incident_id: head.incident_id.clone(),
         degraded: false,
         server_now_ms: head.now_ms,
+        blockers,
     };
     Ok((admission, head, transitions))
 }

@@ -156,6 +156,7 @@ impl LocalBreakers {
             incident_id: s.incident_id.clone(),
             degraded: true,
             server_now_ms: bw_common::time::now_ms(),
+            blockers: Vec::new(),
         }
     }
 

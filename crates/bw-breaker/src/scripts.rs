@@ -32,9 +32,11 @@ pub(crate) static READ_SCOPE: LazyLock<Script> = scope_script!("read_scope.lua")
 pub(crate) static FORCE_BREAKER: LazyLock<Script> = scope_script!("force_breaker.lua");
 pub(crate) static OBSERVE_USAGE: LazyLock<Script> = scope_script!("observe_usage.lua");
 pub(crate) static PARENT_PAUSE: LazyLock<Script> = scope_script!("parent_pause.lua");
+pub(crate) static ORDER_REGISTER: LazyLock<Script> = scope_script!("order_register.lua");
+pub(crate) static ORDER_RELEASE: LazyLock<Script> = scope_script!("order_release.lua");
 
 /// Every script, for pre-loading and for the test that runs each against a real Redis.
-pub fn all_scripts() -> [(&'static str, &'static Script); 7] {
+pub fn all_scripts() -> [(&'static str, &'static Script); 9] {
     [
         ("admit_send", &ADMIT_SEND),
         ("record_outcomes", &RECORD_OUTCOMES),
@@ -43,6 +45,8 @@ pub fn all_scripts() -> [(&'static str, &'static Script); 7] {
         ("force_breaker", &FORCE_BREAKER),
         ("observe_usage", &OBSERVE_USAGE),
         ("parent_pause", &PARENT_PAUSE),
+        ("order_register", &ORDER_REGISTER),
+        ("order_release", &ORDER_RELEASE),
     ]
 }
 
@@ -62,11 +66,12 @@ pub enum Code {
     SpamPaused = 10,
     RecipientDeferred = 11,
     RegistrationPaused = 12,
+    OrderWait = 13,
 }
 
 impl Code {
     /// Every code.
-    pub const ALL: [Code; 13] = [
+    pub const ALL: [Code; 14] = [
         Code::Allow,
         Code::Canary,
         Code::BreakerOpen,
@@ -80,6 +85,7 @@ impl Code {
         Code::SpamPaused,
         Code::RecipientDeferred,
         Code::RegistrationPaused,
+        Code::OrderWait,
     ];
 
     /// Its name in the prelude's CODE table.
@@ -98,6 +104,7 @@ impl Code {
             Code::SpamPaused => "spam_paused",
             Code::RecipientDeferred => "recipient_deferred",
             Code::RegistrationPaused => "registration_paused",
+            Code::OrderWait => "order_wait",
         }
     }
 
@@ -120,6 +127,7 @@ impl Code {
             Code::SpamPaused => DenyReason::SpamPaused,
             Code::RecipientDeferred => DenyReason::RecipientDeferred,
             Code::RegistrationPaused => DenyReason::RegistrationPaused,
+            Code::OrderWait => DenyReason::OrderWait,
         })
     }
 }
@@ -209,6 +217,11 @@ pub fn pair_key(scope: &Scope, recipient_key: &str) -> String {
     bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("pair:{recipient_key}"))
 }
 
+/// Redis key of a (scope, recipient) order set (`lua/order_register.lua`): same hash tag as the scope.
+pub fn order_key(scope: &Scope, recipient_key: &str) -> String {
+    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("ord:{recipient_key}"))
+}
+
 /// Key of an app's pause (codes 4, 17, 32, 613), own hash tag.
 pub fn app_pause_key(app_id: &str) -> String {
     format!("bw:{{app:{app_id}}}:pause")
@@ -238,6 +251,7 @@ pub(crate) fn admit_invocation(
     rand: f64,
     parent_ended_ms: i64,
     items: &[AdmitItem],
+    operation_ids: &[String],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = ADMIT_SEND.prepare_invoke();
     inv.key(cfg_key(scope)).key(state_key(scope));
@@ -245,6 +259,10 @@ pub(crate) fn admit_invocation(
     for item in items {
         inv.key(pair_key(scope, &item.recipient_key));
         inv.arg(class_code(item.class));
+    }
+    for (i, item) in items.iter().enumerate() {
+        inv.key(order_key(scope, &item.recipient_key));
+        inv.arg(operation_ids.get(i).map(String::as_str).unwrap_or(""));
     }
     inv
 }
@@ -274,6 +292,7 @@ pub(crate) fn record_invocation(
     rand: f64,
     outcomes: &[OutcomeItem],
     token_known: bool,
+    releases: &[crate::OrderRelease],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = RECORD_OUTCOMES.prepare_invoke();
     inv.key(cfg_key(scope)).key(state_key(scope));
@@ -283,6 +302,30 @@ pub(crate) fn record_invocation(
         let (kind, pause_ms) = outcome_arg(item.kind, token_known);
         inv.arg(kind).arg(pause_ms).arg(if item.canary { "1" } else { "0" });
     }
+    for r in releases {
+        inv.key(order_key(scope, &r.recipient_key));
+        inv.arg(&r.operation_id);
+    }
+    inv
+}
+
+pub(crate) fn release_invocation(scope: &Scope, releases: &[crate::OrderRelease]) -> redis::ScriptInvocation<'static> {
+    let mut inv = ORDER_RELEASE.prepare_invoke();
+    for r in releases {
+        inv.key(order_key(scope, &r.recipient_key));
+        inv.arg(&r.operation_id);
+    }
+    inv
+}
+
+pub(crate) fn register_invocation(
+    scope: &Scope,
+    recipient_key: &str,
+    operation_id: &str,
+    ttl_ms: u64,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = ORDER_REGISTER.prepare_invoke();
+    inv.key(order_key(scope, recipient_key)).arg(operation_id).arg(ttl_ms.max(1));
     inv
 }
 

@@ -47,6 +47,11 @@ pub trait ServiceConfig: DeserializeOwned + Send + 'static {
     fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(10)
     }
+    /// Whether `/readyz` fails while Redis does not answer (when [`ServiceConfig::redis`] is set). Ingest says
+    /// no: it uses Redis for part of its intake only and must keep receiving Meta's webhooks without it.
+    fn readiness_needs_redis(&self) -> bool {
+        true
+    }
 }
 
 /// Loads a service's config (compiled defaults → optional file → `BW_<SERVICE>__*` env) and validates it: the
@@ -143,7 +148,10 @@ where
     F: FnOnce(C, Deps, CancellationToken) -> Fut,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    let deps = Deps::connect(service, cfg.nats(), cfg.redis(), STARTUP_WAIT).await?;
+    let mut deps = Deps::connect(service, cfg.nats(), cfg.redis(), STARTUP_WAIT).await?;
+    if !cfg.readiness_needs_redis() {
+        deps.health = Health::new(Some(deps.nats.clone()), None);
+    }
     // The admin server outlives the service's own token: it stops only after the drain below.
     let admin_stop = CancellationToken::new();
     let _admin_guard = admin_stop.clone().drop_guard();

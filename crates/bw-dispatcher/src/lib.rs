@@ -10,6 +10,8 @@
 //! A message the limits refuse for a short while (sender or pair rate, reserve, canary budget) waits in memory
 //! for the slot the admission script names and goes back to admission with the others due then (one round
 //! trip per scope and round); longer waits and retries of failed sends are JetStream delayed redeliveries.
+//! Messages ingest marked `keeps_order` pass the per-recipient order gate first, in the same round trip: one
+//! behind an earlier waiting message to the same recipient waits for it (`order`).
 //!
 //! Must not: resend an operation the ledger shows as accepted by Meta, retry an unknown outcome, or hold a
 //! message in memory for longer than `hold_max_ms`.
@@ -19,6 +21,7 @@
 mod meta;
 mod metrics;
 mod moves;
+mod order;
 mod process;
 mod route;
 

@@ -26,6 +26,8 @@ pub(crate) struct Metrics {
     pub mark_conflicts: Counter,
     /// Accepted sends whose answer carried no usage header (no quota visibility).
     pub no_usage_headers: Counter,
+    /// Order-set members removed because the ledger showed they had ended (a lost release, an operator's purge).
+    pub order_healed: Counter,
 }
 
 impl Metrics {
@@ -38,6 +40,7 @@ impl Metrics {
             held: Gauge::default(),
             mark_conflicts: Counter::default(),
             no_usage_headers: Counter::default(),
+            order_healed: Counter::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
@@ -54,6 +57,11 @@ impl Metrics {
                 "bw_meta_no_usage_headers",
                 "Accepted sends whose answer carried no usage header (no quota visibility)",
                 m.no_usage_headers.clone(),
+            );
+            r.register(
+                "bw_order_members_healed",
+                "Order-set members removed by a message they blocked because the ledger showed they had ended",
+                m.order_healed.clone(),
             );
         }
         m

@@ -50,6 +50,8 @@ pub(crate) struct Work {
     pub decided_after: Duration,
     /// Time spent waiting in memory for an admission slot.
     pub waited: Duration,
+    /// Set when the order gate refused it: what it waits for (`crate::order`).
+    pub order_wait: Option<crate::order::Waiting>,
 }
 
 impl Work {
@@ -82,6 +84,8 @@ type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(Work, 
 #[derive(Default)]
 struct Outcomes {
     by_scope: HashMap<(String, String), Vec<OutcomeItem>>,
+    /// Operations leaving their recipients' order sets, recorded in the same round trip.
+    releases: HashMap<(String, String), Vec<bw_breaker::OrderRelease>>,
     count: usize,
     /// When the oldest buffered outcome came in.
     oldest: Option<Instant>,
@@ -95,6 +99,13 @@ impl Outcomes {
             .push(OutcomeItem { recipient_key: bw_common::mask::recipient_key(&w.request.recipient), kind, canary });
         self.count += 1;
         self.oldest.get_or_insert_with(Instant::now);
+    }
+
+    fn release(&mut self, w: &Work) {
+        self.releases
+            .entry((w.request.waba_id.clone(), w.request.phone_number_id.clone()))
+            .or_default()
+            .push(crate::order::release_of(w));
     }
 }
 
@@ -125,7 +136,7 @@ impl Worker {
                 prepared = preparing.next() => match prepared {
                     None => break,
                     Some(None) => {}
-                    Some(Some(mut w)) => match self.breaker.admit_known_open(&w.scope(), 1) {
+                    Some(Some(mut w)) => match self.known_open(&w) {
                         Some(admission) => {
                             w.decided_after = w.received.elapsed();
                             let state = format!("{:?}", admission.state);
@@ -154,6 +165,9 @@ impl Worker {
                     let Some((w, canary, answer, took)) = done else { continue };
                     self.metrics.meta_seconds.observe(took.as_secs_f64());
                     outcomes.push(&w, outcome_kind(&answer, &self.cfg), canary);
+                    if w.request.keeps_order && crate::order::answer_releases(&answer) {
+                        outcomes.release(&w);
+                    }
                     let this = self.clone();
                     f.finals.push(Box::pin(async move { this.on_answer(w, answer, took).await }));
                     if outcomes.count >= RECORD_FLUSH_ITEMS {
@@ -192,6 +206,13 @@ impl Worker {
         while f.finals.next().await.is_some() {}
     }
 
+    /// The refusal of a message whose sender is known to be OPEN, without a round trip. Never for a message that
+    /// keeps order: its order gate is read first, so it cannot follow an earlier one into the DLQ
+    /// (`crate::order`).
+    fn known_open(&self, w: &Work) -> Option<bw_breaker::Admission> {
+        if w.request.keeps_order { None } else { self.breaker.admit_known_open(&w.scope(), 1) }
+    }
+
     /// One admission round: one breaker round trip per scope for `works`. Admitted messages start their mark and
     /// send; refusals with a short wait are held for another round, the rest go to their next place.
     async fn admit_round(self: &Arc<Self>, works: Vec<Work>, f: &mut Flight) {
@@ -209,10 +230,12 @@ impl Worker {
                     class: w.class(),
                 })
                 .collect();
-            let admission = self.breaker.admit(&scope, &items).await;
+            let gate: Vec<String> = works.iter().map(crate::order::gate_id).collect();
+            let admission = self.breaker.admit_ordered(&scope, &items, &gate).await;
             for w in &mut works {
                 w.decided_after = w.received.elapsed().saturating_sub(w.waited);
             }
+            self.check_blockers(&scope, &mut works, &admission).await;
             (works, admission)
         }))
         .await;
@@ -251,7 +274,10 @@ impl Worker {
                     Some((w, canary, answer, took))
                 }));
             }
-            Decision::Deny { reason, retry_after_ms } => {
+            Decision::Deny { reason, mut retry_after_ms } => {
+                if reason == DenyReason::OrderWait {
+                    retry_after_ms = crate::order::hold_ms(&w);
+                }
                 let label = reason.label();
                 w.decision = label;
                 w.span.record("decision", label);
@@ -279,8 +305,11 @@ impl Worker {
 
     /// Records the buffered outcomes, one breaker round trip per scope.
     async fn flush_outcomes(&self, outcomes: &mut Outcomes) {
-        for ((waba_id, phone_number_id), items) in std::mem::take(outcomes).by_scope {
-            self.breaker.record(&Scope { waba_id, phone_number_id }, &items).await;
+        let mut taken = std::mem::take(outcomes);
+        for (key, items) in taken.by_scope {
+            let releases = taken.releases.remove(&key).unwrap_or_default();
+            let (waba_id, phone_number_id) = key;
+            self.breaker.record_releasing(&Scope { waba_id, phone_number_id }, &items, &releases).await;
         }
     }
 
@@ -426,6 +455,7 @@ impl Worker {
             decision: "",
             decided_after: Duration::ZERO,
             waited: Duration::ZERO,
+            order_wait: None,
         };
         if in_flight_since > 0 {
             // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
@@ -435,10 +465,14 @@ impl Worker {
                 at_unix_ms: in_flight_since,
                 ..Default::default()
             };
+            // That earlier try is over (the ack wait outlasts a call): Meta has it or never will from it, so the
+            // messages behind it may go. (Not on a mark conflict: there the other delivery is live.)
+            self.release_order(&work).await;
             self.to_unknown(work, err).await;
             return None;
         }
         if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
+            self.release_order(&work).await;
             self.expire(work).await;
             return None;
         }
@@ -454,6 +488,8 @@ impl Worker {
     }
 
     async fn on_denied(&self, w: Work, reason: DenyReason, retry_after_ms: u64, incident: &str) {
+        let retry_after_ms =
+            if reason == DenyReason::OrderWait { crate::order::redelivery_ms(&w) } else { retry_after_ms };
         match route::after_denial(reason, retry_after_ms, &self.policy()) {
             Next::Dlq { reason: dlq, not_before_ms, .. } => {
                 let details = match reason {

@@ -18,6 +18,9 @@
 //! | permanent code (100, 131026, 132000 …) | quarantine, alert `quarantined` |
 //! | any other code, any other 4xx without Meta's body | DLQ "unclassified", alert `unclassified` (a person looks) |
 //!
+//! A refusal by the per-recipient order gate (`order_wait`) is always a delayed redelivery in BW_SEND, never
+//! the DLQ, however long the earlier message waits (`crate::order`).
+//!
 //! Replayed messages (the rp lane) never retry here: a transient failure sends them back to the DLQ, whose
 //! replay schedule owns their next try.
 
@@ -169,6 +172,10 @@ pub(crate) fn after_denial(reason: DenyReason, retry_after_ms: u64, policy: &Pol
         | DenyReason::Throttled
         | DenyReason::CanaryBudget
         | DenyReason::Degraded => Next::HoldBack { delay_ms: retry_after_ms },
+        // Per-recipient order: waiting behind an earlier message to the same recipient, however long, is a
+        // redelivery in BW_SEND, never the DLQ (which holds at most the first waiting message of a recipient, so
+        // replay cannot send a later one first or fill its lane with followers; see `crate::order`).
+        DenyReason::OrderWait => Next::HoldBack { delay_ms: retry_after_ms },
     }
 }
 
@@ -333,6 +340,9 @@ mod tests {
             (DenyReason::WabaPaused, 120_000, dlq(DlqReason::SenderPaused, 120_000, None)),
             (DenyReason::TokenHalted, 300_000, dlq(DlqReason::Credentials, 300_000, None)),
             (DenyReason::RecipientDeferred, 86_400_000, dlq(DlqReason::RecipientDeferred, 86_400_000, None)),
+            (DenyReason::OrderWait, 250, Next::HoldBack { delay_ms: 250 }),
+            // However long the wait (the earlier message sits in the DLQ), never the DLQ itself.
+            (DenyReason::OrderWait, 600_000, Next::HoldBack { delay_ms: 600_000 }),
         ];
         for (reason, wait, expect) in &rows {
             assert_eq!(after_denial(*reason, *wait, &POLICY), *expect, "{reason:?} for {wait} ms");
@@ -342,5 +352,6 @@ mod tests {
         }
         assert!(!holdable(DenyReason::BreakerOpen) && !holdable(DenyReason::ForcedOpen));
         assert!(holdable(DenyReason::SenderRate) && holdable(DenyReason::PairRate) && holdable(DenyReason::Paused));
+        assert!(holdable(DenyReason::OrderWait));
     }
 }

@@ -85,6 +85,8 @@ struct Op<'a> {
     entry: &'a LedgerEntry,
     /// First acceptance by Meta, unix ms.
     meta_ms: Option<i64>,
+    /// Position of that acceptance among all of Meta's (exact where milliseconds tie; 0 from an old oracle).
+    meta_seq: u64,
     recipient_key: Option<&'a str>,
 }
 
@@ -105,6 +107,7 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
             Op {
                 entry,
                 meta_ms: m.map(|m| m.first_accepted_ms as i64),
+                meta_seq: m.map(|m| m.first_accept_seq).unwrap_or(0),
                 recipient_key: m.map(|m| m.recipient_key.as_str()),
             }
         })
@@ -209,14 +212,16 @@ pub fn text(j: &Journey) -> String {
 /// Order violations by the category of the later message: pairs of one sender and recipient, ordered by
 /// acceptance at ingest (equal times are not ordered), where Meta accepted the later one first.
 fn order_violations(ops: &[Op<'_>]) -> BTreeMap<Category, u64> {
-    // (accepted at ingest, accepted by Meta, category) per (sender, recipient key).
-    type Sends = Vec<(i64, i64, Category)>;
+    // (accepted at ingest, Meta's acceptance order, category) per (sender, recipient key).
+    type Sends = Vec<(i64, (u64, i64), Category)>;
     let mut pairs: BTreeMap<(&str, &str), Sends> = BTreeMap::new();
     for o in ops {
         if let (Some(meta), Some(rk)) = (o.meta_ms, o.recipient_key) {
+            // Meta's order: its acceptance sequence where the oracle has one, else the millisecond.
+            let order = if o.meta_seq > 0 { (o.meta_seq, 0) } else { (0, meta) };
             pairs.entry((o.entry.phone_number_id.as_str(), rk)).or_default().push((
                 o.entry.accepted_at_unix_ms,
-                meta,
+                order,
                 o.entry.category(),
             ));
         }
@@ -258,6 +263,7 @@ mod tests {
             recipient_masked: String::new(),
             wamids: vec![format!("wamid.{op}")],
             first_accepted_ms: at,
+            first_accept_seq: 0,
             last_accepted_ms: at,
             count: 1,
             unacknowledged: 0,

@@ -233,6 +233,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             "ingest",
             &[
                 ("nats.url", nats_url.clone()),
+                ("redis.url", redis_url.clone()),
                 ("http.listen", listen),
                 ("webhook.app_secret", APP_SECRET.into()),
                 ("webhook.verify_token", "drill-verify".into()),

@@ -1,7 +1,9 @@
 //! Producer intake: validate a send request, store it durably in BW_SEND and create its ledger entry, or
 //! keep the rejected input in BW_REJECTED. Shared by the NATS request/reply listener and the HTTP route.
 //!
-//! Order on acceptance: ledger check (a retry after the dedup window) → publish to BW_SEND with
+//! Order on acceptance: ledger check (a retry after the dedup window) → for a category that keeps per-recipient
+//! order, registration in the recipient's order set (`bw_breaker::OrderBook`; a failure refuses the request as
+//! UNAVAILABLE, a retry keeps its first place) → publish to BW_SEND with
 //! `Nats-Msg-Id = operation id` (a retry inside the window is dropped by JetStream) → ledger create (QUEUED).
 //! A crash between the publish and the ledger create is healed by the producer's retry (duplicate publish,
 //! then the create) or by the dispatcher, which creates a missing entry.
@@ -50,8 +52,16 @@ impl Source<'_> {
 
 static INTAKE_PREFIX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| names::intake_subject(""));
 
+/// Per-recipient order: the order book and which categories keep order.
+pub(crate) struct Order {
+    pub book: bw_breaker::OrderBook,
+    pub cfg: crate::OrderConfig,
+}
+
 /// The intake pipeline; cheap to share behind an `Arc`.
 pub(crate) struct Intake {
+    /// None: no category keeps order (or ingest runs without Redis).
+    pub order: Option<Order>,
     pub js: jetstream::Context,
     pub ledger: Ledger,
     pub limits: Limits,
@@ -185,6 +195,18 @@ impl Intake {
                 tracing::warn!(error = %e, "ledger unavailable at intake");
                 return self.unavailable(source, &op, "ledger unavailable");
             }
+        }
+        // Registered before it is stored, so no dispatcher can see a later message of the recipient before this
+        // one is in the set. Never the producer's word: only ingest sets keeps_order.
+        request.keeps_order = false;
+        if let Some(order) = self.order.as_ref().filter(|o| o.cfg.keeps(category)) {
+            let scope = bw_breaker::Scope::new(&request.waba_id, &request.phone_number_id);
+            let recipient_key = bw_common::mask::recipient_key(&request.recipient);
+            if let Err(e) = order.book.register(&scope, &recipient_key, &op).await {
+                tracing::warn!(error = %e, "order set unavailable at intake");
+                return self.unavailable(source, &op, "order could not be recorded");
+            }
+            request.keeps_order = true;
         }
         let accepted_at = now_ms();
         request.accepted_at_unix_ms = accepted_at;

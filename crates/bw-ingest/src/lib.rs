@@ -29,7 +29,7 @@ pub use bodies::{BODIES_BUCKET, OBJECT_HEADER};
 pub use reconciler::{Policies, Policy};
 
 use async_nats::jetstream::consumer::{self, pull};
-use bw_common::config::{AdminConfig, ConfigError, NatsConfig, TelemetryConfig};
+use bw_common::config::{AdminConfig, ConfigError, NatsConfig, RedisConfig, TelemetryConfig};
 use bw_common::names;
 use bw_common::service::retry_during_startup;
 use bw_common::service::{Deps, ServiceConfig};
@@ -60,6 +60,27 @@ pub struct Config {
     pub reconciler: ReconcilerConfig,
     pub feed: FeedConfig,
     pub shutdown: ShutdownConfig,
+    /// Where the per-recipient order sets live (the breaker's Redis).
+    pub redis: RedisConfig,
+    pub order: OrderConfig,
+}
+
+/// Per-recipient order (see `bw_breaker::order`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderConfig {
+    /// Categories whose messages to one recipient reach Meta in the order ingest accepted them (by label:
+    /// "authentication", "transactional", "support", "marketing").
+    pub keep: Vec<String>,
+    /// An order set lives this long after its last registration.
+    pub ttl_ms: u64,
+}
+
+impl OrderConfig {
+    /// Whether messages of `category` keep order.
+    pub fn keeps(&self, category: bw_common::proto::Category) -> bool {
+        self.keep.iter().any(|k| k == category.label())
+    }
 }
 
 /// Outcome feed and status query.
@@ -170,7 +191,8 @@ impl ServiceConfig for Config {
         &self.nats
     }
     fn redis(&self) -> Option<&bw_common::config::RedisConfig> {
-        None
+        // Only the order sets need Redis: with no category keeping order, ingest runs without it.
+        (!self.order.keep.is_empty()).then_some(&self.redis)
     }
     fn admin(&self) -> &AdminConfig {
         &self.admin
@@ -183,6 +205,11 @@ impl ServiceConfig for Config {
     }
     fn shutdown_grace(&self) -> Duration {
         Duration::from_millis(self.shutdown.grace_ms)
+    }
+    fn readiness_needs_redis(&self) -> bool {
+        // Without Redis only order-keeping intake is refused (UNAVAILABLE, retried by producers); webhooks,
+        // statuses and the other categories go on, so readiness must not depend on it.
+        false
     }
 }
 
@@ -224,6 +251,16 @@ impl Config {
         }
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
+        }
+        use bw_common::proto::Category;
+        let known = [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
+        if let Some(bad) = self.order.keep.iter().find(|k| !known.iter().any(|c| c.label() == k.as_str())) {
+            return Err(format!(
+                "order.keep: unknown category `{bad}` (expected authentication, transactional, support or marketing)"
+            ));
+        }
+        if self.order.ttl_ms == 0 {
+            return invalid("order.ttl_ms must be > 0");
         }
         Ok(())
     }
@@ -396,7 +433,24 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     .await?;
     retry_during_startup("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
     let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
+    let order = match (&deps.redis, cfg.order.keep.is_empty()) {
+        (_, true) => None,
+        (Some(redis), false) => Some(intake::Order {
+            book: bw_breaker::OrderBook::new(
+                redis.clone(),
+                Duration::from_millis(cfg.redis.timeout_ms),
+                cfg.order.ttl_ms,
+            ),
+            cfg: cfg.order.clone(),
+        }),
+        (None, false) => {
+            // Only when embedded without Redis (tests of other parts); the binary connects whenever order is on.
+            tracing::warn!(categories = ?cfg.order.keep, "no redis connection: per-recipient order is not kept");
+            None
+        }
+    };
     let intake = Arc::new(intake::Intake {
+        order,
         bodies: bodies.clone(),
         js: deps.js.clone(),
         ledger: ledger.clone(),

@@ -28,6 +28,10 @@ pub struct OracleEntry {
     /// One wamid per acceptance.
     pub wamids: Vec<String>,
     pub first_accepted_ms: u64,
+    /// Position of the first acceptance among all of this simulator's acceptances (1, 2, ...): the exact order in
+    /// which Meta accepted messages, where `first_accepted_ms` can tie.
+    #[serde(default)]
+    pub first_accept_seq: u64,
     pub last_accepted_ms: u64,
     /// Times accepted; > 1 means the message was sent more than once.
     pub count: u32,
@@ -215,6 +219,7 @@ pub struct Oracle {
     hasher: RandomState,
     shards: Vec<Mutex<HashMap<String, OracleEntry>>>,
     counters: Mutex<Counters>,
+    accepts: std::sync::atomic::AtomicU64,
 }
 
 impl Default for Oracle {
@@ -240,6 +245,7 @@ impl Oracle {
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             counters: Mutex::new(Counters::default()),
+            accepts: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -258,6 +264,7 @@ impl Oracle {
             recipient_key: crate::ids::recipient_key(a.to),
             wamids: Vec::with_capacity(1),
             first_accepted_ms: now,
+            first_accept_seq: self.accepts.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1,
             last_accepted_ms: now,
             count: 0,
             unacknowledged: 0,

@@ -84,6 +84,8 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
             &[
                 ("nats.url", urls.clone()),
                 ("nats.replicas", "3".into()),
+                // The per-recipient order sets (ingest's default keeps order for most categories).
+                ("redis.url", redis.url()),
                 ("http.listen", format!("127.0.0.1:{}", bw_testkit::free_port())),
                 ("webhook.app_secret", APP_SECRET.into()),
                 ("webhook.verify_token", "e2e-verify".into()),

@@ -6,6 +6,7 @@ mod cluster;
 mod faults;
 mod limits;
 mod model;
+mod order;
 mod pair;
 mod quota_signal;
 mod scopes;

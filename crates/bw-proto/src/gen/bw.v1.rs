@@ -294,6 +294,10 @@ pub struct SendRequest {
         ::prost::alloc::string::String,
         ::prost::alloc::string::String,
     >,
+    /// Set by ingest (whatever the producer sent): true when the operation was registered in its recipient's order
+    /// set because its category keeps per-recipient order; the dispatcher then gates it behind earlier ones.
+    #[prost(bool, tag = "13")]
+    pub keeps_order: bool,
     /// What to send.
     #[prost(oneof = "send_request::Payload", tags = "6, 7")]
     pub payload: ::core::option::Option<send_request::Payload>,
