@@ -4,6 +4,7 @@ mod crash;
 mod dispatch;
 mod flow;
 mod fuzz;
+mod incident;
 mod outage;
 mod redaction;
 mod resilience;
