@@ -392,3 +392,75 @@ async fn incident_replayed_on_close_is_reported_once_across_two_replay_workers()
     assert!(h.wait_all(&ops, &[OperationState::Sent, OperationState::Delivered, OperationState::Read], WAIT).await);
     assert_eq!(incident_events(&h, PHONE).await, 1, "one event however many workers checked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_replay_finishes_what_a_dead_one_left_and_announces_it_once() {
+    const PHONE: &str = "106540352242964";
+    let mut h = Harness::start(sim()).await;
+    Incidents::open(&h.js, 1).await.expect("incidents bucket");
+    let store = h.js.get_key_value(names::INCIDENTS_BUCKET).await.expect("bucket");
+    let now = bw_common::time::now_ms();
+    // One instance died after the incident's last entry left the DLQ, before its finish check; another died
+    // after marking its incident finished, before the event went out.
+    let drained = IncidentProgress {
+        incident_id: format!("{PHONE}-1700000000000004"),
+        phone_number_id: PHONE.into(),
+        started_at_unix_ms: now - 5_000,
+        updated_at_unix_ms: now - 1_000,
+        replayed: 7,
+        expired: 2,
+        ..Default::default()
+    };
+    let unannounced = IncidentProgress {
+        incident_id: format!("{PHONE}-1700000000000005"),
+        phone_number_id: PHONE.into(),
+        started_at_unix_ms: now - 9_000,
+        finished_at_unix_ms: now - 4_000,
+        replayed: 3,
+        quarantined: 1,
+        ..Default::default()
+    };
+    for p in [&drained, &unannounced] {
+        let key = names::incident_key(PHONE, &p.incident_id);
+        store.put(key, p.encode_to_vec().into()).await.expect("record");
+    }
+    set_closed(&h, PHONE).await;
+    let mut events = h.client.subscribe(names::incident_subject(PHONE)).await.expect("subscribe");
+    h.client.flush().await.expect("flush");
+    let first = h.start_replay(&[]).await;
+    let mut reports = BTreeMap::new();
+    for _ in 0..2 {
+        let msg = tokio::time::timeout(WAIT, events.next()).await.expect("incident event").expect("subscription");
+        let r = IncidentReplayed::decode(msg.payload.as_ref()).expect("report");
+        reports.insert(r.incident_id.clone(), r);
+    }
+    let r = &reports[&drained.incident_id];
+    assert_eq!((r.messages, r.replayed, r.expired), (9, 7, 2));
+    let r = &reports[&unannounced.incident_id];
+    assert_eq!((r.messages, r.quarantined, r.finished_at_unix_ms, r.took_ms), (4, 1, now - 4_000, 5_000));
+    let incidents = Incidents::open(&h.js, 1).await.expect("incidents bucket");
+    for p in [&drained, &unannounced] {
+        assert!(
+            wait_until(WAIT, || async {
+                incidents.get(PHONE, &p.incident_id).await.ok().flatten().is_some_and(|x| x.announced_at_unix_ms > 0)
+            })
+            .await
+        );
+    }
+    // Restarted again (two instances) with a third incident left drained: the restart check finishes the third
+    // and announces neither of the first two again, so the third's is the next event.
+    h.stop(first).await.expect("replay stops");
+    let third = IncidentProgress {
+        incident_id: format!("{PHONE}-1700000000000006"),
+        started_at_unix_ms: now - 2_000,
+        replayed: 1,
+        ..drained.clone()
+    };
+    store.put(names::incident_key(PHONE, &third.incident_id), third.encode_to_vec().into()).await.expect("record");
+    h.start_replay(&[]).await;
+    h.start_replay(&[]).await;
+    let msg = tokio::time::timeout(WAIT, events.next()).await.expect("incident event").expect("subscription");
+    let r = IncidentReplayed::decode(msg.payload.as_ref()).expect("report");
+    assert_eq!((r.incident_id.as_str(), r.messages), (third.incident_id.as_str(), 1 + 2), "{r:?}");
+    assert_eq!(incident_events(&h, PHONE).await, 3, "one stored event per incident");
+}
