@@ -1,5 +1,6 @@
-//! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics and (masked)
-//! inspection, replay now, purge with confirmation, breaker overrides through the coordinator's admin API,
+//! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics (the DLQ's also per
+//! breaker incident, [`dlq`]) and (masked) inspection, replay now (or exactly one incident, [`dlq`]), purge with
+//! confirmation, breaker overrides through the coordinator's admin API,
 //! and the accounting check.
 //!
 //! It reads the work-queue streams without consuming them and moves entries only through `bw_ops`, so it
