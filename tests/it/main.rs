@@ -5,6 +5,7 @@ mod defaults;
 mod dispatch;
 mod flow;
 mod fuzz;
+mod incident;
 mod order;
 mod outage;
 mod redaction;

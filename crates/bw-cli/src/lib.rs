@@ -1,11 +1,13 @@
-//! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics and (masked)
-//! inspection, replay now, purge with confirmation, breaker overrides through the coordinator's admin API,
+//! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics (the DLQ's also per
+//! breaker incident, [`dlq`]) and (masked) inspection, replay now (or exactly one incident, [`dlq`]), purge with
+//! confirmation, breaker overrides through the coordinator's admin API,
 //! and the accounting check.
 //!
 //! It reads the work-queue streams without consuming them and moves entries only through `bw_ops`, so it
 //! obeys the same ledger rules as the replay service and can run alongside it. It never prints recipients in
 //! clear or message bodies. Entry point: [`run`], which returns the process exit code.
 
+pub mod dlq;
 pub mod fmt;
 pub mod op;
 
@@ -70,7 +72,8 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Depth, oldest age and reasons per scope.
+    /// Depth, oldest age and reasons per scope, then per breaker incident (depth, held for manual release,
+    /// oldest, categories).
     Stats(ScopeArg),
     /// Entries, personal data masked.
     Inspect {
@@ -91,6 +94,10 @@ pub enum DlqCommand {
         /// Also replay scopes whose breaker is not CLOSED.
         #[arg(long)]
         force: bool,
+        /// Replay exactly the entries of this breaker incident (as `dlq stats` shows it), in per-recipient
+        /// acceptance order, releasing it if replay holds it; prints the incident's report.
+        #[arg(long)]
+        incident: Option<String>,
     },
     /// Remove entries for good: each ends EXPIRED in the ledger ("purged by operator from dlq").
     Purge {
@@ -276,7 +283,10 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
         Command::Scopes => scopes(buckets, out).await,
         Command::Dlq(DlqCommand::Stats(s)) => {
             let (items, bad) = inspect::dlq_items(js, s.scope.as_deref()).await?;
-            write_stats(out, &inspect::dlq_stats(&items), bad.len())
+            let code = write_stats(out, &inspect::dlq_stats(&items), bad.len())?;
+            writeln!(out)?;
+            dlq::write_incident_stats(js, &items, out).await?;
+            Ok(code)
         }
         Command::Quarantine(QuarantineCommand::Stats(s)) => {
             let (items, bad) = inspect::quarantine_items(js, s.scope.as_deref()).await?;
@@ -370,8 +380,12 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             writeln!(out, "{} of {} shown", rows.len(), items.len())?;
             Ok(0)
         }
-        Command::Dlq(DlqCommand::Replay { scope, limit, rate, force }) => {
-            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+        Command::Dlq(DlqCommand::Replay { scope, limit, rate, force, incident }) => {
+            anyhow::ensure!(rate > 0.0 && rate.is_finite(), "--rate must be a positive number");
+            if let Some(id) = incident {
+                let id = dlq::parse_incident(&id)?;
+                return dlq::replay_incident(js, buckets, &id, scope.scope.as_deref(), rate, force, out).await;
+            }
             let states = ops::scope_snapshots(buckets).await?;
             let allow = |phone: &str| {
                 force
@@ -504,7 +518,7 @@ fn write_stats(out: &mut (dyn Write + Send), stats: &[QueueStats], undecodable: 
     Ok(0)
 }
 
-fn write_batch(out: &mut (dyn Write + Send), report: &BatchReport) -> anyhow::Result<i32> {
+pub(crate) fn write_batch(out: &mut (dyn Write + Send), report: &BatchReport) -> anyhow::Result<i32> {
     writeln!(out, "selected {}", report.selected)?;
     for (label, n) in &report.outcomes {
         writeln!(out, "  {label:<20} {n:>8}")?;

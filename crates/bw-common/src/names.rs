@@ -137,8 +137,27 @@ pub fn alert_subject(rule: &str) -> String {
 pub fn signal_subject(kind: &str) -> String {
     format!("bw.signal.v1.{kind}")
 }
+/// Incident replay finished (`IncidentReplayed`): `bw.incident.v1.<phone_number_id>`.
+pub fn incident_subject(phone_number_id: &str) -> String {
+    format!("bw.incident.v1.{phone_number_id}")
+}
 /// Subjects captured by BW_EVENTS.
-pub const EVENTS_SUBJECTS: [&str; 4] = ["bw.breaker.v1.>", "bw.outcome.v1.>", "bw.alert.v1.>", "bw.signal.v1.>"];
+pub const EVENTS_SUBJECTS: [&str; 5] =
+    ["bw.breaker.v1.>", "bw.outcome.v1.>", "bw.alert.v1.>", "bw.signal.v1.>", "bw.incident.v1.>"];
+
+/// Replay progress per breaker incident (KV, `IncidentProgress`). Key: [`incident_key`].
+pub const INCIDENTS_BUCKET: &str = "BW_INCIDENTS";
+/// Key of an incident in BW_INCIDENTS: `<phone_number_id>.<incident>`, the incident id reduced to the
+/// characters a KV key allows (anything else becomes `_`), so a sender's incidents share a prefix.
+pub fn incident_key(phone_number_id: &str, incident_id: &str) -> String {
+    let clean: String =
+        incident_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect();
+    format!("{phone_number_id}.{clean}")
+}
+/// Message id of an incident's `IncidentReplayed` event: one per incident whoever publishes it.
+pub fn incident_replayed_msg_id(phone_number_id: &str, incident_id: &str) -> String {
+    format!("incident.{}.replayed", incident_key(phone_number_id, incident_id))
+}
 
 /// Per-operation ledger (KV).
 pub const LEDGER_BUCKET: &str = "BW_LEDGER";

@@ -269,7 +269,26 @@ impl Worker {
         } else {
             (0, 0)
         };
-        self.to_dlq(w, reason, incident, err, not_before, previous).await;
+        let incident = match incident {
+            "" => self.open_incident(&w).await,
+            known => known.to_string(),
+        };
+        self.to_dlq(w, reason, &incident, err, not_before, previous).await;
+    }
+
+    /// The incident of the scope when it is not CLOSED right now (one Redis read, only for DLQ moves whose
+    /// refusal did not name one: retries exhausted, a long pause after an answer). Every DLQ entry written while
+    /// a scope is OPEN so carries its incident, and replays with it. Empty when CLOSED or Redis is unreachable.
+    async fn open_incident(&self, w: &Work) -> String {
+        use bw_common::proto::BreakerState;
+        match self.breaker.snapshot(&w.scope()).await {
+            Ok(s) if !matches!(s.state(), BreakerState::Closed | BreakerState::Unspecified) => s.incident_id,
+            Ok(_) => String::new(),
+            Err(e) => {
+                tracing::debug!(parent: &w.span, error = %e, "scope state unavailable; dlq entry without incident");
+                String::new()
+            }
+        }
     }
 
     pub(crate) async fn to_dlq(

@@ -542,6 +542,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         let reconciler = Arc::new(reconciler::Reconciler {
             js: deps.js.clone(),
             ledger: ledger.clone(),
+            scopes: deps.buckets.scopes.clone(),
             policies: cfg.reconciler.policy.clone(),
             review_delay_ms: cfg.reconciler.review_delay_ms as i64,
             recheck: Duration::from_millis(cfg.reconciler.recheck_ms.max(100)),

@@ -70,6 +70,8 @@ impl Policies {
 pub(crate) struct Reconciler {
     pub js: jetstream::Context,
     pub ledger: Ledger,
+    /// BW_SCOPES snapshots (written by the coordinator): the incident of a scope that is not CLOSED.
+    pub scopes: async_nats::jetstream::kv::Store,
     pub policies: Policies,
     /// Used when an entry carries no review time: `sent_at + review_delay`.
     pub review_delay_ms: i64,
@@ -132,8 +134,15 @@ impl Reconciler {
             return;
         }
         let policy = self.policies.for_category(request.category());
+        let mut incident = String::new();
         let moved = match policy {
-            Policy::Resend => self.resend(&entry, seq).await,
+            Policy::Resend => match self.resend(&entry, seq).await {
+                Some(id) => {
+                    incident = id;
+                    true
+                }
+                None => false,
+            },
             Policy::Quarantine => self.quarantine(&entry, seq).await,
             Policy::Expire => true,
         };
@@ -158,6 +167,9 @@ impl Reconciler {
                 next.set_state(state);
                 next.flagged_unknown = true;
                 next.reason = reason.to_string();
+                if policy == Policy::Resend {
+                    next.incident_id = incident.clone();
+                }
                 Some(next)
             })
             .await;
@@ -174,14 +186,17 @@ impl Reconciler {
         }
     }
 
-    async fn resend(&self, entry: &UnknownOutcome, seq: u64) -> bool {
+    /// Dead-letters the entry; Some(incident it carries, empty when the scope is CLOSED) once published.
+    async fn resend(&self, entry: &UnknownOutcome, seq: u64) -> Option<String> {
         let request = entry.request.clone().unwrap_or_default();
         let replays = match self.ledger.get(&request.operation_id).await {
             Ok(Some(v)) => v.entry.replays,
             _ => 0,
         };
+        let incident_id = self.open_incident(&request.phone_number_id).await;
         let envelope = DlqEnvelope {
             reason: DlqReason::UnknownNoStatus as i32,
+            incident_id: incident_id.clone(),
             first_error: entry.error.clone(),
             last_error: entry.error.clone(),
             dead_lettered_at_unix_ms: now_ms(),
@@ -192,11 +207,24 @@ impl Reconciler {
         let id = format!("{}.unknown-dlq.{seq}", request.operation_id);
         let subject = names::dlq_subject(request.category(), &request.phone_number_id);
         match bw_common::nats::publish_durable(&self.js, subject, headers(&id), envelope.encode_to_vec().into()).await {
-            Ok(_) => true,
+            Ok(_) => Some(incident_id),
             Err(e) => {
                 tracing::warn!(operation_id = %request.operation_id, error = %e, "dlq publish failed; retrying");
-                false
+                None
             }
+        }
+    }
+
+    /// The incident of the sender's breaker when its BW_SCOPES snapshot says it is not CLOSED (else empty), so a
+    /// DLQ entry written while the scope is OPEN carries the incident like the dispatcher's do.
+    async fn open_incident(&self, phone_number_id: &str) -> String {
+        use bw_common::proto::{BreakerState, ScopeSnapshot};
+        match self.scopes.get(phone_number_id).await {
+            Ok(Some(bytes)) => match ScopeSnapshot::decode(bytes.as_ref()) {
+                Ok(s) if !matches!(s.state(), BreakerState::Closed | BreakerState::Unspecified) => s.incident_id,
+                _ => String::new(),
+            },
+            _ => String::new(),
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! What lives here: the accounting that proves every accepted operation is in exactly one place
 //! ([`account`]), non-consuming reads of the work-queue streams ([`scan`]), DLQ and quarantine inspection and
-//! statistics ([`inspect`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
+//! statistics ([`inspect`]), breaker incidents in the DLQ (stats, replay progress, the finished event, hold and
+//! release: [`incident`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
 //! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
 //! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]) and a small token
 //! bucket ([`pace`]).
@@ -11,6 +12,7 @@
 //! services may depend on it, it never depends on a service.
 
 pub mod account;
+pub mod incident;
 pub mod inspect;
 /// The replay back-off schedule now lives with the dispatcher's shared plumbing.
 pub use bw_common::jitter;

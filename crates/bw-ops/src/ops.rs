@@ -31,7 +31,8 @@ pub struct BatchReport {
 }
 
 impl BatchReport {
-    fn record(&mut self, op: &str, outcome: &Outcome) {
+    /// Counts one entry's outcome (and why it was left, when it was).
+    pub fn record(&mut self, op: &str, outcome: &Outcome) {
         *self.outcomes.entry(outcome.label()).or_default() += 1;
         match outcome {
             Outcome::Skipped(why) => self.left.push((op.to_string(), why.clone())),

@@ -41,9 +41,22 @@ pub struct ReplayConfig {
     pub probe_rate_per_s: f64,
     /// While HALF_OPEN, at most this many replayed entries wait in the rp lane.
     pub probe_max_lane_depth: u64,
+    /// Categories whose DLQ entries of a breaker incident are held for manual release (`bwctl dlq replay
+    /// --incident`) instead of replayed when the breaker closes. Empty: every incident replays on close.
+    #[serde(default)]
+    pub hold_categories: Vec<String>,
+    /// How long a held entry waits before replay looks at it again (it may have been released).
+    #[serde(default = "default_hold_recheck_ms")]
+    pub hold_recheck_ms: u64,
     #[serde(default)]
     pub scopes: HashMap<String, ScopeOverride>,
 }
+
+fn default_hold_recheck_ms() -> u64 {
+    30_000
+}
+
+const CATEGORIES: [&str; 4] = ["authentication", "transactional", "support", "marketing"];
 
 /// Per-scope pacing overrides (`[replay.scopes.<phone_number_id>]`).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -143,9 +156,20 @@ impl Config {
             return Err("replay.lease_ttl_ms must be at least 1000".into());
         }
         for c in &self.failover.categories {
-            if !["authentication", "transactional", "support", "marketing"].contains(&c.as_str()) {
+            if !CATEGORIES.contains(&c.as_str()) {
                 return Err(format!("failover.categories: unknown category `{c}`"));
             }
+        }
+        for c in &r.hold_categories {
+            if !CATEGORIES.contains(&c.as_str()) {
+                return Err(format!(
+                    "replay.hold_categories: unknown category `{c}` (expected one of {})",
+                    CATEGORIES.join(", ")
+                ));
+            }
+        }
+        if r.hold_recheck_ms < 100 {
+            return Err("replay.hold_recheck_ms must be at least 100".into());
         }
         Ok(())
     }
@@ -198,6 +222,9 @@ mod tests {
         assert_eq!(cfg.replay.max_replays, 5);
         assert_eq!(cfg.replay.pacing("1001").rate_per_s, 7.5);
         assert_eq!(cfg.replay.pacing("2002").rate_per_s, 40.0);
+        assert!(cfg.replay.hold_categories.is_empty(), "by default every incident replays on close");
+        let held = load(&[("BW_REPLAY__REPLAY__HOLD_CATEGORIES", "[\"marketing\"]")]).expect("hold loads");
+        assert_eq!(held.replay.hold_categories, ["marketing"]);
     }
 
     #[test]
@@ -208,5 +235,7 @@ mod tests {
         assert!(err.contains("replay.rate_per_s"), "{err}");
         let err = load(&[("BW_REPLAY__FAILOVER__CATEGORIES", "[\"promo\"]")]).expect_err("category");
         assert!(err.contains("promo"), "{err}");
+        let err = load(&[("BW_REPLAY__REPLAY__HOLD_CATEGORIES", "[\"promo\"]")]).expect_err("hold category");
+        assert!(err.contains("replay.hold_categories") && err.contains("promo"), "{err}");
     }
 }

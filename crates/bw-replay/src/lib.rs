@@ -8,11 +8,15 @@
 //! depth, and hands each entry to `bw_ops::moves::Mover`, which checks deadline, ledger, 24 h window and the
 //! replay limit before it publishes with the msg id `<operation_id>.r<n>` (no duplicates on redelivery).
 //! The dispatcher still admits every replay-lane message with `TrafficClass::Replay`.
+//! Incidents (`incident`): entries of a breaker incident whose category is in `replay.hold_categories` stay in
+//! the DLQ until an operator releases the incident; each drain counts what it did per incident in BW_INCIDENTS,
+//! and after a drain of a CLOSED scope an incident with nothing left gets its "replayed" event, once.
 //!
 //! What it must not do: talk to Meta, or send anything whose ledger entry says Meta accepted it.
 //! Entry point: [`run`].
 
 pub mod config;
+mod incident;
 pub mod lease;
 pub mod metrics;
 mod stats;
@@ -92,6 +96,8 @@ pub(crate) struct Ctx {
     pub js: async_nats::jetstream::Context,
     pub mover: Mover,
     pub leases: lease::Leases,
+    /// Replay progress per breaker incident (BW_INCIDENTS).
+    pub incidents: bw_ops::incident::Incidents,
     pub metrics: metrics::Metrics,
     pub views: RwLock<HashMap<String, ScopeView>>,
     /// DLQ depth per scope, polled by the stats task.
@@ -116,6 +122,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let leases = lease::Leases::open(&deps.js, instance.clone(), cfg.replay.lease_ttl_ms, cfg.nats.replicas)
         .await
         .context("failed to open the replay lease bucket")?;
+    let incidents = bw_ops::incident::Incidents::open(&deps.js, cfg.nats.replicas)
+        .await
+        .context("failed to open the incident bucket")?;
+    bw_ops::incident::ensure_event_subjects(&deps.js).await.context("failed to add incident events to BW_EVENTS")?;
     let rules = Rules {
         max_replays: cfg.replay.max_replays,
         window_ms: (cfg.replay.window_hours * 3600 * 1000) as i64,
@@ -127,6 +137,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         mover: Mover::new(deps.js.clone(), &deps.buckets, rules),
         js: deps.js.clone(),
         leases,
+        incidents,
         metrics: metrics::Metrics::register(&deps.metrics),
         views: RwLock::new(HashMap::new()),
         depths: watch::Sender::new(Default::default()),

@@ -16,6 +16,8 @@ pub struct Metrics {
     pub skipped: Family<Labels, Counter>,
     pub poison: Counter,
     pub draining_scopes: Gauge,
+    /// Incidents whose replay this instance saw finish (it published the "replayed" event).
+    pub incidents_finished: Counter,
 }
 
 impl Metrics {
@@ -33,6 +35,11 @@ impl Metrics {
             r.register("bw_replay_skipped", "DLQ entries not replayed, by reason", m.skipped.clone());
             r.register("bw_replay_poison", "Entries quarantined as poison after the last replay", m.poison.clone());
             r.register("bw_replay_draining_scopes", "Scopes this instance is draining now", m.draining_scopes.clone());
+            r.register(
+                "bw_replay_incidents_finished",
+                "Incidents whose replay finished here (replayed event published)",
+                m.incidents_finished.clone(),
+            );
         }
         m
     }

@@ -51,6 +51,8 @@ enum EntryResult {
     /// lost): nothing changed, redelivered at once for whoever drains next.
     Stopped,
     FailoverCategory,
+    /// Its incident is held for manual release (`replay.hold_categories`): left untouched in the DLQ.
+    Held,
     Undecodable,
     Error,
 }
@@ -71,6 +73,7 @@ impl Label for EntryResult {
             EntryResult::Purged => "purged",
             EntryResult::Stopped => "stopped",
             EntryResult::FailoverCategory => "failover_category",
+            EntryResult::Held => "held",
             EntryResult::Undecodable => "undecodable",
             EntryResult::Error => "error",
         }
@@ -157,6 +160,9 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
     let idle = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));
     let mut not_closed_since: Option<i64> = None;
     let mut depths = ctx.depths.subscribe();
+    // An instance that died between an incident's last entry and its finish check left it unfinished: look
+    // once when this worker first finds the scope replayable with nothing to drain.
+    let mut finish_check_due = true;
     loop {
         if ctx.shutdown.is_cancelled() {
             return;
@@ -171,12 +177,23 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
         let wait = match mode(&ctx, &scope, &view, not_closed_since) {
             Mode::Wait(wait) => wait,
             // Nothing to replay: wait for the next depth poll (or a scope change) without touching the lease.
+            Mode::Native if !has_work && finish_check_due => {
+                finish_check_due = false;
+                crate::incident::finish(&ctx, &scope).await;
+                None
+            }
             _ if !has_work => None,
             active => match ctx.leases.acquire(&scope).await {
                 Ok(Some(held)) => {
                     ctx.metrics.draining_scopes.inc();
-                    let (ended, held) = drain(&ctx, &scope, &mut rx, active, held, not_closed_since).await;
+                    let native = active == Mode::Native;
+                    let (ended, held, moved) = drain(&ctx, &scope, &mut rx, active, held, not_closed_since).await;
                     ctx.metrics.draining_scopes.dec();
+                    // Only a CLOSED scope's incident can be over (while HALF_OPEN or failing over it may grow).
+                    if native && matches!(ended, Ended::Drained) && (moved > 0 || finish_check_due) {
+                        finish_check_due = false;
+                        crate::incident::finish(&ctx, &scope).await;
+                    }
                     if let Some(held) = held {
                         ctx.leases.release(&scope, held).await;
                     }
@@ -225,7 +242,7 @@ async fn consumer(ctx: &Ctx, scope: &str) -> anyhow::Result<async_nats::jetstrea
 }
 
 /// Drains the scope until it is empty, its mode changes, the lease is lost or shutdown. Returns the lease
-/// still held (if any) so the caller can release it.
+/// still held (if any) so the caller can release it, and how many entries left the DLQ.
 async fn drain(
     ctx: &Arc<Ctx>,
     scope: &str,
@@ -233,14 +250,15 @@ async fn drain(
     active: Mode,
     mut held: crate::lease::Held,
     not_closed_since: Option<i64>,
-) -> (Ended, Option<crate::lease::Held>) {
+) -> (Ended, Option<crate::lease::Held>, u64) {
     let consumer = match consumer(ctx, scope).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = format!("{e:#}"), "cannot bind the dlq consumer");
-            return (Ended::Failed, Some(held));
+            return (Ended::Failed, Some(held), 0);
         }
     };
+    let mut session = crate::incident::Session::default();
     let target = match &active {
         Mode::Failover(t) => Some(t.clone()),
         _ => None,
@@ -340,6 +358,11 @@ async fn drain(
                     settle(ctx, scope, &msg, later).await;
                     continue;
                 }
+                if session.held(ctx, scope, env).await {
+                    let later = Settle::nak(EntryResult::Held, Duration::from_millis(ctx.cfg.replay.hold_recheck_ms));
+                    settle(ctx, scope, &msg, later).await;
+                    continue;
+                }
             }
             if held.due() {
                 match ctx.leases.renew(scope, held).await {
@@ -361,8 +384,9 @@ async fn drain(
             telemetry::set_parent_from(&span, msg.headers.as_ref());
             tasks.spawn(
                 async move {
-                    handle(&task_ctx, &task_scope, msg, envelope, task_target.as_ref(), &task_gate).await;
+                    let counted = handle(&task_ctx, &task_scope, msg, envelope, task_target.as_ref(), &task_gate).await;
                     drop(permit);
+                    counted
                 }
                 .instrument(span),
             );
@@ -370,7 +394,11 @@ async fn drain(
         // Wait for the batch, closing the gate at once if the scope stops being replayable meanwhile.
         loop {
             tokio::select! {
-                joined = tasks.join_next() => if joined.is_none() { break },
+                joined = tasks.join_next() => match joined {
+                    None => break,
+                    Some(Ok((incident, counted))) => session.note(&incident, counted),
+                    Some(Err(_)) => {}
+                },
                 _ = ctx.shutdown.cancelled(), if gate.is_open() => {
                     gate.close();
                     stop.get_or_insert(Ended::Interrupted);
@@ -384,6 +412,7 @@ async fn drain(
                 }
             }
         }
+        session.flush(ctx, scope).await;
         match stop {
             Some(ended) => break 'session ended,
             None if got == 0 => break 'session Ended::Drained,
@@ -391,9 +420,10 @@ async fn drain(
         }
     };
     gate.close();
+    session.flush(ctx, scope).await;
     match ended {
-        Ended::LeaseLost => (ended, None),
-        other => (other, Some(held)),
+        Ended::LeaseLost => (ended, None, session.moved),
+        other => (other, Some(held), session.moved),
     }
 }
 
@@ -409,7 +439,7 @@ async fn handle(
     envelope: Option<DlqEnvelope>,
     target: Option<&Target>,
     gate: &Gate,
-) {
+) -> (String, Option<bw_ops::incident::Counted>) {
     let Some(envelope) = envelope else {
         let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         tracing::error!(sequence, "undecodable dlq entry; keeping its bytes in the quarantine");
@@ -420,7 +450,7 @@ async fn handle(
                 settle(ctx, scope, &msg, Settle::nak(EntryResult::Error, Duration::from_secs(5))).await;
             }
         }
-        return;
+        return (String::new(), None);
     };
     let op = envelope.request.as_ref().map(|r| r.operation_id.clone()).unwrap_or_default();
     match ctx.mover.replay_dlq_entry(&envelope, target, Some(gate)).await {
@@ -438,10 +468,12 @@ async fn handle(
                 _ => {}
             }
             settle(ctx, scope, &msg, settle_for(&outcome)).await;
+            (envelope.incident_id, bw_ops::incident::Counted::of(&outcome))
         }
         Err(e) => {
             tracing::warn!(operation_id = %op, error = %e, "replay failed; will retry");
             settle(ctx, scope, &msg, Settle::nak(EntryResult::Error, Duration::from_secs(2))).await;
+            (String::new(), None)
         }
     }
 }

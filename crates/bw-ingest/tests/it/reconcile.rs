@@ -162,3 +162,35 @@ async fn an_entry_resolved_while_it_waits_for_review_leaves_soon_not_at_review_t
     assert_eq!(env.count(names::DLQ_STREAM).await + env.count(names::QUARANTINE_STREAM).await, 0);
     env.stop().await;
 }
+
+#[tokio::test]
+async fn unknown_outcome_resent_while_the_scope_is_open_names_its_incident() {
+    use bw_common::proto::{BreakerState, Scope, ScopeSnapshot};
+    let env = start(|cfg| cfg.reconciler.policy.marketing = Policy::Resend).await;
+    let snapshot = |state: BreakerState, incident: &str| ScopeSnapshot {
+        scope: Some(Scope { waba_id: "102290129340398".into(), phone_number_id: PHONE.into() }),
+        state: state as i32,
+        incident_id: incident.into(),
+        ..Default::default()
+    };
+    let incident = format!("{PHONE}-1700000000000042");
+    let open = snapshot(BreakerState::Open, &incident);
+    env.deps.buckets.scopes.put(PHONE, open.encode_to_vec().into()).await.expect("scope snapshot");
+    put_unknown(&env, "op-open", Category::Marketing, 0).await;
+    assert!(env.wait_state("op-open", OperationState::Dlq).await);
+    let d = env.last(names::DLQ_STREAM, &names::dlq_subject(Category::Marketing, PHONE)).await;
+    let d = DlqEnvelope::decode(d.payload.as_ref()).expect("DlqEnvelope");
+    assert_eq!((d.reason(), d.incident_id.as_str()), (DlqReason::UnknownNoStatus, incident.as_str()));
+    assert_eq!(env.entry("op-open").await.expect("entry").incident_id, incident);
+
+    // CLOSED (the snapshot keeps no incident): the entry names none.
+    let closed = snapshot(BreakerState::Closed, "");
+    env.deps.buckets.scopes.put(PHONE, closed.encode_to_vec().into()).await.expect("scope snapshot");
+    put_unknown(&env, "op-closed", Category::Marketing, 0).await;
+    assert!(env.wait_state("op-closed", OperationState::Dlq).await);
+    let d = env.last(names::DLQ_STREAM, &names::dlq_subject(Category::Marketing, PHONE)).await;
+    let d = DlqEnvelope::decode(d.payload.as_ref()).expect("DlqEnvelope");
+    assert_eq!(d.request.expect("request").operation_id, "op-closed");
+    assert_eq!(d.incident_id, "");
+    env.stop().await;
+}

@@ -927,6 +927,76 @@ impl OutcomeKind {
         }
     }
 }
+/// Progress of one incident's replay, kept in the KV bucket BW_INCIDENTS (key `<phone_number_id>.<incident>`,
+/// see `bw_common::names::incident_key`), updated by compare-and-set by every replay instance and by bwctl.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct IncidentProgress {
+    #[prost(string, tag = "1")]
+    pub incident_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub phone_number_id: ::prost::alloc::string::String,
+    /// First DLQ entry of the incident handled (replayed, expired, quarantined...), Unix ms.
+    #[prost(int64, tag = "3")]
+    pub started_at_unix_ms: i64,
+    /// Last entry handled, Unix ms.
+    #[prost(int64, tag = "4")]
+    pub updated_at_unix_ms: i64,
+    /// Put back on the replay lane.
+    #[prost(uint64, tag = "5")]
+    pub replayed: u64,
+    /// Deadline passed in the DLQ: EXPIRED, never sent.
+    #[prost(uint64, tag = "6")]
+    pub expired: u64,
+    /// Quarantined instead of replayed (poison, 24 h window closed).
+    #[prost(uint64, tag = "7")]
+    pub quarantined: u64,
+    /// Already sent or already final (a stale DLQ copy), or purged by an operator.
+    #[prost(uint64, tag = "8")]
+    pub other: u64,
+    /// Categories whose entries of this incident replay holds for manual release (replay.hold_categories).
+    #[prost(string, repeated, tag = "9")]
+    pub held_categories: ::prost::alloc::vec::Vec<::prost::alloc::string::String>,
+    /// Released by an operator (`bwctl dlq replay --incident`): replay holds it no longer.
+    #[prost(int64, tag = "10")]
+    pub released_at_unix_ms: i64,
+    /// Set once no DLQ entry of the incident is left; the IncidentReplayed event went out.
+    #[prost(int64, tag = "11")]
+    pub finished_at_unix_ms: i64,
+    /// Set once the IncidentReplayed event was published (until then any instance publishes it again, same
+    /// message id, same figures: the stored ones).
+    #[prost(int64, tag = "12")]
+    pub announced_at_unix_ms: i64,
+}
+/// Published once per incident on bw.incident.v1.<phone_number_id> (stream BW_EVENTS, message id
+/// `incident.<phone_number_id>.<incident>.replayed`) when no DLQ entry of the incident is left.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct IncidentReplayed {
+    #[prost(string, tag = "1")]
+    pub incident_id: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub phone_number_id: ::prost::alloc::string::String,
+    /// DLQ entries of the incident handled: replayed + expired + quarantined + other.
+    #[prost(uint64, tag = "3")]
+    pub messages: u64,
+    #[prost(uint64, tag = "4")]
+    pub replayed: u64,
+    #[prost(uint64, tag = "5")]
+    pub expired: u64,
+    #[prost(uint64, tag = "6")]
+    pub quarantined: u64,
+    #[prost(uint64, tag = "7")]
+    pub other: u64,
+    #[prost(int64, tag = "8")]
+    pub started_at_unix_ms: i64,
+    #[prost(int64, tag = "9")]
+    pub finished_at_unix_ms: i64,
+    /// finished - started, milliseconds.
+    #[prost(int64, tag = "10")]
+    pub took_ms: i64,
+    /// Whether an operator released it (held for manual release) rather than replay on close.
+    #[prost(bool, tag = "11")]
+    pub released_by_operator: bool,
+}
 /// A raw webhook delivery as stored in BW_WEBHOOKS before answering 200.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StoredWebhook {
