@@ -6,6 +6,7 @@ mod dispatch;
 mod flow;
 mod fuzz;
 mod outage;
+mod priority;
 mod redaction;
 mod resilience;
 mod skeleton;

@@ -33,6 +33,8 @@ pub(crate) struct Worker {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// This instance's id in on-the-wire mark tokens.
     pub instance: String,
+    /// Every sender's priority backlog, for the priority gate (`priority.rs`).
+    pub backlog: crate::priority::Backlog,
 }
 
 /// A message that passed the pre-checks and waits for admission.
@@ -57,7 +59,9 @@ impl Work {
         Scope { waba_id: self.request.waba_id.clone(), phone_number_id: self.request.phone_number_id.clone() }
     }
 
-    fn class(&self) -> TrafficClass {
+    /// Admission class. Priority follows the message: a priority replay (`rh`) is priority traffic like a live
+    /// one; only a marketing replay (`rp`) takes the replay class (spare rate only).
+    pub(crate) fn class(&self) -> TrafficClass {
         match self.lane {
             Lane::Replay => TrafficClass::Replay,
             _ if self.request.category().is_priority() => TrafficClass::Priority,
@@ -139,6 +143,7 @@ impl Worker {
                 Some(()) = f.finals.next(), if !f.finals.is_empty() => {}
             }
         }
+        let to_admit = self.priority_gate(to_admit, &mut f).await;
         self.admit_round(to_admit, &mut f).await;
         let mut last_round = Instant::now();
         let round_gap = Duration::from_millis(self.cfg.readmit_interval_ms);
@@ -201,6 +206,10 @@ impl Worker {
         }
         // The scopes of a batch are admitted concurrently, so one sender's round trip never delays another's.
         let admitted = futures::future::join_all(groups.into_values().map(|mut works| async move {
+            // Tokens and send slots go out in this order: class, nearest deadline, oldest (priority.rs).
+            works.sort_by_key(|w| {
+                crate::priority::admission_order(w.class(), w.request.deadline_unix_ms, w.request.accepted_at_unix_ms)
+            });
             let scope = works[0].scope();
             let items: Vec<AdmitItem> = works
                 .iter()
@@ -228,6 +237,20 @@ impl Worker {
     /// wait is held for another round; any other refusal goes to its next place.
     fn apply(self: &Arc<Self>, mut w: Work, decision: Decision, state: &str, incident: &str, f: &mut Flight) {
         w.span.record("breaker_state", state);
+        // A message that cannot make its deadline ends EXPIRED now, before any call (priority.rs).
+        let (wait_ms, refusal) = match decision {
+            Decision::Allow { wait_ms, .. } => (wait_ms, None),
+            Decision::Deny { reason, retry_after_ms } => (retry_after_ms, Some(reason)),
+        };
+        if crate::priority::misses_deadline(w.request.deadline_unix_ms, now_ms(), wait_ms) {
+            w.decision = refusal.map(|r| r.label()).unwrap_or("allow");
+            w.span.record("decision", w.decision);
+            self.metrics.decision(w.decision);
+            let this = self.clone();
+            let reason = crate::priority::expiry_reason(refusal);
+            f.finals.push(Box::pin(async move { this.expire(w, reason).await }));
+            return;
+        }
         match decision {
             Decision::Allow { canary, wait_ms } => {
                 w.decision = if canary { "canary" } else { "allow" };
@@ -270,6 +293,26 @@ impl Worker {
                 f.finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await }));
             }
         }
+    }
+
+    /// The priority gate (priority.rs): marketing messages of a sender with a priority backlog go back to the
+    /// broker for `priority_hold_ms` (ledger unchanged); the rest go on to admission.
+    async fn priority_gate(self: &Arc<Self>, works: Vec<Work>, f: &mut Flight) -> Vec<Work> {
+        let mut pass = Vec::with_capacity(works.len());
+        for w in works {
+            if crate::priority::gated(w.lane) && self.backlog.waiting(&w.request.phone_number_id).await > 0 {
+                w.span.record("decision", "priority_first");
+                self.metrics.decision("priority_first");
+                let this = self.clone();
+                let delay = Duration::from_millis(self.cfg.priority_hold_ms);
+                f.finals.push(Box::pin(async move {
+                    this.settle(&w, Settle::nak(Outcome::PriorityFirst, delay), None).await
+                }));
+            } else {
+                pass.push(w);
+            }
+        }
+        pass
     }
 
     /// Gives a held message back to the broker, redelivered after `delay`.
@@ -439,7 +482,7 @@ impl Worker {
             return None;
         }
         if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
-            self.expire(work).await;
+            self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
         }
         Some(work)
