@@ -152,7 +152,8 @@ async fn a_promotion_waits_while_its_sender_has_a_priority_message_in_the_dlq() 
     let mut h = Harness::start(SimConfig::default()).await;
     h.start_ingest(&[]).await;
     h.start_coordinator(&[]).await;
-    h.start_dispatcher(&[]).await;
+    // The gate at the dispatcher's compiled defaults (250 ms backlog refresh, 500 ms hold).
+    h.start_dispatcher_at_defaults().await;
     // The sender is known and CLOSED.
     submit(&h, &request("warm-up", 0, Category::Transactional)).await;
     assert!(h.wait_state("warm-up", &SENT, WAIT).await);

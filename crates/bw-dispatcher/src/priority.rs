@@ -22,7 +22,8 @@
 //! 3. **Deadlines.** A message whose deadline passed, or cannot be met — the admission's send slot, or the
 //!    refusal's retry-after (for an OPEN breaker: its `open_until`), lies past the deadline — ends EXPIRED with a
 //!    precise reason before any call to Meta ([`misses_deadline`], reasons in [`expiry_reason`]). Replay does
-//!    the same for a DLQ entry whose deadline passed while its sender stayed OPEN (`bw_ops::moves`).
+//!    the same for a DLQ entry whose deadline passed while its sender stayed OPEN (`bw_ops::moves`), when it
+//!    takes the entry (a canary while HALF_OPEN, or after the close); until then the ledger says DLQ.
 //!
 //! Order inside a batch: every admission round sorts each sender's messages by class (priority, marketing,
 //! marketing replay), then deadline (nearest first; none counts as last), then acceptance time
