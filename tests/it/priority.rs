@@ -283,3 +283,34 @@ async fn within_a_batch_the_nearer_deadline_goes_first() {
     assert!(at("otp-near") < at("otp-far"), "near deadline first: {} vs {}", at("otp-near"), at("otp-far"));
     assert!(at("otp-far") < at("otp-none"), "a message without a deadline goes last in its class");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_older_than_the_last_replay_is_dropped_without_a_call() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.start_ingest(&[]).await;
+    // The operation went to the DLQ and replay took it out again (replay 1); a redelivered live copy turns up.
+    let r = request("stale-copy", 3, Category::Transactional);
+    let mut entry = bw_common::ledger::entry_for(&r, OperationState::Queued);
+    entry.replays = 1;
+    h.ledger.create(&entry).await.expect("ledger entry");
+    let headers = names::msg_id_headers("stale-copy.live");
+    bw_common::nats::publish_durable(
+        &h.js,
+        names::outbox_subject(names::Lane::High, PHONE),
+        headers,
+        r.encode_to_vec().into(),
+    )
+    .await
+    .expect("stale copy stored");
+    h.start_dispatcher_at_defaults().await;
+    let consumed = bw_testkit::wait_until(WAIT, || async {
+        let Ok(mut s) = h.js.get_stream(names::SEND_STREAM).await else { return false };
+        s.info().await.map(|i| i.state.messages == 0).unwrap_or(false)
+    })
+    .await;
+    assert!(consumed, "the stale copy was consumed");
+    assert!(h.sim.oracle().get("stale-copy").is_none(), "the stale copy was not sent");
+    assert_eq!(h.sim.counters().requests, 0, "no call at all");
+    let after = h.ledger_entry("stale-copy").await.expect("entry").entry;
+    assert_eq!((after.state(), after.replays), (OperationState::Queued, 1), "the newer copy still owns it");
+}

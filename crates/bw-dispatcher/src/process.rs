@@ -447,7 +447,17 @@ impl Worker {
                 return None;
             }
         };
-        if versioned.entry.state() != OperationState::Queued {
+        // A copy older than the ledger's last replay (a redelivery of a delivery that already moved the
+        // operation to the DLQ, which replay has since taken out again) is stale: the newer copy owns it. Acting
+        // on it could dead-letter under the old copy's move id, which the stream deduplicates, leaving the
+        // ledger at DLQ with no DLQ entry.
+        let copy_replay = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(bw_common::names::REPLAY_HEADER))
+            .and_then(|v| v.as_str().parse::<u32>().ok())
+            .unwrap_or(0);
+        if versioned.entry.state() != OperationState::Queued || copy_replay < versioned.entry.replays {
             // Already sent, or already moved elsewhere by an earlier delivery of this same message (a crash
             // between the move and the ack). Never send it again.
             span.in_scope(|| tracing::debug!(state = versioned.entry.state().label(), "already handled; acked"));
