@@ -42,7 +42,7 @@ fn main() {
         for i in 0..n {
             let mut request = bw_client::Request::template(&format!("drain-{i:07}"), WABA_ID, PHONE, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
                 .param("1")
-                .category(Category::Transactional)
+                .category(Category::Marketing)
                 .build();
             request.accepted_at_unix_ms = bw_common::time::now_ms();
             let ledger = h.ledger.clone();

@@ -8,6 +8,7 @@ mod fuzz;
 mod incident;
 mod order;
 mod outage;
+mod priority;
 mod redaction;
 mod resilience;
 mod skeleton;

@@ -12,24 +12,29 @@ pub const INTAKE_WILDCARD: &str = "bw.send.v1.*";
 /// Queue group of ingest instances on the intake subjects.
 pub const INTAKE_QUEUE_GROUP: &str = "bw-ingest";
 
-/// Dispatch lanes inside BW_SEND. The high lane is always served first.
+/// Dispatch lanes inside BW_SEND, in serving order: priority replays and live priority traffic first, then
+/// marketing, then marketing replays. Priority follows the message, not the lane it comes back through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Lane {
+    /// Authentication, transactional, support messages replay put back from the DLQ; admitted as priority
+    /// traffic (they may use the reserve) and served before everything else.
+    PriorityReplay,
     /// Authentication, transactional, support.
     High,
     /// Marketing.
     Low,
-    /// Messages replay put back from the DLQ; sent only with the sender's spare rate.
+    /// Marketing messages replay put back from the DLQ; sent only with the sender's spare rate.
     Replay,
 }
 
 impl Lane {
     /// All lanes in the order the dispatcher serves them.
-    pub const ALL: [Lane; 3] = [Lane::High, Lane::Low, Lane::Replay];
+    pub const ALL: [Lane; 4] = [Lane::PriorityReplay, Lane::High, Lane::Low, Lane::Replay];
 
     /// Subject token of the lane.
     pub fn token(self) -> &'static str {
         match self {
+            Lane::PriorityReplay => "rh",
             Lane::High => "hi",
             Lane::Low => "lo",
             Lane::Replay => "rp",
@@ -41,9 +46,26 @@ impl Lane {
         if category.is_priority() { Lane::High } else { Lane::Low }
     }
 
+    /// Lane a replayed DLQ (or quarantine) entry of this category goes back through.
+    pub fn for_replay(category: bw_proto::v1::Category) -> Lane {
+        if category.is_priority() { Lane::PriorityReplay } else { Lane::Replay }
+    }
+
+    /// True for the lanes replay feeds (`rh`, `rp`).
+    pub fn is_replay(self) -> bool {
+        matches!(self, Lane::PriorityReplay | Lane::Replay)
+    }
+
+    /// True for the lanes of marketing messages (`lo`, `rp`), the ones held back while the sender has a
+    /// priority backlog.
+    pub fn is_marketing(self) -> bool {
+        matches!(self, Lane::Low | Lane::Replay)
+    }
+
     /// Durable consumer name of the dispatcher for this lane.
     pub fn dispatcher_consumer(self) -> &'static str {
         match self {
+            Lane::PriorityReplay => "dispatcher-rh",
             Lane::High => "dispatcher-hi",
             Lane::Low => "dispatcher-lo",
             Lane::Replay => "dispatcher-rp",
@@ -75,6 +97,19 @@ pub fn dlq_class(category: bw_proto::v1::Category) -> &'static str {
 /// `bw.dlq.v1.<class>.<phone_number_id>` (class: [`dlq_class`]).
 pub fn dlq_subject(category: bw_proto::v1::Category, phone_number_id: &str) -> String {
     format!("bw.dlq.v1.{}.{phone_number_id}", dlq_class(category))
+}
+
+/// Class token of priority DLQ entries (see [`dlq_class`]).
+pub const DLQ_PRIORITY_CLASS: &str = "p";
+/// Class token of marketing DLQ entries (see [`dlq_class`]).
+pub const DLQ_MARKETING_CLASS: &str = "m";
+/// Every priority DLQ entry of every sender: one stream-info request with subjects gives each sender's
+/// priority backlog.
+pub const DLQ_PRIORITY_WILDCARD: &str = "bw.dlq.v1.p.*";
+
+/// The DLQ entries of one class of one sender: `bw.dlq.v1.<class>.<phone_number_id>`.
+pub fn dlq_class_filter(class: &str, phone_number_id: &str) -> String {
+    format!("bw.dlq.v1.{class}.{phone_number_id}")
 }
 
 /// Every DLQ entry of one sender, whatever its class: `bw.dlq.v1.*.<phone_number_id>`.
@@ -195,10 +230,18 @@ pub const ALERTS_BUCKET: &str = "BW_ALERTS";
 /// replay instance at a time drain a scope, so the per-scope replay rate holds across instances.
 pub const REPLAY_LEASE_BUCKET: &str = "BW_REPLAY_LEASES";
 
-/// Durable consumer of replay on BW_DLQ for one scope (filter [`dlq_scope_filter`]). Work-queue streams need
-/// non-overlapping filters, so there is exactly one per scope and every replay instance binds to it.
+/// The durable consumer of replay on BW_DLQ for one scope from before the DLQ subjects carried the class
+/// (filter [`dlq_scope_filter`]). It overlaps the per-class consumers, which a work-queue stream refuses, so
+/// replay deletes it before it creates those ([`replay_class_consumer`]).
 pub fn replay_consumer(phone_number_id: &str) -> String {
     format!("replay-{phone_number_id}")
+}
+
+/// Durable consumer of replay on BW_DLQ for one class of one scope (filter [`dlq_class_filter`]):
+/// `replay-<class>-<phone>`. Work-queue streams need non-overlapping filters, so there is exactly one per class
+/// and scope and every replay instance binds to it; replay drains the `p` one before the `m` one.
+pub fn replay_class_consumer(class: &str, phone_number_id: &str) -> String {
+    format!("replay-{class}-{phone_number_id}")
 }
 
 /// Nats-Msg-Id of the `replay`-th replay of an operation into the replay lane. A redelivered or repeated
@@ -251,8 +294,27 @@ mod tests {
     #[test]
     fn lanes_have_disjoint_filters() {
         let filters: Vec<String> = Lane::ALL.iter().map(|l| l.filter()).collect();
-        assert_eq!(filters, ["bw.outbox.v1.hi.*", "bw.outbox.v1.lo.*", "bw.outbox.v1.rp.*"]);
+        assert_eq!(filters, ["bw.outbox.v1.rh.*", "bw.outbox.v1.hi.*", "bw.outbox.v1.lo.*", "bw.outbox.v1.rp.*"]);
         assert_eq!(outbox_subject(Lane::High, "123"), "bw.outbox.v1.hi.123");
+        let consumers: std::collections::HashSet<_> = Lane::ALL.iter().map(|l| l.dispatcher_consumer()).collect();
+        assert_eq!(consumers.len(), Lane::ALL.len(), "one durable consumer per lane");
+    }
+
+    #[test]
+    fn replay_puts_priority_back_on_its_own_lane() {
+        use bw_proto::v1::Category;
+        for c in [Category::Authentication, Category::Transactional, Category::Support] {
+            assert_eq!(Lane::for_replay(c), Lane::PriorityReplay, "{c:?}");
+            assert_eq!(dlq_class(c), DLQ_PRIORITY_CLASS);
+        }
+        assert_eq!(Lane::for_replay(Category::Marketing), Lane::Replay);
+        assert_eq!(dlq_class(Category::Marketing), DLQ_MARKETING_CLASS);
+        assert!(Lane::PriorityReplay.is_replay() && Lane::Replay.is_replay() && !Lane::High.is_replay());
+        let marketing: Vec<Lane> = Lane::ALL.into_iter().filter(|l| l.is_marketing()).collect();
+        assert_eq!(marketing, [Lane::Low, Lane::Replay]);
+        assert_eq!(dlq_class_filter(DLQ_PRIORITY_CLASS, "123"), dlq_subject(Category::Support, "123"));
+        assert_ne!(replay_class_consumer("p", "123"), replay_class_consumer("m", "123"));
+        assert_ne!(replay_class_consumer("p", "123"), replay_consumer("123"));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! The dispatcher: the only component that talks to Meta.
 //!
-//! It pulls accepted send requests from the BW_SEND work queue through three durable pull consumers (lanes
-//! `hi` = authentication/transactional/support, `lo` = marketing, `rp` = replayed from the DLQ), always filling a
-//! batch from `hi` first. Each message is checked against the ledger (never send an operation twice) and its
+//! It pulls accepted send requests from the BW_SEND work queue through four durable pull consumers, filling a
+//! batch in serving order: `rh` = priority (authentication/transactional/support) replayed from the DLQ, `hi` =
+//! live priority, `lo` = marketing, `rp` = marketing replayed from the DLQ. Priority follows the message: a
+//! marketing message waits while its sender has priority messages in the DLQ or `rh`, and a message that cannot
+//! make its deadline ends EXPIRED before any call (`priority.rs`). Each message is checked against the ledger (never send an operation twice) and its
 //! deadline, admitted through the Redis breaker and rate limits in one round trip per batch and scope, POSTed
 //! to Meta, classified by error code, and moved to exactly one next place: SENT, a delayed redelivery, the
 //! DLQ, the quarantine, or the unknown-outcome queue. Any number of instances share the consumers.
@@ -22,6 +24,7 @@ mod meta;
 mod metrics;
 mod moves;
 mod order;
+mod priority;
 mod process;
 mod route;
 
@@ -103,6 +106,10 @@ pub struct DispatchConfig {
     pub idle_wait_ms: u64,
     pub hold_max_ms: u64,
     pub readmit_interval_ms: u64,
+    /// How long a reading of every sender's priority backlog is reused (the priority gate, `priority.rs`).
+    pub priority_backlog_refresh_ms: u64,
+    /// Redelivery delay of a marketing message held back while its sender has a priority backlog.
+    pub priority_hold_ms: u64,
 }
 
 impl ServiceConfig for Config {
@@ -129,6 +136,9 @@ impl ServiceConfig for Config {
         }
         if self.dispatch.hold_max_ms * 2 > self.dispatch.ack_wait_ms {
             return invalid("dispatch.hold_max_ms must be at most half of dispatch.ack_wait_ms");
+        }
+        if self.dispatch.priority_backlog_refresh_ms == 0 || self.dispatch.priority_hold_ms == 0 {
+            return invalid("dispatch.priority_backlog_refresh_ms and dispatch.priority_hold_ms must be > 0");
         }
         if self.dispatch.retry_base_ms == 0 || self.dispatch.retry_cap_ms < self.dispatch.retry_base_ms {
             return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
@@ -269,6 +279,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         metrics,
         shutdown: shutdown.clone(),
         instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+        backlog: priority::Backlog::new(
+            deps.js.clone(),
+            Duration::from_millis(cfg.dispatch.priority_backlog_refresh_ms),
+        ),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));

@@ -33,6 +33,9 @@ pub(crate) enum Outcome {
     RateLimited,
     /// Refused by admission for now and given back to the broker for its slot.
     Held,
+    /// A marketing message held back (delayed redelivery, ledger unchanged) while its sender has priority
+    /// messages waiting in the DLQ or the priority replay lane.
+    PriorityFirst,
     Dlq,
     Quarantined,
     Unknown,
@@ -52,6 +55,7 @@ impl Label for Outcome {
             Outcome::Retry => "retry",
             Outcome::RateLimited => "rate_limited",
             Outcome::Held => "held",
+            Outcome::PriorityFirst => "priority_first",
             Outcome::Dlq => "dlq",
             Outcome::Quarantined => "quarantined",
             Outcome::Unknown => "unknown",
@@ -91,7 +95,7 @@ impl Worker {
         Attempt {
             number: w.attempt(),
             at_unix_ms: now_ms(),
-            via: if w.lane == names::Lane::Replay { "replay".into() } else { "dispatcher".into() },
+            via: if w.lane.is_replay() { "replay".into() } else { "dispatcher".into() },
             meta_code: err.meta_code,
             http_status: err.http_status,
             detail: err.details.chars().take(200).collect(),
@@ -259,7 +263,7 @@ impl Worker {
         let entry = &w.ledger.entry;
         let (not_before, previous) = if not_before_ms > 0 {
             (now + not_before_ms as i64, 0)
-        } else if w.lane == names::Lane::Replay && reason != DlqReason::BreakerOpen {
+        } else if w.lane.is_replay() && reason != DlqReason::BreakerOpen {
             let d = bw_common::jitter::next_replay_delay(
                 entry.replays,
                 entry.last_retry_delay_ms.max(0) as u64,
@@ -420,12 +424,15 @@ impl Worker {
         .await;
     }
 
-    pub(crate) async fn expire(&self, w: Work) {
+    /// Ends the operation EXPIRED with `reason` (it cannot make its deadline; nothing was sent).
+    pub(crate) async fn expire(&self, w: Work, reason: String) {
+        // It ended for good: the messages waiting behind it in its recipient's order go on.
+        self.release_order(&w).await;
         let ok = self
             .update_ledger(&w, |cur| {
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Expired);
-                e.reason = "deadline passed before sending".into();
+                e.reason = reason.clone();
                 Some(e)
             })
             .await;

@@ -33,6 +33,8 @@ pub(crate) struct Worker {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// This instance's id in on-the-wire mark tokens.
     pub instance: String,
+    /// Every sender's priority backlog, for the priority gate (`priority.rs`).
+    pub backlog: crate::priority::Backlog,
 }
 
 /// A message that passed the pre-checks and waits for admission.
@@ -59,7 +61,9 @@ impl Work {
         Scope { waba_id: self.request.waba_id.clone(), phone_number_id: self.request.phone_number_id.clone() }
     }
 
-    fn class(&self) -> TrafficClass {
+    /// Admission class. Priority follows the message: a priority replay (`rh`) is priority traffic like a live
+    /// one; only a marketing replay (`rp`) takes the replay class (spare rate only).
+    pub(crate) fn class(&self) -> TrafficClass {
         match self.lane {
             Lane::Replay => TrafficClass::Replay,
             _ if self.request.category().is_priority() => TrafficClass::Priority,
@@ -150,6 +154,7 @@ impl Worker {
                 Some(()) = f.finals.next(), if !f.finals.is_empty() => {}
             }
         }
+        let to_admit = self.priority_gate(to_admit, &mut f).await;
         self.admit_round(to_admit, &mut f).await;
         let mut last_round = Instant::now();
         let round_gap = Duration::from_millis(self.cfg.readmit_interval_ms);
@@ -222,6 +227,10 @@ impl Worker {
         }
         // The scopes of a batch are admitted concurrently, so one sender's round trip never delays another's.
         let admitted = futures::future::join_all(groups.into_values().map(|mut works| async move {
+            // Tokens and send slots go out in this order: class, nearest deadline, oldest (priority.rs).
+            works.sort_by_key(|w| {
+                crate::priority::admission_order(w.class(), w.request.deadline_unix_ms, w.request.accepted_at_unix_ms)
+            });
             let scope = works[0].scope();
             let items: Vec<AdmitItem> = works
                 .iter()
@@ -251,6 +260,20 @@ impl Worker {
     /// wait is held for another round; any other refusal goes to its next place.
     fn apply(self: &Arc<Self>, mut w: Work, decision: Decision, state: &str, incident: &str, f: &mut Flight) {
         w.span.record("breaker_state", state);
+        // A message that cannot make its deadline ends EXPIRED now, before any call (priority.rs).
+        let (wait_ms, refusal) = match decision {
+            Decision::Allow { wait_ms, .. } => (wait_ms, None),
+            Decision::Deny { reason, retry_after_ms } => (retry_after_ms, Some(reason)),
+        };
+        if crate::priority::misses_deadline(w.request.deadline_unix_ms, now_ms(), wait_ms) {
+            w.decision = refusal.map(|r| r.label()).unwrap_or("allow");
+            w.span.record("decision", w.decision);
+            self.metrics.decision(w.decision);
+            let this = self.clone();
+            let reason = crate::priority::expiry_reason(refusal);
+            f.finals.push(Box::pin(async move { this.expire(w, reason).await }));
+            return;
+        }
         match decision {
             Decision::Allow { canary, wait_ms } => {
                 w.decision = if canary { "canary" } else { "allow" };
@@ -296,6 +319,26 @@ impl Worker {
                 f.finals.push(Box::pin(async move { this.on_denied(w, reason, retry_after_ms, &incident).await }));
             }
         }
+    }
+
+    /// The priority gate (priority.rs): marketing messages of a sender with a priority backlog go back to the
+    /// broker for `priority_hold_ms` (ledger unchanged); the rest go on to admission.
+    async fn priority_gate(self: &Arc<Self>, works: Vec<Work>, f: &mut Flight) -> Vec<Work> {
+        let mut pass = Vec::with_capacity(works.len());
+        for w in works {
+            if crate::priority::gated(w.lane) && self.backlog.waiting(&w.request.phone_number_id).await > 0 {
+                w.span.record("decision", "priority_first");
+                self.metrics.decision("priority_first");
+                let this = self.clone();
+                let delay = Duration::from_millis(self.cfg.priority_hold_ms);
+                f.finals.push(Box::pin(async move {
+                    this.settle(&w, Settle::nak(Outcome::PriorityFirst, delay), None).await
+                }));
+            } else {
+                pass.push(w);
+            }
+        }
+        pass
     }
 
     /// Gives a held message back to the broker, redelivered after `delay`.
@@ -433,7 +476,17 @@ impl Worker {
                 return None;
             }
         };
-        if versioned.entry.state() != OperationState::Queued {
+        // A copy older than the ledger's last replay (a redelivery of a delivery that already moved the
+        // operation to the DLQ, which replay has since taken out again) is stale: the newer copy owns it. Acting
+        // on it could dead-letter under the old copy's move id, which the stream deduplicates, leaving the
+        // ledger at DLQ with no DLQ entry.
+        let copy_replay = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(bw_common::names::REPLAY_HEADER))
+            .and_then(|v| v.as_str().parse::<u32>().ok())
+            .unwrap_or(0);
+        if versioned.entry.state() != OperationState::Queued || copy_replay < versioned.entry.replays {
             // Already sent, or already moved elsewhere by an earlier delivery of this same message (a crash
             // between the move and the ack). Never send it again.
             span.in_scope(|| tracing::debug!(state = versioned.entry.state().label(), "already handled; acked"));
@@ -472,8 +525,7 @@ impl Worker {
             return None;
         }
         if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
-            self.release_order(&work).await;
-            self.expire(work).await;
+            self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
         }
         Some(work)

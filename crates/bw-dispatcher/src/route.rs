@@ -21,7 +21,7 @@
 //! A refusal by the per-recipient order gate (`order_wait`) is always a delayed redelivery in BW_SEND, never
 //! the DLQ, however long the earlier message waits (`crate::order`).
 //!
-//! Replayed messages (the rp lane) never retry here: a transient failure sends them back to the DLQ, whose
+//! Replayed messages (the rh and rp lanes) never retry here: a transient failure sends them back to the DLQ, whose
 //! replay schedule owns their next try.
 
 use crate::meta::MetaAnswer;
@@ -96,7 +96,7 @@ fn transient(tries: &Tries, policy: &Policy, retry_after_ms: u64) -> Next {
     let delay_ms = tries.jitter_ms.max(retry_after_ms);
     let exhausted = tries.failures + 1 > policy.max_retries;
     let over_budget = tries.since_first_failure_ms + delay_ms > policy.retry_budget_ms;
-    if tries.lane == Lane::Replay || exhausted || over_budget {
+    if tries.lane.is_replay() || exhausted || over_budget {
         // Retry-After past the budget is kept as the not-before time of the DLQ entry.
         let not_before_ms = if retry_after_ms > policy.retry_budget_ms { retry_after_ms } else { 0 };
         return Next::Dlq { reason: DlqReason::RetriesExhausted, not_before_ms, signal: None };
@@ -247,6 +247,12 @@ mod tests {
                 "transient on the replay lane",
                 rejected(131000, None),
                 Tries { lane: Lane::Replay, ..FIRST },
+                dlq(DlqReason::RetriesExhausted, 0, None),
+            ),
+            (
+                "transient on the priority replay lane",
+                rejected(131000, None),
+                Tries { lane: Lane::PriorityReplay, ..FIRST },
                 dlq(DlqReason::RetriesExhausted, 0, None),
             ),
             ("130429 throughput", rejected(130429, None), FIRST, Next::HoldBack { delay_ms: 1_000 }),

@@ -124,7 +124,7 @@ pub(crate) struct Observed {
     pub started_unix_ms: i64,
     /// When the last message from a live lane (hi, lo) was sent, seconds since start.
     pub last_live_sent_s: f64,
-    /// When each replayed message (rp lane) was sent, seconds since start.
+    /// When each replayed message (rh and rp lanes) was sent, seconds since start.
     pub replay_sent_s: Vec<f64>,
     /// Every error answer Meta gave a call: (seconds since start, code, sender).
     pub answers: Vec<errors::ObservedAnswer>,
@@ -767,7 +767,7 @@ async fn spawn_watchers(
                     }
                 }
                 if d.result == "sent" {
-                    if d.lane == "rp" {
+                    if d.lane == "rp" || d.lane == "rh" {
                         o.replay_sent_s.push(t);
                     } else {
                         o.last_live_sent_s = o.last_live_sent_s.max(t);

@@ -324,7 +324,9 @@ impl Mover {
         headers.insert(async_nats::header::NATS_MESSAGE_ID, replay_msg_id(&request.operation_id, replay).as_str());
         headers.insert(REPLAY_HEADER, replay.to_string().as_str());
         telemetry::inject(&tracing::Span::current(), &mut headers);
-        let subject = names::outbox_subject(names::Lane::Replay, &outgoing.phone_number_id);
+        // Priority follows the message: a priority entry goes back through the priority replay lane (`rh`),
+        // served first and admitted as priority traffic; a marketing one through `rp`.
+        let subject = names::outbox_subject(names::Lane::for_replay(outgoing.category()), &outgoing.phone_number_id);
         let duplicate = publish_durable(&self.js, subject, headers, outgoing.encode_to_vec().into()).await?;
         Ok(Outcome::Replayed { replay, duplicate })
     }

@@ -2,6 +2,6 @@
 //! module re-exports them for the crates that import them from here.
 
 pub use bw_common::names::{
-    REPLAY_HEADER, REPLAY_LEASE_BUCKET, UNDECODABLE_HEADER, phone_of_subject, quarantine_msg_id, replay_consumer,
-    replay_msg_id,
+    REPLAY_HEADER, REPLAY_LEASE_BUCKET, UNDECODABLE_HEADER, phone_of_subject, quarantine_msg_id, replay_class_consumer,
+    replay_consumer, replay_msg_id,
 };

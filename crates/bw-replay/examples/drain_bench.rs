@@ -112,7 +112,7 @@ async fn fill_dlq(deps: &Deps, n: usize) -> anyhow::Result<()> {
                     waba_id: "9".into(),
                     phone_number_id: PHONE.into(),
                     recipient: "+5491155551234".into(),
-                    category: Category::Transactional as i32,
+                    category: Category::Marketing as i32,
                     payload: Some(send_request::Payload::Template(TemplatePayload {
                         name: "order".into(),
                         language: "en_US".into(),

@@ -24,6 +24,11 @@ pub struct ReplayConfig {
     #[serde(deserialize_with = "digits")]
     pub instance_id: String,
     pub soak_ms: u64,
+    /// How long a closed breaker must have been CLOSED before its priority entries are replayed (at most
+    /// `soak_ms`).
+    pub priority_soak_ms: u64,
+    /// Most priority DLQ entries moved into the `rh` lane per second per scope.
+    pub priority_rate_per_s: f64,
     pub rate_per_s: f64,
     pub burst: f64,
     pub max_lane_depth: u64,
@@ -76,6 +81,22 @@ pub struct Pacing {
 }
 
 impl ReplayConfig {
+    /// The soak before priority entries are replayed: `priority_soak_ms`, never longer than `soak_ms`.
+    pub fn priority_soak(&self) -> u64 {
+        self.priority_soak_ms.min(self.soak_ms)
+    }
+
+    /// Pacing of priority entries of `phone_number_id` (the `rh` lane): the priority rate, the scope's lane
+    /// depth bound.
+    pub fn priority_pacing(&self, phone_number_id: &str) -> Pacing {
+        let o = self.scopes.get(phone_number_id).cloned().unwrap_or_default();
+        Pacing {
+            rate_per_s: self.priority_rate_per_s,
+            burst: self.burst.max(1.0),
+            max_lane_depth: o.max_lane_depth.unwrap_or(self.max_lane_depth),
+        }
+    }
+
     /// Pacing while the scope's breaker is HALF_OPEN: a trickle of canaries, never more than the lane cap.
     pub fn probe_pacing(&self) -> Pacing {
         Pacing { rate_per_s: self.probe_rate_per_s, burst: 1.0, max_lane_depth: self.probe_max_lane_depth.max(1) }
@@ -135,7 +156,10 @@ impl Config {
     /// Checks values serde cannot: positive rates and sizes, known categories.
     pub fn validate(&self) -> Result<(), String> {
         let r = &self.replay;
-        let mut rates = vec![("replay.rate_per_s".to_string(), r.rate_per_s)];
+        let mut rates = vec![
+            ("replay.rate_per_s".to_string(), r.rate_per_s),
+            ("replay.priority_rate_per_s".to_string(), r.priority_rate_per_s),
+        ];
         for (phone, o) in &r.scopes {
             if let Some(rate) = o.rate_per_s {
                 rates.push((format!("replay.scopes.{phone}.rate_per_s"), rate));

@@ -1,13 +1,17 @@
-//! Breakwater replay: drains each scope's dead-letter queue back into the replay lane (`rp`) of BW_SEND while
-//! the scope's breaker is CLOSED, paced so replay only ever uses a sender's spare rate.
+//! Breakwater replay: drains each scope's dead-letter queue back into BW_SEND while the scope's breaker is
+//! CLOSED. Priority follows the message: a scope's priority entries (authentication, transactional, support;
+//! `bw.dlq.v1.p.<phone>`) go first, onto the `rh` lane, as soon as the breaker closes (`priority_soak_ms`),
+//! where the dispatcher admits them as priority traffic; its marketing entries (`bw.dlq.v1.m.<phone>`) go after
+//! the soak onto the `rp` lane, paced so they only ever use a sender's spare rate.
 //!
 //! How: a KV watch on BW_SCOPES (no per-message polling) keeps one worker task per scope. A worker starts
-//! draining once its breaker has been CLOSED for the soak time and it holds the scope's lease (one instance
-//! drains a scope at a time; N instances share the scopes). It pulls the scope's DLQ through the durable
-//! consumer `replay-<phone>`, paces with a token bucket that starts empty and a bound on the replay lane's
-//! depth, and hands each entry to `bw_ops::moves::Mover`, which checks deadline, ledger, 24 h window and the
-//! replay limit before it publishes with the msg id `<operation_id>.r<n>` (no duplicates on redelivery).
-//! The dispatcher still admits every replay-lane message with `TrafficClass::Replay`.
+//! draining once its breaker has been CLOSED for the (priority) soak time and it holds the scope's lease (one
+//! instance drains a scope at a time; N instances share the scopes). It pulls the scope's DLQ through the
+//! durable consumers `replay-p-<phone>` then `replay-m-<phone>`, paces with a token bucket that starts empty and
+//! a bound on the lane's depth, and hands each entry to `bw_ops::moves::Mover`, which checks deadline, ledger,
+//! 24 h window and the replay limit before it publishes with the msg id `<operation_id>.r<n>` (no duplicates on
+//! redelivery) onto the lane of the entry's category. The dispatcher admits an `rp` message with
+//! `TrafficClass::Replay`, an `rh` one with `TrafficClass::Priority`.
 //! Incidents (`incident`): entries of a breaker incident whose category is in `replay.hold_categories` stay in
 //! the DLQ until an operator releases the incident; each drain counts what it did per incident in BW_INCIDENTS,
 //! and after a drain of a CLOSED scope an incident with nothing left gets its "replayed" event, once.

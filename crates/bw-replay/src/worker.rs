@@ -1,5 +1,13 @@
 //! One task per scope: waits for the breaker to be CLOSED and soaked, takes the scope's lease, and drains the
-//! scope's DLQ into the replay lane at the paced rate.
+//! scope's DLQ into the replay lanes.
+//!
+//! Priority follows the message: a session drains the scope's priority entries (`bw.dlq.v1.p.<phone>`, consumer
+//! `replay-p-<phone>`) before its marketing ones (`bw.dlq.v1.m.<phone>`, `replay-m-<phone>`). Priority entries
+//! go to the `rh` lane after `priority_soak_ms` (default 0: as soon as the breaker closes), at up to
+//! `priority_rate_per_s` — the dispatcher admits them as priority traffic and its send slots pace them at the
+//! sender's rate, so this rate and the lane depth bound only keep replay from running far ahead. Marketing
+//! entries go to the `rp` lane after the full `soak_ms`, paced to spare rate as before. Within a class the DLQ
+//! is FIFO: the older entry goes first.
 
 use crate::{Ctx, ScopeView};
 use async_nats::jetstream::{Message, consumer::pull};
@@ -8,7 +16,7 @@ use bw_common::proto::{BreakerState, DlqEnvelope};
 use bw_common::time::now_ms;
 use bw_common::{names, telemetry};
 use bw_ops::moves::{Outcome, Target};
-use bw_ops::names::replay_consumer;
+use bw_ops::names::{replay_class_consumer, replay_consumer};
 use bw_ops::pace::Gate;
 use bw_ops::scan::subject_depth;
 use futures::StreamExt;
@@ -124,11 +132,26 @@ enum Ended {
     Interrupted,
     LeaseLost,
     Failed,
+    /// The priority entries are drained; the marketing ones wait until the full soak is over (this long).
+    Soaking(Duration),
 }
+
+/// One class of a scope's DLQ and the lane its entries go back through, in draining order.
+#[derive(Debug, Clone, Copy)]
+struct Class {
+    token: &'static str,
+    lane: names::Lane,
+}
+
+const CLASSES: [Class; 2] = [
+    Class { token: names::DLQ_PRIORITY_CLASS, lane: names::Lane::PriorityReplay },
+    Class { token: names::DLQ_MARKETING_CLASS, lane: names::Lane::Replay },
+];
 
 fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>) -> Mode {
     let now = now_ms();
-    match view.replayable(now, ctx.cfg.replay.soak_ms) {
+    // Native replay starts once the priority soak is over; marketing entries wait for the full soak (drain).
+    match view.replayable(now, ctx.cfg.replay.priority_soak()) {
         Ok(()) => Mode::Native,
         Err(_) if ctx.cfg.replay.probe_rate_per_s > 0.0 && view.probing(now) => Mode::Probe,
         Err(wait) => {
@@ -142,7 +165,8 @@ fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>)
                 if due > now {
                     return Mode::Wait(Some(Duration::from_millis((due - now) as u64)));
                 }
-                let ready = ctx.view(&secondary.phone_number_id).map(|v| v.replayable(now, ctx.cfg.replay.soak_ms));
+                let ready =
+                    ctx.view(&secondary.phone_number_id).map(|v| v.replayable(now, ctx.cfg.replay.priority_soak()));
                 if ready == Some(Ok(())) {
                     return Mode::Failover(Target {
                         waba_id: secondary.waba_id.clone(),
@@ -199,6 +223,8 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
                     }
                     match ended {
                         Ended::Drained | Ended::Failed | Ended::LeaseLost => Some(idle),
+                        // Look again for new priority entries at least every idle interval meanwhile.
+                        Ended::Soaking(left) => Some(left.min(idle)),
                         Ended::Interrupted => continue,
                     }
                 }
@@ -225,20 +251,35 @@ async fn sleep_opt(wait: Option<Duration>) {
     }
 }
 
-async fn consumer(ctx: &Ctx, scope: &str) -> anyhow::Result<async_nats::jetstream::consumer::PullConsumer> {
+async fn consumer(
+    ctx: &Ctx,
+    scope: &str,
+    class: Class,
+) -> anyhow::Result<async_nats::jetstream::consumer::PullConsumer> {
     let stream = ctx.js.get_stream(names::DLQ_STREAM).await?;
-    let name = replay_consumer(scope);
+    let name = replay_class_consumer(class.token, scope);
     let config = pull::Config {
         durable_name: Some(name.clone()),
-        description: Some(format!("replay of the dlq of scope {scope}")),
-        filter_subject: names::dlq_scope_filter(scope),
+        description: Some(format!("replay of the class {} dlq entries of scope {scope}", class.token)),
+        filter_subject: names::dlq_class_filter(class.token, scope),
         ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
         ack_wait: Duration::from_millis(ctx.cfg.replay.ack_wait_ms),
         max_ack_pending: 4096,
         inactive_threshold: Duration::from_secs(24 * 3600),
         ..Default::default()
     };
-    Ok(stream.get_or_create_consumer(&name, config).await?)
+    match stream.get_or_create_consumer(&name, config.clone()).await {
+        Ok(c) => Ok(c),
+        Err(first) => {
+            // The one consumer per scope of earlier versions overlaps the per-class ones, which a work-queue
+            // stream refuses: retire it (its unacked entries go back to the stream) and try again.
+            if stream.delete_consumer(&replay_consumer(scope)).await.is_err() {
+                return Err(first.into());
+            }
+            tracing::info!("retired the dlq consumer of the scope from before the per-class consumers");
+            Ok(stream.get_or_create_consumer(&name, config).await?)
+        }
+    }
 }
 
 /// Drains the scope until it is empty, its mode changes, the lease is lost or shutdown. Returns the lease
@@ -251,10 +292,41 @@ async fn drain(
     mut held: crate::lease::Held,
     not_closed_since: Option<i64>,
 ) -> (Ended, Option<crate::lease::Held>, u64) {
-    let consumer = match consumer(ctx, scope).await {
+    let mut moved = 0;
+    for class in CLASSES {
+        if active == Mode::Native && class.lane == names::Lane::Replay {
+            let view = rx.borrow().clone();
+            if let Err(wait) = view.replayable(now_ms(), ctx.cfg.replay.soak_ms) {
+                let left = wait.unwrap_or(Duration::from_millis(ctx.cfg.replay.idle_ms));
+                return (Ended::Soaking(left), Some(held), moved);
+            }
+        }
+        let (ended, still, n) = drain_class(ctx, scope, rx, &active, held, not_closed_since, class).await;
+        moved += n;
+        match (ended, still) {
+            (Ended::Drained, Some(h)) => held = h,
+            (ended, still) => return (ended, still, moved),
+        }
+    }
+    (Ended::Drained, Some(held), moved)
+}
+
+/// Drains one class of the scope's DLQ until it is empty, the mode changes, the lease is lost or shutdown;
+/// returns how many entries left the DLQ.
+async fn drain_class(
+    ctx: &Arc<Ctx>,
+    scope: &str,
+    rx: &mut watch::Receiver<ScopeView>,
+    active: &Mode,
+    mut held: crate::lease::Held,
+    not_closed_since: Option<i64>,
+    class: Class,
+) -> (Ended, Option<crate::lease::Held>, u64) {
+    let active = active.clone();
+    let consumer = match consumer(ctx, scope, class).await {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = format!("{e:#}"), "cannot bind the dlq consumer");
+            tracing::warn!(error = format!("{e:#}"), class = class.token, "cannot bind the dlq consumer");
             return (Ended::Failed, Some(held), 0);
         }
     };
@@ -264,9 +336,15 @@ async fn drain(
         _ => None,
     };
     let lane_phone = target.as_ref().map(|t| t.phone_number_id.clone()).unwrap_or_else(|| scope.to_string());
-    let lane_subject = names::outbox_subject(names::Lane::Replay, &lane_phone);
-    let pacing = if active == Mode::Probe { ctx.cfg.replay.probe_pacing() } else { ctx.cfg.replay.pacing(&lane_phone) };
-    let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
+    let lane_subject = names::outbox_subject(class.lane, &lane_phone);
+    let pacing = match (&active, class.lane) {
+        (Mode::Probe, _) => ctx.cfg.replay.probe_pacing(),
+        (_, names::Lane::PriorityReplay) => ctx.cfg.replay.priority_pacing(&lane_phone),
+        _ => ctx.cfg.replay.pacing(&lane_phone),
+    };
+    // Priority replays are paced by the dispatcher's admission (the ramp included), not by spare rate here.
+    let ramped = class.lane == names::Lane::Replay;
+    let factor = if ramped { ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0) } else { 1.0 };
     // One gate per session: it starts empty (no burst when a breaker closes) and closes when the session
     // ends, so entries still waiting for a token give up without touching the ledger.
     let gate = Arc::new(Gate::new(pacing.rate_per_s * factor, pacing.burst));
@@ -285,7 +363,7 @@ async fn drain(
             if mode(ctx, scope, &view, not_closed_since) != active {
                 break 'session Ended::Interrupted;
             }
-            let factor = ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0);
+            let factor = if ramped { ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0) } else { 1.0 };
             gate.set_rate(pacing.rate_per_s * factor).await;
         }
         if held.due() {

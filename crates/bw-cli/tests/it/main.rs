@@ -79,8 +79,9 @@ async fn set_scope(deps: &Deps, state: BreakerState) {
     deps.buckets.scopes.put(PHONE, s.encode_to_vec().into()).await.expect("scope");
 }
 
+/// Messages replayed so far: the requests are support messages, so they go back through the rh lane.
 async fn rp_lane_len(deps: &Deps) -> usize {
-    scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, PHONE))
+    scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::PriorityReplay, PHONE))
         .await
         .expect("scan")
         .len()

@@ -95,8 +95,9 @@ async fn ledger(deps: &Deps, op: &str) -> LedgerEntry {
     Ledger::new(&deps.buckets).get(op).await.expect("ledger").expect("entry").entry
 }
 
+/// The operations replayed so far: the requests are transactional, so they go back through the rh lane.
 async fn rp_lane_ops(deps: &Deps) -> Vec<String> {
-    scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, PHONE))
+    scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::PriorityReplay, PHONE))
         .await
         .expect("scan")
         .into_iter()

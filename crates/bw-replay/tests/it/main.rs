@@ -64,13 +64,14 @@ async fn start(nats: &NatsServer, overrides: &[(&str, &str)]) -> Replay {
     Replay { token, handle }
 }
 
+/// A marketing template (its DLQ entries are replayed onto the rp lane, paced to spare rate).
 fn template(op: &str) -> SendRequest {
     SendRequest {
         operation_id: op.into(),
         waba_id: "9".into(),
         phone_number_id: PHONE.into(),
         recipient: "+5491155551234".into(),
-        category: Category::Transactional as i32,
+        category: Category::Marketing as i32,
         payload: Some(send_request::Payload::Template(TemplatePayload {
             name: "order".into(),
             language: "en_US".into(),
@@ -103,6 +104,7 @@ async fn set_ledger(deps: &Deps, req: &SendRequest, state: OperationState, repla
 async fn put_dlq(deps: &Deps, req: SendRequest, replays: u32, not_before: i64) {
     set_ledger(deps, &req, OperationState::Dlq, replays).await;
     let op = req.operation_id.clone();
+    let req_category = req.category();
     let env = DlqEnvelope {
         request: Some(req),
         reason: DlqReason::BreakerOpen as i32,
@@ -113,14 +115,9 @@ async fn put_dlq(deps: &Deps, req: SendRequest, replays: u32, not_before: i64) {
     };
     let mut headers = async_nats::HeaderMap::new();
     headers.insert(async_nats::header::NATS_MESSAGE_ID, format!("{op}.dlq{replays}").as_str());
-    publish_durable(
-        &deps.js,
-        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
-        headers,
-        env.encode_to_vec().into(),
-    )
-    .await
-    .expect("dlq");
+    publish_durable(&deps.js, names::dlq_subject(req_category, PHONE), headers, env.encode_to_vec().into())
+        .await
+        .expect("dlq");
 }
 
 async fn set_scope(deps: &Deps, state: BreakerState, since_ms: i64) {
@@ -136,7 +133,12 @@ async fn set_scope(deps: &Deps, state: BreakerState, since_ms: i64) {
 
 /// (operation id, msg id, stored at unix ms) of every message in the replay lane.
 async fn rp_lane(deps: &Deps) -> Vec<(String, String, i64)> {
-    scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, PHONE))
+    lane(deps, names::Lane::Replay).await
+}
+
+/// (operation id, msg id, stored at unix ms) of every message of PHONE in `lane`.
+async fn lane(deps: &Deps, lane: names::Lane) -> Vec<(String, String, i64)> {
+    scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(lane, PHONE))
         .await
         .expect("scan")
         .into_iter()
@@ -366,10 +368,10 @@ async fn failover_moves_eligible_categories_to_the_secondary_sender() {
     let deps = deps(&nats).await;
     const SECONDARY: &str = "2002";
     for i in 0..5 {
-        put_dlq(&deps, template(&format!("tx-{i}")), 0, 0).await;
-        let mut promo = template(&format!("mkt-{i}"));
-        promo.category = Category::Marketing as i32;
-        put_dlq(&deps, promo, 0, 0).await;
+        let mut order = template(&format!("tx-{i}"));
+        order.category = Category::Transactional as i32;
+        put_dlq(&deps, order, 0, 0).await;
+        put_dlq(&deps, template(&format!("mkt-{i}")), 0, 0).await;
     }
     set_scope(&deps, BreakerState::Open, now_ms() - 5_000).await;
     let secondary = ScopeSnapshot {
@@ -390,7 +392,7 @@ async fn failover_moves_eligible_categories_to_the_secondary_sender() {
     )
     .await;
     let secondary_lane = || async {
-        scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::Replay, SECONDARY))
+        scan_stream(&deps.js, names::SEND_STREAM, &names::outbox_subject(names::Lane::PriorityReplay, SECONDARY))
             .await
             .expect("scan")
             .into_iter()
@@ -405,6 +407,7 @@ async fn failover_moves_eligible_categories_to_the_secondary_sender() {
     assert!(moved.iter().all(|r| r.phone_number_id == SECONDARY));
     assert_eq!(ledger(&deps, "tx-0").await.phone_number_id, SECONDARY);
     assert!(rp_lane(&deps).await.is_empty(), "nothing through the OPEN primary");
+    assert!(lane(&deps, names::Lane::PriorityReplay).await.is_empty(), "nothing through the OPEN primary");
     assert_eq!(dlq_depth(&deps).await, 5, "marketing stays in the primary's DLQ");
     let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
     assert!(report.is_clean(), "{report}");
@@ -429,4 +432,50 @@ async fn half_open_replays_only_a_trickle_of_canaries() {
     assert_eq!(rp_lane(&deps).await.len(), 2, "HALF_OPEN replay stays within the probe lane cap");
     assert_eq!(dlq_depth(&deps).await, 18);
     r.stop().await;
+}
+
+fn order(op: &str) -> SendRequest {
+    let mut r = template(op);
+    r.category = Category::Transactional as i32;
+    r
+}
+
+#[tokio::test]
+async fn priority_entries_are_replayed_first_onto_their_own_lane_without_the_soak() {
+    let nats = NatsServer::start();
+    let deps = deps(&nats).await;
+    // Promotions were dead-lettered first; the order confirmations after them.
+    for i in 0..10 {
+        put_dlq(&deps, template(&format!("promo-{i}")), 0, 0).await;
+    }
+    for i in 0..10 {
+        put_dlq(&deps, order(&format!("order-{i}")), 0, 0).await;
+    }
+    // The breaker just closed; replay runs with its compiled soak (30 s) and priority soak (0).
+    set_scope(&deps, BreakerState::Closed, now_ms()).await;
+    let r = start(&nats, &[("REPLAY__SOAK_MS", "30000")]).await;
+    assert!(
+        wait_until(WAIT, || async { lane(&deps, names::Lane::PriorityReplay).await.len() == 10 }).await,
+        "every order confirmation went back onto the rh lane"
+    );
+    assert!(lane(&deps, names::Lane::PriorityReplay).await.iter().all(|(op, ..)| op.starts_with("order-")));
+    assert!(rp_lane(&deps).await.is_empty(), "promotions wait for the soak");
+    assert_eq!(dlq_depth(&deps).await, 10, "the promotions are still in the dlq");
+    r.stop().await;
+
+    // Without a soak both classes go, priority first: new order confirmations dead-lettered after the
+    // promotions still go before them.
+    for i in 10..20 {
+        put_dlq(&deps, order(&format!("order-{i}")), 0, 0).await;
+    }
+    let r = start(&nats, &[]).await;
+    assert!(wait_until(WAIT, || async { rp_lane(&deps).await.len() == 10 }).await);
+    r.stop().await;
+    let first_promo = rp_lane(&deps).await.iter().map(|(.., at)| *at).min().expect("promotions");
+    let orders = lane(&deps, names::Lane::PriorityReplay).await;
+    assert_eq!(orders.len(), 20);
+    let last_order = orders.iter().map(|(.., at)| *at).max().expect("orders");
+    assert!(last_order <= first_promo, "priority entries were replayed before marketing ones");
+    let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
+    assert!(report.is_clean(), "{report}");
 }

@@ -1,0 +1,176 @@
+//! Priority follows the message, and deadlines drive recovery.
+//!
+//! Three rules, applied per sender (phone_number_id):
+//!
+//! 1. **Lanes.** Lanes are served in the order `rh` (priority replays), `hi` (live priority), `lo` (marketing),
+//!    `rp` (marketing replays) (`bw_common::names::Lane::ALL`). A priority replay is admitted as
+//!    `TrafficClass::Priority` (it may take the transactional reserve and needs no replay headroom); only a
+//!    marketing replay keeps `TrafficClass::Replay`. The 80 % / 90 % usage rules and the reserve apply as before,
+//!    by class.
+//! 2. **The priority gate.** A marketing message (`lo` or `rp`) of a sender that has a priority backlog — priority
+//!    entries in the DLQ (`bw.dlq.v1.p.<phone>`) or priority replays still in BW_SEND (`rh` lane, including
+//!    ones being dispatched) — is held back: a delayed redelivery after `priority_hold_ms`, not the DLQ, ledger
+//!    unchanged. [`Backlog`] learns every sender's backlog from two stream-info requests with subjects (one on
+//!    BW_DLQ, one on BW_SEND), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
+//!    that interval: a priority entry dead-lettered just after a refresh lets that sender's promotions through
+//!    for at most one interval; a backlog that just cleared holds them for at most one interval plus
+//!    `priority_hold_ms`. With several dispatchers each caches its own reading (one pair of requests per
+//!    interval per instance, and only while it handles marketing messages); they may disagree for up to one
+//!    interval, never longer. The gate is skipped for a sender the dispatcher knows is OPEN: its marketing
+//!    messages fail fast into the DLQ as before instead of cycling through the broker during the outage. A
+//!    reading that fails keeps the last known counts (logged) until a refresh succeeds.
+//! 3. **Deadlines.** A message whose deadline passed, or cannot be met — the admission's send slot, or the
+//!    refusal's retry-after (for an OPEN breaker: its `open_until`), lies past the deadline — ends EXPIRED with a
+//!    precise reason before any call to Meta ([`misses_deadline`], reasons in [`expiry_reason`]). Replay does
+//!    the same for a DLQ entry whose deadline passed while its sender stayed OPEN (`bw_ops::moves`), when it
+//!    takes the entry (a canary while HALF_OPEN, or after the close); until then the ledger says DLQ.
+//!
+//! Order inside a batch: every admission round sorts each sender's messages by class (priority, marketing,
+//! marketing replay), then deadline (nearest first; none counts as last), then acceptance time
+//! ([`admission_order`]), and the admission script hands out tokens and send slots in that order. What "close
+//! to the deadline first" means honestly: it holds within one fetched batch (up to `batch_size` messages,
+//! plus those held in memory for another round). Across batches JetStream delivers each lane FIFO, so an OTP
+//! with a near deadline behind a long queue of the same lane waits its turn; the expiry rule then ends it
+//! EXPIRED before any call rather than sending it late. Replay fetches priority entries in DLQ order (oldest
+//! first) and the dispatcher sorts what it fetched the same way.
+
+use bw_breaker::{DenyReason, TrafficClass};
+use bw_common::names::{self, Lane};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// True when a message with this deadline (unix ms, 0 = none) would go out after it if it waited `wait_ms`
+/// from `now_ms`.
+pub(crate) fn misses_deadline(deadline_unix_ms: i64, now_ms: i64, wait_ms: u64) -> bool {
+    deadline_unix_ms > 0 && now_ms.saturating_add(wait_ms as i64) > deadline_unix_ms
+}
+
+/// The ledger reason of a message expired because it cannot make its deadline. `refusal` is None for an
+/// admitted message whose send slot lies past the deadline.
+pub(crate) fn expiry_reason(refusal: Option<DenyReason>) -> String {
+    match refusal {
+        None => "deadline passed before sending".into(),
+        Some(DenyReason::BreakerOpen | DenyReason::ForcedOpen) => {
+            "deadline before the sender's breaker reopens; never sent".into()
+        }
+        Some(reason) => format!("deadline before the sender may send again ({}); never sent", reason.label()),
+    }
+}
+
+/// Rank of a traffic class in serving order (lower first).
+fn class_rank(class: TrafficClass) -> u8 {
+    match class {
+        TrafficClass::Priority => 0,
+        TrafficClass::Marketing => 1,
+        TrafficClass::Replay => 2,
+    }
+}
+
+/// Sort key of a message inside one sender's admission round: class, then deadline (nearest first, none last),
+/// then acceptance time.
+pub(crate) fn admission_order(class: TrafficClass, deadline_unix_ms: i64, accepted_at_unix_ms: i64) -> (u8, i64, i64) {
+    let deadline = if deadline_unix_ms > 0 { deadline_unix_ms } else { i64::MAX };
+    (class_rank(class), deadline, accepted_at_unix_ms)
+}
+
+/// True when the gate applies to a message of this lane: marketing, live or replayed.
+pub(crate) fn gated(lane: Lane) -> bool {
+    lane.is_marketing()
+}
+
+/// Every sender's priority backlog, as last read.
+#[derive(Default)]
+struct Reading {
+    at: Option<Instant>,
+    waiting: Arc<HashMap<String, u64>>,
+}
+
+/// Per-process cache of every sender's priority backlog (priority DLQ entries plus `rh` lane messages).
+pub(crate) struct Backlog {
+    js: async_nats::jetstream::Context,
+    refresh: Duration,
+    reading: tokio::sync::Mutex<Reading>,
+}
+
+impl Backlog {
+    pub(crate) fn new(js: async_nats::jetstream::Context, refresh: Duration) -> Backlog {
+        Backlog { js, refresh, reading: tokio::sync::Mutex::new(Reading::default()) }
+    }
+
+    /// Priority messages of `phone_number_id` waiting in the DLQ or the `rh` lane, as of at most one refresh
+    /// interval ago. Concurrent callers share one refresh.
+    pub(crate) async fn waiting(&self, phone_number_id: &str) -> u64 {
+        let mut reading = self.reading.lock().await;
+        if reading.at.is_none_or(|at| at.elapsed() >= self.refresh) {
+            match self.read().await {
+                Ok(waiting) => reading.waiting = Arc::new(waiting),
+                Err(e) => tracing::warn!(error = %e, "priority backlog unavailable; keeping the last reading"),
+            }
+            reading.at = Some(Instant::now());
+        }
+        reading.waiting.get(phone_number_id).copied().unwrap_or(0)
+    }
+
+    async fn read(&self) -> anyhow::Result<HashMap<String, u64>> {
+        let mut waiting = HashMap::new();
+        let lane = Lane::PriorityReplay.filter();
+        for (stream, filter) in [(names::DLQ_STREAM, names::DLQ_PRIORITY_WILDCARD), (names::SEND_STREAM, lane.as_str())]
+        {
+            let handle = self.js.get_stream(stream).await?;
+            let mut subjects = handle.info_with_subjects(filter).await?;
+            while let Some(item) = subjects.next().await {
+                let (subject, count) = item?;
+                if count > 0 {
+                    *waiting.entry(names::phone_of_subject(&subject).to_string()).or_default() += count as u64;
+                }
+            }
+        }
+        Ok(waiting)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_is_missed_only_when_the_wait_passes_it() {
+        assert!(!misses_deadline(0, 1_000, u64::MAX), "no deadline is never missed");
+        assert!(!misses_deadline(2_000, 1_000, 1_000), "going out exactly at the deadline makes it");
+        assert!(misses_deadline(2_000, 1_000, 1_001));
+        assert!(misses_deadline(2_000, 2_001, 0), "a passed deadline is missed without any wait");
+    }
+
+    #[test]
+    fn priority_then_nearest_deadline_then_oldest() {
+        let mut rows = [
+            ("replay", admission_order(TrafficClass::Replay, 0, 1)),
+            ("promo", admission_order(TrafficClass::Marketing, 0, 1)),
+            ("order-old", admission_order(TrafficClass::Priority, 0, 1)),
+            ("order-new", admission_order(TrafficClass::Priority, 0, 2)),
+            ("otp-far", admission_order(TrafficClass::Priority, 90_000, 0)),
+            ("otp-near", admission_order(TrafficClass::Priority, 10_000, 5)),
+        ];
+        rows.sort_by_key(|r| r.1);
+        let order: Vec<&str> = rows.iter().map(|r| r.0).collect();
+        assert_eq!(order, ["otp-near", "otp-far", "order-old", "order-new", "promo", "replay"]);
+    }
+
+    #[test]
+    fn only_marketing_lanes_wait_for_the_priority_backlog() {
+        let gated_lanes: Vec<Lane> = Lane::ALL.into_iter().filter(|l| gated(*l)).collect();
+        assert_eq!(gated_lanes, [Lane::Low, Lane::Replay]);
+    }
+
+    #[test]
+    fn expiry_reasons_name_what_stood_in_the_way() {
+        assert!(expiry_reason(Some(DenyReason::BreakerOpen)).contains("breaker reopens"));
+        assert!(expiry_reason(Some(DenyReason::ForcedOpen)).contains("breaker reopens"));
+        let paused = expiry_reason(Some(DenyReason::Paused));
+        assert!(paused.contains(DenyReason::Paused.label()), "{paused}");
+        assert_eq!(expiry_reason(None), "deadline passed before sending");
+    }
+}
