@@ -20,7 +20,10 @@ const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Deliver
 
 fn request(op: &str, i: usize, category: Category) -> SendRequest {
     let template = if category == Category::Marketing { "flash_sale" } else { "order_confirmation" };
-    bw_client::Request::template(op, WABA_ID, PHONE, &format!("+54911777{i:05}"), template, "es_AR")
+    // Promotions go to other customers than the confirmations: per-recipient order (which would also hold a
+    // promotion behind a confirmation to the same person) must not be what these tests observe.
+    let customer = if category == Category::Marketing { 50_000 + i } else { i };
+    bw_client::Request::template(op, WABA_ID, PHONE, &format!("+54911777{customer:05}"), template, "es_AR")
         .param("1")
         .category(category)
         .build()

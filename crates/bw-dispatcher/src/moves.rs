@@ -336,6 +336,9 @@ impl Worker {
             Outcome::Dlq,
             event,
             |cur| {
+                if !still_ours(cur, &w) {
+                    return None;
+                }
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Dlq);
                 e.in_flight_since_unix_ms = 0;
@@ -375,6 +378,9 @@ impl Worker {
             Outcome::Quarantined,
             event,
             |cur| {
+                if !still_ours(cur, &w) {
+                    return None;
+                }
                 let mut e = cur.cloned().unwrap_or_default();
                 e.set_state(OperationState::Quarantined);
                 e.in_flight_since_unix_ms = 0;
@@ -480,9 +486,39 @@ pub(crate) fn decorrelated_jitter(base_ms: u64, cap_ms: u64, previous_ms: u64) -
     pick.min(cap_ms)
 }
 
+/// True while the ledger entry is still the one this delivery works from: QUEUED and not replayed since it was
+/// read (no entry at all counts too, as before). Otherwise another copy owns the operation — the replayed one, or
+/// a concurrent delivery of this one that already moved it — and a move by this copy must not overwrite that
+/// place: its publish may even have been dropped as a duplicate of an earlier move whose entry replay has since
+/// taken out, and writing "DLQ" then would name a place that holds nothing (an operation lost).
+fn still_ours(cur: Option<&LedgerEntry>, w: &Work) -> bool {
+    still_queued_since(cur, w.ledger.entry.replays)
+}
+
+fn still_queued_since(cur: Option<&LedgerEntry>, replays_read: u32) -> bool {
+    cur.is_none_or(|c| c.state() == OperationState::Queued && c.replays == replays_read)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::decorrelated_jitter;
+    use super::{decorrelated_jitter, still_queued_since};
+    use bw_common::proto::{LedgerEntry, OperationState};
+
+    #[test]
+    fn a_move_by_a_copy_the_ledger_has_moved_past_writes_nothing() {
+        let entry = |state: OperationState, replays: u32| {
+            let mut e = LedgerEntry { replays, ..Default::default() };
+            e.set_state(state);
+            e
+        };
+        assert!(still_queued_since(None, 0), "no entry yet: the move creates it, as before");
+        assert!(still_queued_since(Some(&entry(OperationState::Queued, 1)), 1));
+        // Replay took the operation out of the DLQ since this copy read the ledger: the replayed copy owns it.
+        assert!(!still_queued_since(Some(&entry(OperationState::Queued, 2)), 1));
+        // Another delivery of the same message moved it already (its DLQ entry may be replayed by now).
+        assert!(!still_queued_since(Some(&entry(OperationState::Dlq, 1)), 1));
+        assert!(!still_queued_since(Some(&entry(OperationState::Sent, 1)), 1));
+    }
 
     #[test]
     fn jitter_stays_between_base_and_cap() {
