@@ -249,8 +249,30 @@ pub async fn lane_consumer(
     Ok(stream.get_or_create_consumer(lane.dispatcher_consumer(), config).await?)
 }
 
+/// Access tokens the local stack, the drill and the simulator's examples use: fine against the simulator, a
+/// mistake anywhere else.
+const LOCAL_ACCESS_TOKENS: [&str; 4] = ["local-access-token", "sim-token", "drill-access-token", "e2e-access-token"];
+
+/// What is wrong with the Meta credentials at start-up, if anything (never the token itself): an empty token,
+/// or a well-known local one aimed at a Meta that is not on this machine.
+fn credentials_warning(meta: &MetaConfig) -> Option<&'static str> {
+    if meta.access_token.is_empty() {
+        return Some(
+            "meta.access_token is empty: Meta answers every send with 190 and the senders pause for credentials; set BW_DISPATCHER__META__ACCESS_TOKEN",
+        );
+    }
+    let host = meta.base_url.split("://").nth(1).unwrap_or(&meta.base_url);
+    let local = ["127.", "localhost", "[::1]"].iter().any(|p| host.starts_with(p));
+    (LOCAL_ACCESS_TOKENS.contains(&meta.access_token.as_str()) && !local).then_some(
+        "meta.access_token is a well-known local default but meta.base_url is not on this machine: set the real token (BW_DISPATCHER__META__ACCESS_TOKEN)",
+    )
+}
+
 /// Runs the dispatcher until `shutdown` is cancelled, then finishes in-flight messages (ack or nak).
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if let Some(warning) = credentials_warning(&cfg.meta) {
+        tracing::warn!("{warning}");
+    }
     let metrics = metrics::Metrics::register(&deps.metrics);
     let breaker = bw_breaker::Breaker::with_conn(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
     breaker.register_metrics(&deps.metrics);
@@ -379,4 +401,26 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     }
     tracing::info!("dispatcher stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(base_url: &str, token: &str) -> MetaConfig {
+        let mut cfg = Config::load(None, &Default::default()).expect("compiled defaults load").meta;
+        cfg.base_url = base_url.into();
+        cfg.access_token = token.into();
+        cfg
+    }
+
+    #[test]
+    fn start_up_warns_about_an_empty_or_local_token_outside_the_local_stack_without_printing_it() {
+        let empty = credentials_warning(&meta("https://graph.example", "")).expect("empty token warned");
+        assert!(empty.contains("empty"));
+        let local = credentials_warning(&meta("https://graph.example", "local-access-token")).expect("warned");
+        assert!(!local.contains("local-access-token"), "the token is never printed: {local}");
+        assert_eq!(credentials_warning(&meta("http://127.0.0.1:9400", "local-access-token")), None);
+        assert_eq!(credentials_warning(&meta("https://graph.example", "EAAG-real-looking")), None);
+    }
 }

@@ -284,7 +284,8 @@ fn toml_quoted(v: &str) -> String {
 
 /// Secret values the local stack, the drill, the simulator and the tests use; a production ingest with one of
 /// them accepts deliveries anyone can sign.
-const LOCAL_APP_SECRETS: [&str; 4] = ["local-sim-app-secret", "sim-app-secret", "drill-app-secret", "test-app-secret"];
+const LOCAL_APP_SECRETS: [&str; 5] =
+    ["local-app-secret", "local-sim-app-secret", "sim-app-secret", "drill-app-secret", "test-app-secret"];
 
 /// True when every NATS URL points at this machine (the local stack, the drill, tests).
 fn nats_is_local(url: &str) -> bool {
