@@ -115,7 +115,15 @@ async fn after_an_outage_every_dead_lettered_priority_message_goes_before_any_ma
         true
     })
     .await;
-    assert!(dead_lettered, "every message of the outage went to the DLQ");
+    if !dead_lettered {
+        let mut states = std::collections::BTreeMap::<String, usize>::new();
+        for op in &all {
+            let e = h.ledger_entry(op).await.map(|v| v.entry);
+            let key = e.map(|e| format!("{} r{} ({})", e.state().label(), e.replays, e.reason)).unwrap_or_default();
+            *states.entry(key).or_default() += 1;
+        }
+        panic!("every message of the outage went to the DLQ: {states:?}");
+    }
 
     // Meta recovers; once the breaker is CLOSED, new promotions arrive.
     h.sim.clear_scenario();
