@@ -50,6 +50,17 @@ pub fn load<T: DeserializeOwned>(
 /// A deserialization error without the offending value: serde quotes it in backticks (`invalid type: integer
 /// `8675309123`, expected a string`), and the value may be a secret or a phone number. Field and variant names
 /// (after "expected" / "unknown field") stay, they are what the reader needs.
+/// True when every URL of a comma-separated list (`nats://a:4222,nats://b:4222`, `http://127.0.0.1:9400`) points
+/// at this machine: the local stack, the drill, tests. Start-up warnings about local defaults use it.
+pub fn points_at_this_machine(urls: &str) -> bool {
+    urls.split(',').all(|u| {
+        let u = u.trim();
+        let host = u.split_once("://").map_or(u, |(_, rest)| rest);
+        let host = host.rsplit('@').next().unwrap_or(host);
+        host.starts_with("127.") || host.starts_with("localhost") || host.starts_with("[::1]")
+    })
+}
+
 fn without_values(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     for line in message.lines() {

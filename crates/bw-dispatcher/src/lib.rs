@@ -261,8 +261,7 @@ fn credentials_warning(meta: &MetaConfig) -> Option<&'static str> {
             "meta.access_token is empty: Meta answers every send with 190 and the senders pause for credentials; set BW_DISPATCHER__META__ACCESS_TOKEN",
         );
     }
-    let host = meta.base_url.split("://").nth(1).unwrap_or(&meta.base_url);
-    let local = ["127.", "localhost", "[::1]"].iter().any(|p| host.starts_with(p));
+    let local = bw_common::config::points_at_this_machine(&meta.base_url);
     (LOCAL_ACCESS_TOKENS.contains(&meta.access_token.as_str()) && !local).then_some(
         "meta.access_token is a well-known local default but meta.base_url is not on this machine: set the real token (BW_DISPATCHER__META__ACCESS_TOKEN)",
     )

@@ -287,20 +287,13 @@ fn toml_quoted(v: &str) -> String {
 const LOCAL_APP_SECRETS: [&str; 5] =
     ["local-app-secret", "local-sim-app-secret", "sim-app-secret", "drill-app-secret", "test-app-secret"];
 
-/// True when every NATS URL points at this machine (the local stack, the drill, tests).
-fn nats_is_local(url: &str) -> bool {
-    url.split(',').all(|u| {
-        let host = u.trim().trim_start_matches("nats://").trim_start_matches("tls://");
-        let host = host.rsplit('@').next().unwrap_or(host);
-        host.starts_with("127.") || host.starts_with("localhost") || host.starts_with("[::1]")
-    })
-}
-
 /// Start-up warnings about the configuration (never printing a secret).
 fn warn_about(cfg: &Config, keys: &auth::Keys) {
     if cfg.webhook.app_secret.is_empty() {
         tracing::warn!("webhook.app_secret is empty: every webhook delivery will be refused with 401");
-    } else if LOCAL_APP_SECRETS.contains(&cfg.webhook.app_secret.as_str()) && !nats_is_local(&cfg.nats.url) {
+    } else if LOCAL_APP_SECRETS.contains(&cfg.webhook.app_secret.as_str())
+        && !bw_common::config::points_at_this_machine(&cfg.nats.url)
+    {
         tracing::warn!(
             "webhook.app_secret is a well-known local default outside the local stack: set the Meta app secret (BW_INGEST__WEBHOOK__APP_SECRET)"
         );
@@ -650,9 +643,9 @@ mod tests {
 
     #[test]
     fn local_nats_urls_are_recognised() {
-        assert!(nats_is_local("nats://127.0.0.1:4222"));
-        assert!(nats_is_local("nats://localhost:4222,nats://127.0.0.1:4223"));
-        assert!(!nats_is_local("nats://nats:4222"));
-        assert!(!nats_is_local("nats://127.0.0.1:4222,nats://10.0.0.5:4222"));
+        assert!(bw_common::config::points_at_this_machine("nats://127.0.0.1:4222"));
+        assert!(bw_common::config::points_at_this_machine("nats://localhost:4222,nats://127.0.0.1:4223"));
+        assert!(!bw_common::config::points_at_this_machine("nats://nats:4222"));
+        assert!(!bw_common::config::points_at_this_machine("nats://127.0.0.1:4222,nats://10.0.0.5:4222"));
     }
 }
