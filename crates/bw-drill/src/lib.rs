@@ -22,6 +22,7 @@ pub mod journey;
 pub mod producer;
 pub mod report;
 pub mod stack;
+pub mod stuck;
 pub mod validation;
 
 use async_nats::jetstream;
@@ -436,9 +437,19 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             break;
         }
     }
+    // A run that did not settle says what held it, read while the services still run.
+    let mut unsettled = if settled {
+        Vec::new()
+    } else {
+        let states = observed.lock().await.states.clone();
+        stuck::diagnose(&js, &buckets.scopes, &redis_url, &senders, &states).await
+    };
     let produced = producer.await?;
     let accounting = bw_ops::account::account_expected(&js, &buckets, &produced.accepted).await?;
     let entries = bw_ops::account::ledger_entries(&js, &buckets).await?;
+    if !settled {
+        unsettled.extend(stuck::waiting_entries(&entries));
+    }
     let oracle = sim.oracle();
     let sim_counters = sim.counters();
     let counters = serde_json::to_value(&sim_counters)?;
@@ -487,6 +498,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         observed: &observed,
         drained_at,
         max_dlq,
+        unsettled,
         sender_rate,
         counters: &counters,
         webhooks: sim_counters.webhooks.clone(),

@@ -23,6 +23,8 @@ pub(crate) struct Inputs<'a> {
     pub observed: &'a Observed,
     pub drained_at: Option<f64>,
     pub max_dlq: u64,
+    /// What held a run that did not settle ([`crate::stuck`]); empty when it settled.
+    pub unsettled: Vec<String>,
     pub sender_rate: f64,
     /// The simulator's counters as JSON (tolerant of old and new shapes, see [`crate::errors`]).
     pub counters: &'a serde_json::Value,
@@ -164,6 +166,8 @@ pub struct DrillReport {
     pub replay_solo_rate_per_s: Option<f64>,
     pub replay_solo_rate_fraction: Option<f64>,
     pub max_dlq_depth: u64,
+    /// What held a run that did not settle, one finding per line ([`crate::stuck`]).
+    pub unsettled: Vec<String>,
     pub breaker_trips: usize,
     pub senders: usize,
     pub sender_rate: f64,
@@ -336,6 +340,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         replay_solo_rate_per_s: solo_rate,
         replay_solo_rate_fraction: solo_rate.map(|r| r / configured),
         max_dlq_depth: i.max_dlq,
+        unsettled: i.unsettled.clone(),
         breaker_trips: trips.len(),
         senders: i.opts.senders,
         sender_rate: i.sender_rate,
@@ -430,6 +435,9 @@ pub fn text(r: &DrillReport) -> String {
         s.push_str(
             "WARNING: the run did not settle before the timeout (work queued, a breaker open or an alert firing)\n",
         );
+        for line in &r.unsettled {
+            s.push_str(&format!("  held: {line}\n"));
+        }
     }
     s.push_str(&format!(
         "requested {}  accepted {}  rejected {}  unanswered {}\n",
@@ -545,7 +553,7 @@ pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) 
         "time_to_close_s": r.time_to_close_s, "replay_drain_s": r.replay_drain_s,
         "replay_rate_per_s": r.replay_rate_per_s, "replay_rate_fraction": r.replay_rate_fraction,
         "replay_solo_rate_per_s": r.replay_solo_rate_per_s, "replay_solo_rate_fraction": r.replay_solo_rate_fraction,
-        "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips,
+        "max_dlq_depth": r.max_dlq_depth, "breaker_trips": r.breaker_trips, "unsettled": r.unsettled,
         "webhooks": {
             "statuses_scheduled": r.webhooks.statuses_scheduled, "statuses_delivered": r.webhooks.statuses_delivered,
             "statuses_dropped": r.webhooks.statuses_dropped, "post_failures": r.webhooks.post_failures,

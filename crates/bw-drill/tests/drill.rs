@@ -171,7 +171,13 @@ fn small_drills_without_and_with_chaos_lose_nothing_and_report_every_section() {
     assert_report_files(&dir, &r);
     for row in ["queues", "dedup", "retries", "alerts", "logs"] {
         let v = r["validation"].as_array().and_then(|v| v.iter().find(|v| v["row"] == row).cloned());
-        assert_eq!(v.as_ref().map(|v| v["status"].clone()), Some("passed".into()), "{row}: {v:?}");
+        assert_eq!(
+            v.as_ref().map(|v| v["status"].clone()),
+            Some("passed".into()),
+            "{row}: {v:?}\nwhat held the run: {:#}\n{}",
+            r["unsettled"],
+            tail(&out)
+        );
     }
     for width in [1280, 800] {
         let dom = common::render(&dir.join("report.html"), width, &dir.join(format!("report-{width}.png")));
