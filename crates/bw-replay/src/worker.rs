@@ -7,7 +7,10 @@
 //! `priority_rate_per_s` — the dispatcher admits them as priority traffic and its send slots pace them at the
 //! sender's rate, so this rate and the lane depth bound only keep replay from running far ahead. Marketing
 //! entries go to the `rp` lane after the full `soak_ms`, paced to spare rate as before. Within a class the DLQ
-//! is FIFO: the older entry goes first.
+//! is FIFO: the older entry goes first. A marketing session stops and the drain starts again from the priority
+//! class whenever new priority entries reach the DLQ, and whenever the rp lane is full while any priority entry
+//! waits: the dispatcher holds marketing back while a priority entry is in the DLQ, so a full rp lane would
+//! otherwise never drain and the session never end (`priority_waiting`).
 
 use crate::{Ctx, ScopeView};
 use async_nats::jetstream::{Message, consumer::pull};
@@ -134,6 +137,9 @@ enum Ended {
     Failed,
     /// The priority entries are drained; the marketing ones wait until the full soak is over (this long).
     Soaking(Duration),
+    /// A marketing session stopped because priority entries are waiting in the scope's DLQ: drain again, priority
+    /// class first.
+    PriorityWaiting,
 }
 
 /// One class of a scope's DLQ and the lane its entries go back through, in draining order.
@@ -225,7 +231,7 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
                         Ended::Drained | Ended::Failed | Ended::LeaseLost => Some(idle),
                         // Look again for new priority entries at least every idle interval meanwhile.
                         Ended::Soaking(left) => Some(left.min(idle)),
-                        Ended::Interrupted => continue,
+                        Ended::Interrupted | Ended::PriorityWaiting => continue,
                     }
                 }
                 Ok(None) => Some(Duration::from_millis(ctx.cfg.replay.lease_ttl_ms / 2)),
@@ -323,6 +329,18 @@ async fn drain_class(
     class: Class,
 ) -> (Ended, Option<crate::lease::Held>, u64) {
     let active = active.clone();
+    // A marketing session yields to priority entries that reach the DLQ meanwhile (see `priority_waiting`).
+    let priority = if class.lane == names::Lane::Replay {
+        match consumer(ctx, scope, CLASSES[0]).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "cannot bind the priority dlq consumer");
+                return (Ended::Failed, Some(held), 0);
+            }
+        }
+    } else {
+        None
+    };
     let consumer = match consumer(ctx, scope, class).await {
         Ok(c) => c,
         Err(e) => {
@@ -382,6 +400,11 @@ async fn drain_class(
                 }
             };
             let free = pacing.max_lane_depth.saturating_sub(depth) as usize;
+            if let Some(p) = &priority
+                && priority_waiting(p, free == 0).await
+            {
+                break 'session Ended::PriorityWaiting;
+            }
             if free == 0 {
                 tokio::select! {
                     _ = ctx.shutdown.cancelled() => break 'session Ended::Interrupted,
@@ -389,6 +412,10 @@ async fn drain_class(
                 }
             }
             room = room.min(free);
+        } else if let Some(p) = &priority
+            && priority_waiting(p, false).await
+        {
+            break 'session Ended::PriorityWaiting;
         }
         let fetched = consumer
             .fetch()
@@ -502,6 +529,25 @@ async fn drain_class(
     match ended {
         Ended::LeaseLost => (ended, None, session.moved),
         other => (other, Some(held), session.moved),
+    }
+}
+
+/// Whether a marketing session should stop and let the scope's priority entries go first: new priority entries
+/// arrived in the DLQ (never delivered to the priority consumer), or, when the marketing replay lane is full,
+/// any priority entry at all (one waiting for its not-before time included).
+///
+/// Why the second case matters: the dispatcher holds a sender's marketing back while it has priority entries
+/// in the DLQ (`bw_dispatcher::priority`), so a full marketing lane does not drain while one waits there; a
+/// session that only waited for room in the lane would wait for ever, and the priority entry with it. While the
+/// lane has room, priority entries that only wait for their not-before time do not stop the marketing session
+/// (it would stop again at once after every look at them). A reading that fails stops nothing.
+async fn priority_waiting(priority: &async_nats::jetstream::consumer::PullConsumer, lane_full: bool) -> bool {
+    match priority.get_info().await {
+        Ok(info) => info.num_pending > 0 || (lane_full && info.num_ack_pending > 0),
+        Err(e) => {
+            tracing::debug!(error = %e, "priority dlq consumer unreadable");
+            false
+        }
     }
 }
 

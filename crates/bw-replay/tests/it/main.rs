@@ -479,3 +479,34 @@ async fn priority_entries_are_replayed_first_onto_their_own_lane_without_the_soa
     let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
     assert!(report.is_clean(), "{report}");
 }
+
+/// The deadlock a CI drill found: a marketing drain waiting for room in a full rp lane, while the dispatcher holds
+/// that lane's promotions back because the sender has a priority entry in the DLQ, would wait for ever. At the
+/// compiled lane depth, a priority entry dead-lettered while the rp lane is full still goes onto the rh lane.
+#[tokio::test]
+async fn a_priority_entry_dead_lettered_while_the_marketing_lane_is_full_still_goes_first() {
+    let nats = NatsServer::start();
+    let deps = deps(&nats).await;
+    let compiled: bw_replay::Config =
+        bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &HashMap::new()).expect("defaults");
+    let depth = compiled.replay.max_lane_depth;
+    assert!(depth > 0, "the compiled replay lane is bounded");
+    for i in 0..depth + 20 {
+        put_dlq(&deps, template(&format!("promo-{i}")), 0, 0).await;
+    }
+    set_scope(&deps, BreakerState::Closed, now_ms() - 60_000).await;
+    let depth_s = depth.to_string();
+    // No dispatcher drains the lanes: the rp lane fills to its bound and stays full.
+    let r = start(&nats, &[("REPLAY__MAX_LANE_DEPTH", depth_s.as_str())]).await;
+    assert!(wait_until(WAIT, || async { rp_depth(&deps).await == depth }).await, "the rp lane filled");
+    assert_eq!(dlq_depth(&deps).await, 20, "the rest of the promotions wait for room");
+
+    put_dlq(&deps, order("order-late"), 0, 0).await;
+    assert!(
+        wait_until(WAIT, || async { lane(&deps, names::Lane::PriorityReplay).await.len() == 1 }).await,
+        "the priority entry went onto the rh lane although the rp lane stayed full"
+    );
+    assert_eq!(rp_depth(&deps).await, depth, "the marketing lane kept its bound");
+    assert_eq!(ledger(&deps, "order-late").await.state(), OperationState::Queued);
+    r.stop().await;
+}
