@@ -54,7 +54,7 @@ fn card(out: &mut String, key: &str, value: String, bad: bool) {
 }
 
 fn secs(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.1} s")).unwrap_or_else(|| "n/a".into())
+    crate::report::secs_or(v, "n/a")
 }
 
 /// The page. `svg` is the timeline from [`crate::chart::render`].

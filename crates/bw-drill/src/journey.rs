@@ -71,15 +71,6 @@ pub struct JourneyInputs<'a> {
 const ORDERED: [Category; 4] =
     [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
 
-fn percentile_s(values: &mut [i64], p: f64) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    values.sort_unstable();
-    let idx = ((values.len() as f64 - 1.0) * p).round() as usize;
-    Some(values[idx] as f64 / 1000.0)
-}
-
 /// One operation as the journey sees it.
 struct Op<'a> {
     entry: &'a LedgerEntry,
@@ -120,9 +111,10 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
         if of.is_empty() {
             continue;
         }
-        let delay = |o: &&Op<'_>| o.meta_ms.map(|m| m - o.entry.accepted_at_unix_ms);
-        let mut all: Vec<i64> = of.iter().filter_map(delay).collect();
-        let mut dead: Vec<i64> = of.iter().filter(|o| o.dead_lettered()).filter_map(delay).collect();
+        // Milliseconds from ingest's acceptance to Meta's (one machine's clock; never below 0).
+        let delay = |o: &&Op<'_>| o.meta_ms.map(|m| (m - o.entry.accepted_at_unix_ms).max(0) as u64);
+        let mut all: Vec<u64> = of.iter().filter_map(delay).collect();
+        let mut dead: Vec<u64> = of.iter().filter(|o| o.dead_lettered()).filter_map(delay).collect();
         let last_dead = of.iter().filter(|o| o.dead_lettered()).filter_map(|o| o.meta_ms).max();
         let state = |s: OperationState| of.iter().filter(|o| o.entry.state() == s).count() as u64;
         categories.push(CategoryRow {
@@ -132,10 +124,10 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
             expired: state(OperationState::Expired),
             quarantined: state(OperationState::Quarantined),
             dead_lettered: dead.len() as u64,
-            delay_p50_s: percentile_s(&mut all, 0.50),
-            delay_p99_s: percentile_s(&mut all, 0.99),
-            dead_lettered_delay_p50_s: percentile_s(&mut dead, 0.50),
-            dead_lettered_delay_p99_s: percentile_s(&mut dead, 0.99),
+            delay_p50_s: crate::report::percentile(&mut all, 0.50),
+            delay_p99_s: crate::report::percentile(&mut all, 0.99),
+            dead_lettered_delay_p50_s: crate::report::percentile(&mut dead, 0.50),
+            dead_lettered_delay_p99_s: crate::report::percentile(&mut dead, 0.99),
             last_dead_lettered_after_recovery_s: match (last_dead, i.recovery_unix_ms) {
                 (Some(last), Some(rec)) => Some((last - rec) as f64 / 1000.0),
                 _ => None,
@@ -177,7 +169,7 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
 }
 
 fn secs(v: Option<f64>) -> String {
-    v.map(|v| format!("{v:.1} s")).unwrap_or_else(|| "-".into())
+    crate::report::secs_or(v, "-")
 }
 
 /// The per-category table and the recovery checks as text lines.
