@@ -351,3 +351,40 @@ async fn two_concurrent_deliveries_of_one_operation_send_it_once() {
     assert!(entry.flagged_unknown, "the copy that lost the mark went through BW_UNKNOWN, flagged");
     assert_eq!(stream_payloads(&h, names::UNKNOWN_STREAM).await.len(), 1, "one copy left to reconciliation");
 }
+
+/// A full DLQ refuses the dead-letter move: the message stays queued in BW_SEND (nothing lost), the sender's
+/// `dlq_limit` signal is raised, and once the limit is raised the move completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_dlq_keeps_the_message_queued_and_raises_the_dlq_limit_signal() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    h.sim.set_scenario(failing(0, None, FaultKind::Error { code: 190, http_status: None, subcode: None }));
+    let mut signals = h.client.subscribe(names::signal_subject("dlq_limit")).await.expect("subscribe");
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    let limit = |max_messages: i64| {
+        let js = h.js.clone();
+        async move {
+            let mut stream = js.get_stream(names::DLQ_STREAM).await.expect("dlq");
+            let mut config = stream.info().await.expect("info").config.clone();
+            config.max_messages = max_messages;
+            js.update_stream(config).await.expect("limit the dlq");
+        }
+    };
+    limit(1).await;
+    submit(&h, &order("full-1", 1)).await;
+    assert!(h.wait_state("full-1", &[OperationState::Dlq], WAIT).await);
+    submit(&h, &order("full-2", 2)).await;
+    let signal = tokio::time::timeout(WAIT, signals.next()).await.expect("signal in time").expect("signal");
+    let signal = Signal::decode(signal.payload.as_ref()).expect("signal decodes");
+    assert_eq!((signal.kind.as_str(), signal.phone_number_id.as_str()), ("dlq_limit", PHONE));
+    assert!(signal.detail.contains(names::DLQ_STREAM), "{}", signal.detail);
+    assert!(!signal.detail.contains("+54911"), "no recipient in the signal");
+    let entry = h.ledger_entry("full-2").await.expect("entry").entry;
+    assert_eq!(entry.state(), OperationState::Queued, "the refused move left the message queued");
+    assert_eq!(stream_payloads(&h, names::DLQ_STREAM).await.len(), 1);
+
+    limit(-1).await;
+    assert!(h.wait_state("full-2", &[OperationState::Dlq], WAIT).await, "the move completes once there is room");
+    let report = bw_ops::account::account(&h.js, &h.buckets).await.expect("account");
+    assert!(report.is_clean(), "{report}");
+}

@@ -229,3 +229,16 @@ pub async fn publish_durable(
 #[derive(Debug, thiserror::Error)]
 #[error("durable publish failed: {0}")]
 pub struct PublishError(pub String);
+
+impl PublishError {
+    /// True when the stream refused the message because it reached a limit (its message count, bytes or
+    /// per-subject count with discard = new, or the server's storage): JetStream's "maximum messages exceeded",
+    /// "maximum bytes exceeded", "maximum messages per subject exceeded" and "insufficient resources". Such a
+    /// refusal lasts until the stream is drained or its limit raised; retrying does not help.
+    pub fn stream_full(&self) -> bool {
+        let text = self.0.to_ascii_lowercase();
+        ["maximum messages", "maximum bytes", "insufficient resources", "10077", "10047", "10023"]
+            .iter()
+            .any(|needle| text.contains(needle))
+    }
+}

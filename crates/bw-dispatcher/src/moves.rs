@@ -21,6 +21,8 @@ use std::time::Duration;
 
 /// Redelivery delay after a move that could not complete (broker or ledger unavailable).
 pub(crate) const RETRY_LATER: Duration = Duration::from_secs(1);
+/// Each process raises the `dlq_limit` signal at most this often per sender.
+const DLQ_LIMIT_SIGNAL_EVERY: Duration = Duration::from_secs(10);
 
 /// What one delivery of a message ended in (metric label `result`, span field `result`, outcome event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +147,12 @@ impl Worker {
         match publish_then_record(&self.js, &self.ledger, op, Some(w.ledger.clone()), destination, update).await {
             Ok(_) => self.settle(w, Settle::ack(outcome), Some(event)).await,
             Err(e) => {
+                if let bw_common::moves::MoveError::Publish(p) = &e
+                    && p.stream_full()
+                    && outcome == Outcome::Dlq
+                {
+                    self.dlq_limit(w).await;
+                }
                 tracing::warn!(parent: &w.span, dest = %dest, error = %e, "move not completed; message will be redelivered");
                 self.settle(w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             }
@@ -444,6 +452,33 @@ impl Worker {
             .await;
         let event = Event { err: &ErrorInfo::default(), wamid: "", latency_us: 0 };
         self.settle(&w, done_if(ok, Outcome::Expired), Some(event)).await;
+    }
+
+    /// BW_DLQ refused an entry of this sender because it is full: the message stays in BW_SEND (redelivered,
+    /// nothing lost) and the `dlq_limit` signal tells the on-call person (alert `dlq_limit`, runbook
+    /// dlq-growing). Raised at most once per sender per [`DLQ_LIMIT_SIGNAL_EVERY`] by each process; alerting
+    /// deduplicates the rest.
+    async fn dlq_limit(&self, w: &Work) {
+        let now = std::time::Instant::now();
+        let due = {
+            let mut last = self.dlq_limit_signalled.lock().unwrap_or_else(|p| p.into_inner());
+            let phone = &w.request.phone_number_id;
+            match last.get(phone) {
+                Some(at) if now.duration_since(*at) < DLQ_LIMIT_SIGNAL_EVERY => false,
+                _ => {
+                    last.insert(phone.clone(), now);
+                    true
+                }
+            }
+        };
+        if due {
+            tracing::error!(parent: &w.span, "BW_DLQ is full: dead-letter moves are refused and the messages stay queued");
+            let err = ErrorInfo {
+                details: format!("{} refused a dead-letter entry: the stream is at its limit", names::DLQ_STREAM),
+                ..Default::default()
+            };
+            self.signal("dlq_limit", w, &err).await;
+        }
     }
 
     pub(crate) async fn signal(&self, kind: &str, w: &Work, err: &ErrorInfo) {

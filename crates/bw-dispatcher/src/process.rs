@@ -35,6 +35,8 @@ pub(crate) struct Worker {
     pub instance: String,
     /// Every sender's priority backlog, for the priority gate (`priority.rs`).
     pub backlog: crate::priority::Backlog,
+    /// When this process last raised the `dlq_limit` signal per sender (`moves.rs`).
+    pub dlq_limit_signalled: std::sync::Mutex<HashMap<String, Instant>>,
 }
 
 /// A message that passed the pre-checks and waits for admission.
