@@ -15,3 +15,4 @@ mod meta;
 mod order;
 mod processes;
 mod servers;
+mod stall;

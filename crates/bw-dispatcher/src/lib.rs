@@ -106,6 +106,9 @@ pub struct DispatchConfig {
     pub idle_wait_ms: u64,
     pub hold_max_ms: u64,
     pub readmit_interval_ms: u64,
+    /// An admitted message that reaches the wire more than this long after its send slot goes back to
+    /// admission instead of leaving late (0: never). See `process::Flown::Late`.
+    pub late_send_tolerance_ms: u64,
     /// How long a reading of every sender's priority backlog is reused (the priority gate, `priority.rs`).
     pub priority_backlog_refresh_ms: u64,
     /// Redelivery delay of a marketing message held back while its sender has a priority backlog.

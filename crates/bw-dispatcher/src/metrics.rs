@@ -28,6 +28,8 @@ pub(crate) struct Metrics {
     pub no_usage_headers: Counter,
     /// Order-set members removed because the ledger showed they had ended (a lost release, an operator's purge).
     pub order_healed: Counter,
+    /// Admitted sends that reached the wire too late for their send slot and went back to admission.
+    pub late_slots: Counter,
 }
 
 impl Metrics {
@@ -41,6 +43,7 @@ impl Metrics {
             mark_conflicts: Counter::default(),
             no_usage_headers: Counter::default(),
             order_healed: Counter::default(),
+            late_slots: Counter::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
@@ -62,6 +65,11 @@ impl Metrics {
                 "bw_order_members_healed",
                 "Order-set members removed by a message they blocked because the ledger showed they had ended",
                 m.order_healed.clone(),
+            );
+            r.register(
+                "bw_dispatch_late_slots",
+                "Admitted sends that reached the wire too late for their send slot and went back to admission",
+                m.late_slots.clone(),
             );
         }
         m

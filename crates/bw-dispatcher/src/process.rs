@@ -56,6 +56,8 @@ pub(crate) struct Work {
     pub waited: Duration,
     /// Set when the order gate refused it: what it waits for (`crate::order`).
     pub order_wait: Option<crate::order::Waiting>,
+    /// Times this delivery reached the wire too late for its send slot and went back to admission.
+    pub slot_misses: u8,
 }
 
 impl Work {
@@ -84,7 +86,23 @@ const RECORD_FLUSH_ITEMS: usize = 32;
 const RECORD_FLUSH_AGE: Duration = Duration::from_millis(20);
 
 type Pending = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Option<(Work, bool, MetaAnswer, Duration)>> + Send>>;
+type Sending = std::pin::Pin<Box<dyn std::future::Future<Output = Flown> + Send>>;
+
+/// What became of an admitted message's send.
+enum Flown {
+    /// The request went to Meta: its answer (or transport failure), and whether it was a canary.
+    Answered(Work, bool, MetaAnswer, Duration),
+    /// It reached the wire more than `late_send_tolerance_ms` after its send slot (the process, the broker or
+    /// the ledger stalled): it did not go, and goes back to admission for a new slot, so sends whose slots
+    /// passed meanwhile never leave together as a burst Meta would refuse with 130429.
+    Late(Work),
+    /// Nothing left to do here (another delivery owns it, or it went back to the broker).
+    Done,
+}
+
+/// How often one delivery may miss its send slot and go back to admission; past that it is sent late rather
+/// than never (a machine so slow that every slot is missed must still make progress).
+const MAX_SLOT_MISSES: u8 = 3;
 
 /// Outcomes waiting to be recorded in the breaker, by scope.
 #[derive(Default)]
@@ -169,7 +187,18 @@ impl Worker {
             let readmit_at = f.held.iter().map(|h| h.due).min().map(|due| due.max(last_round + round_gap));
             tokio::select! {
                 Some(done) = f.sends.next(), if !f.sends.is_empty() => {
-                    let Some((w, canary, answer, took)) = done else { continue };
+                    let (w, canary, answer, took) = match done {
+                        Flown::Answered(w, canary, answer, took) => (w, canary, answer, took),
+                        Flown::Late(w) => {
+                            self.metrics.late_slots.inc();
+                            tracing::debug!(parent: &w.span, misses = w.slot_misses, "send slot missed; admitted again");
+                            let now = Instant::now();
+                            f.held.push(Held { due: now, since: now, work: w });
+                            self.metrics.held.inc();
+                            continue;
+                        }
+                        Flown::Done => continue,
+                    };
                     self.metrics.meta_seconds.observe(took.as_secs_f64());
                     outcomes.push(&w, outcome_kind(&answer, &self.cfg), canary);
                     if w.request.keeps_order && crate::order::answer_releases(&answer) {
@@ -286,17 +315,35 @@ impl Worker {
                 // that finds the mark knows this try's outcome is unknown and never resends.
                 // The send slot admission handed out: the fleet's sends of this sender are spaced at its rate
                 // right up to the wire, instead of bunching after a shared admission round.
+                // A send that reaches the wire well after its slot goes back to admission instead (`Flown::Late`).
+                let slot = Duration::from_millis(wait_ms);
+                let due = Instant::now() + slot;
+                let tolerance = Duration::from_millis(self.cfg.late_send_tolerance_ms);
+                let checks_lateness = self.cfg.late_send_tolerance_ms > 0 && w.slot_misses < MAX_SLOT_MISSES;
+                let late = move || checks_lateness && Instant::now().saturating_duration_since(due) > tolerance;
                 f.sends.push(Box::pin(async move {
                     let mut w = w;
                     if wait_ms > 0 {
-                        let slot = Duration::from_millis(wait_ms);
-                        tokio::time::sleep(slot).await;
+                        tokio::time::sleep_until(due.into()).await;
                         w.waited += slot;
                     }
-                    let (w, canary) = this.mark_in_flight(w, canary).await?;
-                    let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
-                    let (answer, took) = this.meta.send(&w.request).instrument(span).await;
-                    Some((w, canary, answer, took))
+                    if late() {
+                        w.slot_misses += 1;
+                        return Flown::Late(w);
+                    }
+                    let Some((w, canary)) = this.mark_in_flight(w, canary).await else { return Flown::Done };
+                    // The mark's write can stall with the broker: look again right before the request leaves.
+                    if late() {
+                        match this.unmark(w).await {
+                            Ok(mut w) => {
+                                w.slot_misses += 1;
+                                return Flown::Late(w);
+                            }
+                            // The mark could not be taken back: this delivery owns it, so it sends now.
+                            Err(w) => return this.send_marked(w, canary).await,
+                        }
+                    }
+                    this.send_marked(w, canary).await
                 }));
             }
             Decision::Deny { reason, mut retry_after_ms } => {
@@ -420,6 +467,44 @@ impl Worker {
         }
     }
 
+    /// The request of a message that holds the on-the-wire mark goes to Meta.
+    async fn send_marked(&self, w: Work, canary: bool) -> Flown {
+        let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
+        let (answer, took) = self.meta.send(&w.request).instrument(span).await;
+        Flown::Answered(w, canary, answer, took)
+    }
+
+    /// Takes back this delivery's on-the-wire mark before any request left (its send slot was missed), keeping
+    /// the ledger revision for the next mark. Err (with the message, mark still set) when the ledger refused
+    /// or was unavailable: the caller then sends as marked.
+    async fn unmark(&self, mut w: Work) -> Result<Work, Work> {
+        let token = w.ledger.entry.in_flight_token.clone();
+        let result = self
+            .ledger
+            .update_versioned(&w.request.operation_id, Some(w.ledger.clone()), |cur| {
+                let e = cur?;
+                if e.state() != OperationState::Queued || e.in_flight_token != token {
+                    return None;
+                }
+                let mut e = e.clone();
+                e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
+                Some(e)
+            })
+            .await;
+        match result {
+            Ok(Some(v)) if v.entry.state() == OperationState::Queued && v.entry.in_flight_token.is_empty() => {
+                w.ledger = v;
+                Ok(w)
+            }
+            Ok(_) => Err(w),
+            Err(e) => {
+                tracing::debug!(parent: &w.span, error = %e, "on-the-wire mark not taken back; sending late");
+                Err(w)
+            }
+        }
+    }
+
     /// Identifies this delivery of this message: instance, stream sequence, delivery count.
     fn delivery_token(&self, w: &Work) -> String {
         let (seq, delivered) = w.msg.info().map(|i| (i.stream_sequence, i.delivered)).unwrap_or((0, 0));
@@ -511,6 +596,7 @@ impl Worker {
             decided_after: Duration::ZERO,
             waited: Duration::ZERO,
             order_wait: None,
+            slot_misses: 0,
         };
         if in_flight_since > 0 {
             // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
