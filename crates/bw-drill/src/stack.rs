@@ -3,7 +3,6 @@
 //! admin port probed for readiness. Used by the drill and by the resilience tests (kill -9, restart).
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,10 +21,8 @@ pub fn bin_dir() -> PathBuf {
     dir
 }
 
-/// A free loopback port.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
-}
+/// A free loopback port (the test kit's, which the drill uses for its servers too).
+pub use bw_testkit::free_port;
 
 /// One running service process.
 pub struct ServiceProcess {
