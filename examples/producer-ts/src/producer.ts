@@ -9,7 +9,7 @@
 // BW_FEED, subject bw.feed.v1.<phone_number_id>.>, one bw.v1.OutcomeEvent per state change) and prints the events
 // of this operation until a final one (or FOLLOW_SECONDS), and asks the status query (bw.status.v1.<phone>).
 //
-// Usage: NATS_URL=nats://127.0.0.1:4222 npm run send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
+// Usage: NATS_URL=nats://127.0.0.1:4222 npm run --silent send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
 
 import { AckPolicy, DeliverPolicy, connect, headers, type NatsConnection } from "nats";
 import protobuf from "protobufjs";
@@ -118,7 +118,7 @@ async function send(nc: NatsConnection, request: Record<string, unknown>, tries 
 async function main(): Promise<void> {
   const [operationId, wabaId, phoneNumberId, recipient, body] = process.argv.slice(2);
   if (!operationId || !wabaId || !phoneNumberId || !recipient || !body) {
-    console.error("usage: npm run send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>");
+    console.error("usage: npm run --silent send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>");
     process.exit(64);
   }
   const nc = await connect({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" });

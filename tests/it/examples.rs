@@ -1,0 +1,227 @@
+//! The producer examples run as their READMEs tell a user, against a real stack: nats-server, redis-server,
+//! ingest, a dispatcher at its compiled defaults and the Meta simulator sending status webhooks.
+//!
+//! `examples/producer-ts` runs with `npm run --silent send -- ...` (nats.js + protobufjs under tsx), `examples/producer-py`
+//! with `.venv/bin/python producer.py ...` (nats-py, protobuf encoded by hand); both with only `NATS_URL` (and the
+//! README's `FOLLOW_SECONDS`) set. Each must exit 0 after Meta accepted the message exactly once, print the feed
+//! events of its operation in order up to a final one (sent, then delivered or read) that match the status
+//! query's journey it prints last, and never print the full recipient number. Their dependencies come from
+//! `BW_WITH_EXAMPLES=1 scripts/setup.sh` (scripts/test.sh passes it); when they are missing these tests fail
+//! and say so, they never skip.
+
+use bw_e2e::{Harness, WABA_ID};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+const RECIPIENT: &str = "+5491155550142";
+const SETUP: &str = "run `BW_WITH_EXAMPLES=1 scripts/setup.sh` from the repository root (scripts/test.sh does)";
+
+fn example_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("examples").join(name)
+}
+
+/// Whether `program args` runs and exits 0.
+async fn runs(program: &Path, args: &[&str]) -> bool {
+    tokio::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .is_ok_and(|s| s.success())
+}
+
+/// A stack the example can send through: ingest answers on the sender's subjects before the example starts.
+async fn stack(phone: &str) -> Harness {
+    let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+    let producer = h.producer();
+    assert!(
+        bw_testkit::wait_until(Duration::from_secs(20), || async {
+            producer.status(phone, "readiness-probe").await.is_ok()
+        })
+        .await,
+        "ingest never answered the status query"
+    );
+    h
+}
+
+/// What an example printed, in one shape for both.
+#[derive(Debug)]
+struct Printed {
+    accepted: bool,
+    duplicate: bool,
+    /// (kind, wamid) of each feed event, in the order printed; kinds as `sent`, `delivered`...
+    events: Vec<(String, String)>,
+    status_found: bool,
+    current: String,
+    journey: Vec<String>,
+}
+
+/// `OUTCOME_KIND_DELIVERED` (protobufjs' enum name) and `delivered` (the Python example's) both as `delivered`.
+fn kind(name: &str) -> String {
+    name.trim_start_matches("OUTCOME_KIND_").to_ascii_lowercase()
+}
+
+fn str_of<'a>(v: &'a Value, key: &str) -> &'a str {
+    v.get(key).and_then(Value::as_str).unwrap_or_else(|| panic!("no string {key} in {v}"))
+}
+
+/// Runs an example to its end (the guard only stops a hung child) and returns (status, stdout, stderr).
+async fn run(mut cmd: tokio::process::Command) -> (std::process::ExitStatus, String, String) {
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(180), cmd.output())
+        .await
+        .expect("the example hung for 3 minutes")
+        .expect("the example starts");
+    (out.status, String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// The checks both examples must pass, on what they printed and on what Meta (the simulator) saw.
+async fn check(h: &Harness, phone: &str, op: &str, printed: &Printed, output: &str) {
+    assert!(printed.accepted && !printed.duplicate, "ingest accepted it once: {printed:?}\n{output}");
+
+    // Meta accepted exactly this message, exactly once, from the example's sender to its recipient.
+    let oracle = h.sim.oracle();
+    assert_eq!(oracle.total_accepted(), 1, "one acceptance at Meta in all: {:?}", oracle.messages);
+    let seen = oracle.get(op).expect("Meta accepted the example's operation");
+    assert_eq!(seen.count, 1, "accepted exactly once");
+    assert_eq!(seen.phone_number_id, phone);
+    assert_eq!(seen.recipient_key, bw_common::mask::recipient_key(RECIPIENT), "sent to the example's recipient");
+
+    // The feed events of the operation up to a final one: accepted first, sent (with Meta's wamid), then
+    // delivered or read last (the example stopped on it, not on its FOLLOW_SECONDS).
+    let kinds: Vec<&str> = printed.events.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(kinds.first().copied(), Some("accepted"), "events start at accepted: {kinds:?}\n{output}");
+    let sent = kinds.iter().position(|k| *k == "sent").unwrap_or_else(|| panic!("no sent event: {kinds:?}\n{output}"));
+    assert_eq!(printed.events[sent].1, seen.wamids[0], "the sent event carries Meta's wamid");
+    let last = *kinds.last().expect("events");
+    assert!(matches!(last, "delivered" | "read"), "the last event is final (delivered/read): {kinds:?}\n{output}");
+    assert!(sent < kinds.len() - 1, "sent comes before the final event: {kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| matches!(**k, "delivered" | "read")).count(), 1, "one final event: {kinds:?}");
+
+    // The status query it printed last: found, and its journey (every revision, oldest first) begins with
+    // exactly the events the example followed.
+    assert!(printed.status_found, "the status query found the operation\n{output}");
+    assert!(
+        printed.journey.len() >= kinds.len() && printed.journey[..kinds.len()] == kinds[..],
+        "the journey {:?} begins with the events followed {kinds:?}",
+        printed.journey
+    );
+    // The current state is read from the ledger, the journey from the feed, so either may be one revision ahead
+    // of the other (a "read" webhook landing meanwhile); both are past the final event the example followed.
+    assert!(matches!(printed.current.as_str(), "delivered" | "read"), "current state {:?}\n{output}", printed.current);
+
+    // The ledger agrees, moved there by the simulator's status webhooks through ingest.
+    let state = h.ledger_entry(op).await.expect("ledger entry").entry.state();
+    assert!(
+        matches!(state, bw_common::proto::OperationState::Delivered | bw_common::proto::OperationState::Read),
+        "ledger at {state:?}"
+    );
+
+    // The recipient is personal data: no output of the example holds the full number, with or without '+'.
+    assert!(!output.contains(RECIPIENT.trim_start_matches('+')), "the output holds the full recipient:\n{output}");
+}
+
+/// `examples/producer-ts`: `NATS_URL=... npm run --silent send -- <op> <waba> <phone> <+recipient> <text>` (without
+/// `--silent` npm echoes the command line, recipient included, to stdout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_producer_example_sends_once_and_follows_its_message_to_a_final_event() {
+    const PHONE: &str = "106540352249101";
+    const OP: &str = "example-ts-order-42";
+    let dir = example_dir("producer-ts");
+    for tool in ["node", "npm"] {
+        assert!(runs(Path::new(tool), &["--version"]).await, "{tool} is not on PATH: {SETUP}");
+    }
+    assert!(
+        dir.join("node_modules/.bin/tsx").exists() && dir.join("node_modules/nats").exists(),
+        "examples/producer-ts has no node_modules: {SETUP}"
+    );
+    let h = stack(PHONE).await;
+
+    let mut cmd = tokio::process::Command::new("npm");
+    cmd.args(["run", "--silent", "send", "--", OP, WABA_ID, PHONE, RECIPIENT, "Your order shipped"])
+        .current_dir(&dir)
+        .env("NATS_URL", h.nats.url());
+    let (status, stdout, stderr) = run(cmd).await;
+    let output = format!("{stdout}{stderr}");
+    assert!(status.success(), "the example failed ({status}):\n{output}");
+
+    // One JSON object per line: the IntakeReply, the events, the StatusReply.
+    let lines: Vec<Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}"))).collect();
+    assert!(lines.len() >= 3, "reply, events and status printed:\n{output}");
+    let (reply, status_reply) = (&lines[0], &lines[lines.len() - 1]);
+    let printed = Printed {
+        accepted: reply["accepted"] == Value::Bool(true),
+        duplicate: reply["duplicate"] == Value::Bool(true),
+        events: lines[1..lines.len() - 1]
+            .iter()
+            .map(|e| (kind(str_of(e, "event")), str_of(e, "wamid").into()))
+            .collect(),
+        status_found: status_reply["found"] == Value::Bool(true),
+        current: status_reply["current"].get("kind").and_then(Value::as_str).map(kind).unwrap_or_default(),
+        journey: status_reply["journey"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no journey in {status_reply}"))
+            .iter()
+            .map(|e| kind(str_of(e, "kind")))
+            .collect(),
+    };
+    check(&h, PHONE, OP, &printed, &output).await;
+}
+
+/// A line the Python example printed (`<tag> <dict repr>`) as JSON: its values are ints, bools, None and
+/// strings without quotes or backslashes, so swapping the quotes and the three literals is exact.
+fn python_line(output: &str, line: &str) -> Value {
+    let (_, repr) = line.split_once(' ').unwrap_or_else(|| panic!("not `<tag> <dict>`: {line}"));
+    assert!(!repr.contains('"') && !repr.contains('\\'), "unexpected characters in {line}");
+    let json = repr.replace('\'', "\"").replace("True", "true").replace("False", "false").replace("None", "null");
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e} in {line}\n{output}"))
+}
+
+/// `examples/producer-py`: `NATS_URL=... FOLLOW_SECONDS=60 .venv/bin/python producer.py <op> <waba> <phone>
+/// <+recipient> <text>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_producer_example_sends_once_and_follows_its_message_to_a_final_event() {
+    const PHONE: &str = "106540352249102";
+    const OP: &str = "example-py-order-42";
+    let dir = example_dir("producer-py");
+    let python = dir.join(".venv/bin/python");
+    assert!(runs(&python, &["-c", "import nats"]).await, "examples/producer-py/.venv has no nats-py: {SETUP}");
+    let h = stack(PHONE).await;
+
+    let mut cmd = tokio::process::Command::new(&python);
+    cmd.args(["producer.py", OP, WABA_ID, PHONE, RECIPIENT, "Your order shipped"])
+        .current_dir(&dir)
+        .env("NATS_URL", h.nats.url())
+        .env("FOLLOW_SECONDS", "60");
+    let (status, stdout, stderr) = run(cmd).await;
+    let output = format!("{stdout}{stderr}");
+    assert!(status.success(), "the example failed ({status}):\n{output}");
+
+    let tagged = |tag: &str| -> Vec<Value> {
+        stdout.lines().filter(|l| l.starts_with(&format!("{tag} "))).map(|l| python_line(&output, l)).collect()
+    };
+    let (replies, events, statuses) = (tagged("reply"), tagged("event"), tagged("status"));
+    assert!(replies.len() == 1 && statuses.len() == 1, "one reply and one status printed:\n{output}");
+    let (reply, status_reply) = (&replies[0], &statuses[0]);
+    let printed = Printed {
+        accepted: reply["accepted"] == Value::Bool(true),
+        duplicate: reply["duplicate"] == Value::Bool(true),
+        events: events.iter().map(|e| (kind(str_of(e, "event")), str_of(e, "wamid").into())).collect(),
+        status_found: status_reply["found"] == Value::Bool(true),
+        current: status_reply["current"].get("event").and_then(Value::as_str).map(kind).unwrap_or_default(),
+        journey: status_reply["journey"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no journey in {status_reply}"))
+            .iter()
+            .map(|k| kind(k.as_str().unwrap_or_else(|| panic!("journey entry {k}"))))
+            .collect(),
+    };
+    check(&h, PHONE, OP, &printed, &output).await;
+}
