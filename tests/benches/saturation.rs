@@ -1,0 +1,250 @@
+//! Saturation benchmark (issue #17): demand at 130 % of each sender's configured rate for a minute, against
+//! the simulator at Meta's documented throughput (80 msg/s per number, burst 10, every refusal limit-caused).
+//! Counts the 130429 answers Breakwater caused and the throughput it achieved as a share of Meta's limit.
+//!
+//! One run prints three rows, each on fresh servers and a fresh simulator:
+//! - **breakwater**: ingest and three dispatcher processes at the compiled defaults;
+//! - **breakwater, late sends allowed**: the same with `dispatch.late_send_tolerance_ms = 0` (sends whose slot
+//!   passed while the process, broker or ledger stalled leave late, together: the behaviour before the rule);
+//! - **raw**: the same demand POSTed straight at the simulator, no Breakwater (what a naive client causes).
+//!
+//! Special settings: none for the first row (compiled defaults everywhere). The second row changes the one
+//! setting it names. `BW_BENCH_SECONDS` (default 60) sets the saturated minute's length.
+//!
+//! Run: `cargo build --release --bins && cargo bench -p bw-e2e --bench saturation` (BW_BIN_DIR if the binaries
+//! are elsewhere than `target/release`).
+
+use bw_common::proto::Category;
+use std::time::{Duration, Instant};
+
+const WABA_ID: &str = "102290129340398";
+const TOKEN: &str = "saturation-access-token";
+const SECRET: &str = "saturation-app-secret";
+const SENDERS: usize = 2;
+const DISPATCHERS: usize = 3;
+/// Demand as a share of each sender's configured rate.
+const DEMAND: f64 = 1.3;
+
+struct Row {
+    name: &'static str,
+    offered: usize,
+    self_inflicted: u64,
+    /// Messages Meta accepted per second per sender in the saturated window (after a 10 s warm-up).
+    achieved_per_sender: f64,
+    meta_mps: f64,
+    /// Operations Meta accepted more than once.
+    duplicates: usize,
+    lost: usize,
+}
+
+fn sender(i: usize) -> String {
+    format!("1065403522{:05}", 77_000 + i % SENDERS)
+}
+
+fn sim_config(webhook: Option<String>) -> bw_meta_sim::SimConfig {
+    let mut cfg = bw_meta_sim::SimConfig {
+        access_tokens: vec![TOKEN.into()],
+        app_secret: SECRET.into(),
+        waba_id: WABA_ID.into(),
+        ..Default::default()
+    };
+    cfg.webhook.url = webhook;
+    cfg
+}
+
+/// Accepted per second per sender between `from_ms` and `to_ms` (unix ms), from the oracle.
+fn achieved(oracle: &bw_meta_sim::OracleSnapshot, ops: &[String], from_ms: u64, to_ms: u64) -> f64 {
+    let n = ops
+        .iter()
+        .filter_map(|op| oracle.get(op))
+        .filter(|e| e.first_accepted_ms >= from_ms && e.first_accepted_ms < to_ms)
+        .count();
+    n as f64 / ((to_ms - from_ms) as f64 / 1000.0) / SENDERS as f64
+}
+
+fn unix_ms() -> u64 {
+    bw_common::time::now_ms().max(0) as u64
+}
+
+async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str, String)]) -> Row {
+    let nats = bw_testkit::NatsServer::start();
+    let redis_server = bw_testkit::RedisServer::start();
+    let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
+    let sim = bw_meta_sim::MetaSim::start(sim_config(Some(format!("http://{ingest_http}/webhooks/meta"))))
+        .await
+        .expect("simulator");
+    let meta_mps = bw_meta_sim::Limits::default().throughput_mps;
+    let dir = std::env::temp_dir().join(format!("bw-saturation-{}-{}", std::process::id(), name.len()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut services = bw_drill::stack::Services::new(bw_drill::stack::bin_dir(), dir.join("logs"));
+    services
+        .spawn(
+            "ingest",
+            &[
+                ("nats.url", nats.url()),
+                ("redis.url", redis_server.url()),
+                ("http.listen", ingest_http.clone()),
+                ("webhook.app_secret", SECRET.into()),
+                ("webhook.verify_token", "saturation-verify".into()),
+            ],
+        )
+        .expect("bw-ingest binary (run `cargo build --release --bins` first)");
+    for _ in 0..DISPATCHERS {
+        let mut settings = vec![
+            ("nats.url", nats.url()),
+            ("redis.url", redis_server.url()),
+            ("meta.base_url", sim.base_url()),
+            ("meta.access_token", TOKEN.to_string()),
+        ];
+        settings.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
+        services.spawn("dispatcher", &settings).expect("bw-dispatcher binary");
+    }
+    services.wait_ready(Duration::from_secs(60)).await.expect("services ready");
+    let client = async_nats::connect(nats.url()).await.expect("nats");
+    let producer = bw_client::Client::new(client.clone());
+
+    // The producer offers DEMAND x rate per sender, evenly spaced, for `seconds`.
+    let offered = (DEMAND * rate * SENDERS as f64 * seconds as f64) as usize;
+    let gap = Duration::from_secs_f64(1.0 / (DEMAND * rate * SENDERS as f64));
+    let started_ms = unix_ms();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut ops = Vec::with_capacity(offered);
+    for i in 0..offered {
+        tokio::time::sleep_until((started + gap * i as u32).into()).await;
+        let op = format!("sat-{name_len}-{i:07}", name_len = name.len());
+        ops.push(op.clone());
+        let producer = producer.clone();
+        tasks.spawn(async move {
+            let request = bw_client::Request::template(
+                &op,
+                WABA_ID,
+                &sender(i),
+                &format!("+5491{i:09}"),
+                "order_confirmation",
+                "es_AR",
+            )
+            .param("1")
+            .category(Category::Transactional)
+            .build();
+            matches!(producer.send(&request).await, Ok(r) if r.accepted)
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    let produced_ms = unix_ms();
+    while tasks.join_next().await.is_some() {}
+    let sent =
+        bw_testkit::wait_until(Duration::from_secs(600), || async { sim.oracle().total_accepted() >= offered as u64 })
+            .await;
+    let oracle = sim.oracle();
+    let counters = sim.counters();
+    let lost = if sent { 0 } else { ops.iter().filter(|op| oracle.get(op).is_none()).count() };
+    services.stop_all(Duration::from_secs(10));
+    let _ = std::fs::remove_dir_all(&dir);
+    Row {
+        name,
+        offered,
+        self_inflicted: counters.outcome("130429"),
+        achieved_per_sender: achieved(&oracle, &ops, started_ms + 10_000, produced_ms),
+        meta_mps,
+        duplicates: ops.iter().filter(|op| oracle.get(op).is_some_and(|e| e.count > 1)).count(),
+        lost,
+    }
+}
+
+/// The same demand POSTed straight at the simulator by a client that knows nothing of Meta's limits.
+async fn raw(rate: f64, seconds: u64) -> Row {
+    let sim = bw_meta_sim::MetaSim::start(sim_config(None)).await.expect("simulator");
+    let http = reqwest::Client::new();
+    let offered = (DEMAND * rate * SENDERS as f64 * seconds as f64) as usize;
+    let gap = Duration::from_secs_f64(1.0 / (DEMAND * rate * SENDERS as f64));
+    let started_ms = unix_ms();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut ops = Vec::with_capacity(offered);
+    for i in 0..offered {
+        tokio::time::sleep_until((started + gap * i as u32).into()).await;
+        let op = format!("raw-{i:07}");
+        ops.push(op.clone());
+        let url = format!("{}/v23.0/{}/messages", sim.base_url(), sender(i));
+        let http = http.clone();
+        tasks.spawn(async move {
+            let body = serde_json::json!({
+                "messaging_product": "whatsapp",
+                "to": format!("5491{i:09}"),
+                "type": "template",
+                "biz_opaque_callback_data": op,
+                "template": {"name": "order_confirmation", "language": {"code": "es_AR"}},
+            });
+            let _ = http.post(url).bearer_auth(TOKEN).json(&body).send().await;
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    let produced_ms = unix_ms();
+    while tasks.join_next().await.is_some() {}
+    let oracle = sim.oracle();
+    Row {
+        name: "raw (no Breakwater)",
+        offered,
+        self_inflicted: sim.counters().outcome("130429"),
+        achieved_per_sender: achieved(&oracle, &ops, started_ms + 10_000, produced_ms),
+        meta_mps: bw_meta_sim::Limits::default().throughput_mps,
+        duplicates: 0,
+        lost: ops.iter().filter(|op| oracle.get(op).is_none()).count(),
+    }
+}
+
+fn main() {
+    bw_common::service::install_crypto();
+    let seconds: u64 = std::env::var("BW_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(60).max(15);
+    let compiled: bw_dispatcher::Config =
+        bw_common::config::load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, None, &std::collections::HashMap::new())
+            .expect("compiled dispatcher defaults");
+    let rate = compiled.breaker.defaults.rate_per_s;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rows = rt.block_on(async {
+        vec![
+            breakwater("breakwater (compiled defaults)", rate, seconds, &[]).await,
+            breakwater(
+                "breakwater, late sends allowed",
+                rate,
+                seconds,
+                &[("dispatch.late_send_tolerance_ms", "0".to_string())],
+            )
+            .await,
+            raw(rate, seconds).await,
+        ]
+    });
+    println!(
+        "saturation benchmark: {SENDERS} senders, demand {:.0} % of the configured {rate:.0} msg/s each for {seconds} s, \
+         {DISPATCHERS} dispatcher processes; one run on this machine",
+        DEMAND * 100.0
+    );
+    println!(
+        "  {:<34} {:>8} {:>16} {:>22} {:>11} {:>5}",
+        "", "offered", "self-inflicted", "achieved / Meta limit", "duplicates", "lost"
+    );
+    for r in &rows {
+        println!(
+            "  {:<34} {:>8} {:>16} {:>15.1} msg/s {:>4.0}% {:>11} {:>5}",
+            r.name,
+            r.offered,
+            r.self_inflicted,
+            r.achieved_per_sender,
+            r.achieved_per_sender / r.meta_mps * 100.0,
+            r.duplicates,
+            r.lost
+        );
+    }
+    let ours = &rows[0];
+    for other in &rows[1..] {
+        println!(
+            "  ratio {} / {}: self-inflicted 130429 {} vs {}, achieved throughput {:.2}x",
+            ours.name,
+            other.name,
+            ours.self_inflicted,
+            other.self_inflicted,
+            ours.achieved_per_sender / other.achieved_per_sender.max(0.001)
+        );
+    }
+}
