@@ -9,7 +9,9 @@
 //! - **raw**: the same demand POSTed straight at the simulator, no Breakwater (what a naive client causes).
 //!
 //! Special settings: none for the first row (compiled defaults everywhere). The second row changes the one
-//! setting it names. `BW_BENCH_SECONDS` (default 60) sets the saturated minute's length.
+//! setting it names. `BW_BENCH_SECONDS` (default 60) sets the saturated minute's length; `BW_BENCH_RATE` runs
+//! every row at another sender rate (`breaker.defaults.rate_per_s`, said in the output), to see what a rate
+//! closer to Meta's limit costs.
 //!
 //! Run: `cargo build --release --bins && cargo bench -p bw-e2e --bench saturation` (BW_BIN_DIR if the binaries
 //! are elsewhere than `target/release`).
@@ -200,25 +202,25 @@ fn main() {
     let compiled: bw_dispatcher::Config =
         bw_common::config::load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, None, &std::collections::HashMap::new())
             .expect("compiled dispatcher defaults");
-    let rate = compiled.breaker.defaults.rate_per_s;
+    let override_rate: Option<f64> = std::env::var("BW_BENCH_RATE").ok().and_then(|v| v.parse().ok());
+    let rate = override_rate.unwrap_or(compiled.breaker.defaults.rate_per_s);
+    let rate_setting: Vec<(&str, String)> =
+        override_rate.map(|r| vec![("breaker.defaults.rate_per_s", r.to_string())]).unwrap_or_default();
+    let mut late_allowed = rate_setting.clone();
+    late_allowed.push(("dispatch.late_send_tolerance_ms", "0".to_string()));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let rows = rt.block_on(async {
         vec![
-            breakwater("breakwater (compiled defaults)", rate, seconds, &[]).await,
-            breakwater(
-                "breakwater, late sends allowed",
-                rate,
-                seconds,
-                &[("dispatch.late_send_tolerance_ms", "0".to_string())],
-            )
-            .await,
+            breakwater("breakwater", rate, seconds, &rate_setting).await,
+            breakwater("breakwater, late sends allowed", rate, seconds, &late_allowed).await,
             raw(rate, seconds).await,
         ]
     });
     println!(
-        "saturation benchmark: {SENDERS} senders, demand {:.0} % of the configured {rate:.0} msg/s each for {seconds} s, \
-         {DISPATCHERS} dispatcher processes; one run on this machine",
-        DEMAND * 100.0
+        "saturation benchmark: {SENDERS} senders, demand {:.0} % of the configured {rate:.0} msg/s each ({}) for \
+         {seconds} s, {DISPATCHERS} dispatcher processes; one run on this machine",
+        DEMAND * 100.0,
+        if override_rate.is_some() { "BW_BENCH_RATE, not the compiled default" } else { "compiled default" }
     );
     println!(
         "  {:<34} {:>8} {:>16} {:>22} {:>11} {:>5}",
