@@ -35,6 +35,7 @@
 -- ARGV[4+i]    class of message i: "p" priority, "m" marketing, "r" replay
 -- ARGV[4+n+i]  operation id of message i ('' : not gated)
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms,
+--            slot_gap_us (the scope's current slot spacing, microseconds),
 --            code_1, retry_after_or_wait_ms_1, blocker_1, blocker_age_ms_1, ...,
 --            then per transition: from, to, at_ms, reason, incident_id }
 --   codes: CODE in scope_prelude.lua; for allow / canary the number is the slot wait, otherwise the retry-after;
@@ -197,5 +198,6 @@ end
 if ramp_fraction(S, c, now) >= 1 and num(S[F.ramp_start]) > 0 then set(S, F.ramp_start, 0) end
 
 local out = head(S, c, now)
+out[#out + 1] = math.floor(slot_gap * 1000)
 for _, v in ipairs(decisions) do out[#out + 1] = v end
 return finish(S, out, T)

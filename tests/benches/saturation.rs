@@ -72,9 +72,12 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
     let nats = bw_testkit::NatsServer::start();
     let redis_server = bw_testkit::RedisServer::start();
     let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
-    let sim = bw_meta_sim::MetaSim::start(sim_config(Some(format!("http://{ingest_http}/webhooks/meta"))))
-        .await
-        .expect("simulator");
+    let sim = std::sync::Arc::new(
+        bw_meta_sim::MetaSim::start(sim_config(Some(format!("http://{ingest_http}/webhooks/meta"))))
+            .await
+            .expect("simulator"),
+    );
+    let sampler = timeline(sim.clone());
     let meta_mps = bw_meta_sim::Limits::default().throughput_mps;
     let dir = std::env::temp_dir().join(format!("bw-saturation-{}-{}", std::process::id(), name.len()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -142,7 +145,13 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
     let counters = sim.counters();
     let lost = if sent { 0 } else { ops.iter().filter(|op| oracle.get(op).is_none()).count() };
     services.stop_all(Duration::from_secs(10));
-    let _ = std::fs::remove_dir_all(&dir);
+    sampler.0.abort();
+    print_timeline(name, &sampler.1.lock().map(|s| s.clone()).unwrap_or_default());
+    if std::env::var_os("BW_BENCH_KEEP").is_some() {
+        println!("  {name}: service logs kept in {}", dir.join("logs").display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Row {
         name,
         offered,
@@ -151,6 +160,38 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
         meta_mps,
         duplicates: ops.iter().filter(|op| oracle.get(op).is_some_and(|e| e.count > 1)).count(),
         lost,
+    }
+}
+
+type Samples = std::sync::Arc<std::sync::Mutex<Vec<(f64, u64, u64)>>>;
+
+/// Every half second: seconds since start, calls Meta accepted, 130429 answers so far (with BW_BENCH_TIMELINE).
+fn timeline(sim: std::sync::Arc<bw_meta_sim::SimHandle>) -> (tokio::task::JoinHandle<()>, Samples) {
+    let samples: Samples = Default::default();
+    let into = samples.clone();
+    let task = tokio::spawn(async move {
+        let started = Instant::now();
+        loop {
+            let row =
+                (started.elapsed().as_secs_f64(), sim.oracle().total_accepted(), sim.counters().outcome("130429"));
+            if let Ok(mut s) = into.lock() {
+                s.push(row);
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    (task, samples)
+}
+
+fn print_timeline(name: &str, samples: &[(f64, u64, u64)]) {
+    if std::env::var_os("BW_BENCH_TIMELINE").is_none() {
+        return;
+    }
+    println!("  {name}: per half second, accepted and 130429 answers");
+    for w in samples.windows(2) {
+        let (t, a0, r0) = w[0];
+        let (_, a1, r1) = w[1];
+        println!("    {t:6.1} s  accepted {:>4}  130429 {:>4}", a1 - a0, r1 - r0);
     }
 }
 

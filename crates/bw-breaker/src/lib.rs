@@ -190,6 +190,9 @@ pub struct Admission {
     /// Unix ms the decisions were made at (Redis server time; this host's clock when answered without the
     /// scope script). A send slot is at `server_now_ms + wait_ms`.
     pub server_now_ms: i64,
+    /// Spacing of the scope's send slots when the decisions were made (1 / effective rate), ms; 0 when the
+    /// answer came without a slot schedule (a refusal known without a round trip).
+    pub slot_gap_ms: f64,
     /// For each [`DenyReason::OrderWait`] decision (same index), the operation it waits for; empty when the
     /// admission carried no operation ids ([`Breaker::admit`]) or was answered without the scope script.
     pub blockers: Vec<Option<Blocker>>,
@@ -571,6 +574,7 @@ impl Breaker {
             degraded: false,
             server_now_ms: bw_common::time::now_ms(),
             blockers: Vec::new(),
+            slot_gap_ms: 0.0,
         })
     }
 
@@ -620,6 +624,7 @@ impl Breaker {
                     degraded: false,
                     server_now_ms: bw_common::time::now_ms(),
                     blockers: Vec::new(),
+                    slot_gap_ms: 0.0,
                 }
             };
             self.count_decisions(&admission);
@@ -1102,6 +1107,7 @@ type Parsed<T> = Result<T, BreakerError>;
 fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Head, Vec<scripts::RawTransition>)> {
     let mut reply = scripts::Reply::new(value)?;
     let head = scripts::head(&mut reply)?;
+    let slot_gap_ms = reply.int()?.max(0) as f64 / 1000.0;
     let mut decisions = Vec::with_capacity(n);
     let mut blockers = Vec::with_capacity(n);
     for _ in 0..n {
@@ -1128,6 +1134,7 @@ fn parse_admit(value: redis::Value, n: usize) -> Parsed<(Admission, scripts::Hea
         degraded: false,
         server_now_ms: head.now_ms,
         blockers,
+        slot_gap_ms,
     };
     Ok((admission, head, transitions))
 }

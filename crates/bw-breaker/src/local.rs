@@ -157,6 +157,7 @@ impl LocalBreakers {
             degraded: true,
             server_now_ms: bw_common::time::now_ms(),
             blockers: Vec::new(),
+            slot_gap_ms: 1000.0 / cfg.fallback_rate_per_s.max(0.001),
         }
     }
 

@@ -308,6 +308,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             Duration::from_millis(cfg.dispatch.priority_backlog_refresh_ms),
         ),
         dlq_limit_signalled: Default::default(),
+        late_allowance: Default::default(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
