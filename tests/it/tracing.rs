@@ -1,14 +1,20 @@
 //! One message produces one trace across the services: producer span → ingest intake → dispatch, exported
 //! through the real `bw_common::telemetry::init` over OTLP/HTTP to a tiny receiver that decodes
-//! `ExportTraceServiceRequest` protobuf.
+//! `ExportTraceServiceRequest` protobuf. The whole journey stays in that trace: each dispatch attempt with its
+//! `meta.send` child (HTTP status, Meta code), the DLQ move, `replay.entry`, the final send; and for an unknown
+//! outcome, the BW_UNKNOWN move and `ingest.reconcile`. Each test is its own process under nextest (one global
+//! subscriber each).
 
+use crate::dispatch::failing;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use bw_common::proto::{Category, OperationState};
 use bw_e2e::{Harness, WABA_ID};
+use bw_meta_sim::{FaultKind, Scenario, SimConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
 use prost::Message;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +33,23 @@ struct SeenSpan {
     attributes: Vec<(String, String)>,
 }
 
+impl SeenSpan {
+    /// The value of attribute `key`, as text.
+    fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
+fn text(value: Option<&AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        Some(any_value::Value::BoolValue(b)) => b.to_string(),
+        Some(any_value::Value::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
 type Seen = Arc<Mutex<Vec<SeenSpan>>>;
 
 async fn receive(State(seen): State<Seen>, body: Bytes) -> (axum::http::StatusCode, Vec<u8>) {
@@ -40,11 +63,11 @@ async fn receive(State(seen): State<Seen>, body: Bytes) -> (axum::http::StatusCo
             .iter()
             .flat_map(|r| r.attributes.iter())
             .find(|kv| kv.key == "service.name")
-            .map(|kv| format!("{:?}", kv.value))
+            .map(|kv| text(kv.value.as_ref()))
             .unwrap_or_default();
         for ss in rs.scope_spans {
             for span in ss.spans {
-                let attributes = span.attributes.iter().map(|kv| (kv.key.clone(), format!("{:?}", kv.value))).collect();
+                let attributes = span.attributes.iter().map(|kv| (kv.key.clone(), text(kv.value.as_ref()))).collect();
                 out.push(SeenSpan {
                     name: span.name,
                     trace_id: span.trace_id,
@@ -131,4 +154,252 @@ async fn one_message_is_one_trace_from_producer_through_ingest_to_dispatch() {
     assert_eq!(dispatch.trace_id, produce.trace_id, "the dispatcher continues the same trace");
     assert_eq!(dispatch.parent_span_id, intake.span_id, "dispatch is a child of the intake span");
     assert_ne!(dispatch.span_id, intake.span_id);
+}
+
+/// Every span of an operation's journey at info (and warnings elsewhere), so the global subscriber stays quiet
+/// for the rest of the process.
+const JOURNEY: &str = "warn,[e2e.produce]=info,[ingest.intake]=info,[dispatch]=info,[meta.send]=info,\
+                       [replay.entry]=info,[ingest.reconcile]=info,[ingest.process_webhook]=info,\
+                       [ingest.resolve_unknown]=info";
+const WAIT: Duration = Duration::from_secs(30);
+const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+
+/// Installs the real telemetry stack exporting to `endpoint`; dropping the guard flushes it.
+async fn init_journey_telemetry(endpoint: String) -> bw_common::telemetry::TelemetryGuard {
+    let cfg = bw_common::config::TelemetryConfig {
+        log_level: JOURNEY.into(),
+        log_format: "text".into(),
+        otlp_endpoint: endpoint,
+    };
+    // The exporter uses a blocking HTTP client: build it off the async workers.
+    tokio::task::spawn_blocking(move || bw_common::telemetry::init("bw-e2e", &cfg)).await.expect("init")
+}
+
+/// Sends one order inside an `e2e.produce` span; its trace is the operation's.
+async fn produce(h: &Harness, op: &str) {
+    let request = bw_client::Request::template(op, WABA_ID, PHONE, "+5491155550002", "order_confirmation", "es_AR")
+        .param("42")
+        .category(Category::Transactional)
+        .build();
+    let reply =
+        h.producer().send(&request).instrument(tracing::info_span!("e2e.produce")).await.expect("ingest answers");
+    assert!(reply.accepted, "rejected: {}", reply.error);
+}
+
+/// The spans of one trace, read from the receiver.
+struct Trace {
+    spans: Vec<SeenSpan>,
+}
+
+impl Trace {
+    /// The exported producer span (the only `e2e.produce` of the process) and every span of its trace.
+    fn of_producer(seen: &Seen) -> Option<Trace> {
+        let all = seen.lock().expect("lock").clone();
+        let produce = all.iter().find(|s| s.name == "e2e.produce")?.clone();
+        Some(Trace { spans: all.into_iter().filter(|s| s.trace_id == produce.trace_id).collect() })
+    }
+
+    fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a SeenSpan> + 'a {
+        self.spans.iter().filter(move |s| s.name == name)
+    }
+
+    fn one(&self, name: &str) -> &SeenSpan {
+        self.spans.iter().find(|s| s.name == name).unwrap_or_else(|| panic!("no {name} in the trace:\n{self}"))
+    }
+
+    fn children<'a>(&'a self, parent: &'a SeenSpan, name: &'a str) -> impl Iterator<Item = &'a SeenSpan> + 'a {
+        self.named(name).filter(move |s| s.parent_span_id == parent.span_id)
+    }
+
+    fn parent_of(&self, span: &SeenSpan) -> Option<&SeenSpan> {
+        self.spans.iter().find(|s| s.span_id == span.parent_span_id)
+    }
+}
+
+impl std::fmt::Display for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for s in &self.spans {
+            let parent = self.parent_of(s).map(|p| p.name.as_str()).unwrap_or("-");
+            let id: String = s.span_id.iter().map(|b| format!("{b:02x}")).collect();
+            writeln!(f, "  {id} {} <- {parent} {:?}", s.name, s.attributes)?;
+        }
+        Ok(())
+    }
+}
+
+/// Breaker limits that trip on two failed calls and recover in about a second (coordinator and dispatcher).
+fn fast_breaker(prefix: &str) -> Vec<(String, String)> {
+    [
+        ("failure_threshold", "0.5"),
+        ("min_calls", "2"),
+        ("cooldown_ms", "500"),
+        ("cooldown_max_ms", "1000"),
+        ("cooldown_jitter", "0"),
+        ("ramp_ms", "0"),
+        ("rate_per_s", "200"),
+        ("burst", "20"),
+        ("canaries_per_s", "20"),
+        ("close_after_successes", "1"),
+        ("pair_burst", "1000"),
+    ]
+    .iter()
+    .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
+    .collect()
+}
+
+fn pairs(v: &[(String, String)]) -> Vec<(&str, String)> {
+    v.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
+}
+
+/// The DLQ and replay path is part of the operation's trace: producer → ingest.intake → dispatch attempts (each
+/// `meta.send` child carrying Meta's 503 and code 2) → the DLQ move → replay.entry (child of the dispatch that
+/// dead-lettered it) → the final dispatch (child of a replay.entry) whose `meta.send` carries the 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_the_dlq_and_the_replay_stay_in_the_operations_trace() {
+    const OP: &str = "e2e-trace-outage";
+    let (endpoint, seen) = start_receiver().await;
+    let guard = init_journey_telemetry(endpoint).await;
+    let mut h = Harness::start(SimConfig::default()).await;
+    // Meta answers 503 (with its error body, code 2) until the operation has been dead-lettered.
+    h.sim.set_scenario(failing(
+        0,
+        None,
+        FaultKind::Http { status: 503, meta_body: true, code: Some(2), after_processing: false },
+    ));
+    h.start_ingest(&[]).await;
+    h.start_coordinator(&pairs(&fast_breaker("limits.default"))).await;
+    h.start_dispatcher(&pairs(&fast_breaker("breaker.defaults"))).await;
+    h.start_replay(&[
+        ("replay.rate_per_s", "100".into()),
+        ("replay.burst", "5".into()),
+        ("replay.probe_rate_per_s", "5".into()),
+    ])
+    .await;
+    produce(&h, OP).await;
+    assert!(h.wait_state(OP, &[OperationState::Dlq], WAIT).await, "{:?}", h.ledger_entry(OP).await);
+    // Meta recovers: the breaker's probes succeed and replay puts the operation back.
+    h.sim.set_scenario(Scenario::default());
+    assert!(h.wait_state(OP, &SENT, Duration::from_secs(60)).await, "{:?}", h.ledger_entry(OP).await);
+    assert!(h.ledger_entry(OP).await.expect("entry").entry.replays >= 1, "sent through a replay");
+
+    // The final send's meta.send span is exported with the next batch.
+    let complete = |t: &Trace| {
+        t.named("dispatch").any(|d| {
+            t.parent_of(d).is_some_and(|p| p.name == "replay.entry")
+                && t.children(d, "meta.send").any(|m| m.attr("http_status") == Some("200"))
+        })
+    };
+    let done = bw_testkit::wait_until(WAIT, || async { Trace::of_producer(&seen).is_some_and(|t| complete(&t)) }).await;
+    tokio::task::spawn_blocking(move || drop(guard)).await.expect("flush");
+    let trace = Trace::of_producer(&seen).expect("the producer span was exported");
+    assert!(done, "no final dispatch under a replay.entry with a 200 meta.send:\n{trace}");
+
+    let produce = trace.one("e2e.produce");
+    let intake = trace.one("ingest.intake");
+    assert_eq!(intake.parent_span_id, produce.span_id, "intake is a child of the producer span");
+    assert_eq!(intake.attr("operation_id"), Some(OP));
+    // The attempts before the outage ended: children of the intake span, the first one with a failed call.
+    let before: Vec<&SeenSpan> = trace.children(intake, "dispatch").collect();
+    assert!(!before.is_empty(), "dispatch attempts under ingest.intake:\n{trace}");
+    for d in &before {
+        assert_eq!(d.attr("operation_id"), Some(OP));
+    }
+    let first = before.iter().find(|d| d.attr("attempt") == Some("1")).unwrap_or_else(|| panic!("attempt 1:\n{trace}"));
+    let failed =
+        trace.children(first, "meta.send").next().unwrap_or_else(|| panic!("meta.send of attempt 1:\n{trace}"));
+    assert_eq!(failed.attr("http_status"), Some("503"), "{trace}");
+    assert_eq!(failed.attr("meta_code"), Some("2"), "{trace}");
+    assert_eq!(failed.attr("outcome"), Some("rejected"), "{trace}");
+    // Every replay of the DLQ entry continues the dispatch attempt that dead-lettered it.
+    let replays: Vec<&SeenSpan> = trace.named("replay.entry").collect();
+    assert!(!replays.is_empty(), "replay.entry in the operation's trace:\n{trace}");
+    for r in &replays {
+        let parent = trace.parent_of(r).unwrap_or_else(|| panic!("parent of replay.entry:\n{trace}"));
+        assert_eq!(parent.name, "dispatch", "replay.entry continues a dispatch attempt:\n{trace}");
+        assert_eq!(parent.attr("operation_id"), Some(OP));
+        assert_eq!(parent.attr("result"), Some("dlq"), "the attempt that dead-lettered it:\n{trace}");
+    }
+    assert!(
+        before.iter().any(|d| replays.iter().any(|r| r.parent_span_id == d.span_id)),
+        "the first replay continues an attempt of the first pass:\n{trace}"
+    );
+    // The final send: a dispatch under a replay.entry, its meta.send accepted with a 200 and no Meta code.
+    let last = trace
+        .named("dispatch")
+        .find(|d| {
+            trace.parent_of(d).is_some_and(|p| p.name == "replay.entry")
+                && trace.children(d, "meta.send").any(|m| m.attr("http_status") == Some("200"))
+        })
+        .expect("checked above");
+    assert_eq!(last.attr("operation_id"), Some(OP));
+    let ok = trace.children(last, "meta.send").find(|m| m.attr("http_status") == Some("200")).expect("checked");
+    assert_eq!(ok.attr("meta_code"), Some("0"), "{trace}");
+    assert_eq!(ok.attr("outcome"), Some("accepted"), "{trace}");
+    assert!(trace.spans.iter().all(|s| s.trace_id == produce.trace_id));
+    assert_eq!(h.sim.oracle().get(OP).map(|e| e.count), Some(1), "accepted exactly once");
+}
+
+/// The unknown-outcome path is part of the operation's trace: dispatch → meta.send (timed out: no HTTP status)
+/// → the BW_UNKNOWN move → ingest.reconcile spans (children of that dispatch), the last deciding `resolved`;
+/// the status webhook that resolved it is its own trace, with an `ingest.resolve_unknown` span naming the
+/// operation under `ingest.process_webhook`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_and_its_reconciliation_stay_in_the_operations_trace() {
+    const OP: &str = "e2e-trace-unknown";
+    let (endpoint, seen) = start_receiver().await;
+    let guard = init_journey_telemetry(endpoint).await;
+    let mut h = Harness::start(SimConfig::default()).await;
+    // Meta accepts the message, then the connection hangs past the client timeout.
+    h.sim.set_scenario(failing(0, None, FaultKind::Hang { hold_ms: 3_000, accept: true }));
+    // The simulator's status webhooks are stored but wait unprocessed until the operation is UNKNOWN.
+    h.start_ingest(&[("webhook.process", "false".into())]).await;
+    h.start_dispatcher(&[("meta.request_timeout_ms", "500".into())]).await;
+    produce(&h, OP).await;
+    assert!(h.wait_state(OP, &[OperationState::Unknown], WAIT).await, "{:?}", h.ledger_entry(OP).await);
+    // A processing instance applies the statuses: the operation leaves UNKNOWN without a resend.
+    h.start_ingest(&[]).await;
+    assert!(h.wait_state(OP, &SENT, WAIT).await, "{:?}", h.ledger_entry(OP).await);
+
+    let resolved = |t: &Trace| t.named("ingest.reconcile").any(|r| r.attr("decision") == Some("resolved"));
+    let resolution = || {
+        seen.lock()
+            .expect("lock")
+            .iter()
+            .find(|s| s.name == "ingest.resolve_unknown" && s.attr("operation_id") == Some(OP))
+            .cloned()
+    };
+    let done = bw_testkit::wait_until(WAIT, || async {
+        Trace::of_producer(&seen).is_some_and(|t| resolved(&t)) && resolution().is_some()
+    })
+    .await;
+    tokio::task::spawn_blocking(move || drop(guard)).await.expect("flush");
+    let trace = Trace::of_producer(&seen).expect("the producer span was exported");
+    assert!(done, "no resolved ingest.reconcile in the trace, or no ingest.resolve_unknown:\n{trace}");
+
+    let intake = trace.one("ingest.intake");
+    assert_eq!(intake.parent_span_id, trace.one("e2e.produce").span_id);
+    // The attempt whose answer never came: its meta.send has no HTTP status.
+    let unknown = trace
+        .children(intake, "dispatch")
+        .find(|d| trace.children(d, "meta.send").any(|m| m.attr("outcome") == Some("unknown")))
+        .unwrap_or_else(|| panic!("a dispatch with an unknown meta.send:\n{trace}"));
+    assert_eq!(unknown.attr("result"), Some("unknown"), "the attempt moved it to BW_UNKNOWN:\n{trace}");
+    let call = trace.children(unknown, "meta.send").next().expect("checked");
+    assert_eq!(call.attr("http_status"), None, "a timed-out call has no status:\n{trace}");
+    assert_eq!(call.attr("meta_code"), Some("0"));
+    // Reconciliation continues the attempt that moved the operation to BW_UNKNOWN.
+    let reviews: Vec<&SeenSpan> = trace.named("ingest.reconcile").collect();
+    for r in &reviews {
+        assert_eq!(r.parent_span_id, unknown.span_id, "ingest.reconcile is a child of the unknown attempt:\n{trace}");
+        assert_eq!(r.attr("operation_id"), Some(OP));
+    }
+    assert!(reviews.iter().any(|r| r.attr("decision") == Some("resolved")), "{trace}");
+    // The webhook's own trace names the operation it resolved.
+    let resolution = resolution().expect("checked above");
+    let all = seen.lock().expect("lock").clone();
+    let processing = all.iter().find(|s| s.span_id == resolution.parent_span_id).map(|s| s.name.clone());
+    assert_eq!(processing.as_deref(), Some("ingest.process_webhook"), "resolve_unknown is part of webhook processing");
+    // Stored deliveries are processed concurrently, so any of the three statuses may be the one that resolved it.
+    assert!(matches!(resolution.attr("status"), Some("sent" | "delivered" | "read")), "{:?}", resolution.attributes);
+    assert_eq!(h.sim.oracle().get(OP).map(|e| e.count), Some(1), "never resent blindly");
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 /// What came back from one POST.
 #[derive(Debug, Clone)]
 pub enum MetaAnswer {
-    /// HTTP 200 with a wamid.
-    Accepted { wamid: String, usage_percent: Option<u32> },
+    /// HTTP 2xx (`http_status`, 200 in practice) with a wamid.
+    Accepted { wamid: String, usage_percent: Option<u32>, http_status: u16 },
     /// Meta (or something in front of it) refused the message; it was not created.
     Rejected {
         class: ErrorClass,
@@ -26,6 +26,25 @@ pub enum MetaAnswer {
     NotSent { details: String },
     /// The request may have reached Meta but no answer came (timeout, reset): never resend blindly.
     Unknown { details: String, http_status: u16 },
+}
+
+impl MetaAnswer {
+    /// Writes the answer onto a `meta.send` span: `outcome` (accepted, rejected, not_sent, unknown), `http_status`
+    /// when an HTTP answer arrived (left empty when none did: connect failure, timeout) and `meta_code` (Meta's
+    /// error code; 0 on success and when no Meta error body came).
+    pub fn record_on(&self, span: &tracing::Span) {
+        let (outcome, http_status, meta_code) = match self {
+            MetaAnswer::Accepted { http_status, .. } => ("accepted", Some(*http_status), 0),
+            MetaAnswer::Rejected { http_status, code, .. } => ("rejected", Some(*http_status), *code),
+            MetaAnswer::NotSent { .. } => ("not_sent", None, 0),
+            MetaAnswer::Unknown { http_status, .. } => ("unknown", Some(*http_status).filter(|s| *s != 0), 0),
+        };
+        span.record("outcome", outcome);
+        span.record("meta_code", meta_code);
+        if let Some(status) = http_status {
+            span.record("http_status", status);
+        }
+    }
 }
 
 /// A pooled HTTP client bound to one Meta base URL.
@@ -125,7 +144,7 @@ pub(crate) fn answer_from(
 ) -> MetaAnswer {
     if (200..300).contains(&status) {
         if let Some(wamid) = parse_wamid(body) {
-            return MetaAnswer::Accepted { wamid, usage_percent };
+            return MetaAnswer::Accepted { wamid, usage_percent, http_status: status };
         }
         return MetaAnswer::Unknown { details: format!("{status} without a message id"), http_status: status };
     }

@@ -512,8 +512,15 @@ impl Worker {
 
     /// The request of a message that holds the on-the-wire mark goes to Meta.
     async fn send_marked(&self, w: Work, canary: bool) -> Flown {
-        let span = tracing::info_span!(parent: &w.span, "meta.send", http_status = tracing::field::Empty);
-        let (answer, took) = self.meta.send(&w.request).instrument(span).await;
+        let span = tracing::info_span!(
+            parent: &w.span,
+            "meta.send",
+            outcome = tracing::field::Empty,
+            http_status = tracing::field::Empty,
+            meta_code = tracing::field::Empty,
+        );
+        let (answer, took) = self.meta.send(&w.request).instrument(span.clone()).await;
+        answer.record_on(&span);
         Flown::Answered(w, canary, answer, took)
     }
 

@@ -212,7 +212,7 @@ mod tests {
         let rows: Vec<(&str, MetaAnswer, Tries, Next)> = vec![
             (
                 "200 with a wamid",
-                MetaAnswer::Accepted { wamid: "wamid.1".into(), usage_percent: None },
+                MetaAnswer::Accepted { wamid: "wamid.1".into(), usage_percent: None, http_status: 200 },
                 FIRST,
                 Next::Sent { wamid: "wamid.1".into() },
             ),

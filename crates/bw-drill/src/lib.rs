@@ -74,6 +74,9 @@ pub struct DrillOptions {
     pub owners: Option<PathBuf>,
     /// IANA zone alert times are shown in next to UTC.
     pub zone: String,
+    /// `--otlp URL`: every service exports its spans (one trace per operation) to this OTLP/HTTP traces
+    /// endpoint (`telemetry.otlp_endpoint`), e.g. deploy/compose's Jaeger at `http://127.0.0.1:4318/v1/traces`.
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Default for DrillOptions {
@@ -96,6 +99,7 @@ impl Default for DrillOptions {
             chaos_seed: None,
             owners: None,
             zone: "America/Argentina/Buenos_Aires".into(),
+            otlp_endpoint: None,
         }
     }
 }
@@ -205,6 +209,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     if std::env::var_os("BW_DRILL_LOG").is_none() {
         services.log_level = "info".into();
     }
+    services.otlp_endpoint = opts.otlp_endpoint.clone();
     let nats_url = nats_server.url();
     let redis_url = redis_server.url();
     // 10 % under Meta's limit and a burst of half its tolerance: admitted sends reach Meta with some jitter

@@ -49,6 +49,10 @@ struct Args {
     /// Drill directory (wiped at start).
     #[arg(long, default_value = ".drill")]
     dir: PathBuf,
+    /// Export every service's spans to this OTLP/HTTP traces endpoint (one trace per operation), e.g. the
+    /// Jaeger of deploy/compose: http://127.0.0.1:4318/v1/traces.
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
 }
 
 fn main() {
@@ -68,6 +72,7 @@ fn main() {
         owners: args.owners.clone(),
         zone: args.zone.clone(),
         settle_timeout_s: args.settle_timeout,
+        otlp_endpoint: args.otlp.clone(),
         ..Default::default()
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");

@@ -58,6 +58,8 @@ pub struct Services {
     pub procs: Vec<ServiceProcess>,
     /// `RUST_LOG` of the processes: `BW_DRILL_LOG`, else `warn`.
     pub log_level: String,
+    /// `telemetry.otlp_endpoint` of every process spawned from now on (None: no export).
+    pub otlp_endpoint: Option<String>,
 }
 
 fn env_prefix(service: &str) -> String {
@@ -69,7 +71,7 @@ impl Services {
     pub fn new(bin_dir: PathBuf, log_dir: PathBuf) -> Services {
         let _ = std::fs::create_dir_all(&log_dir);
         let log_level = std::env::var("BW_DRILL_LOG").unwrap_or_else(|_| "warn".into());
-        Services { bin_dir, log_dir, procs: Vec::new(), log_level }
+        Services { bin_dir, log_dir, procs: Vec::new(), log_level, otlp_endpoint: None }
     }
 
     /// Starts `bw-<service>` with config overrides `settings` (keys like `nats.url`), returning its index.
@@ -80,6 +82,9 @@ impl Services {
         let mut env = BTreeMap::new();
         env.insert(format!("{prefix}ADMIN__LISTEN"), admin.clone());
         env.insert(format!("{prefix}NATS__NAME"), format!("bw-{service}-{instance}"));
+        if let Some(endpoint) = &self.otlp_endpoint {
+            env.insert(format!("{prefix}TELEMETRY__OTLP_ENDPOINT"), endpoint.clone());
+        }
         for (key, value) in settings {
             env.insert(format!("{prefix}{}", key.to_ascii_uppercase().replace('.', "__")), value.clone());
         }

@@ -13,6 +13,11 @@
 //! `bodies`) is read from there and deleted once every item in it is handled. Statuses of different messages
 //! are applied concurrently (of one message, in document order); a long delivery tells the broker it is in
 //! progress. Every delivery ends in one typed [`Processed`] applied by `bw_common::disposition::apply`.
+//!
+//! Tracing: each delivery is an `ingest.process_webhook` span. A status that moves an operation out of UNKNOWN
+//! opens an `ingest.resolve_unknown` child (`operation_id`, `status`): Meta's webhooks carry no trace context,
+//! so the operation id is what ties this trace to the operation's own (where `ingest.reconcile` records
+//! `decision=resolved`); search both by `operation_id`.
 
 use crate::bodies::{Bodies, OBJECT_HEADER};
 use crate::metrics::Metrics;
@@ -301,9 +306,12 @@ impl Processor {
         };
         let wamid = s.wamid.clone();
         let (code, title) = (s.error_code, s.error_title.clone());
+        // Whether the write that landed moved the operation out of UNKNOWN (the closure may run more than once).
+        let mut from_unknown = false;
         let stored = self
             .ledger
             .update(&op, |cur| {
+                from_unknown = false;
                 let cur = cur?;
                 let mut next = cur.clone();
                 if next.wamid.is_empty() {
@@ -321,6 +329,7 @@ impl Processor {
                     return Some(next);
                 }
                 next.set_state(target);
+                from_unknown = cur.state() == OperationState::Unknown;
                 if target == OperationState::Failed {
                     next.last_code = code;
                     next.reason = format!("failed status: {code}");
@@ -335,6 +344,13 @@ impl Processor {
             Some(entry) if entry.state() == target => {
                 self.metrics.status(status_label(status));
                 tracing::debug!(operation_id = %op, status = status_label(status), "status applied");
+                if from_unknown {
+                    // Meta sends no trace context, so this delivery is its own trace: a child span with the
+                    // operation id ties it to the operation's trace, which the reconciler's `resolved` span closes.
+                    let _resolved =
+                        tracing::info_span!("ingest.resolve_unknown", operation_id = %op, status = status_label(status))
+                            .entered();
+                }
             }
             Some(entry) if conflicting_fact(entry.state(), target, code).is_some() => {
                 self.metrics.status("conflict");

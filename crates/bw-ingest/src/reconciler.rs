@@ -5,6 +5,14 @@
 //! `resend` → BW_DLQ (reason UNKNOWN_NO_STATUS, ledger DLQ, still flagged unknown), `quarantine` →
 //! BW_QUARANTINE (UNKNOWN_REVIEW, a human decides), `expire` → ledger EXPIRED (stale OTPs are worse than none).
 //! Moves follow the house order: publish to the destination with a message id, update the ledger, ack.
+//!
+//! Every delivery of an entry is one `ingest.reconcile` span (fields `operation_id`, `decision`: ledger_behind,
+//! waiting, resolved, resend, quarantine, expire, retry, undecodable) whose parent is the trace context the
+//! dispatcher wrote into the entry's headers, so reconciliation shows in the operation's own trace; the DLQ and
+//! quarantine entries it writes carry that span on, so a replay after `resend` stays in the trace too. A status
+//! webhook that resolves the operation meanwhile is its own trace (Meta sends no trace context): its
+//! `ingest.process_webhook` span gets an `ingest.resolve_unknown` child with the same `operation_id`
+//! (see `processor.rs`), and the `resolved` reconcile span closes the operation's trace.
 
 use crate::metrics::Metrics;
 use async_nats::jetstream::{self, AckKind};
@@ -18,6 +26,7 @@ use bw_common::time::now_ms;
 use prost::Message as _;
 use serde::Deserialize;
 use std::time::Duration;
+use tracing::Instrument;
 
 const RETRY_LATER: Duration = Duration::from_secs(1);
 
@@ -80,31 +89,45 @@ pub(crate) struct Reconciler {
     pub metrics: Metrics,
 }
 
+/// Headers of a move: its message id and the trace context of the current reconcile span.
 fn headers(msg_id: &str) -> async_nats::HeaderMap {
     let mut h = async_nats::HeaderMap::new();
     h.insert("Nats-Msg-Id", msg_id);
+    bw_common::telemetry::inject(&tracing::Span::current(), &mut h);
     h
 }
 
 impl Reconciler {
-    /// Handles one BW_UNKNOWN entry and acks or naks it.
+    /// Handles one BW_UNKNOWN entry and acks or naks it, inside its `ingest.reconcile` span.
     pub(crate) async fn handle(&self, msg: jetstream::Message) {
+        let span = tracing::info_span!(
+            "ingest.reconcile",
+            operation_id = tracing::field::Empty,
+            decision = tracing::field::Empty
+        );
+        bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
+        let decision = self.review(&msg, &span).instrument(span.clone()).await;
+        span.record("decision", decision);
+    }
+
+    /// Reviews one entry; returns what was decided (the span's `decision`).
+    async fn review(&self, msg: &jetstream::Message, span: &tracing::Span) -> &'static str {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         let entry = match UnknownOutcome::decode(msg.payload.as_ref()) {
             Ok(e) if e.request.is_some() => e,
             _ => {
-                self.keep_undecodable(&msg).await;
-                return;
+                return if self.keep_undecodable(msg).await { "undecodable" } else { "retry" };
             }
         };
         let request = entry.request.clone().unwrap_or_default();
         let op = request.operation_id.clone();
+        span.record("operation_id", op.as_str());
         let current = match self.ledger.get(&op).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(operation_id = %op, error = %e, "ledger unavailable; retrying");
                 let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-                return;
+                return "retry";
             }
         };
         // The dispatcher stores the entry here before it moves the ledger to UNKNOWN; until that update lands
@@ -113,13 +136,13 @@ impl Reconciler {
         if current.as_ref().is_none_or(|c| c.entry.state() == OperationState::Queued) {
             self.metrics.reconciled("ledger_behind");
             let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-            return;
+            return "ledger_behind";
         }
         if current.as_ref().is_some_and(|c| c.entry.state() != OperationState::Unknown) {
             self.metrics.reconciled("resolved");
             tracing::info!(operation_id = %op, "unknown outcome already resolved");
             let _ = msg.ack().await;
-            return;
+            return "resolved";
         }
         let review_at = if entry.review_at_unix_ms > 0 {
             entry.review_at_unix_ms
@@ -131,7 +154,7 @@ impl Reconciler {
             self.metrics.reconciled("waiting");
             let wait = Duration::from_millis((review_at - now) as u64).min(self.recheck);
             let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
-            return;
+            return "waiting";
         }
         let policy = self.policies.for_category(request.category());
         let mut incident = String::new();
@@ -148,7 +171,7 @@ impl Reconciler {
         };
         if !moved {
             let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-            return;
+            return "retry";
         }
         let (state, reason) = match policy {
             Policy::Resend => (OperationState::Dlq, "dlq: unknown outcome, no status"),
@@ -178,10 +201,12 @@ impl Reconciler {
                 self.metrics.reconciled(policy.label());
                 tracing::info!(operation_id = %op, policy = policy.label(), "unknown outcome reviewed");
                 let _ = msg.ack().await;
+                policy.label()
             }
             Err(e) => {
                 tracing::warn!(operation_id = %op, error = %e, "ledger update failed; retrying");
                 let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+                "retry"
             }
         }
     }
@@ -249,7 +274,8 @@ impl Reconciler {
         }
     }
 
-    async fn keep_undecodable(&self, msg: &jetstream::Message) {
+    /// Moves an undecodable entry to BW_REJECTED and acks it; false (nak'd) when the move failed.
+    async fn keep_undecodable(&self, msg: &jetstream::Message) -> bool {
         let record = RejectedRequest {
             raw: msg.payload.to_vec(),
             source: msg.subject.to_string(),
@@ -268,8 +294,10 @@ impl Reconciler {
             self.metrics.reconciled("undecodable");
             tracing::warn!("undecodable BW_UNKNOWN entry moved to BW_REJECTED");
             let _ = msg.ack().await;
+            true
         } else {
             let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
+            false
         }
     }
 }
