@@ -408,3 +408,87 @@ async fn an_unknown_outcome_and_its_reconciliation_stay_in_the_operations_trace(
     assert!(matches!(resolution.attr("status"), Some("sent" | "delivered" | "read")), "{:?}", resolution.attributes);
     assert_eq!(h.sim.oracle().get(OP).map(|e| e.count), Some(1), "never resent blindly");
 }
+
+/// `bw-stack --otlp URL` (every service in one process, the local stack) exports the operation's trace:
+/// ingest.intake → dispatch → meta.send with Meta's 200, all under the service name `bw-stack`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_stack_exports_an_operations_trace_to_the_otlp_endpoint() {
+    const OP: &str = "e2e-trace-stack";
+    bw_common::service::install_crypto();
+    let (endpoint, seen) = start_receiver().await;
+    let nats = bw_testkit::NatsServer::start();
+    let redis = bw_testkit::RedisServer::start();
+    let bin = bw_drill::stack::bin_dir().join("bw-stack");
+    assert!(bin.exists(), "{} missing: scripts/test.sh builds the binaries first", bin.display());
+    let port = bw_testkit::free_port;
+    let ingest_admin = format!("127.0.0.1:{}", port());
+    // The stack's log goes beside the NATS server's, in its temp dir.
+    let log_path = nats.dir().join("bw-stack.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.args(["--with-simulator", "--simulator-listen", &format!("127.0.0.1:{}", port()), "--otlp", &endpoint])
+        .env_remove("RUST_LOG")
+        .env("BW_INGEST__HTTP__LISTEN", format!("127.0.0.1:{}", port()))
+        .env("BW_INGEST__ADMIN__LISTEN", &ingest_admin)
+        .env("BW_INGEST__REDIS__URL", redis.url())
+        .env("BW_DISPATCHER__REDIS__URL", redis.url())
+        .env("BW_BREAKER_COORDINATOR__REDIS__URL", redis.url())
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log);
+    for service in ["INGEST", "DISPATCHER", "BREAKER_COORDINATOR", "REPLAY", "ALERTING"] {
+        cmd.env(format!("BW_{service}__NATS__URL"), nats.url());
+        if service != "INGEST" {
+            cmd.env(format!("BW_{service}__ADMIN__LISTEN"), format!("127.0.0.1:{}", port()));
+        }
+    }
+    let stack = cmd.spawn().expect("bw-stack starts");
+    let ready = bw_testkit::wait_until(WAIT, || async {
+        reqwest::get(format!("http://{ingest_admin}/readyz")).await.is_ok_and(|r| r.status().is_success())
+    })
+    .await;
+    let log_tail = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(ready, "ingest of bw-stack ready on {ingest_admin}:\n{}", log_tail());
+
+    let client = async_nats::connect(nats.url()).await.expect("producer connects");
+    let request = bw_client::Request::template(OP, WABA_ID, PHONE, "+5491155550003", "order_confirmation", "es_AR")
+        .param("42")
+        .category(Category::Transactional)
+        .build();
+    let reply = bw_client::Client::new(client).send(&request).await.expect("ingest answers");
+    assert!(reply.accepted, "rejected: {}", reply.error);
+
+    // The batch exporter sends within seconds, while the stack runs.
+    let of_op = |name: &str| -> Option<SeenSpan> {
+        let spans = seen.lock().expect("lock");
+        spans.iter().find(|s| s.name == name && s.attributes.iter().any(|(_, v)| v == OP)).cloned()
+    };
+    let exported = bw_testkit::wait_until(WAIT, || async {
+        of_op("dispatch").is_some_and(|d| {
+            seen.lock()
+                .expect("lock")
+                .iter()
+                .any(|s| s.name == "meta.send" && s.parent_span_id == d.span_id && s.attr("http_status") == Some("200"))
+        })
+    })
+    .await;
+    let names: Vec<String> = seen.lock().expect("lock").iter().map(|s| s.name.clone()).collect();
+    assert!(exported, "dispatch and its meta.send 200 exported: {names:?}\n{}", log_tail());
+    let intake = of_op("ingest.intake").expect("intake span exported");
+    let dispatch = of_op("dispatch").expect("dispatch span");
+    assert_eq!(dispatch.trace_id, intake.trace_id, "one trace from intake to the send");
+    assert_eq!(dispatch.parent_span_id, intake.span_id, "dispatch is a child of the intake");
+    assert_eq!(intake.service, "bw-stack", "service.name of the one-process stack");
+
+    // SIGTERM: every service drains and the stack exits cleanly.
+    let term = std::process::Command::new("kill").arg("-TERM").arg(stack.id().to_string()).status();
+    assert!(term.is_ok_and(|s| s.success()), "SIGTERM sent");
+    let stack = std::sync::Mutex::new(stack);
+    let exited = || stack.lock().expect("lock").try_wait().is_ok_and(|s| s.is_some());
+    let stopped = bw_testkit::wait_until(WAIT, || async { exited() }).await;
+    let mut stack = stack.into_inner().expect("lock");
+    if !stopped {
+        let _ = stack.kill();
+    }
+    let status = stack.wait().expect("exit status");
+    assert!(stopped && status.success(), "bw-stack stops cleanly on SIGTERM: {status}\n{}", log_tail());
+}

@@ -3,7 +3,8 @@
 //! environment variables) and serves its own admin port; `--with-simulator` also starts the Meta simulator
 //! and points the dispatcher and its webhooks at it. Stop with SIGTERM or Ctrl-C.
 //!
-//! Example: `scripts/setup.sh --start && cargo run --release -p bw-stack -- --with-simulator`.
+//! Example: `scripts/setup.sh --start && cargo run --release -p bw-stack -- --with-simulator`; add
+//! `--otlp http://127.0.0.1:4318/v1/traces` to export traces (to Jaeger, for instance).
 
 use bw_common::service::{Deps, ServiceConfig, load_config, run_service};
 use clap::Parser;
@@ -20,6 +21,11 @@ struct Args {
     with_simulator: bool,
     #[arg(long, default_value = "127.0.0.1:8089")]
     simulator_listen: std::net::SocketAddr,
+    /// Export every service's spans (one trace per operation) to this OTLP/HTTP traces endpoint, e.g. Jaeger's
+    /// `http://127.0.0.1:4318/v1/traces`. The services share this process, so their spans carry the service
+    /// name `bw-stack`; span names (`ingest.intake`, `dispatch`, `meta.send`, `replay.entry`...) tell them apart.
+    #[arg(long, value_name = "URL")]
+    otlp: Option<String>,
 }
 
 /// Credentials of the local stack when the environment sets none.
@@ -132,7 +138,12 @@ fn main() {
     bw_common::service::install_crypto();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let code = runtime.block_on(async move {
-        let _telemetry = bw_common::telemetry::init("bw-stack", &bw_common::config::TelemetryConfig::default());
+        let telemetry = bw_common::config::TelemetryConfig {
+            otlp_endpoint: args.otlp.clone().unwrap_or_default(),
+            ..Default::default()
+        };
+        // Dropped after the services stop: flushes the spans still batched.
+        let _telemetry = bw_common::telemetry::init("bw-stack", &telemetry);
         let token = bw_common::shutdown::signal_token();
         match stack(args, token).await {
             Ok(()) => 0,
