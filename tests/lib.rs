@@ -111,7 +111,13 @@ impl Harness {
         // The order sets live in Redis (the compiled default keeps order for every category but authentication).
         let redis = bw_common::service::ServiceConfig::redis(&cfg).cloned();
         let deps = self.deps("ingest", redis.as_ref()).await;
-        self.keep(|token| tokio::spawn(bw_ingest::run(cfg, deps, token)))
+        let health = deps.health.clone();
+        let index = self.keep(|token| tokio::spawn(bw_ingest::run(cfg, deps, token)));
+        // Ready means subscribed: the first request of a test never meets "no responders", however slow the
+        // machine.
+        let ready = bw_testkit::wait_until(Duration::from_secs(30), || async { health.check().await.is_empty() }).await;
+        assert!(ready, "ingest ready");
+        index
     }
 
     /// Starts a dispatcher instance talking to the simulator.

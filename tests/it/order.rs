@@ -40,7 +40,30 @@ async fn in_dlq(h: &Harness, op: &str, replays: u32) {
         h.ledger_entry(op).await.is_some_and(|v| v.entry.state() == OperationState::Dlq && v.entry.replays >= replays)
     })
     .await;
-    assert!(ok, "{op} in the DLQ after {replays} replays: {:?}", h.ledger_entry(op).await.map(|v| v.entry));
+    assert!(
+        ok,
+        "{op} in the DLQ after {replays} replays: {:?}\nlast unknown-outcome entry of the sender: {}",
+        h.ledger_entry(op).await.map(|v| v.entry),
+        last_unknown(h, op).await
+    );
+}
+
+/// What the last BW_UNKNOWN entry of `op`'s sender says (for a failure message).
+async fn last_unknown(h: &Harness, op: &str) -> String {
+    let Some(entry) = h.ledger_entry(op).await else { return "no ledger entry".into() };
+    let subject = bw_common::names::unknown_subject(&entry.entry.phone_number_id);
+    let Ok(stream) = h.js.get_stream(bw_common::names::UNKNOWN_STREAM).await else { return "no stream".into() };
+    match stream.get_last_raw_message_by_subject(&subject).await {
+        Ok(m) => match <bw_common::proto::UnknownOutcome as prost::Message>::decode(m.payload) {
+            Ok(u) => format!(
+                "{} error {:?}",
+                u.request.map(|r| r.operation_id).unwrap_or_default(),
+                u.error.map(|e| (e.meta_code, e.http_status, e.details))
+            ),
+            Err(e) => format!("undecodable: {e}"),
+        },
+        Err(e) => format!("none ({e})"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

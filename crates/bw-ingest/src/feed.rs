@@ -268,18 +268,22 @@ pub(crate) async fn status(
     reply
 }
 
-/// Serves `bw.status.v1.*` (queue group of the intake) until `shutdown`.
+/// Subscribes to `bw.status.v1.*` (queue group of the intake), before the service reports ready.
+pub(crate) async fn subscribe_status(nats: &async_nats::Client) -> anyhow::Result<async_nats::Subscriber> {
+    nats.queue_subscribe(STATUS_WILDCARD, bw_common::names::INTAKE_QUEUE_GROUP.to_string())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot subscribe to {STATUS_WILDCARD}: {e}"))
+}
+
+/// Serves the status-query subscription (see [`subscribe_status`]) until `shutdown`.
 pub(crate) async fn serve_status(
+    mut sub: async_nats::Subscriber,
     ledger: Ledger,
     js: jetstream::Context,
     nats: async_nats::Client,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut sub = nats
-        .queue_subscribe(STATUS_WILDCARD, bw_common::names::INTAKE_QUEUE_GROUP.to_string())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot subscribe to {STATUS_WILDCARD}: {e}"))?;
     let slots = Arc::new(tokio::sync::Semaphore::new(64));
     loop {
         let msg = tokio::select! {

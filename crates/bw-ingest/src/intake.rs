@@ -243,19 +243,24 @@ impl Intake {
     }
 }
 
-/// Serves `bw.send.v1.*` in the ingest queue group until `shutdown`, with at most `max_in_flight` requests
-/// handled at once.
+/// Subscribes to `bw.send.v1.*` in the ingest queue group. Done before the service reports ready (and flushed
+/// then), so a ready ingest has producers' requests routed to it.
+pub(crate) async fn subscribe_nats(nats: &async_nats::Client) -> anyhow::Result<async_nats::Subscriber> {
+    nats.queue_subscribe(names::INTAKE_WILDCARD, names::INTAKE_QUEUE_GROUP.to_string())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot subscribe to {}: {e}", names::INTAKE_WILDCARD))
+}
+
+/// Serves the intake subscription (see [`subscribe_nats`]) until `shutdown`, with at most `max_in_flight`
+/// requests handled at once.
 pub(crate) async fn serve_nats(
+    mut sub: async_nats::Subscriber,
     intake: Arc<Intake>,
     nats: async_nats::Client,
     max_in_flight: usize,
     tracker: TaskTracker,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut sub = nats
-        .queue_subscribe(names::INTAKE_WILDCARD, names::INTAKE_QUEUE_GROUP.to_string())
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot subscribe to {}: {e}", names::INTAKE_WILDCARD))?;
     let slots = Arc::new(tokio::sync::Semaphore::new(max_in_flight.max(1)));
     loop {
         let msg = tokio::select! {

@@ -506,9 +506,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         let (nats, tracker2, token) = (deps.nats.clone(), tracker.clone(), shutdown.clone());
         let max = cfg.intake.max_in_flight;
         let intake = intake.clone();
+        let sub = intake::subscribe_nats(&nats).await?;
         tracker.spawn(
             async move {
-                if let Err(e) = intake::serve_nats(intake, nats, max, tracker2, token).await {
+                if let Err(e) = intake::serve_nats(sub, intake, nats, max, tracker2, token).await {
                     tracing::error!(error = %e, "nats intake stopped");
                 }
             }
@@ -564,12 +565,16 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     if cfg.feed.status_enabled {
         let (ledger, js, nats) = (ledger.clone(), deps.js.clone(), deps.nats.clone());
         let (tracker2, token) = (tracker.clone(), shutdown.clone());
+        let sub = feed::subscribe_status(&nats).await?;
         tracker.spawn(async move {
-            if let Err(e) = feed::serve_status(ledger, js, nats, tracker2, token).await {
+            if let Err(e) = feed::serve_status(sub, ledger, js, nats, tracker2, token).await {
                 tracing::error!(error = %e, "status query listener stopped");
             }
         });
     }
+    // The intake and status subscriptions are on the server before ingest reports ready (a producer that waits
+    // for /readyz then never meets "no responders").
+    deps.nats.flush().await.map_err(|e| anyhow::anyhow!("nats flush before ready: {e}"))?;
     deps.health.set_started();
     tracing::info!(http = %http_addr, nats_intake = cfg.intake.nats_enabled, "ingest ready");
 

@@ -46,8 +46,12 @@ impl Default for Rules {
 pub enum Check {
     /// Meta accepted it already: drop the DLQ copy (a duplicate prevented).
     AlreadyAccepted,
-    /// The ledger is final without Meta (expired or purged): drop the DLQ copy.
+    /// The ledger is final without Meta (expired or purged), or the quarantine holds the operation: drop the DLQ
+    /// copy.
     AlreadyFinal,
+    /// The operation is live somewhere else for now: keep the entry and look again shortly (see
+    /// [`check_dlq_entry`]).
+    Elsewhere(&'static str),
     /// Its deadline passed: ledger EXPIRED, drop.
     Expired,
     /// Free-form text outside the 24 h window: quarantine WINDOW_CLOSED.
@@ -86,8 +90,26 @@ pub fn check_dlq_entry(envelope: &DlqEnvelope, ledger: Option<&LedgerEntry>, now
     if state.is_accepted_by_meta() {
         return Check::AlreadyAccepted;
     }
-    if state == OperationState::Expired {
+    if matches!(state, OperationState::Expired | OperationState::Quarantined) {
         return Check::AlreadyFinal;
+    }
+    if state == OperationState::Unknown {
+        // BW_UNKNOWN owns it: Meta may have it, so it is never resent from here. The reconciler moves it to the
+        // DLQ itself (entry first, then the ledger), and this entry is replayed once the ledger says so.
+        return Check::Elsewhere("outcome unknown, being reconciled; never resent blindly");
+    }
+    if let Some(l) = ledger
+        && state == OperationState::Queued
+    {
+        if l.replays > envelope.replay_attempts && l.reason == replay_reason(l.replays, "dlq") {
+            return Check::Resume { replay: l.replays };
+        }
+        // The ledger still says QUEUED: the delivery that wrote this entry has not recorded the move yet (it
+        // publishes first, then writes the ledger), or a live copy of the operation is in BW_SEND. Replaying now
+        // would make a second copy, and the on-the-wire mark the delivery leaves until its ledger write would
+        // turn that copy into an unknown outcome. The move completes (ledger DLQ) or the live copy settles the
+        // operation; either way the next look decides.
+        return Check::Elsewhere("a move of this operation is unfinished (ledger QUEUED)");
     }
     if deadline_passed(&request, now_ms) {
         return Check::Expired;
@@ -96,13 +118,6 @@ pub fn check_dlq_entry(envelope: &DlqEnvelope, ledger: Option<&LedgerEntry>, now
         return Check::WindowClosed;
     }
     let replays = ledger.map(|l| l.replays).unwrap_or(envelope.replay_attempts);
-    if let Some(l) = ledger
-        && state == OperationState::Queued
-        && l.replays > envelope.replay_attempts
-        && l.reason == replay_reason(l.replays, "dlq")
-    {
-        return Check::Resume { replay: l.replays };
-    }
     if replays >= rules.max_replays {
         return Check::Poison { replays };
     }
@@ -238,6 +253,7 @@ impl Mover {
                 Ok(outcome)
             }
             Check::NotYet { wait_ms } => Ok(Outcome::NotYet(Duration::from_millis(wait_ms.max(1) as u64))),
+            Check::Elsewhere(why) => Ok(Outcome::Skipped(why.into())),
             Check::Resume { replay } => {
                 if let Some(g) = gate
                     && !g.pass().await
