@@ -160,16 +160,16 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
     let nats = server();
     let redis = RedisServer::start();
     let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
-    let sim_cfg = SimConfig {
+    let mut sim_cfg = SimConfig {
         app_secret: APP_SECRET.into(),
         access_tokens: vec![ACCESS_TOKEN.into()],
         waba_id: WABA_ID.into(),
         ..SimConfig::default()
     };
-    let mut sim_cfg = sim_cfg;
     sim_cfg.webhook.url = Some(format!("http://{ingest_http}/webhooks/meta"));
     let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
-    // Ingest, first, creates the topology as its user; the others find it.
+    // The services at their compiled defaults but for where things are and a few speed-ups (retries, Meta's
+    // timeout, alerting's poll). Ingest, started first, creates the topology as its user; the others find it.
     let mut services = Services { health: Vec::new(), tokens: Vec::new(), handles: Vec::new() };
     // ingest
     let mut pairs = nats_env(&nats, "ingest");
@@ -231,7 +231,6 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
         async move { ledger.get(op).await.ok().flatten().map(|v| v.entry) }
     };
     let wait_state = |op: &'static str, states: &'static [OperationState]| {
-        let state_of = state_of.clone();
         async move {
             bw_testkit::wait_until(WAIT, || async { state_of(op).await.is_some_and(|e| states.contains(&e.state())) })
                 .await
