@@ -230,11 +230,8 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
         let ledger = ledger.clone();
         async move { ledger.get(op).await.ok().flatten().map(|v| v.entry) }
     };
-    let wait_state = |op: &'static str, states: &'static [OperationState]| {
-        async move {
-            bw_testkit::wait_until(WAIT, || async { state_of(op).await.is_some_and(|e| states.contains(&e.state())) })
-                .await
-        }
+    let wait_state = |op: &'static str, states: &'static [OperationState]| async move {
+        bw_testkit::wait_until(WAIT, || async { state_of(op).await.is_some_and(|e| states.contains(&e.state())) }).await
     };
 
     // A producer, as its own user on its own inbox prefix.
