@@ -73,6 +73,7 @@ impl Harness {
         let nats_cfg = bw_common::config::NatsConfig {
             url: nats.url(),
             name: "bw-e2e".into(),
+            inbox_prefix: String::new(),
             replicas: 1,
             limits: Default::default(),
         };
@@ -87,6 +88,7 @@ impl Harness {
         let nats_cfg = bw_common::config::NatsConfig {
             url: self.nats.url(),
             name: format!("e2e-{service}"),
+            inbox_prefix: String::new(),
             replicas: 1,
             limits: Default::default(),
         };

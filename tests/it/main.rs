@@ -9,6 +9,7 @@ mod fuzz;
 mod incident;
 mod order;
 mod outage;
+mod permissions;
 mod priority;
 mod redaction;
 mod resilience;

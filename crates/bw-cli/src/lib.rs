@@ -243,6 +243,7 @@ pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
     let cfg = bw_common::config::NatsConfig {
         url: nats_url.to_string(),
         name: "bwctl".into(),
+        inbox_prefix: String::new(),
         replicas: 1,
         limits: Default::default(),
     };

@@ -194,6 +194,7 @@ mod tests {
         let cfg = bw_common::config::NatsConfig {
             url: server.url(),
             name: String::new(),
+            inbox_prefix: String::new(),
             replicas: 1,
             limits: Default::default(),
         };

@@ -155,6 +155,11 @@ pub struct NatsConfig {
     /// Connection name shown in NATS monitoring.
     #[serde(default)]
     pub name: String,
+    /// Prefix of this connection's reply inboxes (request/reply, JetStream API answers, push deliveries), e.g.
+    /// `_INBOX_dispatcher` for a NATS user that may subscribe only to `_INBOX_dispatcher.>`
+    /// (`deploy/nats/accounts.conf`). Empty: the client's default `_INBOX`.
+    #[serde(default)]
+    pub inbox_prefix: String,
     /// Stream replicas when creating streams (1 locally, 3 on a cluster).
     #[serde(default = "one")]
     pub replicas: usize,

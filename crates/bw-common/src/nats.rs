@@ -27,6 +27,8 @@ pub async fn connect(cfg: &NatsConfig, default_name: &str, wait: Duration) -> an
             Some((user, password)) => async_nats::ConnectOptions::with_user_and_password(user.into(), password.into()),
             None => async_nats::ConnectOptions::new(),
         };
+        let options =
+            if cfg.inbox_prefix.is_empty() { options } else { options.custom_inbox_prefix(cfg.inbox_prefix.as_str()) };
         let attempt = options
             .name(&name)
             .connection_timeout(Duration::from_secs(2))

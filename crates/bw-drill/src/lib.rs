@@ -289,6 +289,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         &bw_common::config::NatsConfig {
             url: nats_url.clone(),
             name: "bw-drill".into(),
+            inbox_prefix: String::new(),
             replicas: 1,
             limits: Default::default(),
         },

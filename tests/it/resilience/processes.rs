@@ -74,6 +74,7 @@ async fn operator_breaker(h: &Harness) -> Breaker {
     let nats_cfg = bw_common::config::NatsConfig {
         url: h.nats.url(),
         name: "e2e-operator".into(),
+        inbox_prefix: String::new(),
         replicas: 1,
         limits: Default::default(),
     };

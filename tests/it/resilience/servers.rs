@@ -58,6 +58,7 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     let nats_cfg = bw_common::config::NatsConfig {
         url: urls.clone(),
         name: "e2e-cluster".into(),
+        inbox_prefix: String::new(),
         replicas: 3,
         limits: Default::default(),
     };

@@ -17,14 +17,19 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     let server = NatsServer::start_with_config(
         &conf,
         &[
-            ("BW_NATS_SERVICE_PASSWORD", "svc-pw"),
+            ("BW_NATS_INGEST_PASSWORD", "ingest-pw"),
+            ("BW_NATS_DISPATCHER_PASSWORD", "dispatcher-pw"),
+            ("BW_NATS_REPLAY_PASSWORD", "replay-pw"),
+            ("BW_NATS_BREAKER_COORDINATOR_PASSWORD", "coordinator-pw"),
+            ("BW_NATS_ALERTING_PASSWORD", "alerting-pw"),
             ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
             ("BW_NATS_PRODUCER_PASSWORD", "crm-pw"),
         ],
     );
     let port = server.port();
-    // Ingest runs as the service user.
-    let cfg = test_config(&format!("nats://breakwater:svc-pw@127.0.0.1:{port}"));
+    // Ingest runs as its own user, on its own inbox prefix.
+    let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
+    cfg.nats.inbox_prefix = "_INBOX_ingest".into();
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
     let token = tokio_util::sync::CancellationToken::new();
     let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));

@@ -33,7 +33,13 @@ impl Replay {
 }
 
 async fn deps(nats: &NatsServer) -> Deps {
-    let cfg = NatsConfig { url: nats.url(), name: String::new(), replicas: 1, limits: Default::default() };
+    let cfg = NatsConfig {
+        url: nats.url(),
+        name: String::new(),
+        inbox_prefix: String::new(),
+        replicas: 1,
+        limits: Default::default(),
+    };
     Deps::connect("replay-test", &cfg, None, Duration::from_secs(10)).await.expect("connect")
 }
 

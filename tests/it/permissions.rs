@@ -1,0 +1,421 @@
+//! NATS users (deploy/nats/accounts.conf, the very file): every service runs as its own least-privilege user with
+//! its own inbox prefix, messages go end to end through the Meta simulator (one dead-letters and is replayed,
+//! one is purged by the operator), and nats-server logs no permissions violation; then what a user must not do
+//! is refused (the server logs it and the client gets an error).
+
+use bw_common::config::NatsConfig;
+use bw_common::names;
+use bw_common::proto::{Category, OperationState, SendRequest};
+use bw_common::service::Deps;
+use bw_e2e::{ACCESS_TOKEN, APP_SECRET, INTAKE_API_KEY, WABA_ID};
+use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
+use bw_testkit::{NatsServer, RedisServer};
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const PHONE: &str = "106540352249001";
+/// A second sender, whose DLQ entry the operator purges.
+const PHONE_PURGED: &str = "106540352249002";
+const WAIT: Duration = Duration::from_secs(30);
+const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+
+/// The five service users of accounts.conf (user name = service name) and the environment variable with the
+/// password of each.
+const SERVICES: [(&str, &str); 5] = [
+    ("ingest", "BW_NATS_INGEST_PASSWORD"),
+    ("dispatcher", "BW_NATS_DISPATCHER_PASSWORD"),
+    ("replay", "BW_NATS_REPLAY_PASSWORD"),
+    ("breaker-coordinator", "BW_NATS_BREAKER_COORDINATOR_PASSWORD"),
+    ("alerting", "BW_NATS_ALERTING_PASSWORD"),
+];
+
+fn password(user: &str) -> String {
+    format!("{user}-test-pw")
+}
+
+/// nats-server with deploy/nats/accounts.conf and a password for every user it names.
+fn server() -> NatsServer {
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf");
+    let mut envs: Vec<(&str, String)> = SERVICES.iter().map(|(user, var)| (*var, password(user))).collect();
+    envs.push(("BW_NATS_OPERATOR_PASSWORD", password("operator")));
+    envs.push(("BW_NATS_PRODUCER_PASSWORD", password("producer-crm")));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    NatsServer::start_with_config(&conf, &envs)
+}
+
+fn url_of(server: &NatsServer, user: &str) -> String {
+    format!("nats://{user}:{}@127.0.0.1:{}", password(user), server.port())
+}
+
+/// The `nats.*` settings of a service running as its own user, as a deployment sets them (accounts.conf header).
+fn nats_env(server: &NatsServer, user: &str) -> Vec<(&'static str, String)> {
+    vec![("nats.url", url_of(server, user)), ("nats.inbox_prefix", format!("_INBOX_{user}"))]
+}
+
+fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
+    let prefix = format!("BW_{}__", service.to_ascii_uppercase().replace('-', "_"));
+    pairs.iter().map(|(k, v)| (format!("{prefix}{}", k.to_ascii_uppercase().replace('.', "__")), v.clone())).collect()
+}
+
+/// Connections of `user` the way a service makes them (Deps::connect ensures the topology as that user).
+async fn deps_as(server: &NatsServer, user: &str, redis: Option<&bw_common::config::RedisConfig>) -> Deps {
+    let cfg = NatsConfig {
+        url: url_of(server, user),
+        name: format!("test-{user}"),
+        inbox_prefix: format!("_INBOX_{user}"),
+        replicas: 1,
+        limits: Default::default(),
+    };
+    let mut deps = Deps::connect(user, &cfg, redis, Duration::from_secs(10)).await.expect("connects as its user");
+    if user != "operator" {
+        // A probe of refused actions: a refused JetStream request is never answered, give up sooner.
+        deps.js = async_nats::jetstream::ContextBuilder::new().timeout(Duration::from_secs(2)).build(deps.nats.clone());
+    }
+    deps
+}
+
+/// Lines of the server log that report a permissions violation.
+fn violations(server: &NatsServer) -> Vec<String> {
+    let log = std::fs::read_to_string(server.dir().join("nats.log")).unwrap_or_default();
+    log.lines().filter(|l| l.contains("Violation")).map(str::to_string).collect()
+}
+
+/// Waits until the server logged a violation of `user` naming `subject`.
+async fn logged_violation(server: &NatsServer, user: &str, subject: &str) -> bool {
+    bw_testkit::wait_until(WAIT, || async {
+        violations(server).iter().any(|l| l.contains(&format!("/user:{user}\"")) && l.contains(subject))
+    })
+    .await
+}
+
+fn failing(kind: FaultKind) -> Scenario {
+    Scenario {
+        name: "transient".into(),
+        seed: Some(7),
+        selection: Selection::Deterministic,
+        latency: None,
+        windows: vec![Window {
+            name: "fail".into(),
+            start_ms: 0,
+            duration_ms: None,
+            error_rate: 1.0,
+            faults: vec![Fault { kind, weight: 1 }],
+            latency: None,
+            phone_number_ids: vec![],
+        }],
+        ..Scenario::default()
+    }
+}
+
+fn order(op: &str, phone: &str, i: usize) -> SendRequest {
+    bw_client::Request::template(op, WABA_ID, phone, &format!("+54911777{i:05}"), "order_confirmation", "es_AR")
+        .param("1")
+        .category(Category::Transactional)
+        .build()
+}
+
+struct Services {
+    health: Vec<std::sync::Arc<bw_common::admin::Health>>,
+    tokens: Vec<CancellationToken>,
+    handles: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Services {
+    fn keep(&mut self, deps: &Deps, start: impl FnOnce(CancellationToken) -> JoinHandle<anyhow::Result<()>>) {
+        self.health.push(deps.health.clone());
+        let token = CancellationToken::new();
+        self.handles.push(start(token.clone()));
+        self.tokens.push(token);
+    }
+
+    /// Waits until every service started so far reports ready.
+    async fn ready(&self) -> bool {
+        bw_testkit::wait_until(WAIT, || async {
+            for h in &self.health {
+                if !h.check().await.is_empty() {
+                    return false;
+                }
+            }
+            true
+        })
+        .await
+    }
+
+    async fn stop(self) {
+        for t in &self.tokens {
+            t.cancel();
+        }
+        for h in self.handles {
+            h.await.expect("joins").expect("service stops cleanly");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
+    bw_common::service::install_crypto();
+    let nats = server();
+    let redis = RedisServer::start();
+    let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
+    let mut sim_cfg = SimConfig {
+        app_secret: APP_SECRET.into(),
+        access_tokens: vec![ACCESS_TOKEN.into()],
+        waba_id: WABA_ID.into(),
+        ..SimConfig::default()
+    };
+    sim_cfg.webhook.url = Some(format!("http://{ingest_http}/webhooks/meta"));
+    let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
+    // The services at their compiled defaults but for where things are and a few speed-ups (retries, Meta's
+    // timeout, alerting's poll). Ingest, started first, creates the topology as its user; the others find it.
+    let mut services = Services { health: Vec::new(), tokens: Vec::new(), handles: Vec::new() };
+    // ingest
+    let mut pairs = nats_env(&nats, "ingest");
+    pairs.extend([
+        ("redis.url", redis.url()),
+        ("admin.listen", "127.0.0.1:0".to_string()),
+        ("http.listen", ingest_http.clone()),
+        ("webhook.app_secret", APP_SECRET.to_string()),
+        ("webhook.verify_token", "e2e-verify".to_string()),
+        ("intake.api_keys.e2e.sha256", bw_ingest::key_sha256(INTAKE_API_KEY)),
+        ("intake.api_keys.e2e.phone_number_ids", r#"["*"]"#.to_string()),
+    ]);
+    let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
+    let redis_cfg = bw_common::service::ServiceConfig::redis(&cfg).cloned();
+    let deps = Deps::connect("ingest", &cfg.nats, redis_cfg.as_ref(), WAIT).await.expect("ingest connects");
+    services.keep(&deps.clone(), |t| tokio::spawn(bw_ingest::run(cfg, deps, t)));
+    // dispatcher
+    let mut pairs = nats_env(&nats, "dispatcher");
+    pairs.extend([
+        ("redis.url", redis.url()),
+        ("admin.listen", "127.0.0.1:0".to_string()),
+        ("meta.base_url", sim.base_url()),
+        ("meta.access_token", ACCESS_TOKEN.to_string()),
+        ("dispatch.retry_base_ms", "100".to_string()),
+        ("dispatch.retry_cap_ms", "300".to_string()),
+        ("meta.request_timeout_ms", "500".to_string()),
+    ]);
+    let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
+    let deps = Deps::connect("dispatcher", &cfg.nats, Some(&cfg.redis), WAIT).await.expect("dispatcher connects");
+    services.keep(&deps.clone(), |t| tokio::spawn(bw_dispatcher::run(cfg, deps, t)));
+    // breaker-coordinator
+    let mut pairs = nats_env(&nats, "breaker-coordinator");
+    pairs.extend([("redis.url", redis.url()), ("admin.listen", "127.0.0.1:0".to_string())]);
+    let cfg: bw_breaker_coordinator::Config = bw_common::config::load(
+        "breaker-coordinator",
+        bw_breaker_coordinator::DEFAULT_CONFIG,
+        None,
+        &env_for("breaker-coordinator", &pairs),
+    )
+    .expect("coordinator config");
+    let deps = Deps::connect("breaker-coordinator", &cfg.nats, Some(&cfg.redis), WAIT).await.expect("connects");
+    services.keep(&deps.clone(), |t| tokio::spawn(bw_breaker_coordinator::run(cfg, deps, t)));
+    // alerting: polls depths often so the test sees its polls too
+    let mut pairs = nats_env(&nats, "alerting");
+    pairs.extend([("admin.listen", "127.0.0.1:0".to_string()), ("alerting.poll_interval_ms", "200".to_string())]);
+    let cfg: bw_alerting::Config =
+        bw_common::config::load("alerting", bw_alerting::DEFAULT_CONFIG, None, &env_for("alerting", &pairs))
+            .expect("alerting config");
+    let deps = Deps::connect("alerting", &cfg.nats, None, WAIT).await.expect("alerting connects");
+    services.keep(&deps.clone(), |t| tokio::spawn(bw_alerting::run(cfg, deps, t)));
+
+    assert!(services.ready().await, "the services start as their users: {:?}", violations(&nats));
+
+    // The operator (bwctl's user) observes (the services created the topology): ledger, streams.
+    let operator = deps_as(&nats, "operator", None).await;
+    let ledger = bw_common::ledger::Ledger::new(&operator.buckets);
+    let state_of = |op: &'static str| {
+        let ledger = ledger.clone();
+        async move { ledger.get(op).await.ok().flatten().map(|v| v.entry) }
+    };
+    let wait_state = |op: &'static str, states: &'static [OperationState]| async move {
+        bw_testkit::wait_until(WAIT, || async { state_of(op).await.is_some_and(|e| states.contains(&e.state())) }).await
+    };
+
+    // A producer, as its own user on its own inbox prefix.
+    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), password("producer-crm"))
+        .custom_inbox_prefix("_INBOX_producer-crm")
+        .connect(format!("127.0.0.1:{}", nats.port()))
+        .await
+        .expect("producer connects");
+    let producer = bw_client::Client::new(producer);
+    let submit = |request: SendRequest| {
+        let producer = producer.clone();
+        async move {
+            let reply = producer.send(&request).await.expect("ingest answers");
+            assert!(reply.accepted, "rejected: {}", reply.error);
+        }
+    };
+
+    // Live traffic reaches Meta, and its status webhooks come back through ingest.
+    submit(order("perm-live-1", PHONE, 1)).await;
+    submit(order("perm-live-2", PHONE, 2)).await;
+    assert!(wait_state("perm-live-1", &SENT).await, "{:?}", state_of("perm-live-1").await);
+    assert!(wait_state("perm-live-2", &[OperationState::Read]).await, "{:?}", state_of("perm-live-2").await);
+    assert!(producer.status(PHONE, "perm-live-2").await.expect("status answered").found);
+
+    // A webhook delivery over the server's max_payload goes through ingest's object store first.
+    let wamid = state_of("perm-live-2").await.expect("entry").wamid;
+    let pad = "p".repeat(2_800);
+    let statuses: Vec<serde_json::Value> = (0..400)
+        .map(|_| {
+            serde_json::json!({"id": wamid, "status": "read", "timestamp": "1750030073", "recipient_id": "5491177700002",
+                "biz_opaque_callback_data": "perm-live-2", "conversation": {"id": pad, "origin": {"type": "utility"}}})
+        })
+        .collect();
+    let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{
+        "field": "messages", "value": {"messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE}, "statuses": statuses}}]}]})
+    .to_string();
+    assert!(body.len() > 1024 * 1024, "over the default max_payload of accounts.conf");
+    let status = reqwest::Client::new()
+        .post(format!("http://{ingest_http}/webhooks/meta"))
+        .header("content-type", "application/json")
+        .header("X-Hub-Signature-256", bw_meta_sim::webhook::signature(APP_SECRET, body.as_bytes()))
+        .body(body)
+        .send()
+        .await
+        .expect("ingest answers")
+        .status();
+    assert_eq!(status.as_u16(), 200, "the large delivery is stored");
+    let bodies = operator.js.get_object_store(bw_ingest::BODIES_BUCKET).await.expect("object store");
+    let processed = bw_testkit::wait_until(WAIT, || async {
+        use futures::StreamExt;
+        let Ok(webhooks) = operator.js.get_stream(names::WEBHOOK_STREAM).await else { return false };
+        if webhooks.get_info().await.map(|i| i.state.messages).unwrap_or(1) > 0 {
+            return false;
+        }
+        let Ok(mut list) = bodies.list().await else { return false };
+        while let Some(o) = list.next().await {
+            if o.is_ok_and(|o| o.name.starts_with("webhook.")) {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    assert!(processed, "the large delivery was processed and its body deleted");
+
+    // Meta accepts one but the answer never comes in time: the dispatcher puts it in BW_UNKNOWN, the status
+    // webhooks resolve it (never resent).
+    sim.set_scenario(failing(FaultKind::Hang { hold_ms: 2_000, accept: true }));
+    submit(order("perm-unknown-1", PHONE, 6)).await;
+    let resolved = bw_testkit::wait_until(WAIT, || async {
+        state_of("perm-unknown-1").await.is_some_and(|e| e.flagged_unknown && e.state().is_accepted_by_meta())
+    })
+    .await;
+    assert!(resolved, "{:?}", state_of("perm-unknown-1").await);
+    assert_eq!(sim.oracle().get("perm-unknown-1").map(|e| e.count), Some(1), "never resent");
+
+    // Meta fails: two operations exhaust their retries into the DLQ.
+    sim.set_scenario(failing(FaultKind::Error { code: 131000, http_status: None, subcode: None }));
+    submit(order("perm-dlq-1", PHONE, 3)).await;
+    submit(order("perm-dlq-2", PHONE_PURGED, 4)).await;
+    assert!(wait_state("perm-dlq-1", &[OperationState::Dlq]).await, "{:?}", state_of("perm-dlq-1").await);
+    assert!(wait_state("perm-dlq-2", &[OperationState::Dlq]).await, "{:?}", state_of("perm-dlq-2").await);
+    let seen = violations(&nats);
+    assert!(seen.is_empty(), "the services and the producer did only what their users allow:\n{}", seen.join("\n"));
+
+    // Refused: the dispatcher (like every service) cannot purge the DLQ, delete one of its messages, nor run the
+    // operator's purge, which stops at its first read and changes nothing.
+    let dispatcher = deps_as(&nats, "dispatcher", None).await;
+    let mut dlq = dispatcher.js.get_stream(names::DLQ_STREAM).await.expect("stream info is allowed");
+    assert!(dlq.purge().await.is_err(), "the dispatcher purged the DLQ");
+    assert!(logged_violation(&nats, "dispatcher", "$JS.API.STREAM.PURGE.BW_DLQ").await);
+    let first = dlq.info().await.expect("info").state.first_sequence;
+    assert!(dlq.delete_message(first).await.is_err(), "the dispatcher deleted a DLQ message");
+    assert!(logged_violation(&nats, "dispatcher", "$JS.API.STREAM.MSG.DELETE.BW_DLQ").await);
+    let purge =
+        bw_ops::ops::purge_dlq(&dispatcher.js, &dispatcher.buckets, Some(PHONE_PURGED), 10, &mut |_, _| {}).await;
+    assert!(purge.is_err(), "the dispatcher ran the operator's purge");
+    assert_eq!(state_of("perm-dlq-2").await.map(|e| e.state()), Some(OperationState::Dlq), "left as it was");
+    assert_eq!(dlq.info().await.expect("info").state.messages, 2, "both entries are still in the DLQ");
+
+    // Only the operator may: it purges one sender's DLQ entry (what `bwctl dlq purge --scope` runs).
+    let report = bw_ops::ops::purge_dlq(&operator.js, &operator.buckets, Some(PHONE_PURGED), 10, &mut |_, _| {})
+        .await
+        .expect("the operator purges");
+    assert_eq!(report.outcomes.get("purged"), Some(&1), "{report:?}");
+    assert_eq!(state_of("perm-dlq-2").await.map(|e| e.state()), Some(OperationState::Expired));
+
+    // Meta recovers; replay (started now, so it does not replay into the failure) sends the other one.
+    sim.set_scenario(Scenario::default());
+    let mut pairs = nats_env(&nats, "replay");
+    pairs.extend([("admin.listen", "127.0.0.1:0".to_string()), ("replay.idle_ms", "100".to_string())]);
+    let cfg: bw_replay::Config =
+        bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
+            .expect("replay config");
+    let deps = Deps::connect("replay", &cfg.nats, None, WAIT).await.expect("replay connects");
+    services.keep(&deps.clone(), |t| tokio::spawn(bw_replay::run(cfg, deps, t)));
+    assert!(services.ready().await, "replay starts as its user: {:?}", violations(&nats));
+    assert!(wait_state("perm-dlq-1", &SENT).await, "{:?}", state_of("perm-dlq-1").await);
+    assert_eq!(state_of("perm-dlq-1").await.map(|e| e.replays), Some(1), "replayed once");
+    assert_eq!(sim.oracle().get("perm-dlq-1").map(|e| e.count), Some(1), "accepted once");
+    assert!(wait_state("perm-dlq-1", &[OperationState::Read]).await, "{:?}", state_of("perm-dlq-1").await);
+
+    // Alerting consumed the events the others published.
+    let alerting_saw_events = bw_testkit::wait_until(WAIT, || async {
+        let Ok(stream) = operator.js.get_stream(names::EVENTS_STREAM).await else { return false };
+        let Ok(mut consumer) = stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>("alerting").await
+        else {
+            return false;
+        };
+        consumer.info().await.is_ok_and(|i| i.ack_floor.consumer_sequence > 0)
+    })
+    .await;
+    assert!(alerting_saw_events, "alerting acked events");
+
+    // More refusals. A service is not a producer: no send request on bw.send.v1.*.
+    dispatcher.nats.publish(names::intake_subject(PHONE), "x".into()).await.expect("queued locally");
+    dispatcher.nats.flush().await.expect("flush");
+    assert!(logged_violation(&nats, "dispatcher", "bw.send.v1.").await);
+    // No service reads another's replies: the dispatcher cannot subscribe to ingest's inbox nor the shared one.
+    let _snoop = dispatcher.nats.subscribe("_INBOX_ingest.>".to_string()).await.expect("queued locally");
+    let _shared = dispatcher.nats.subscribe("_INBOX.>".to_string()).await.expect("queued locally");
+    dispatcher.nats.flush().await.expect("flush");
+    assert!(logged_violation(&nats, "dispatcher", "_INBOX_ingest.>").await);
+    assert!(logged_violation(&nats, "dispatcher", "\"_INBOX.>\"").await);
+    // Alerting cannot read or write the ledger (recipients, bodies).
+    let alerting = deps_as(&nats, "alerting", None).await;
+    assert!(alerting.buckets.ledger.get("perm-live-1").await.is_err(), "alerting read the ledger");
+    assert!(logged_violation(&nats, "alerting", "$JS.API.DIRECT.GET.KV_BW_LEDGER").await);
+    assert!(alerting.buckets.ledger.put("perm-live-1", "x".into()).await.is_err(), "alerting wrote the ledger");
+    assert!(logged_violation(&nats, "alerting", "$KV.BW_LEDGER.perm-live-1").await);
+    // Replay cannot put anything on the live lanes, only on the replay lanes.
+    let replay = deps_as(&nats, "replay", None).await;
+    let live = names::outbox_subject(names::Lane::High, PHONE);
+    assert!(bw_common::nats::publish_durable(&replay.js, live.clone(), Default::default(), "x".into()).await.is_err());
+    assert!(logged_violation(&nats, "replay", &live).await);
+    // The coordinator cannot delete a stream; ingest cannot purge the quarantine.
+    let coordinator = deps_as(&nats, "breaker-coordinator", None).await;
+    assert!(coordinator.js.delete_stream(names::SEND_STREAM).await.is_err());
+    assert!(logged_violation(&nats, "breaker-coordinator", "$JS.API.STREAM.DELETE.BW_SEND").await);
+    let ingest = deps_as(&nats, "ingest", None).await;
+    let quarantine = ingest.js.get_stream(names::QUARANTINE_STREAM).await.expect("stream info is allowed");
+    assert!(quarantine.purge().await.is_err(), "ingest purged the quarantine");
+    assert!(logged_violation(&nats, "ingest", "$JS.API.STREAM.PURGE.BW_QUARANTINE").await);
+
+    // Every violation the server logged came from this test's probing connections (named test-<user>), none
+    // from a running service or the producer.
+    let from_services: Vec<String> = violations(&nats).into_iter().filter(|l| !l.contains(":test-")).collect();
+    assert!(from_services.is_empty(), "the services did what their users do not allow:\n{}", from_services.join("\n"));
+
+    services.stop().await;
+}
+
+/// Any service may start first on an empty server: each user alone creates the whole shared topology.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_service_user_alone_creates_the_shared_topology() {
+    for (user, _) in SERVICES {
+        let nats = server();
+        let deps = deps_as(&nats, user, None).await;
+        let names: Vec<String> =
+            bw_common::nats::stream_configs(&Default::default(), 1).into_iter().map(|c| c.name).collect();
+        for name in names {
+            assert!(deps.js.get_stream(&name).await.is_ok(), "{user} created {name}");
+        }
+        assert!(violations(&nats).is_empty(), "{user}: {:?}", violations(&nats));
+    }
+}
