@@ -93,11 +93,6 @@ pub fn check_dlq_entry(envelope: &DlqEnvelope, ledger: Option<&LedgerEntry>, now
     if matches!(state, OperationState::Expired | OperationState::Quarantined) {
         return Check::AlreadyFinal;
     }
-    if state == OperationState::Unknown {
-        // BW_UNKNOWN owns it: Meta may have it, so it is never resent from here. The reconciler moves it to the
-        // DLQ itself (entry first, then the ledger), and this entry is replayed once the ledger says so.
-        return Check::Elsewhere("outcome unknown, being reconciled; never resent blindly");
-    }
     if let Some(l) = ledger
         && state == OperationState::Queued
     {
