@@ -70,13 +70,7 @@ impl Harness {
         let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
         let client = async_nats::connect(nats.url()).await.expect("nats connects");
         let js = async_nats::jetstream::new(client.clone());
-        let nats_cfg = bw_common::config::NatsConfig {
-            url: nats.url(),
-            name: "bw-e2e".into(),
-            inbox_prefix: String::new(),
-            replicas: 1,
-            limits: Default::default(),
-        };
+        let nats_cfg = bw_common::config::NatsConfig::single(nats.url(), "bw-e2e");
         let buckets = bw_common::nats::ensure_topology(&js, &nats_cfg).await.expect("topology");
         let ledger = Ledger::new(&buckets);
         Harness { nats, redis, sim, client, js, buckets, ledger, ingest_http, instances: Vec::new() }
@@ -85,13 +79,7 @@ impl Harness {
     /// Connections of a service: the harness's NATS, and Redis as the service's own loaded config says (the
     /// harness's single node unless a test points it elsewhere, e.g. at a Redis Cluster).
     async fn deps(&self, service: &str, redis: Option<&bw_common::config::RedisConfig>) -> Deps {
-        let nats_cfg = bw_common::config::NatsConfig {
-            url: self.nats.url(),
-            name: format!("e2e-{service}"),
-            inbox_prefix: String::new(),
-            replicas: 1,
-            limits: Default::default(),
-        };
+        let nats_cfg = bw_common::config::NatsConfig::single(self.nats.url(), format!("e2e-{service}"));
         Deps::connect(service, &nats_cfg, redis, Duration::from_secs(10)).await.expect("deps connect")
     }
 

@@ -240,13 +240,7 @@ pub struct Conn {
 
 /// Opens the existing buckets (the CLI never creates topology).
 pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
-    let cfg = bw_common::config::NatsConfig {
-        url: nats_url.to_string(),
-        name: "bwctl".into(),
-        inbox_prefix: String::new(),
-        replicas: 1,
-        limits: Default::default(),
-    };
+    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
     let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
     let js = jetstream::new(client);
     let open = |name: &'static str| {

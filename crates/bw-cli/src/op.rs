@@ -191,13 +191,7 @@ mod tests {
     async fn bwctl_op_reads_the_ledger_and_the_feed_of_a_real_server() {
         use clap::Parser as _;
         let server = bw_testkit::NatsServer::start();
-        let cfg = bw_common::config::NatsConfig {
-            url: server.url(),
-            name: String::new(),
-            inbox_prefix: String::new(),
-            replicas: 1,
-            limits: Default::default(),
-        };
+        let cfg = bw_common::config::NatsConfig::single(server.url(), "");
         let deps = bw_common::service::Deps::connect("test", &cfg, None, Duration::from_secs(10)).await.expect("deps");
         let mut entry = LedgerEntry {
             operation_id: "op-9".into(),

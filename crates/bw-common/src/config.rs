@@ -168,6 +168,20 @@ pub struct NatsConfig {
     pub limits: StreamLimits,
 }
 
+impl NatsConfig {
+    /// One server (or a comma-separated list) with single-replica streams, the default limits and the client's
+    /// default inbox: what tools, tests and the drill connect with.
+    pub fn single(url: impl Into<String>, name: impl Into<String>) -> NatsConfig {
+        NatsConfig {
+            url: url.into(),
+            name: name.into(),
+            inbox_prefix: String::new(),
+            replicas: 1,
+            limits: StreamLimits::default(),
+        }
+    }
+}
+
 /// Limits of the JetStream streams. When a work stream is full, publishes are refused (DiscardNew), never
 /// silently dropped; the alerting service warns well before that.
 #[derive(Debug, Clone, Deserialize)]

@@ -284,17 +284,9 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
 
     let nats = async_nats::connect(&nats_url).await?;
     let js = jetstream::new(nats.clone());
-    let buckets = bw_common::nats::ensure_topology(
-        &js,
-        &bw_common::config::NatsConfig {
-            url: nats_url.clone(),
-            name: "bw-drill".into(),
-            inbox_prefix: String::new(),
-            replicas: 1,
-            limits: Default::default(),
-        },
-    )
-    .await?;
+    let buckets =
+        bw_common::nats::ensure_topology(&js, &bw_common::config::NatsConfig::single(nats_url.clone(), "bw-drill"))
+            .await?;
 
     let started = Instant::now();
     let observed = Arc::new(Mutex::new(Observed { started_unix_ms: bw_common::time::now_ms(), ..Default::default() }));

@@ -31,13 +31,7 @@ async fn main() -> anyhow::Result<()> {
     let rate: f64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1_000.0);
     for mode in ["lane", "dispatch"] {
         let nats = NatsServer::start();
-        let cfg = NatsConfig {
-            url: nats.url(),
-            name: String::new(),
-            inbox_prefix: String::new(),
-            replicas: 1,
-            limits: Default::default(),
-        };
+        let cfg = NatsConfig::single(nats.url(), "");
         let deps = Deps::connect("bench", &cfg, None, Duration::from_secs(10)).await?;
         let fill = Instant::now();
         fill_dlq(&deps, n).await?;

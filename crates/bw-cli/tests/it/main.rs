@@ -24,13 +24,7 @@ const RECIPIENT: &str = "+5491155551234";
 
 async fn setup() -> (NatsServer, Deps) {
     let nats = NatsServer::start();
-    let cfg = NatsConfig {
-        url: nats.url(),
-        name: String::new(),
-        inbox_prefix: String::new(),
-        replicas: 1,
-        limits: Default::default(),
-    };
+    let cfg = NatsConfig::single(nats.url(), "");
     let deps = Deps::connect("cli-test", &cfg, None, Duration::from_secs(10)).await.expect("connect");
     (nats, deps)
 }

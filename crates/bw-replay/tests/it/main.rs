@@ -33,13 +33,7 @@ impl Replay {
 }
 
 async fn deps(nats: &NatsServer) -> Deps {
-    let cfg = NatsConfig {
-        url: nats.url(),
-        name: String::new(),
-        inbox_prefix: String::new(),
-        replicas: 1,
-        limits: Default::default(),
-    };
+    let cfg = NatsConfig::single(nats.url(), "");
     Deps::connect("replay-test", &cfg, None, Duration::from_secs(10)).await.expect("connect")
 }
 
