@@ -172,13 +172,8 @@ impl Harness {
             ("coordinator.snapshot_refresh_ms", "500".to_string()),
         ];
         pairs.extend(overrides.iter().cloned());
-        let cfg: bw_breaker_coordinator::Config = bw_common::config::load(
-            "breaker-coordinator",
-            bw_breaker_coordinator::DEFAULT_CONFIG,
-            None,
-            &env_for("breaker-coordinator", &pairs),
-        )
-        .expect("coordinator config");
+        let cfg = bw_breaker_coordinator::Config::load(None, &env_for("breaker-coordinator", &pairs))
+            .expect("coordinator config");
         let deps = self.deps("breaker-coordinator", Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_breaker_coordinator::run(cfg, deps, token)))
     }

@@ -203,13 +203,8 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
     // breaker-coordinator
     let mut pairs = nats_env(&nats, "breaker-coordinator");
     pairs.extend([("redis.url", redis.url()), ("admin.listen", "127.0.0.1:0".to_string())]);
-    let cfg: bw_breaker_coordinator::Config = bw_common::config::load(
-        "breaker-coordinator",
-        bw_breaker_coordinator::DEFAULT_CONFIG,
-        None,
-        &env_for("breaker-coordinator", &pairs),
-    )
-    .expect("coordinator config");
+    let cfg = bw_breaker_coordinator::Config::load(None, &env_for("breaker-coordinator", &pairs))
+        .expect("coordinator config");
     let deps = Deps::connect("breaker-coordinator", &cfg.nats, Some(&cfg.redis), WAIT).await.expect("connects");
     services.keep(&deps.clone(), |t| tokio::spawn(bw_breaker_coordinator::run(cfg, deps, t)));
     // alerting: polls depths often so the test sees its polls too

@@ -158,6 +158,11 @@ pub fn load_limits_file(path: &Path) -> Result<Limits, String> {
 }
 
 impl Config {
+    /// Loads and validates the config from the compiled defaults, an optional file and an env map.
+    pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Config, bw_common::config::ConfigError> {
+        bw_common::service::load_config("breaker-coordinator", crate::DEFAULT_CONFIG, file, env)
+    }
+
     /// Checks lease timing and the operator token hashes (part of `ServiceConfig::validate`).
     pub fn check_coordination(&self) -> Result<(), String> {
         let c = &self.coordinator;
