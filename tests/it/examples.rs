@@ -225,3 +225,15 @@ async fn the_python_producer_example_sends_once_and_follows_its_message_to_a_fin
     };
     check(&h, PHONE, OP, &printed, &output).await;
 }
+
+/// `examples/producer-ts` type-checks as its README says (`npm run check`, `tsc --noEmit` under the strict
+/// tsconfig): running under tsx alone would not catch a type error in the example.
+#[tokio::test]
+async fn the_typescript_producer_example_type_checks() {
+    let dir = example_dir("producer-ts");
+    assert!(dir.join("node_modules/.bin/tsc").exists(), "examples/producer-ts has no typescript installed: {SETUP}");
+    let mut cmd = tokio::process::Command::new("npm");
+    cmd.args(["run", "--silent", "check"]).current_dir(&dir);
+    let (status, stdout, stderr) = run(cmd).await;
+    assert!(status.success(), "tsc --noEmit failed ({status}):\n{stdout}{stderr}");
+}
