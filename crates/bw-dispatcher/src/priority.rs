@@ -18,7 +18,10 @@
 //!    interval per instance, and only while it handles marketing messages); they may disagree for up to one
 //!    interval, never longer. The gate is skipped for a sender the dispatcher knows is OPEN: its marketing
 //!    messages fail fast into the DLQ as before instead of cycling through the broker during the outage. A
-//!    reading that fails keeps the last known counts (logged) until a refresh succeeds.
+//!    reading that fails keeps the last known counts (logged) until a refresh succeeds. Every priority entry in
+//!    the DLQ counts, including one waiting for its not-before time or held for manual release
+//!    (`replay.hold_categories`): it is still an accepted message that has not gone, so the sender's promotions
+//!    wait with it (the DLQ runbook says so; hold marketing only to avoid it).
 //! 3. **Deadlines.** A message whose deadline passed, or cannot be met — the admission's send slot, or the
 //!    refusal's retry-after (for an OPEN breaker: its `open_until`), lies past the deadline — ends EXPIRED with a
 //!    precise reason before any call to Meta ([`misses_deadline`], reasons in [`expiry_reason`]). Replay does
