@@ -106,7 +106,7 @@ fn all_requests() -> (Vec<SendRequest>, Vec<String>) {
 /// the coordinator's tick and discovery intervals, replay's soak and idle times, and the dispatcher's retry
 /// and ack-wait timings of `dispatcher_settings`. Everything else is the compiled default.
 ///
-/// Known to stall (2 of 6 runs on a busy 2-core machine): one sender's 150 operations stay in the DLQ after the
+/// Known to stall (2 of 10 runs on a busy 2-core machine): one sender's 150 operations stay in the DLQ after the
 /// recovery; in both failures a replay process logged "cannot bind the dlq consumer" during the NATS failover.
 /// Ignored, with the reason, until that is found: `cargo nextest run -p bw-e2e --run-ignored all clusters_of`.
 #[ignore = "stalls intermittently: a scope's DLQ is never drained after the NATS leader kill (see doc comment)"]
