@@ -5,11 +5,14 @@
 //! - `processes`: kill -9 of real dispatcher and replay processes (the binaries, spawned by `bw_drill::stack`);
 //! - `servers`: nats-server restart, a 3-node NATS cluster losing its stream leader, Redis restart and outage;
 //! - `meta`: Meta hanging past the client timeout, and a burst of 10,000 (or 100,000) messages;
-//! - `order`: per-recipient order across a kill -9 of one of two dispatcher processes.
+//! - `order`: per-recipient order across a kill -9 of one of two dispatcher processes;
+//! - `clusters`: a 3-node NATS cluster, a 3-master Redis Cluster and two processes of every service through a
+//!   Meta outage (breaker trip, DLQ, replay) with one NATS node and one Redis master killed.
 //!
 //! The process tests need the service binaries next to the test binary: run
 //! `cargo build -p bw-dispatcher -p bw-ingest -p bw-replay -p bw-breaker-coordinator` first.
 
+mod clusters;
 mod common;
 mod meta;
 mod order;
