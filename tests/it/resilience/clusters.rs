@@ -103,11 +103,13 @@ fn all_requests() -> (Vec<SendRequest>, Vec<String>) {
 /// every operation ends SENT, DELIVERED or READ.
 ///
 /// Relaxed for the test, as overrides: the breaker limits of [`fast_breaker`] (dispatcher and coordinator),
-/// the coordinator's tick and discovery intervals, replay's soak and idle times, and the dispatcher's retry
+/// the coordinator's tick and discovery intervals, replay's soak and idle times and poison limit, and the dispatcher's retry
 /// and ack-wait timings of `dispatcher_settings`. Everything else is the compiled default.
 ///
-/// Known to stall (2 of 10 runs on a busy 2-core machine): one sender's 150 operations stay in the DLQ after the
-/// recovery; in both failures a replay process logged "cannot bind the dlq consumer" during the NATS failover.
+/// Known to stall (2 of 10 runs on a busy 2-core machine, and again in 1 of 13 later runs): one sender's 150 operations
+/// stay in the DLQ after the recovery (ledger `{"dlq": 150, "read": 150}`); in the first two a replay process
+/// logged "cannot bind the dlq consumer" during the NATS failover. Re-creating replay's BW_SCOPES watch every
+/// 15 s did not prevent it (tried), so a silent scope watch is not the (only) cause; not yet found.
 /// Ignored, with the reason, until that is found: `cargo nextest run -p bw-e2e --run-ignored all clusters_of`.
 #[ignore = "stalls intermittently: a scope's DLQ is never drained after the NATS leader kill (see doc comment)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,6 +202,10 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
         ("replay.rate_per_s", "20".into()),
         ("replay.burst", "5".into()),
         ("replay.probe_rate_per_s", "5".into()),
+        // The breaker above re-opens within a second, so on a loaded machine an entry can fail five HALF_OPEN
+        // canary rounds while the outage lasts and be quarantined as poison (the compiled 5): not what this test
+        // is about.
+        ("replay.max_replays", "1000".into()),
     ];
     for _ in 0..2 {
         procs.spawn("breaker-coordinator", &coordinator_settings).expect("spawn coordinator");
