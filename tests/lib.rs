@@ -288,3 +288,53 @@ pub fn order_violations(oracle: &bw_meta_sim::OracleSnapshot, accepted: &[String
     }
     out
 }
+
+/// Breaker limits that trip after a few failed calls and recover within a second or two (the compiled defaults
+/// need minutes of failures), as overrides under a prefix: `breaker.defaults` for the dispatcher,
+/// `limits.default` for the coordinator. A test that uses it says so; everything else stays at the defaults.
+#[derive(Debug, Clone, Copy)]
+pub struct FastBreaker {
+    pub min_calls: u32,
+    pub close_after_successes: u32,
+    pub rate_per_s: u32,
+    pub burst: u32,
+    pub canaries_per_s: u32,
+}
+
+impl Default for FastBreaker {
+    fn default() -> Self {
+        FastBreaker { min_calls: 5, close_after_successes: 2, rate_per_s: 200, burst: 20, canaries_per_s: 20 }
+    }
+}
+
+impl FastBreaker {
+    /// The overrides under `prefix`: a trip at 50 % failures once `min_calls` were made, 0.5–1 s cooldowns
+    /// without jitter or ramp, and a pair burst that never gets in the way.
+    pub fn settings(&self, prefix: &str) -> Vec<(String, String)> {
+        let numbers = [
+            ("min_calls", self.min_calls),
+            ("rate_per_s", self.rate_per_s),
+            ("burst", self.burst),
+            ("canaries_per_s", self.canaries_per_s),
+            ("close_after_successes", self.close_after_successes),
+        ];
+        let fixed = [
+            ("failure_threshold", "0.5"),
+            ("cooldown_ms", "500"),
+            ("cooldown_max_ms", "1000"),
+            ("cooldown_jitter", "0"),
+            ("ramp_ms", "0"),
+            ("pair_burst", "1000"),
+        ];
+        fixed
+            .iter()
+            .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
+            .chain(numbers.iter().map(|(k, v)| (format!("{prefix}.{k}"), v.to_string())))
+            .collect()
+    }
+}
+
+/// Owned overrides as the `(&str, String)` pairs the `start_*` functions take.
+pub fn pairs(v: &[(String, String)]) -> Vec<(&str, String)> {
+    v.iter().map(|(k, val)| (k.as_str(), val.clone())).collect()
+}

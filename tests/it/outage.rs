@@ -49,22 +49,8 @@ async fn outage_round(redis: &[(&str, String)]) {
         FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
     ));
     let mut transitions = h.client.subscribe(bw_common::names::breaker_subject(PHONE)).await.expect("subscribe");
-    let limits = [
-        ("failure_threshold", "0.5"),
-        ("min_calls", "5"),
-        ("cooldown_ms", "500"),
-        ("cooldown_max_ms", "1000"),
-        ("cooldown_jitter", "0"),
-        ("ramp_ms", "0"),
-        ("rate_per_s", "200"),
-        ("burst", "20"),
-        ("canaries_per_s", "20"),
-        ("close_after_successes", "2"),
-        ("pair_burst", "1000"),
-    ];
-    let keys = |prefix: &str| -> Vec<(String, String)> {
-        limits.iter().map(|(k, v)| (format!("{prefix}.{k}"), v.to_string())).collect()
-    };
+    // Breaker limits that trip and recover within a second or two (bw_e2e::FastBreaker), on both sides.
+    let keys = |prefix: &str| bw_e2e::FastBreaker::default().settings(prefix);
     let (mut coordinator, mut dispatcher) = (keys("limits.default"), keys("breaker.defaults"));
     for (k, v) in redis {
         coordinator.push((k.to_string(), v.clone()));

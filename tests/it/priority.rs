@@ -8,7 +8,7 @@ use bw_common::names;
 use bw_common::proto::{
     BreakerState, BreakerTransition, Category, DlqEnvelope, DlqReason, OperationState, SendRequest,
 };
-use bw_e2e::{Harness, WABA_ID};
+use bw_e2e::{Harness, WABA_ID, pairs};
 use bw_meta_sim::{FaultKind, SimConfig};
 use futures::StreamExt;
 use prost::Message as _;
@@ -46,26 +46,7 @@ async fn submit_all(h: &Harness, prefix: &str, from: usize, n: usize, category: 
 
 /// Fast trips and closes, a slow sender (20/s: sends 50 ms apart, so acceptance order is unambiguous).
 fn limits(prefix: &str) -> Vec<(String, String)> {
-    [
-        ("failure_threshold", "0.5"),
-        ("min_calls", "5"),
-        ("cooldown_ms", "500"),
-        ("cooldown_max_ms", "1000"),
-        ("cooldown_jitter", "0"),
-        ("ramp_ms", "0"),
-        ("rate_per_s", "20"),
-        ("burst", "5"),
-        ("canaries_per_s", "5"),
-        ("close_after_successes", "2"),
-        ("pair_burst", "1000"),
-    ]
-    .iter()
-    .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
-    .collect()
-}
-
-fn pairs(v: &[(String, String)]) -> Vec<(&str, String)> {
-    v.iter().map(|(k, val)| (k.as_str(), val.clone())).collect()
+    bw_e2e::FastBreaker { rate_per_s: 20, burst: 5, canaries_per_s: 5, ..Default::default() }.settings(prefix)
 }
 
 async fn wait_closed(transitions: &mut async_nats::Subscriber) {

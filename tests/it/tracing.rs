@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use bw_common::proto::{Category, OperationState};
-use bw_e2e::{Harness, WABA_ID};
+use bw_e2e::{Harness, WABA_ID, pairs};
 use bw_meta_sim::{FaultKind, Scenario, SimConfig};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
@@ -229,26 +229,7 @@ impl std::fmt::Display for Trace {
 
 /// Breaker limits that trip on two failed calls and recover in about a second (coordinator and dispatcher).
 fn fast_breaker(prefix: &str) -> Vec<(String, String)> {
-    [
-        ("failure_threshold", "0.5"),
-        ("min_calls", "2"),
-        ("cooldown_ms", "500"),
-        ("cooldown_max_ms", "1000"),
-        ("cooldown_jitter", "0"),
-        ("ramp_ms", "0"),
-        ("rate_per_s", "200"),
-        ("burst", "20"),
-        ("canaries_per_s", "20"),
-        ("close_after_successes", "1"),
-        ("pair_burst", "1000"),
-    ]
-    .iter()
-    .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
-    .collect()
-}
-
-fn pairs(v: &[(String, String)]) -> Vec<(&str, String)> {
-    v.iter().map(|(k, v)| (k.as_str(), v.clone())).collect()
+    bw_e2e::FastBreaker { min_calls: 2, close_after_successes: 1, ..Default::default() }.settings(prefix)
 }
 
 /// The DLQ and replay path is part of the operation's trace: producer → ingest.intake → dispatch attempts (each

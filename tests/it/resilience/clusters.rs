@@ -2,7 +2,8 @@
 //! processes of every service, through a Meta outage, a NATS node kill and a Redis master kill.
 
 use super::common::{
-    SENT, Verdict, blocking, dispatcher_settings, ledger, request, services, sim, state_counts, submit,
+    SENT, Verdict, blocking, cluster_topology, dispatcher_settings, ledger, request, services, sim, state_counts,
+    submit,
 };
 use crate::dispatch::failing;
 use bw_common::names;
@@ -11,7 +12,7 @@ use bw_e2e::{ACCESS_TOKEN, APP_SECRET, WABA_ID};
 use bw_meta_sim::{FaultKind, Scenario};
 use futures::StreamExt;
 use prost::Message as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PHONE_A: &str = "106540352242951";
 const PHONE_B: &str = "106540352242952";
@@ -19,26 +20,10 @@ const PHONE_B: &str = "106540352242952";
 const PER_SENDER: usize = 150;
 const WAIT: Duration = Duration::from_secs(90);
 
-/// Breaker limits relaxed for the test (a trip after 5 calls at 50 % failures, 0.5–1 s cooldowns, close after
-/// 2 good canaries), under `prefix` (`breaker.defaults` for the dispatcher, `limits.default` for the
-/// coordinator). The same values as the outage test; the compiled defaults would need minutes of failures.
+/// Breaker limits relaxed for the test ([`bw_e2e::FastBreaker`]: a trip after 5 calls at 50 % failures, 0.5–1 s
+/// cooldowns, close after 2 good canaries), the same as the outage test's.
 fn fast_breaker(prefix: &str) -> Vec<(String, String)> {
-    [
-        ("failure_threshold", "0.5"),
-        ("min_calls", "5"),
-        ("cooldown_ms", "500"),
-        ("cooldown_max_ms", "1000"),
-        ("cooldown_jitter", "0"),
-        ("ramp_ms", "0"),
-        ("rate_per_s", "200"),
-        ("burst", "20"),
-        ("canaries_per_s", "20"),
-        ("close_after_successes", "2"),
-        ("pair_burst", "1000"),
-    ]
-    .iter()
-    .map(|(k, v)| (format!("{prefix}.{k}"), v.to_string()))
-    .collect()
+    bw_e2e::FastBreaker::default().settings(prefix)
 }
 
 /// The node of `cluster` holding keys of scope `phone` (its hash tag puts them all on one master), if any.
@@ -134,26 +119,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     ));
 
     let urls = nats.urls();
-    let nats_cfg = bw_common::config::NatsConfig {
-        url: urls.clone(),
-        name: "e2e-clusters".into(),
-        inbox_prefix: String::new(),
-        replicas: 3,
-        limits: Default::default(),
-    };
-    let client = bw_common::nats::connect(&nats_cfg, "e2e", WAIT).await.expect("cluster reachable");
-    let js = async_nats::jetstream::new(client.clone());
-    // The cluster needs a moment to elect its JetStream meta leader before streams can be created.
-    let deadline = Instant::now() + WAIT;
-    let buckets = loop {
-        match bw_common::nats::ensure_topology(&js, &nats_cfg).await {
-            Ok(b) => break b,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "replicated topology not created: {e}");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    };
+    let (client, js, buckets) = cluster_topology(&urls, "e2e-clusters", WAIT).await;
     let mut transitions = Vec::new();
     for phone in [PHONE_A, PHONE_B] {
         transitions.push(client.subscribe(names::breaker_subject(phone)).await.expect("subscribe transitions"));

@@ -276,3 +276,26 @@ pub(super) fn dispatcher_settings(nats_url: &str, redis_url: &str, meta_url: &st
 pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
+
+/// Connects to a NATS cluster (`urls`, comma-separated) and creates the replicated (R3) topology, waiting up to
+/// `wait` for the cluster to elect its JetStream meta leader first.
+pub(super) async fn cluster_topology(
+    urls: &str,
+    name: &str,
+    wait: Duration,
+) -> (async_nats::Client, jetstream::Context, Buckets) {
+    let nats_cfg = bw_common::config::NatsConfig { replicas: 3, ..bw_common::config::NatsConfig::single(urls, name) };
+    let client = bw_common::nats::connect(&nats_cfg, "e2e", wait).await.expect("cluster reachable");
+    let js = jetstream::new(client.clone());
+    let deadline = Instant::now() + wait;
+    let buckets = loop {
+        match bw_common::nats::ensure_topology(&js, &nats_cfg).await {
+            Ok(b) => break b,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "replicated topology not created: {e}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    };
+    (client, js, buckets)
+}

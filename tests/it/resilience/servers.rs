@@ -2,12 +2,12 @@
 //! stream leader, Redis restarts (losing its data) and Redis is unreachable for a while.
 
 use super::common::{
-    SENT, SETTLED, Verdict, assert_unknowns_flagged, blocking, breaker, dispatcher_settings, requests, services, sim,
-    submit, wait_states,
+    SENT, SETTLED, Verdict, assert_unknowns_flagged, blocking, breaker, cluster_topology, dispatcher_settings,
+    requests, services, sim, submit, wait_states,
 };
 use bw_common::names;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, Harness, WABA_ID};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PHONE: &str = "106540352242941";
 const WAIT: Duration = Duration::from_secs(60);
@@ -55,26 +55,7 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     sim_cfg.waba_id = WABA_ID.into();
     let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator");
     let urls = cluster.urls();
-    let nats_cfg = bw_common::config::NatsConfig {
-        url: urls.clone(),
-        name: "e2e-cluster".into(),
-        inbox_prefix: String::new(),
-        replicas: 3,
-        limits: Default::default(),
-    };
-    let client = bw_common::nats::connect(&nats_cfg, "e2e", WAIT).await.expect("cluster reachable");
-    let js = async_nats::jetstream::new(client.clone());
-    // The cluster needs a moment to elect its JetStream meta leader before streams can be created.
-    let deadline = Instant::now() + WAIT;
-    let buckets = loop {
-        match bw_common::nats::ensure_topology(&js, &nats_cfg).await {
-            Ok(b) => break b,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "replicated topology not created: {e}");
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-        }
-    };
+    let (client, js, buckets) = cluster_topology(&urls, "e2e-cluster", WAIT).await;
     let info = js.get_stream(names::SEND_STREAM).await.expect("stream").info().await.expect("info").clone();
     assert_eq!(info.config.num_replicas, 3, "BW_SEND is replicated on all three nodes");
 
