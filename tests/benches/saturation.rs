@@ -109,8 +109,7 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
     let producer = bw_client::Client::new(client.clone());
 
     // The producer offers DEMAND x rate per sender, evenly spaced, for `seconds`.
-    let offered = (DEMAND * rate * SENDERS as f64 * seconds as f64) as usize;
-    let gap = Duration::from_secs_f64(1.0 / (DEMAND * rate * SENDERS as f64));
+    let (offered, gap) = demand(rate, seconds);
     let started_ms = unix_ms();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
@@ -195,12 +194,17 @@ fn print_timeline(name: &str, samples: &[(f64, u64, u64)]) {
     }
 }
 
+/// Messages offered in `seconds` at DEMAND x `rate` per sender, and the even spacing between them.
+fn demand(rate: f64, seconds: u64) -> (usize, Duration) {
+    let per_s = DEMAND * rate * SENDERS as f64;
+    ((per_s * seconds as f64) as usize, Duration::from_secs_f64(1.0 / per_s))
+}
+
 /// The same demand POSTed straight at the simulator by a client that knows nothing of Meta's limits.
 async fn raw(rate: f64, seconds: u64) -> Row {
     let sim = bw_meta_sim::MetaSim::start(sim_config(None)).await.expect("simulator");
     let http = reqwest::Client::new();
-    let offered = (DEMAND * rate * SENDERS as f64 * seconds as f64) as usize;
-    let gap = Duration::from_secs_f64(1.0 / (DEMAND * rate * SENDERS as f64));
+    let (offered, gap) = demand(rate, seconds);
     let started_ms = unix_ms();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
