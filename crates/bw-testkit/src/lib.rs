@@ -102,6 +102,12 @@ impl NatsServer {
         Self::start_prepared(vec!["-c".into(), config.display().to_string()], envs)
     }
 
+    /// Starts a server with extra command-line arguments (after the testkit's; a `-c` file's settings yield to
+    /// the command line) and environment variables the config file refers to.
+    pub fn start_with_args_and_env(extra_args: Vec<String>, envs: &[(&str, &str)]) -> NatsServer {
+        Self::start_prepared(extra_args, envs)
+    }
+
     /// Starts a JetStream-enabled server.
     pub fn start() -> NatsServer {
         Self::start_with_args(Vec::new())

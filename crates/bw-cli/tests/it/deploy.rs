@@ -338,6 +338,7 @@ fn check_compose(doc: &Value, nats_conf: &str) -> Vec<String> {
         problems.push(format!("compose: {nats_nodes} NATS node(s); the local stack runs a 3-node cluster"));
     }
     problems.extend(check_nats_conf(nats_conf, "compose.nats.conf"));
+    problems.extend(check_compose_nats_users(services, nats_conf));
     // bwctl in the dispatcher container can make operator calls: its token matches the coordinator's hash.
     let hash = services
         .get("breaker-coordinator")
@@ -354,6 +355,74 @@ fn check_compose(doc: &Value, nats_conf: &str) -> Vec<String> {
         problems.push("compose: run 2 breaker-coordinators (leader + standby)".into());
     }
     problems
+}
+
+/// NATS users in compose: the server includes accounts.conf (mounted beside its config, passwords in every
+/// node's environment), each Breakwater service connects as its own user (the service's name) with its own inbox
+/// prefix, and bwctl in the dispatcher container as `operator`; every password is a local-only placeholder.
+fn check_compose_nats_users(services: &serde_norway::Mapping, nats_conf: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let includes = nats_conf
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .any(|l| l == "include nats/accounts.conf");
+    if !includes {
+        problems.push("compose.nats.conf: must `include nats/accounts.conf` (the NATS users)".into());
+    }
+    let env = |svc: &Value, key: &str| s(&svc["environment"], key).to_string();
+    let user_of = |url: &str| -> Option<(String, String)> {
+        let first = url.split(',').next()?;
+        let (creds, _) = first.strip_prefix("nats://")?.split_once('@')?;
+        let (user, password) = creds.split_once(':')?;
+        Some((user.to_string(), password.to_string()))
+    };
+    for (name, svc) in services {
+        let name = name.as_str().unwrap_or_default();
+        if s(svc, "image").starts_with("nats:") {
+            let mounted =
+                seq(&svc["volumes"]).iter().any(|v| s_of(v) == "./nats/accounts.conf:/etc/nats/nats/accounts.conf:ro");
+            if !mounted {
+                problems
+                    .push(format!("compose {name}: must mount ./nats/accounts.conf at /etc/nats/nats/accounts.conf"));
+            }
+            for user in ["INGEST", "DISPATCHER", "REPLAY", "BREAKER_COORDINATOR", "ALERTING", "OPERATOR", "PRODUCER"] {
+                if !env(svc, &format!("BW_NATS_{user}_PASSWORD")).starts_with("local-") {
+                    problems.push(format!("compose {name}: BW_NATS_{user}_PASSWORD must be a local-only placeholder"));
+                }
+            }
+            continue;
+        }
+        let Some(bin) = seq(&svc["command"]).first().map(|c| s_of(c).to_string()) else { continue };
+        if !SERVICES.iter().any(|(n, _)| *n == bin) {
+            continue;
+        }
+        let user = bin.trim_start_matches("bw-").to_string();
+        let prefix = format!("BW_{}", user.to_ascii_uppercase().replace('-', "_"));
+        match user_of(&env(svc, &format!("{prefix}__NATS__URL"))) {
+            Some((u, p)) if u == user && p.starts_with("local-") => {}
+            _ => problems.push(format!("compose {name}: {prefix}__NATS__URL must connect as NATS user {user}")),
+        }
+        if env(svc, &format!("{prefix}__NATS__INBOX_PREFIX")) != format!("_INBOX_{user}") {
+            problems.push(format!("compose {name}: {prefix}__NATS__INBOX_PREFIX must be _INBOX_{user}"));
+        }
+    }
+    let bwctl = services.get("dispatcher").map(|d| env(d, "BW_NATS_URL")).unwrap_or_default();
+    if !matches!(user_of(&bwctl), Some((u, _)) if u == "operator") {
+        problems.push("compose dispatcher: BW_NATS_URL (bwctl) must connect as NATS user operator".into());
+    }
+    problems
+}
+
+/// The NATS passwords of the compose file (the environment of its first NATS node), as nats-server needs them
+/// to parse compose.nats.conf.
+fn compose_nats_passwords() -> Vec<(String, String)> {
+    let (doc, _) = compose();
+    let services = doc["services"].as_mapping().expect("services");
+    let node = services.values().find(|svc| s(svc, "image").starts_with("nats:")).expect("a NATS node");
+    node["environment"]
+        .as_mapping()
+        .map(|m| m.iter().filter_map(|(k, v)| Some((k.as_str()?.to_string(), v.as_str()?.to_string()))).collect())
+        .unwrap_or_default()
 }
 
 fn s_of(v: &Value) -> &str {
@@ -414,10 +483,72 @@ fn nats_server_accepts_the_nats_configs() {
             .arg("-c")
             .arg(&path)
             .env("POD_NAME", "nats-0")
+            .envs(compose_nats_passwords())
             .output()
             .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"));
         assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// The compose NATS users work on a real nats-server started with compose.nats.conf (which includes
+/// accounts.conf) and the compose passwords: every service's URL and inbox prefix of compose.yaml, and bwctl's,
+/// connect and reach JetStream as their user; a wrong password is refused.
+#[tokio::test]
+async fn the_compose_nats_users_connect_to_a_server_with_the_compose_config() {
+    let passwords = compose_nats_passwords();
+    let envs: Vec<(&str, &str)> = passwords.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // The files as compose mounts them, with one change: the container's store directory (/data) goes, so the
+    // testkit's own store (`-sd`) applies; the monitoring port of the file (8222) may be taken on this machine,
+    // so the command line's wins.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = read(&deploy_dir().join("compose.nats.conf"));
+    assert!(text.contains("store_dir: /data"), "compose.nats.conf keeps its store in /data");
+    std::fs::write(dir.path().join("compose.nats.conf"), text.replace("store_dir: /data", "")).expect("write");
+    std::fs::create_dir(dir.path().join("nats")).expect("mkdir");
+    std::fs::copy(deploy_dir().join("nats/accounts.conf"), dir.path().join("nats/accounts.conf")).expect("copy");
+    let config = dir.path().join("compose.nats.conf");
+    let args = vec!["-c".into(), config.display().to_string(), "-m".into(), bw_testkit::free_port().to_string()];
+    let server = bw_testkit::NatsServer::start_with_args_and_env(args, &envs);
+    let local = |url: &str| -> String {
+        let first = url.split(',').next().unwrap_or_default();
+        let creds = first.strip_prefix("nats://").and_then(|r| r.split_once('@')).map(|(c, _)| c).unwrap_or("");
+        format!("nats://{creds}@127.0.0.1:{}", server.port())
+    };
+    let (doc, _) = compose();
+    let services = doc["services"].as_mapping().expect("services");
+    let mut users = Vec::new();
+    for svc in services.values() {
+        let Some(bin) = seq(&svc["command"]).first().map(|c| s_of(c).to_string()) else { continue };
+        if !SERVICES.iter().any(|(n, _)| *n == bin) {
+            continue;
+        }
+        let prefix = format!("BW_{}", bin.trim_start_matches("bw-").to_ascii_uppercase().replace('-', "_"));
+        let url = s(&svc["environment"], &format!("{prefix}__NATS__URL")).to_string();
+        let inbox = s(&svc["environment"], &format!("{prefix}__NATS__INBOX_PREFIX")).to_string();
+        users.push((bin, local(&url), inbox));
+    }
+    let bwctl = s(&services["dispatcher"]["environment"], "BW_NATS_URL").to_string();
+    users.push(("bwctl".into(), local(&bwctl), String::new()));
+    assert_eq!(users.len(), SERVICES.len() + 1, "{users:?}");
+    for (who, url, inbox) in &users {
+        let cfg = bw_common::config::NatsConfig {
+            inbox_prefix: inbox.clone(),
+            ..bw_common::config::NatsConfig::single(url.as_str(), format!("compose-{who}"))
+        };
+        let client = bw_common::nats::connect(&cfg, who, std::time::Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|e| panic!("{who} cannot connect with its compose credentials: {e}"));
+        let js = async_nats::jetstream::new(client);
+        js.query_account().await.unwrap_or_else(|e| panic!("{who}: JetStream refused: {e}"));
+    }
+    let wrong = format!("nats://replay:not-the-password@127.0.0.1:{}", server.port());
+    let refused = bw_common::nats::connect(
+        &bw_common::config::NatsConfig::single(wrong, "compose-wrong"),
+        "wrong",
+        std::time::Duration::from_millis(500),
+    )
+    .await;
+    assert!(refused.is_err(), "a wrong password is refused");
 }
 
 fn container_mut<'a>(docs: &'a mut [(String, Value)], deployment: &str) -> &'a mut Value {
@@ -459,12 +590,20 @@ fn the_checks_catch_broken_manifests() {
     doc["services"]["dispatcher"]["environment"]["BW_OPERATOR_TOKEN"] = Value::from("local-other-token");
     doc["services"]["ingest"]["environment"]["BW_INGEST__WEBHOOK__APP_SECRET"] = Value::from("real-looking-secret");
     doc["services"]["replay"]["healthcheck"] = Value::Null;
+    doc["services"]["alerting"]["environment"]["BW_ALERTING__NATS__URL"] = Value::from("nats://nats-1:4222");
+    doc["services"]["replay"]["environment"]["BW_REPLAY__NATS__URL"] =
+        Value::from("nats://dispatcher:local-nats-dispatcher@nats-1:4222");
+    doc["services"]["ingest"]["environment"]["BW_INGEST__NATS__INBOX_PREFIX"] = Value::from("_INBOX");
     let problems = check_compose(&doc, "port: 4222\n").join("\n");
     for expected in [
         "compose replay: healthcheck must GET /readyz on its admin port 9104",
         "BW_OPERATOR_TOKEN must hash",
         "BW_INGEST__WEBHOOK__APP_SECRET is neither a local-only placeholder",
         "compose.nats.conf: no max_payload",
+        "compose.nats.conf: must `include nats/accounts.conf`",
+        "compose alerting: BW_ALERTING__NATS__URL must connect as NATS user alerting",
+        "compose replay: BW_REPLAY__NATS__URL must connect as NATS user replay",
+        "compose ingest: BW_INGEST__NATS__INBOX_PREFIX must be _INBOX_ingest",
     ] {
         assert!(problems.contains(expected), "`{expected}` not reported:\n{problems}");
     }
