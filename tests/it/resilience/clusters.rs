@@ -59,6 +59,66 @@ async fn count_in(
     ops.iter().filter(|op| entries.get(*op).is_some_and(|e| e.state() == state)).count()
 }
 
+/// What a stalled run needs to be understood, printed when the operations do not all reach Meta: each sender's
+/// BW_SCOPES snapshot, every DLQ consumer's counters, the replay leases and each sender's breaker and config hashes
+/// in Redis.
+async fn stall_report(
+    js: &async_nats::jetstream::Context,
+    buckets: &bw_common::nats::Buckets,
+    redis_nodes: &[String],
+) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for phone in [PHONE_A, PHONE_B] {
+        let snapshot = match buckets.scopes.get(phone).await {
+            Ok(Some(v)) => bw_common::proto::ScopeSnapshot::decode(v.as_ref())
+                .map(|s| format!("{:?} since {} incident {:?}", s.state(), s.since_unix_ms, s.incident_id))
+                .unwrap_or_else(|e| format!("undecodable: {e}")),
+            Ok(None) => "none".into(),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        let _ = writeln!(out, "BW_SCOPES {phone}: {snapshot}");
+    }
+    if let Ok(mut stream) = js.get_stream(names::DLQ_STREAM).await {
+        if let Ok(info) = stream.info().await {
+            let _ =
+                writeln!(out, "{}: {} messages, cluster {:?}", names::DLQ_STREAM, info.state.messages, info.cluster);
+        }
+        let mut consumers = stream.consumers();
+        while let Some(Ok(c)) = consumers.next().await {
+            let _ = writeln!(
+                out,
+                "consumer {}: pending {} ack_pending {} redelivered {} waiting {} delivered {:?} ack_floor {:?}",
+                c.name, c.num_pending, c.num_ack_pending, c.num_redelivered, c.num_waiting, c.delivered, c.ack_floor
+            );
+        }
+    }
+    if let Ok(leases) = js.get_key_value(names::REPLAY_LEASE_BUCKET).await
+        && let Ok(keys) = leases.keys().await
+    {
+        let keys: Vec<String> = keys.filter_map(|k| async move { k.ok() }).collect().await;
+        for key in keys {
+            let value = leases.get(&key).await.ok().flatten().map(|v| String::from_utf8_lossy(&v).into_owned());
+            let _ = writeln!(out, "lease {key}: {value:?} (now {})", bw_common::time::now_ms());
+        }
+    }
+    for phone in [PHONE_A, PHONE_B] {
+        let scope = bw_breaker::Scope::new(WABA_ID, phone);
+        for key in [bw_breaker::scripts::state_key(&scope), bw_breaker::scripts::cfg_key(&scope)] {
+            for url in redis_nodes {
+                let Ok(client) = redis::Client::open(url.as_str()) else { continue };
+                let Ok(mut conn) = client.get_multiplexed_async_connection().await else { continue };
+                let found: redis::RedisResult<std::collections::BTreeMap<String, String>> =
+                    redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await;
+                if let Ok(map) = found {
+                    let _ = writeln!(out, "redis {url} {key}: {map:?}");
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The operation ids of the requests of both senders (each recipient unique across the run).
 fn all_requests() -> (Vec<SendRequest>, Vec<String>) {
     let mut reqs = Vec::with_capacity(2 * PER_SENDER);
@@ -233,6 +293,9 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     })
     .await;
     let entries = ledger(&js, &buckets).await;
+    if !done {
+        eprintln!("stalled:\n{}", stall_report(&js, &buckets, &redis.urls()).await);
+    }
     assert!(done, "every operation reached Meta: {:?}", state_counts(&entries, &ops));
     let replayed = ops.iter().filter(|op| entries.get(*op).is_some_and(|e| e.replays > 0)).count();
     eprintln!("{replayed} of {} operations were replayed from the DLQ", ops.len());
