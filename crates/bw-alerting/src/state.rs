@@ -38,29 +38,15 @@ const CAS_TRIES: usize = 8;
 impl StateStore {
     /// Opens (creating if missing) the state bucket.
     pub(crate) async fn open(js: &jetstream::Context, replicas: usize, ttl: Duration) -> anyhow::Result<StateStore> {
-        let kv = match js.get_key_value(STATE_BUCKET).await {
-            Ok(kv) => kv,
-            Err(_) => {
-                let created = js
-                    .create_key_value(kv::Config {
-                        bucket: STATE_BUCKET.to_string(),
-                        history: 1,
-                        max_age: ttl,
-                        storage: jetstream::stream::StorageType::File,
-                        num_replicas: replicas,
-                        ..Default::default()
-                    })
-                    .await;
-                match created {
-                    Ok(kv) => kv,
-                    // Another instance created it between our get and create.
-                    Err(e) => js
-                        .get_key_value(STATE_BUCKET)
-                        .await
-                        .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{STATE_BUCKET}`: {e}"))?,
-                }
-            }
+        let config = kv::Config {
+            bucket: STATE_BUCKET.to_string(),
+            history: 1,
+            max_age: ttl,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
         };
+        let kv = bw_common::nats::open_bucket(js, config).await?;
         Ok(StateStore { kv })
     }
 

@@ -73,30 +73,20 @@ impl Leadership {
             num_replicas: replicas.max(1),
             ..Default::default()
         };
-        let store = match js.get_key_value(LEADER_BUCKET).await {
-            Ok(store) => {
-                let stream_name = format!("KV_{LEADER_BUCKET}");
-                if let Ok(mut stream) = js.get_stream(&stream_name).await
-                    && let Ok(info) = stream.info().await
-                    && info.config.max_age != lease
-                {
-                    let mut cfg = info.config.clone();
-                    cfg.max_age = lease;
-                    cfg.duplicate_window = lease.min(cfg.duplicate_window.max(Duration::from_millis(100)));
-                    if let Err(e) = js.update_stream(cfg).await {
-                        tracing::warn!(error = %e, "cannot update the lease length of the leader bucket");
-                    }
-                }
-                store
+        let store = bw_common::nats::open_bucket(js, config).await?;
+        // A bucket created with another lease length keeps its max_age until updated.
+        let stream_name = format!("KV_{LEADER_BUCKET}");
+        if let Ok(mut stream) = js.get_stream(&stream_name).await
+            && let Ok(info) = stream.info().await
+            && info.config.max_age != lease
+        {
+            let mut cfg = info.config.clone();
+            cfg.max_age = lease;
+            cfg.duplicate_window = lease.min(cfg.duplicate_window.max(Duration::from_millis(100)));
+            if let Err(e) = js.update_stream(cfg).await {
+                tracing::warn!(error = %e, "cannot update the lease length of the leader bucket");
             }
-            Err(_) => match js.create_key_value(config).await {
-                Ok(store) => store,
-                Err(e) => js
-                    .get_key_value(LEADER_BUCKET)
-                    .await
-                    .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{LEADER_BUCKET}`: {e}"))?,
-            },
-        };
+        }
         Ok(Leadership { store, instance, lease, held: Mutex::new(None) })
     }
 

@@ -148,21 +148,76 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize) -> Vec<stream::Con
     ]
 }
 
-async fn ensure_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
-    match js.get_key_value(&config.bucket).await {
-        Ok(store) => Ok(store),
-        Err(_) => {
-            let bucket = config.bucket.clone();
-            match js.create_key_value(config).await {
-                Ok(store) => Ok(store),
-                // Another instance may have created it between our get and create.
-                Err(create_err) => js
+/// The stream behind a KV bucket, as the client library would create it, except for direct gets: a
+/// replicated bucket (more than one replica) answers reads from its stream leader only.
+///
+/// Why: with direct gets every replica answers reads, and a NATS client's request goes to a replica on the
+/// server it is connected to first. A follower that lags behind (after a leader change, for example when a node
+/// dies) then answers that client with old revisions, again and again. Breakwater reads before each
+/// compare-and-set of the ledger, the leases and the leader key; fed an old revision, every compare-and-set
+/// fails, and the read that should repair it is old again, for as long as the follower lags (the NATS project
+/// names turning direct gets off as the way to read-after-write on a KV). A single-replica bucket has nothing
+/// to lag behind and keeps direct gets.
+pub fn kv_stream_config(config: &kv::Config) -> stream::Config {
+    let replicas = config.num_replicas.max(1);
+    stream::Config {
+        name: format!("KV_{}", config.bucket),
+        description: (!config.description.is_empty()).then(|| config.description.clone()),
+        subjects: vec![format!("$KV.{}.>", config.bucket)],
+        max_messages_per_subject: config.history.max(1),
+        max_bytes: config.max_bytes,
+        max_age: config.max_age,
+        max_message_size: config.max_value_size,
+        storage: config.storage,
+        allow_rollup: true,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: replicas == 1,
+        num_replicas: replicas,
+        discard: stream::DiscardPolicy::New,
+        ..Default::default()
+    }
+}
+
+/// Opens a KV bucket, creating it first if missing (see [`kv_stream_config`]); safe from many instances at
+/// once. A replicated bucket that an earlier version created with direct gets is switched to leader reads
+/// (a stream update; where the NATS user may not update it, a warning says what to do).
+pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
+    let bucket = config.bucket.clone();
+    let store = match js.get_key_value(&bucket).await {
+        Ok(store) => store,
+        Err(_) => match js.create_stream(kv_stream_config(&config)).await {
+            Ok(_) => {
+                js.get_key_value(&bucket).await.map_err(|e| anyhow::anyhow!("cannot open kv bucket `{bucket}`: {e}"))?
+            }
+            // Another instance may have created it between our get and create.
+            Err(create_err) => js
+                .get_key_value(&bucket)
+                .await
+                .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{bucket}`: {create_err}"))?,
+        },
+    };
+    let info = store.stream.cached_info();
+    if info.config.num_replicas > 1 && info.config.allow_direct {
+        let mut leader_reads = info.config.clone();
+        leader_reads.allow_direct = false;
+        match js.update_stream(leader_reads).await {
+            Ok(_) => {
+                tracing::info!(bucket = %bucket, "replicated kv bucket switched to leader reads (direct gets off)");
+                return js
                     .get_key_value(&bucket)
                     .await
-                    .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{bucket}`: {create_err}")),
+                    .map_err(|e| anyhow::anyhow!("cannot open kv bucket `{bucket}`: {e}"));
             }
+            Err(e) => tracing::warn!(
+                bucket = %bucket,
+                error = %e,
+                "replicated kv bucket still answers reads from every replica (direct gets): a lagging replica can \
+                 stall compare-and-set updates after a leader change; as an operator, set allow_direct to false on \
+                 its stream once (deploy/runbooks/service-down.md)"),
         }
     }
+    Ok(store)
 }
 
 /// Creates every stream and KV bucket if missing (idempotent, safe from many instances at once).
@@ -192,18 +247,18 @@ pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyho
     };
     let limits = &cfg.limits;
     Ok(Buckets {
-        ledger: ensure_bucket(
+        ledger: open_bucket(
             js,
             kv_config(names::LEDGER_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
         )
         .await?,
-        wamid: ensure_bucket(
+        wamid: open_bucket(
             js,
             kv_config(names::WAMID_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
         )
         .await?,
-        scopes: ensure_bucket(js, kv_config(names::SCOPES_BUCKET, Duration::ZERO)).await?,
-        webhook_dedup: ensure_bucket(
+        scopes: open_bucket(js, kv_config(names::SCOPES_BUCKET, Duration::ZERO)).await?,
+        webhook_dedup: open_bucket(
             js,
             kv_config(names::WEBHOOK_DEDUP_BUCKET, Duration::from_secs(limits.webhook_dedup_hours * 3600)),
         )

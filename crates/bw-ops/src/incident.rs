@@ -119,17 +119,10 @@ impl Incidents {
     /// Opens the bucket, creating it when missing (history 1; records are small and few: one per incident).
     pub async fn open(js: &jetstream::Context, replicas: usize) -> Result<Incidents, OpsError> {
         let bucket = names::INCIDENTS_BUCKET;
-        let store = match js.get_key_value(bucket).await {
-            Ok(store) => store,
-            Err(_) => {
-                let config =
-                    kv::Config { bucket: bucket.to_string(), history: 1, num_replicas: replicas, ..Default::default() };
-                match js.create_key_value(config).await {
-                    Ok(store) => store,
-                    Err(e) => js.get_key_value(bucket).await.map_err(|_| OpsError::nats(bucket, e))?,
-                }
-            }
-        };
+        let config =
+            kv::Config { bucket: bucket.to_string(), history: 1, num_replicas: replicas, ..Default::default() };
+        let store =
+            bw_common::nats::open_bucket(js, config).await.map_err(|e| OpsError::nats(bucket, format!("{e:#}")))?;
         Ok(Incidents { store })
     }
 

@@ -44,26 +44,13 @@ impl Leases {
         ttl_ms: u64,
         replicas: usize,
     ) -> anyhow::Result<Leases> {
-        let store = match js.get_key_value(REPLAY_LEASE_BUCKET).await {
-            Ok(store) => store,
-            Err(_) => {
-                let created = js
-                    .create_key_value(kv::Config {
-                        bucket: REPLAY_LEASE_BUCKET.to_string(),
-                        history: 1,
-                        num_replicas: replicas,
-                        ..Default::default()
-                    })
-                    .await;
-                match created {
-                    Ok(store) => store,
-                    Err(e) => js
-                        .get_key_value(REPLAY_LEASE_BUCKET)
-                        .await
-                        .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{REPLAY_LEASE_BUCKET}`: {e}"))?,
-                }
-            }
+        let config = kv::Config {
+            bucket: REPLAY_LEASE_BUCKET.to_string(),
+            history: 1,
+            num_replicas: replicas,
+            ..Default::default()
         };
+        let store = bw_common::nats::open_bucket(js, config).await?;
         Ok(Leases { store, instance, ttl_ms: ttl_ms as i64 })
     }
 

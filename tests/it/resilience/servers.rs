@@ -163,3 +163,40 @@ async fn redis_unreachable_falls_back_to_a_bounded_local_rate_and_loses_nothing(
     verdict.assert_nothing_lost();
     assert!(verdict.duplicates.is_empty(), "nothing sent twice: {:?}", verdict.duplicates);
 }
+
+/// Replicated KV buckets answer reads from their stream leader only; a single-replica bucket keeps direct gets.
+/// With direct gets a lagging follower answers the clients connected to its node with old revisions (after a
+/// leader change, for as long as it lags), and every compare-and-set built on such a read fails
+/// (`bw_common::nats::kv_stream_config`). A replicated bucket created by an earlier version with direct gets is
+/// switched to leader reads when a service opens it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicated_buckets_read_from_their_stream_leader() {
+    use async_nats::jetstream::kv;
+    let cluster = bw_testkit::NatsCluster::start();
+    let (_client, js, buckets) = cluster_topology(&cluster.urls(), "e2e-leader-reads", WAIT).await;
+    for store in [&buckets.ledger, &buckets.wamid, &buckets.scopes, &buckets.webhook_dedup] {
+        let config = &store.stream.cached_info().config;
+        assert_eq!(config.num_replicas, 3, "{}", store.name);
+        assert!(!config.allow_direct, "{}: replicated, so no direct gets", store.name);
+    }
+    // Reads and compare-and-set work through the leader.
+    let revision = buckets.ledger.create("leader-reads", "a".into()).await.expect("create");
+    buckets.ledger.update("leader-reads", "b".into(), revision).await.expect("compare-and-set");
+    let value = buckets.ledger.get("leader-reads").await.expect("get").expect("present");
+    assert_eq!(value.as_ref(), b"b");
+
+    // A bucket an earlier version created (the client library's own way: direct gets on) is switched.
+    let config = kv::Config { bucket: "BW_EARLIER".into(), history: 1, num_replicas: 3, ..Default::default() };
+    let old = js.create_key_value(config.clone()).await.expect("created the earlier way");
+    assert!(old.stream.cached_info().config.allow_direct, "the client library's buckets use direct gets");
+    let reopened = bw_common::nats::open_bucket(&js, config).await.expect("opened");
+    assert!(!reopened.stream.cached_info().config.allow_direct, "switched to leader reads");
+
+    // One replica: nothing can lag, direct gets stay.
+    let single = bw_testkit::NatsServer::start();
+    let client = async_nats::connect(single.url()).await.expect("connects");
+    let js = async_nats::jetstream::new(client);
+    let nats_cfg = bw_common::config::NatsConfig::single(single.url(), "e2e-direct");
+    let buckets = bw_common::nats::ensure_topology(&js, &nats_cfg).await.expect("topology");
+    assert!(buckets.ledger.stream.cached_info().config.allow_direct, "one replica keeps direct gets");
+}

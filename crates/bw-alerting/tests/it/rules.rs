@@ -56,6 +56,9 @@ async fn quarantine_growth_resolves_once_a_full_window_passes_without_growth() {
         &[("RULES__QUARANTINE_GROWTH_WINDOW_MS", "2000"), ("RULES__QUARANTINE_GROWTH_THRESHOLD", "3")],
     )
     .await;
+    // Growth counts from the instance's first look at the stream: quarantine only after it (a message
+    // quarantined before the first poll is history, not growth).
+    assert!(wait_until(WAIT, || async { svc.metric("bw_alert_polls_total") >= 1.0 }).await, "first poll");
     put(&svc.deps.js, names::quarantine_subject("6101"), 3).await;
     assert!(wait_until(WAIT, || async { has(&sinks, "quarantine_growth.fleet", "firing") }).await);
     // Nothing more is quarantined (the messages stay in the stream): the growth, not the depth, is the signal.
