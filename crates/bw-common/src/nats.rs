@@ -184,18 +184,25 @@ pub fn kv_stream_config(config: &kv::Config) -> stream::Config {
 /// (a stream update; where the NATS user may not update it, a warning says what to do).
 pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
     let bucket = config.bucket.clone();
-    let store = match js.get_key_value(&bucket).await {
-        Ok(store) => store,
-        Err(_) => match js.create_stream(kv_stream_config(&config)).await {
-            Ok(_) => {
-                js.get_key_value(&bucket).await.map_err(|e| anyhow::anyhow!("cannot open kv bucket `{bucket}`: {e}"))?
+    // On a cluster a stream just created (here or by another instance starting at the same time) can answer
+    // "not found" for a moment: look again for a while.
+    let mut tries = 0;
+    let store = loop {
+        match js.get_key_value(&bucket).await {
+            Ok(store) => break store,
+            Err(get_err) => {
+                let created = js.create_stream(kv_stream_config(&config)).await;
+                if tries >= 40 {
+                    let detail = created.err().map(|e| e.to_string()).unwrap_or_else(|| get_err.to_string());
+                    return Err(anyhow::anyhow!("cannot open kv bucket `{bucket}`: {detail}"));
+                }
+                tries += 1;
+                // Right after our own create, look at once; otherwise give the cluster a moment.
+                if created.is_err() || tries > 1 {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
             }
-            // Another instance may have created it between our get and create.
-            Err(create_err) => js
-                .get_key_value(&bucket)
-                .await
-                .map_err(|_| anyhow::anyhow!("cannot create kv bucket `{bucket}`: {create_err}"))?,
-        },
+        }
     };
     let info = store.stream.cached_info();
     if info.config.num_replicas > 1 && info.config.allow_direct {
