@@ -431,8 +431,44 @@ impl Coordinator {
         Ok(out)
     }
 
+    /// Learns the scopes that have entries in the DLQ (one stream-info request for the subjects; the first
+    /// entry of an unknown sender names its WABA). The Redis scope index can be lost with a Redis master, and a
+    /// sender whose messages all wait in the DLQ sends nothing that would index it again: without this its
+    /// breaker would never get a snapshot in BW_SCOPES, and replay, which follows the snapshots, would never
+    /// drain it.
+    async fn discover_dlq(&self) {
+        use bw_common::names;
+        let Ok(stream) = self.inner.js.get_stream(names::DLQ_STREAM).await else { return };
+        let Ok(mut subjects) = stream.info_with_subjects("bw.dlq.v1.>").await else { return };
+        let mut unknown: Vec<String> = Vec::new();
+        while let Some(Ok((subject, _))) = subjects.next().await {
+            let phone = subject.rsplit('.').next().unwrap_or_default().to_string();
+            if !phone.is_empty() && self.scope(&phone).is_none() && !unknown.contains(&subject) {
+                unknown.push(subject);
+            }
+        }
+        for subject in unknown {
+            let Ok(first) = stream.get_first_raw_message_by_subject(&subject, 1).await else { continue };
+            let Ok(envelope) = bw_common::proto::DlqEnvelope::decode(first.payload.as_ref()) else { continue };
+            let Some(request) = envelope.request.as_ref() else { continue };
+            let scope = Scope::new(request.waba_id.clone(), request.phone_number_id.clone());
+            if scope.waba_id.is_empty()
+                || scope.phone_number_id.is_empty()
+                || self.scope(&scope.phone_number_id).is_some()
+            {
+                continue;
+            }
+            self.learn(&scope);
+            tracing::info!(phone_number_id = %scope.phone_number_id, "scope learned from its dlq entries");
+            if let Err(e) = self.write_config(&scope).await {
+                tracing::warn!(phone_number_id = %scope.phone_number_id, error = %e, "cannot write scope config");
+            }
+        }
+    }
+
     /// Reads the scope index other services fill; writes the config of newly seen scopes.
     async fn discover(&self) {
+        self.discover_dlq().await;
         let mut conn = self.inner.redis.clone();
         let members: Vec<String> =
             match redis::cmd("SMEMBERS").arg(bw_common::names::SCOPES_INDEX_KEY).query_async(&mut conn).await {

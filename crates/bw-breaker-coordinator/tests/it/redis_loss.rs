@@ -87,3 +87,31 @@ async fn an_override_cleared_after_its_snapshot_is_not_reapplied() {
     assert!(text.contains("bw_breaker_coordinator_redis_epoch_missing_total 1"), "{text}");
     assert!(text.contains("bw_breaker_coordinator_overrides_restored_total 0"), "{text}");
 }
+
+/// A sender whose messages all wait in the DLQ, and that the Redis scope index does not name (the index was
+/// lost with a Redis master, or never written): the coordinator learns it from its DLQ entries and writes its
+/// snapshot, so replay, which follows the snapshots, gets a worker for it and can drain it.
+#[tokio::test]
+async fn a_sender_known_only_from_its_dlq_entries_gets_a_snapshot() {
+    let servers = Servers::start();
+    let i = Instance::start(servers.config("c", "")).await;
+    assert!(kv_state(&i.deps, "5562").await.is_none(), "nothing knows the sender yet");
+    let request = bw_common::proto::SendRequest {
+        operation_id: "dlq-only-1".into(),
+        waba_id: "w1".into(),
+        phone_number_id: "5562".into(),
+        ..Default::default()
+    };
+    let envelope = bw_common::proto::DlqEnvelope { request: Some(request), ..Default::default() };
+    let subject = bw_common::names::dlq_subject(bw_common::proto::Category::Transactional, "5562");
+    i.deps.js.publish(subject, envelope.encode_to_vec().into()).await.expect("publish").await.expect("stored");
+    assert!(
+        bw_testkit::wait_until(WAIT, || async {
+            kv_state(&i.deps, "5562").await.is_some_and(|s| {
+                s.state() == BreakerState::Closed && s.scope.as_ref().is_some_and(|x| x.waba_id == "w1")
+            })
+        })
+        .await,
+        "the leader learned the sender from the DLQ and recorded its breaker"
+    );
+}
