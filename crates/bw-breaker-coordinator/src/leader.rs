@@ -75,11 +75,8 @@ impl Leadership {
         };
         let store = bw_common::nats::open_bucket(js, config).await?;
         // A bucket created with another lease length keeps its max_age until updated.
-        let stream_name = format!("KV_{LEADER_BUCKET}");
-        if let Ok(mut stream) = js.get_stream(&stream_name).await
-            && let Ok(info) = stream.info().await
-            && info.config.max_age != lease
-        {
+        let info = store.stream.cached_info();
+        if info.config.max_age != lease {
             let mut cfg = info.config.clone();
             cfg.max_age = lease;
             cfg.duplicate_window = lease.min(cfg.duplicate_window.max(Duration::from_millis(100)));

@@ -438,27 +438,26 @@ impl Coordinator {
     /// drain it.
     async fn discover_dlq(&self) {
         use bw_common::names;
-        let Ok(stream) = self.inner.js.get_stream(names::DLQ_STREAM).await else { return };
-        let Ok(mut subjects) = stream.info_with_subjects("bw.dlq.v1.>").await else { return };
-        let mut unknown: Vec<String> = Vec::new();
-        while let Some(Ok((subject, _))) = subjects.next().await {
-            let phone = subject.rsplit('.').next().unwrap_or_default().to_string();
-            if !phone.is_empty() && self.scope(&phone).is_none() && !unknown.contains(&subject) {
-                unknown.push(subject);
-            }
+        // Only the leader ticks and writes snapshots; an instance that takes the lease discovers at once.
+        if !self.is_leader() {
+            return;
         }
-        for subject in unknown {
-            let Ok(first) = stream.get_first_raw_message_by_subject(&subject, 1).await else { continue };
+        let Ok(counts) = bw_ops::scan::subject_counts(&self.inner.js, names::DLQ_STREAM, "bw.dlq.v1.>").await else {
+            return;
+        };
+        let unknown: std::collections::BTreeSet<&str> =
+            counts.keys().map(|s| names::phone_of_subject(s)).filter(|p| self.scope(p).is_none()).collect();
+        for phone in unknown {
+            let filter = names::dlq_scope_filter(phone);
+            let Ok(Some(first)) = bw_ops::scan::first_message(&self.inner.js, names::DLQ_STREAM, &filter).await else {
+                continue;
+            };
             let Ok(envelope) = bw_common::proto::DlqEnvelope::decode(first.payload.as_ref()) else { continue };
             let Some(request) = envelope.request.as_ref() else { continue };
             let scope = Scope::new(request.waba_id.clone(), request.phone_number_id.clone());
-            if scope.waba_id.is_empty()
-                || scope.phone_number_id.is_empty()
-                || self.scope(&scope.phone_number_id).is_some()
-            {
+            if scope.waba_id.is_empty() || scope.phone_number_id.is_empty() || !self.learn(&scope) {
                 continue;
             }
-            self.learn(&scope);
             tracing::info!(phone_number_id = %scope.phone_number_id, "scope learned from its dlq entries");
             if let Err(e) = self.write_config(&scope).await {
                 tracing::warn!(phone_number_id = %scope.phone_number_id, error = %e, "cannot write scope config");
