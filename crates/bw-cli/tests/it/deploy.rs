@@ -357,6 +357,16 @@ fn check_compose(doc: &Value, nats_conf: &str) -> Vec<String> {
     problems
 }
 
+/// The environment prefix of a service binary's settings: `bw-breaker-coordinator` → `BW_BREAKER_COORDINATOR`.
+fn env_prefix(bin: &str) -> String {
+    format!("BW_{}", bin.trim_start_matches("bw-").to_ascii_uppercase().replace('-', "_"))
+}
+
+/// `user:password` of the first URL of a NATS URL list, if it has credentials.
+fn url_credentials(urls: &str) -> Option<&str> {
+    urls.split(',').next()?.strip_prefix("nats://")?.split_once('@').map(|(creds, _)| creds)
+}
+
 /// NATS users in compose: the server includes accounts.conf (mounted beside its config, passwords in every
 /// node's environment), each Breakwater service connects as its own user (the service's name) with its own inbox
 /// prefix, and bwctl in the dispatcher container as `operator`; every password is a local-only placeholder.
@@ -371,9 +381,7 @@ fn check_compose_nats_users(services: &serde_norway::Mapping, nats_conf: &str) -
     }
     let env = |svc: &Value, key: &str| s(&svc["environment"], key).to_string();
     let user_of = |url: &str| -> Option<(String, String)> {
-        let first = url.split(',').next()?;
-        let (creds, _) = first.strip_prefix("nats://")?.split_once('@')?;
-        let (user, password) = creds.split_once(':')?;
+        let (user, password) = url_credentials(url)?.split_once(':')?;
         Some((user.to_string(), password.to_string()))
     };
     for (name, svc) in services {
@@ -397,7 +405,7 @@ fn check_compose_nats_users(services: &serde_norway::Mapping, nats_conf: &str) -
             continue;
         }
         let user = bin.trim_start_matches("bw-").to_string();
-        let prefix = format!("BW_{}", user.to_ascii_uppercase().replace('-', "_"));
+        let prefix = env_prefix(&bin);
         match user_of(&env(svc, &format!("{prefix}__NATS__URL"))) {
             Some((u, p)) if u == user && p.starts_with("local-") => {}
             _ => problems.push(format!("compose {name}: {prefix}__NATS__URL must connect as NATS user {user}")),
@@ -509,11 +517,7 @@ async fn the_compose_nats_users_connect_to_a_server_with_the_compose_config() {
     let config = dir.path().join("compose.nats.conf");
     let args = vec!["-c".into(), config.display().to_string(), "-m".into(), bw_testkit::free_port().to_string()];
     let server = bw_testkit::NatsServer::start_with_args_and_env(args, &envs);
-    let local = |url: &str| -> String {
-        let first = url.split(',').next().unwrap_or_default();
-        let creds = first.strip_prefix("nats://").and_then(|r| r.split_once('@')).map(|(c, _)| c).unwrap_or("");
-        format!("nats://{creds}@127.0.0.1:{}", server.port())
-    };
+    let local = |url: &str| format!("nats://{}@127.0.0.1:{}", url_credentials(url).unwrap_or(""), server.port());
     let (doc, _) = compose();
     let services = doc["services"].as_mapping().expect("services");
     let mut users = Vec::new();
@@ -522,7 +526,7 @@ async fn the_compose_nats_users_connect_to_a_server_with_the_compose_config() {
         if !SERVICES.iter().any(|(n, _)| *n == bin) {
             continue;
         }
-        let prefix = format!("BW_{}", bin.trim_start_matches("bw-").to_ascii_uppercase().replace('-', "_"));
+        let prefix = env_prefix(&bin);
         let url = s(&svc["environment"], &format!("{prefix}__NATS__URL")).to_string();
         let inbox = s(&svc["environment"], &format!("{prefix}__NATS__INBOX_PREFIX")).to_string();
         users.push((bin, local(&url), inbox));
