@@ -1,7 +1,8 @@
 //! NATS users (deploy/nats/accounts.conf, the very file): every service runs as its own least-privilege user with
 //! its own inbox prefix, messages go end to end through the Meta simulator (one dead-letters and is replayed,
-//! one is purged by the operator), and nats-server logs no permissions violation; then what a user must not do
-//! is refused (the server logs it and the client gets an error).
+//! one is purged by the operator; two are quarantined, and the operator purges one and replays the other), every
+//! bwctl command that uses NATS runs as the operator user, and nats-server logs no permissions violation; then
+//! what a user must not do is refused (the server logs it and the client gets an error), the operator included.
 
 use bw_common::config::NatsConfig;
 use bw_common::names;
@@ -10,6 +11,7 @@ use bw_common::service::Deps;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, INTAKE_API_KEY, WABA_ID};
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
 use bw_testkit::{NatsServer, RedisServer};
+use clap::Parser as _;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -156,6 +158,11 @@ impl Services {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
+    // On the heap: the whole journey is one large future, more than a test thread's stack holds.
+    Box::pin(services_and_operator_as_their_users()).await;
+}
+
+async fn services_and_operator_as_their_users() {
     bw_common::service::install_crypto();
     let nats = server();
     let redis = RedisServer::start();
@@ -218,8 +225,8 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
 
     assert!(services.ready().await, "the services start as their users: {:?}", violations(&nats));
 
-    // The operator (bwctl's user) observes (the services created the topology): ledger, streams.
-    let operator = deps_as(&nats, "operator", None).await;
+    // The operator observes through bwctl's own connection (the services created the topology): ledger, streams.
+    let operator = bw_cli::connect(&url_of(&nats, "operator")).await.expect("bwctl connects as the operator");
     let ledger = bw_common::ledger::Ledger::new(&operator.buckets);
     let state_of = |op: &'static str| {
         let ledger = ledger.clone();
@@ -328,15 +335,50 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
     assert_eq!(state_of("perm-dlq-2").await.map(|e| e.state()), Some(OperationState::Dlq), "left as it was");
     assert_eq!(dlq.info().await.expect("info").state.messages, 2, "both entries are still in the DLQ");
 
-    // Only the operator may: it purges one sender's DLQ entry (what `bwctl dlq purge --scope` runs).
-    let report = bw_ops::ops::purge_dlq(&operator.js, &operator.buckets, Some(PHONE_PURGED), 10, &mut |_, _| {})
-        .await
-        .expect("the operator purges");
-    assert_eq!(report.outcomes.get("purged"), Some(&1), "{report:?}");
-    assert_eq!(state_of("perm-dlq-2").await.map(|e| e.state()), Some(OperationState::Expired));
+    // Only the operator may: bwctl, as the operator user, looks and purges one sender's DLQ entry.
+    let bwctl = |args: &'static [&'static str]| {
+        let url = url_of(&nats, "operator");
+        async move {
+            let mut argv = vec!["bwctl", "--nats-url", url.as_str()];
+            argv.extend_from_slice(args);
+            let cli = bw_cli::Cli::try_parse_from(argv).expect("arguments parse");
+            let mut out = Vec::new();
+            // Boxed: the CLI's future is large, and the test's own runs on the thread's stack.
+            let code = Box::pin(bw_cli::run(cli, &mut out)).await.unwrap_or_else(|e| panic!("bwctl {args:?}: {e:#}"));
+            (code, String::from_utf8(out).expect("utf8"))
+        }
+    };
+    for args in [&["scopes"][..], &["dlq", "stats"], &["dlq", "inspect"], &["op", "perm-live-2"]] {
+        let (code, out) = bwctl(args).await;
+        assert_eq!(code, 0, "bwctl {args:?}:\n{out}");
+    }
+    let (code, out) = bwctl(&["dlq", "purge", "--scope", PHONE_PURGED, "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(state_of("perm-dlq-2").await.map(|e| e.state()), Some(OperationState::Expired), "{out}");
 
-    // Meta recovers; replay (started now, so it does not replay into the failure) sends the other one.
+    // Meta refuses two for good: they go to the quarantine; the operator looks and purges one.
+    sim.set_scenario(failing(FaultKind::Error { code: 131026, http_status: None, subcode: None }));
+    submit(order("perm-q-1", PHONE_PURGED, 7)).await;
+    submit(order("perm-q-2", PHONE_PURGED, 8)).await;
+    assert!(wait_state("perm-q-1", &[OperationState::Quarantined]).await, "{:?}", state_of("perm-q-1").await);
+    assert!(wait_state("perm-q-2", &[OperationState::Quarantined]).await, "{:?}", state_of("perm-q-2").await);
+    for args in [
+        &["quarantine", "stats"][..],
+        &["quarantine", "inspect"],
+        &["quarantine", "purge", "--ids", "perm-q-2", "--yes"],
+    ] {
+        let (code, out) = bwctl(args).await;
+        assert_eq!(code, 0, "bwctl {args:?}:\n{out}");
+    }
+    assert_eq!(state_of("perm-q-2").await.map(|e| e.state()), Some(OperationState::Expired));
+
+    // Meta recovers. The operator replays the other quarantined one (through the replay lane to the
+    // dispatcher); replay (started now, so it does not replay into the failure) sends the DLQ entry.
     sim.set_scenario(Scenario::default());
+    let (code, out) = bwctl(&["quarantine", "replay", "--ids", "perm-q-1"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(wait_state("perm-q-1", &SENT).await, "{:?}", state_of("perm-q-1").await);
+    assert_eq!(sim.oracle().get("perm-q-1").map(|e| e.count), Some(1), "accepted once");
     let mut pairs = nats_env(&nats, "replay");
     pairs.extend([("admin.listen", "127.0.0.1:0".to_string()), ("replay.idle_ms", "100".to_string())]);
     let cfg: bw_replay::Config =
@@ -361,6 +403,44 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
     })
     .await;
     assert!(alerting_saw_events, "alerting acked events");
+
+    // The accounting check runs as the operator too, and finds every operation in one place.
+    let (code, out) = bwctl(&["account"]).await;
+    assert_eq!(code, 0, "{out}");
+    // (The dispatcher's refused probes above came from a test connection, named test-<user>.)
+    let seen: Vec<String> = violations(&nats).into_iter().filter(|l| !l.contains(":test-")).collect();
+    assert!(seen.is_empty(), "bwctl did only what the operator user allows:\n{}", seen.join("\n"));
+
+    // The operator cannot break the pipeline: no stream deleted, purged or reconfigured, no service consumer
+    // deleted, no send as a producer, nothing on the live lanes.
+    let probe = async_nats::ConnectOptions::with_user_and_password("operator".into(), password("operator"))
+        .name("test-operator")
+        .connect(format!("127.0.0.1:{}", nats.port()))
+        .await
+        .expect("the operator connects");
+    let probe_js = async_nats::jetstream::ContextBuilder::new().timeout(Duration::from_secs(2)).build(probe.clone());
+    assert!(probe_js.delete_stream(names::DLQ_STREAM).await.is_err(), "the operator deleted the DLQ");
+    assert!(logged_violation(&nats, "operator", "$JS.API.STREAM.DELETE.BW_DLQ").await);
+    let mut send = probe_js.get_stream(names::SEND_STREAM).await.expect("stream info is allowed");
+    assert!(send.purge().await.is_err(), "the operator purged BW_SEND");
+    assert!(logged_violation(&nats, "operator", "$JS.API.STREAM.PURGE.BW_SEND").await);
+    let mut config = send.info().await.expect("info").config.clone();
+    config.max_age = Duration::from_secs(1);
+    assert!(probe_js.update_stream(config).await.is_err(), "the operator reconfigured BW_SEND");
+    assert!(logged_violation(&nats, "operator", "$JS.API.STREAM.UPDATE.BW_SEND").await);
+    let consumers: Vec<String> = {
+        use futures::TryStreamExt;
+        send.consumer_names().try_collect().await.expect("consumer names are allowed")
+    };
+    let lane = consumers.first().cloned().expect("the dispatcher's consumers");
+    assert!(send.delete_consumer(&lane).await.is_err(), "the operator deleted {lane}");
+    assert!(logged_violation(&nats, "operator", &format!("$JS.API.CONSUMER.DELETE.BW_SEND.{lane}")).await);
+    probe.publish(names::intake_subject(PHONE), "x".into()).await.expect("queued locally");
+    let live = names::outbox_subject(names::Lane::High, PHONE);
+    probe.publish(live.clone(), "x".into()).await.expect("queued locally");
+    probe.flush().await.expect("flush");
+    assert!(logged_violation(&nats, "operator", "bw.send.v1.").await);
+    assert!(logged_violation(&nats, "operator", &live).await);
 
     // More refusals. A service is not a producer: no send request on bw.send.v1.*.
     dispatcher.nats.publish(names::intake_subject(PHONE), "x".into()).await.expect("queued locally");
