@@ -76,7 +76,7 @@ impl Poller {
 
     async fn check_dlq(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
         let stream = self.js.get_stream(names::DLQ_STREAM).await?;
-        let mut subjects = stream.info_with_subjects("bw.dlq.v1.>").await?;
+        let mut subjects = stream.info_with_subjects(names::DLQ_ALL).await?;
         let first_seq = subjects.info.state.first_sequence;
         let total = subjects.info.state.messages;
         let mut per_subject = Vec::new();

@@ -442,7 +442,7 @@ impl Coordinator {
         if !self.is_leader() {
             return;
         }
-        let Ok(counts) = bw_ops::scan::subject_counts(&self.inner.js, names::DLQ_STREAM, "bw.dlq.v1.>").await else {
+        let Ok(counts) = bw_ops::scan::subject_counts(&self.inner.js, names::DLQ_STREAM, names::DLQ_ALL).await else {
             return;
         };
         let unknown: std::collections::BTreeSet<&str> =

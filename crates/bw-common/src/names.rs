@@ -99,6 +99,9 @@ pub fn dlq_subject(category: bw_proto::v1::Category, phone_number_id: &str) -> S
     format!("bw.dlq.v1.{}.{phone_number_id}", dlq_class(category))
 }
 
+/// Every DLQ entry (the DLQ stream's subjects; per-sender counts and the senders with entries).
+pub const DLQ_ALL: &str = "bw.dlq.v1.>";
+
 /// Class token of priority DLQ entries (see [`dlq_class`]).
 pub const DLQ_PRIORITY_CLASS: &str = "p";
 /// Class token of marketing DLQ entries (see [`dlq_class`]).

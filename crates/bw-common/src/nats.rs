@@ -116,7 +116,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize) -> Vec<stream::Con
     let dedup = Duration::from_secs(limits.dedup_window_s.max(1));
     vec![
         work_stream(names::SEND_STREAM, vec!["bw.outbox.v1.>".into()], limits.send_max_msgs, replicas, dedup),
-        work_stream(names::DLQ_STREAM, vec!["bw.dlq.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
+        work_stream(names::DLQ_STREAM, vec![names::DLQ_ALL.into()], limits.dlq_max_msgs, replicas, dedup),
         work_stream(names::UNKNOWN_STREAM, vec!["bw.unknown.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
         work_stream(
             names::WEBHOOK_STREAM,

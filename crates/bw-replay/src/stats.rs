@@ -23,7 +23,7 @@ pub(crate) async fn poll(ctx: Arc<Ctx>) {
     let mut next_stats = Instant::now();
     let mut known: BTreeSet<String> = BTreeSet::new();
     loop {
-        match subject_counts(&ctx.js, names::DLQ_STREAM, "bw.dlq.v1.>").await {
+        match subject_counts(&ctx.js, names::DLQ_STREAM, names::DLQ_ALL).await {
             Ok(counts) => {
                 // One subject per class and sender: a sender's depth is the sum of its classes.
                 let mut depths: BTreeMap<String, u64> = BTreeMap::new();
