@@ -5,7 +5,9 @@
 //! operation id) and creates their ledger entry, answering each with an `IntakeReply`. It receives Meta
 //! webhooks (verification handshake, HMAC-checked deliveries stored raw in BW_WEBHOOKS before answering 200),
 //! processes the stored deliveries asynchronously (statuses → ledger, inbound messages → BW_INBOUND, error
-//! codes → signals), and reconciles unknown send outcomes from BW_UNKNOWN by the per-category policy.
+//! codes → signals), and reconciles unknown send outcomes from BW_UNKNOWN by the per-category policy. It
+//! publishes the outcome feed (BW_FEED) and, when configured, POSTs its events to producers' URLs as signed
+//! HTTP callbacks ([`callback`]).
 //!
 //! Must not: call Meta, lose or silently drop valid input, answer a webhook 200 before it is stored, log
 //! message bodies, secrets or full phone numbers. Any number of instances share every consumer.
@@ -14,6 +16,7 @@
 
 mod auth;
 mod bodies;
+pub mod callback;
 pub mod feed;
 mod http;
 mod intake;
@@ -26,6 +29,7 @@ pub mod webhook;
 
 pub use auth::{ApiKeyConfig, AuthMode, key_sha256};
 pub use bodies::{BODIES_BUCKET, OBJECT_HEADER};
+pub use callback::CallbackConfig;
 pub use reconciler::{Policies, Policy};
 
 use async_nats::jetstream::consumer::{self, pull};
@@ -63,6 +67,9 @@ pub struct Config {
     /// Where the per-recipient order sets live (the breaker's Redis).
     pub redis: RedisConfig,
     pub order: OrderConfig,
+    /// Signed HTTP callbacks to producers, by name (none by default).
+    #[serde(default)]
+    pub callbacks: std::collections::BTreeMap<String, CallbackConfig>,
 }
 
 /// Per-recipient order (see `bw_breaker::order`).
@@ -226,7 +233,7 @@ impl Config {
             .map(|(k, v)| {
                 let upper = k.to_ascii_uppercase();
                 let secret = upper.starts_with("BW_INGEST__")
-                    && ["__VERIFY_TOKEN", "__APP_SECRET", "__SHA256"].iter().any(|s| upper.ends_with(s));
+                    && ["__VERIFY_TOKEN", "__APP_SECRET", "__SHA256", "__SECRET"].iter().any(|s| upper.ends_with(s));
                 (k.clone(), if secret { toml_quoted(v) } else { v.clone() })
             })
             .collect();
@@ -261,6 +268,9 @@ impl Config {
         }
         if self.order.ttl_ms == 0 {
             return invalid("order.ttl_ms must be > 0");
+        }
+        for (name, c) in &self.callbacks {
+            callback::validate(name, c)?;
         }
         Ok(())
     }
@@ -297,6 +307,12 @@ fn warn_about(cfg: &Config, keys: &auth::Keys) {
         tracing::warn!(
             "webhook.app_secret is a well-known local default outside the local stack: set the Meta app secret (BW_INGEST__WEBHOOK__APP_SECRET)"
         );
+    }
+    for (name, c) in &cfg.callbacks {
+        if c.url.starts_with("http://") && !bw_common::config::points_at_this_machine(&c.url) {
+            let url = callback::masked_url(&c.url);
+            tracing::warn!(callback = %name, url = %url, "callback over plain http: events travel unencrypted");
+        }
     }
     match keys.mode() {
         AuthMode::Disabled => {
@@ -490,6 +506,21 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         None
     };
 
+    // Callbacks: their retry-state bucket and one durable consumer each on BW_FEED.
+    let mut callbacks = Vec::new();
+    if !cfg.callbacks.is_empty() {
+        let retry_state = retry_during_startup("callback retry-state bucket", budget, || {
+            callback::open_state(&deps.js, cfg.nats.replicas)
+        })
+        .await?;
+        for (name, c) in &cfg.callbacks {
+            let messages =
+                retry_during_startup("callback consumer", budget, || callback::consumer(&deps.js, name, c)).await?;
+            let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone())?;
+            callbacks.push((Arc::new(cb), messages, c.max_in_flight, callback::consumer_name(name)));
+        }
+    }
+
     let intake_router = http::intake_routes(state.clone());
     let webhook_router = http::webhook_routes(state, &cfg.webhook.path);
     let (main_router, separate) = match listeners.webhook {
@@ -560,6 +591,15 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
                 async move { p.handle(msg).await }
             })
             .instrument(tracing::info_span!("ingest.consume", stream = "KV_BW_LEDGER")),
+        );
+    }
+    for (cb, messages, max, consumer) in callbacks {
+        tracker.spawn(
+            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
+                let cb = cb.clone();
+                async move { cb.handle(msg).await }
+            })
+            .instrument(tracing::info_span!("ingest.consume", stream = feed::FEED_STREAM, consumer = %consumer)),
         );
     }
     if cfg.feed.status_enabled {

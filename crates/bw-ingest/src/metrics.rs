@@ -31,6 +31,21 @@ pub(crate) struct Metrics {
     pub refused: Family<Labels, Counter>,
     /// Ledger revisions handled by the feed publisher: published, deleted, undecodable, retry.
     pub feed: Family<Labels, Counter>,
+    /// Feed events handled by the HTTP callbacks, by callback and result: delivered, retried, refused, expired,
+    /// waiting, skipped, undecodable.
+    pub callbacks: Family<Labels, Counter>,
+    /// Duration of each callback request (any answer, timeouts included), by callback.
+    pub callback_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Time from an event's ledger revision to its receiver's 2xx, by callback.
+    pub callback_delivery_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+}
+
+fn request_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+fn delivery_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.01, 4.0, 12))
 }
 
 impl Metrics {
@@ -46,6 +61,9 @@ impl Metrics {
             reconciler: Family::default(),
             refused: Family::default(),
             feed: Family::default(),
+            callbacks: Family::default(),
+            callback_request_seconds: Family::new_with_constructor(request_buckets),
+            callback_delivery_seconds: Family::new_with_constructor(delivery_buckets),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
@@ -62,6 +80,21 @@ impl Metrics {
             r.register("bw_intake_refused", "HTTP requests refused before validation, by reason", m.refused.clone());
             r.register("bw_feed_events", "Ledger revisions handled by the feed publisher, by result", m.feed.clone());
             r.register("bw_reconciler_decisions", "Unknown-outcome reconciler decisions", m.reconciler.clone());
+            r.register(
+                "bw_callback_deliveries",
+                "Feed events handled by HTTP callbacks, by callback and result",
+                m.callbacks.clone(),
+            );
+            r.register(
+                "bw_callback_request_seconds",
+                "Duration of HTTP callback requests, by callback",
+                m.callback_request_seconds.clone(),
+            );
+            r.register(
+                "bw_callback_delivery_seconds",
+                "Time from an event's ledger revision to its callback receiver's 2xx, by callback",
+                m.callback_delivery_seconds.clone(),
+            );
         }
         m
     }
@@ -98,6 +131,18 @@ impl Metrics {
 
     pub(crate) fn feed(&self, result: &str) {
         self.feed.get_or_create(&vec![("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn callback(&self, callback: &str, result: &str) {
+        self.callbacks.get_or_create(&vec![("callback", callback.to_string()), ("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn callback_request(&self, callback: &str, seconds: f64) {
+        self.callback_request_seconds.get_or_create(&vec![("callback", callback.to_string())]).observe(seconds);
+    }
+
+    pub(crate) fn callback_delivered(&self, callback: &str, seconds: f64) {
+        self.callback_delivery_seconds.get_or_create(&vec![("callback", callback.to_string())]).observe(seconds);
     }
 
     pub(crate) fn reconciled(&self, action: &str) {

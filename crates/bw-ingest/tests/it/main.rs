@@ -4,6 +4,7 @@
 //! `bw-client`, raw NATS requests and HTTP; Meta is played by signed HTTP POSTs of its documented payloads.
 
 mod accounts;
+mod callback;
 mod feed;
 mod intake;
 mod reconcile;
