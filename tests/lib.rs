@@ -21,6 +21,64 @@ pub const ACCESS_TOKEN: &str = "e2e-access-token";
 /// WABA of the test senders.
 pub const WABA_ID: &str = "102290129340398";
 
+/// The shared request of the tests and benchmarks: a transactional `order_confirmation` template from `phone`
+/// to a recipient unique to `i` (`+5491<i, 9 digits>`), operation id `op`.
+pub fn order(phone: &str, op: &str, i: usize) -> bw_common::proto::SendRequest {
+    bw_client::Request::template(op, WABA_ID, phone, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
+        .param("1")
+        .category(bw_common::proto::Category::Transactional)
+        .build()
+}
+
+/// Settings of an ingest process of the benchmarks (the real binary, compiled defaults but for where things
+/// are): these servers, intake and Meta's webhooks on `http`, signed with `app_secret`.
+pub fn ingest_process(nats_url: &str, redis_url: &str, http: &str, app_secret: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("nats.url", nats_url.to_string()),
+        // Per-recipient order sets (on by default) live in Redis: ingest does not start without it.
+        ("redis.url", redis_url.to_string()),
+        ("http.listen", http.to_string()),
+        ("webhook.app_secret", app_secret.to_string()),
+        ("webhook.verify_token", "bench-verify".to_string()),
+    ]
+}
+
+/// Settings of a dispatcher process of the benchmarks (compiled defaults but for where things are): these
+/// servers, the simulator at `meta_url` with its access `token`.
+pub fn dispatcher_process(nats_url: &str, redis_url: &str, meta_url: &str, token: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("nats.url", nats_url.to_string()),
+        ("redis.url", redis_url.to_string()),
+        ("meta.base_url", meta_url.to_string()),
+        ("meta.access_token", token.to_string()),
+    ]
+}
+
+/// Offers `n` items evenly spaced `gap` apart from now (a producer at a steady rate): `offer(i)` runs at its
+/// time on a task of its own; returns each task's result, in order of completion, once all are done, and when
+/// the last was offered (unix ms).
+pub async fn paced<F, Fut>(n: usize, gap: Duration, offer: F) -> (Vec<bool>, u64)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    let started = std::time::Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut results = Vec::with_capacity(n);
+    for i in 0..n {
+        tokio::time::sleep_until((started + gap * i as u32).into()).await;
+        tasks.spawn(offer(i));
+        while let Some(done) = tasks.try_join_next() {
+            results.push(done.unwrap_or(false));
+        }
+    }
+    let produced = bw_common::time::now_ms().max(0) as u64;
+    while let Some(done) = tasks.join_next().await {
+        results.push(done.unwrap_or(false));
+    }
+    (results, produced)
+}
+
 /// One running service instance.
 pub struct Instance {
     pub token: CancellationToken,
@@ -209,25 +267,45 @@ impl Harness {
         self.ledger.get(operation_id).await.ok().flatten()
     }
 
-    /// Submits `n` transactional order confirmations from `phone` to distinct recipients through ingest,
-    /// concurrently, asserting each is accepted; returns their operation ids (`<prefix>-0000`...).
+    /// Stores requests exactly as ingest does (the live high lane of BW_SEND with `Nats-Msg-Id` = operation id,
+    /// then the QUEUED ledger entry), pipelined: a backlog that exists before any dispatcher starts.
+    pub async fn preload(&self, requests: &[bw_common::proto::SendRequest]) {
+        use prost::Message as _;
+        let mut acks = Vec::with_capacity(2048);
+        for r in requests {
+            let subject = bw_common::names::outbox_subject(bw_common::names::Lane::High, &r.phone_number_id);
+            let headers = bw_common::names::msg_id_headers(&r.operation_id);
+            acks.push(self.js.publish_with_headers(subject, headers, r.encode_to_vec().into()).await.expect("publish"));
+            if acks.len() == 2048 {
+                for a in acks.drain(..) {
+                    a.await.expect("stored");
+                }
+            }
+        }
+        for a in acks.drain(..) {
+            a.await.expect("stored");
+        }
+        let mut creates = tokio::task::JoinSet::new();
+        for r in requests {
+            let ledger = self.ledger.clone();
+            let entry = bw_common::ledger::entry_for(r, OperationState::Queued);
+            creates.spawn(async move { ledger.create(&entry).await.expect("ledger create") });
+            while creates.len() > 512 {
+                creates.join_next().await;
+            }
+        }
+        while creates.join_next().await.is_some() {}
+    }
+
+    /// Submits `n` transactional order confirmations ([`order`]) from `phone` to distinct recipients through
+    /// ingest, concurrently, asserting each is accepted; returns their operation ids (`<prefix>-0000`...).
     pub async fn submit_orders(&self, phone: &str, prefix: &str, n: usize) -> Vec<String> {
         let producer = self.producer();
         let mut ops = Vec::new();
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..n {
             let op = format!("{prefix}-{i:04}");
-            let r = bw_client::Request::template(
-                &op,
-                WABA_ID,
-                phone,
-                &format!("+54911666{i:05}"),
-                "order_confirmation",
-                "es_AR",
-            )
-            .param("1")
-            .category(bw_common::proto::Category::Transactional)
-            .build();
+            let r = order(phone, &op, i);
             let p = producer.clone();
             tasks.spawn(async move { p.send(&r).await.map(|reply| reply.accepted) });
             ops.push(op);

@@ -16,7 +16,6 @@
 //! Run: `cargo build --release --bins && cargo bench -p bw-e2e --bench capacity` (BW_BENCH_N messages,
 //! default 10,000; BW_BIN_DIR if the binaries are elsewhere than `target/release`).
 
-use bw_common::proto::Category;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -127,28 +126,11 @@ async fn run(n: usize) {
     let dir = tempfile_dir();
     let mut services = bw_drill::stack::Services::new(bw_drill::stack::bin_dir(), dir.join("logs"));
     let ingest = services
-        .spawn(
-            "ingest",
-            &[
-                ("nats.url", nats.url()),
-                ("http.listen", ingest_http.clone()),
-                ("webhook.app_secret", SECRET.into()),
-                ("webhook.verify_token", "capacity-verify".into()),
-            ],
-        )
+        .spawn("ingest", &bw_e2e::ingest_process(&nats.url(), &redis_server.url(), &ingest_http, SECRET))
         .expect("bw-ingest binary (run `cargo build --release --bins` first)");
-    let dispatcher = services
-        .spawn(
-            "dispatcher",
-            &[
-                ("nats.url", nats.url()),
-                ("redis.url", redis_server.url()),
-                ("meta.base_url", sim.base_url()),
-                ("meta.access_token", TOKEN.into()),
-                ("breaker.defaults.rate_per_s", "500".into()),
-            ],
-        )
-        .expect("bw-dispatcher binary");
+    let mut settings = bw_e2e::dispatcher_process(&nats.url(), &redis_server.url(), &sim.base_url(), TOKEN);
+    settings.push(("breaker.defaults.rate_per_s", "500".into()));
+    let dispatcher = services.spawn("dispatcher", &settings).expect("bw-dispatcher binary");
     services.wait_ready(Duration::from_secs(30)).await.expect("services ready");
     let pids: Vec<(&'static str, u32)> = vec![
         ("ingest", services.procs[ingest].pid().expect("ingest runs")),
@@ -172,17 +154,7 @@ async fn run(n: usize) {
         let producer = producer.clone();
         tasks.spawn(async move {
             let sender = format!("1065403522{:05}", i % SENDERS);
-            let request = bw_client::Request::template(
-                &format!("cap-{i:07}"),
-                WABA_ID,
-                &sender,
-                &format!("+5491{i:09}"),
-                "order_confirmation",
-                "es_AR",
-            )
-            .param("1")
-            .category(Category::Transactional)
-            .build();
+            let request = bw_e2e::order(&sender, &format!("cap-{i:07}"), i);
             let reply = producer.send(&request).await;
             drop(permit);
             matches!(reply, Ok(r) if r.accepted)

@@ -8,25 +8,15 @@
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count).
 
 use bw_common::names;
-use bw_common::proto::{Category, LedgerEntry, OperationState, SendRequest};
-use bw_e2e::{Harness, WABA_ID};
+use bw_common::proto::{LedgerEntry, OperationState, SendRequest};
+use bw_e2e::Harness;
 use prost::Message as _;
 use std::time::{Duration, Instant};
 
 const PHONE: &str = "106540352249999";
 
 fn request(i: usize, tag: &str) -> SendRequest {
-    let mut r = bw_client::Request::template(
-        &format!("{tag}-{i:07}"),
-        WABA_ID,
-        PHONE,
-        &format!("+5491{i:09}"),
-        "order_confirmation",
-        "es_AR",
-    )
-    .param("1")
-    .category(Category::Transactional)
-    .build();
+    let mut r = bw_e2e::order(PHONE, &format!("{tag}-{i:07}"), i);
     r.accepted_at_unix_ms = bw_common::time::now_ms();
     r
 }
@@ -39,51 +29,6 @@ fn unlimited_sim() -> bw_meta_sim::SimConfig {
     cfg.webhook.delivered_delay_ms = None;
     cfg.webhook.read_delay_ms = None;
     cfg
-}
-
-/// Stores requests the way ingest does (stream first with the operation id as message id, then the ledger).
-async fn preload(h: &Harness, n: usize, tag: &str) {
-    let mut acks = Vec::with_capacity(4096);
-    for i in 0..n {
-        let r = request(i, tag);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", r.operation_id.as_str());
-        let ack = h
-            .js
-            .publish_with_headers(names::outbox_subject(names::Lane::High, PHONE), headers, r.encode_to_vec().into())
-            .await
-            .expect("publish");
-        acks.push(ack);
-        if acks.len() == 4096 {
-            for a in acks.drain(..) {
-                a.await.expect("ack");
-            }
-        }
-    }
-    for a in acks.drain(..) {
-        a.await.expect("ack");
-    }
-    let mut creates = tokio::task::JoinSet::new();
-    for i in 0..n {
-        let ledger = h.ledger.clone();
-        let r = request(i, tag);
-        creates.spawn(async move {
-            let entry = LedgerEntry {
-                operation_id: r.operation_id.clone(),
-                state: OperationState::Queued as i32,
-                waba_id: r.waba_id.clone(),
-                phone_number_id: r.phone_number_id.clone(),
-                category: r.category,
-                accepted_at_unix_ms: r.accepted_at_unix_ms,
-                ..Default::default()
-            };
-            ledger.create(&entry).await.expect("ledger create")
-        });
-        while creates.len() > 512 {
-            creates.join_next().await;
-        }
-    }
-    while creates.join_next().await.is_some() {}
 }
 
 fn dispatcher_overrides() -> Vec<(&'static str, String)> {
@@ -99,7 +44,8 @@ fn dispatcher_overrides() -> Vec<(&'static str, String)> {
 
 async fn pipeline(n: usize, dispatchers: usize) -> f64 {
     let mut h = Harness::start(unlimited_sim()).await;
-    preload(&h, n, &format!("p{dispatchers}")).await;
+    let tag = format!("p{dispatchers}");
+    h.preload(&(0..n).map(|i| request(i, &tag)).collect::<Vec<_>>()).await;
     let started = Instant::now();
     for _ in 0..dispatchers {
         h.start_dispatcher(&dispatcher_overrides()).await;

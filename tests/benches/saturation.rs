@@ -16,7 +16,6 @@
 //! Run: `cargo build --release --bins && cargo bench -p bw-e2e --bench saturation` (BW_BIN_DIR if the binaries
 //! are elsewhere than `target/release`).
 
-use bw_common::proto::Category;
 use std::time::{Duration, Instant};
 
 const WABA_ID: &str = "102290129340398";
@@ -83,24 +82,10 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
     let _ = std::fs::remove_dir_all(&dir);
     let mut services = bw_drill::stack::Services::new(bw_drill::stack::bin_dir(), dir.join("logs"));
     services
-        .spawn(
-            "ingest",
-            &[
-                ("nats.url", nats.url()),
-                ("redis.url", redis_server.url()),
-                ("http.listen", ingest_http.clone()),
-                ("webhook.app_secret", SECRET.into()),
-                ("webhook.verify_token", "saturation-verify".into()),
-            ],
-        )
+        .spawn("ingest", &bw_e2e::ingest_process(&nats.url(), &redis_server.url(), &ingest_http, SECRET))
         .expect("bw-ingest binary (run `cargo build --release --bins` first)");
     for _ in 0..DISPATCHERS {
-        let mut settings = vec![
-            ("nats.url", nats.url()),
-            ("redis.url", redis_server.url()),
-            ("meta.base_url", sim.base_url()),
-            ("meta.access_token", TOKEN.to_string()),
-        ];
+        let mut settings = bw_e2e::dispatcher_process(&nats.url(), &redis_server.url(), &sim.base_url(), TOKEN);
         settings.extend(extra.iter().map(|(k, v)| (*k, v.clone())));
         services.spawn("dispatcher", &settings).expect("bw-dispatcher binary");
     }
@@ -110,33 +95,13 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
 
     // The producer offers DEMAND x rate per sender, evenly spaced, for `seconds`.
     let (offered, gap) = demand(rate, seconds);
+    let ops: Vec<String> = (0..offered).map(|i| format!("sat-{}-{i:07}", name.len())).collect();
     let started_ms = unix_ms();
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut ops = Vec::with_capacity(offered);
-    for i in 0..offered {
-        tokio::time::sleep_until((started + gap * i as u32).into()).await;
-        let op = format!("sat-{name_len}-{i:07}", name_len = name.len());
-        ops.push(op.clone());
-        let producer = producer.clone();
-        tasks.spawn(async move {
-            let request = bw_client::Request::template(
-                &op,
-                WABA_ID,
-                &sender(i),
-                &format!("+5491{i:09}"),
-                "order_confirmation",
-                "es_AR",
-            )
-            .param("1")
-            .category(Category::Transactional)
-            .build();
-            matches!(producer.send(&request).await, Ok(r) if r.accepted)
-        });
-        while tasks.try_join_next().is_some() {}
-    }
-    let produced_ms = unix_ms();
-    while tasks.join_next().await.is_some() {}
+    let (_, produced_ms) = bw_e2e::paced(offered, gap, |i| {
+        let (producer, request) = (producer.clone(), bw_e2e::order(&sender(i), &ops[i], i));
+        async move { matches!(producer.send(&request).await, Ok(r) if r.accepted) }
+    })
+    .await;
     let sent =
         bw_testkit::wait_until(Duration::from_secs(600), || async { sim.oracle().total_accepted() >= offered as u64 })
             .await;
@@ -205,30 +170,21 @@ async fn raw(rate: f64, seconds: u64) -> Row {
     let sim = bw_meta_sim::MetaSim::start(sim_config(None)).await.expect("simulator");
     let http = reqwest::Client::new();
     let (offered, gap) = demand(rate, seconds);
+    let ops: Vec<String> = (0..offered).map(|i| format!("raw-{i:07}")).collect();
     let started_ms = unix_ms();
-    let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let mut ops = Vec::with_capacity(offered);
-    for i in 0..offered {
-        tokio::time::sleep_until((started + gap * i as u32).into()).await;
-        let op = format!("raw-{i:07}");
-        ops.push(op.clone());
+    let (_, produced_ms) = bw_e2e::paced(offered, gap, |i| {
         let url = format!("{}/v23.0/{}/messages", sim.base_url(), sender(i));
-        let http = http.clone();
-        tasks.spawn(async move {
-            let body = serde_json::json!({
-                "messaging_product": "whatsapp",
-                "to": format!("5491{i:09}"),
-                "type": "template",
-                "biz_opaque_callback_data": op,
-                "template": {"name": "order_confirmation", "language": {"code": "es_AR"}},
-            });
-            let _ = http.post(url).bearer_auth(TOKEN).json(&body).send().await;
+        let body = serde_json::json!({
+            "messaging_product": "whatsapp",
+            "to": format!("5491{i:09}"),
+            "type": "template",
+            "biz_opaque_callback_data": ops[i],
+            "template": {"name": "order_confirmation", "language": {"code": "es_AR"}},
         });
-        while tasks.try_join_next().is_some() {}
-    }
-    let produced_ms = unix_ms();
-    while tasks.join_next().await.is_some() {}
+        let http = http.clone();
+        async move { http.post(url).bearer_auth(TOKEN).json(&body).send().await.is_ok() }
+    })
+    .await;
     let oracle = sim.oracle();
     Row {
         name: "raw (no Breakwater)",

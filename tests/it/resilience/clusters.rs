@@ -2,8 +2,7 @@
 //! processes of every service, through a Meta outage, a NATS node kill and a Redis master kill.
 
 use super::common::{
-    SENT, Verdict, blocking, cluster_topology, dispatcher_settings, ledger, request, services, sim, state_counts,
-    submit,
+    SENT, Verdict, blocking, cluster_topology, dispatcher_settings, ledger, services, sim, state_counts, submit,
 };
 use crate::dispatch::failing;
 use bw_common::names;
@@ -125,7 +124,7 @@ fn all_requests() -> (Vec<SendRequest>, Vec<String>) {
     for (s, phone) in [PHONE_A, PHONE_B].iter().enumerate() {
         for i in 0..PER_SENDER {
             let n = s * PER_SENDER + i;
-            reqs.push(request(phone, &format!("cl-{s}-{i:04}"), n));
+            reqs.push(bw_e2e::order(phone, &format!("cl-{s}-{i:04}"), n));
         }
     }
     let ops = reqs.iter().map(|r| r.operation_id.clone()).collect();

@@ -3,9 +3,8 @@
 
 use async_nats::jetstream;
 use bw_common::nats::Buckets;
-use bw_common::proto::{Category, LedgerEntry, OperationState, RejectReason, SendRequest};
+use bw_common::proto::{LedgerEntry, OperationState, RejectReason, SendRequest};
 use bw_drill::stack::{Services, bin_dir};
-use bw_e2e::WABA_ID;
 use bw_meta_sim::{Limits, OracleSnapshot, SimConfig};
 use bw_ops::account::AccountingReport;
 use futures::StreamExt;
@@ -29,17 +28,9 @@ pub(super) async fn assert_unknowns_flagged(js: &jetstream::Context, buckets: &B
     assert!(unknown.len() <= max, "at most {max} ambiguous outcomes, got {}", unknown.len());
 }
 
-/// A transactional template request to a recipient unique to `i`.
-pub(super) fn request(phone: &str, op: &str, i: usize) -> SendRequest {
-    bw_client::Request::template(op, WABA_ID, phone, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
-        .param("1")
-        .category(Category::Transactional)
-        .build()
-}
-
-/// `n` requests with operation ids `<prefix>-<i>`.
+/// `n` requests ([`bw_e2e::order`]) with operation ids `<prefix>-<i>`.
 pub(super) fn requests(phone: &str, prefix: &str, n: usize) -> Vec<SendRequest> {
-    (0..n).map(|i| request(phone, &format!("{prefix}-{i:06}"), i)).collect()
+    (0..n).map(|i| bw_e2e::order(phone, &format!("{prefix}-{i:06}"), i)).collect()
 }
 
 /// A simulator without Meta's rate limits (Breakwater's own limits are what the tests exercise), with or
@@ -52,6 +43,19 @@ pub(super) fn sim(webhooks: bool) -> SimConfig {
         cfg.webhook.read_delay_ms = None;
     }
     cfg
+}
+
+/// A harness whose simulator (no webhooks) answers each call after ~20 ms, so calls are on the wire when a
+/// dispatcher process dies, with ingest running (no webhook processing): the start of the kill tests.
+pub(super) async fn slow_harness() -> bw_e2e::Harness {
+    let mut h = bw_e2e::Harness::start(sim(false)).await;
+    h.sim.set_scenario(bw_meta_sim::Scenario {
+        name: "slow".into(),
+        latency: Some(bw_meta_sim::Latency::Fixed { ms: 20 }),
+        ..bw_meta_sim::Scenario::default()
+    });
+    h.start_ingest(&[("webhook.process", "false".into())]).await;
+    h
 }
 
 /// Dispatcher breaker settings for a test: sender rate `rate_per_s`, no trips (the failure-rate rule needs

@@ -2,11 +2,9 @@
 //! once.
 
 use super::common::{SENT, Verdict, breaker, ledger, requests, sim, submit, wait_states};
-use bw_common::names;
 use bw_common::proto::{LedgerEntry, OperationState};
 use bw_e2e::Harness;
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, Window};
-use prost::Message as _;
 use std::time::{Duration, Instant};
 
 const PHONE: &str = "106540352242951";
@@ -75,44 +73,6 @@ async fn meta_hanging_past_the_timeout_is_reconciled_and_never_resent_blindly() 
     assert!(verdict.duplicates.is_empty(), "never resent blindly: {:?}", verdict.duplicates);
 }
 
-/// Stores requests exactly as ingest does (BW_SEND publish with `Nats-Msg-Id` = operation id, then the
-/// QUEUED ledger entry), pipelined.
-async fn preload(h: &Harness, ops: &[bw_common::proto::SendRequest]) {
-    let mut acks = Vec::with_capacity(2048);
-    for r in ops {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", r.operation_id.as_str());
-        let subject = names::outbox_subject(names::Lane::High, &r.phone_number_id);
-        acks.push(h.js.publish_with_headers(subject, headers, r.encode_to_vec().into()).await.expect("publish"));
-        if acks.len() == 2048 {
-            for a in acks.drain(..) {
-                a.await.expect("stored");
-            }
-        }
-    }
-    for a in acks.drain(..) {
-        a.await.expect("stored");
-    }
-    let mut creates = tokio::task::JoinSet::new();
-    for r in ops {
-        let ledger = h.ledger.clone();
-        let entry = LedgerEntry {
-            operation_id: r.operation_id.clone(),
-            state: OperationState::Queued as i32,
-            waba_id: r.waba_id.clone(),
-            phone_number_id: r.phone_number_id.clone(),
-            category: r.category,
-            accepted_at_unix_ms: r.accepted_at_unix_ms,
-            ..Default::default()
-        };
-        creates.spawn(async move { ledger.create(&entry).await.expect("ledger create") });
-        while creates.len() > 512 {
-            creates.join_next().await;
-        }
-    }
-    while creates.join_next().await.is_some() {}
-}
-
 /// A burst of 10,000 messages (100,000 when `BW_SLOW_TESTS=1`; too heavy for a 2-core CI runner on every
 /// run) stored in BW_SEND at once, then drained by one dispatcher against a simulator with its limits off.
 ///
@@ -127,7 +87,7 @@ async fn a_burst_of_messages_is_sent_once_each_and_nothing_is_lost() {
         r.accepted_at_unix_ms = now;
     }
     let started = Instant::now();
-    preload(&h, &batch).await;
+    h.preload(&batch).await;
     let stored_in = started.elapsed();
     let mut settings = breaker(1_000_000);
     settings.extend([

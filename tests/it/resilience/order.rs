@@ -4,10 +4,9 @@
 //! duplicates and the oracle's acceptance order (`bw_e2e::order_violations`), at the compiled default order
 //! config (transactional keeps order).
 
-use super::common::{SENT, Verdict, dispatcher_settings, ledger, services, sim, wait_states};
+use super::common::{SENT, Verdict, dispatcher_settings, ledger, services, slow_harness, wait_states};
 use bw_common::proto::{OperationState, RejectReason, SendRequest};
-use bw_e2e::{Harness, WABA_ID, order_violations};
-use bw_meta_sim::{Latency, Scenario};
+use bw_e2e::{WABA_ID, order_violations};
 use std::time::{Duration, Instant};
 
 const PHONE: &str = "106540352250009";
@@ -53,14 +52,7 @@ async fn send_in_order(client: bw_client::Client, r: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn order_holds_when_one_of_two_dispatcher_processes_is_killed_mid_run() {
-    let mut h = Harness::start(sim(false)).await;
-    // ~20 ms per call, so calls are on the wire when the process dies.
-    h.sim.set_scenario(Scenario {
-        name: "slow".into(),
-        latency: Some(Latency::Fixed { ms: 20 }),
-        ..Scenario::default()
-    });
-    h.start_ingest(&[("webhook.process", "false".into())]).await;
+    let h = slow_harness().await;
     let mut procs = services("kill-dispatcher-order", &["dispatcher"]);
     let settings = dispatcher_settings(&h.nats.url(), &h.redis.url(), &h.sim.base_url());
     let victim = procs.spawn("dispatcher", &settings).expect("spawn dispatcher");

@@ -2,12 +2,11 @@
 //! replay worker in the middle of draining a dead-letter queue.
 
 use super::common::{
-    SENT, Verdict, breaker, dispatcher_settings, ledger, requests, services, sim, submit, wait_states,
+    SENT, Verdict, breaker, dispatcher_settings, ledger, requests, services, sim, slow_harness, submit, wait_states,
 };
 use bw_breaker::{Breaker, BreakerConfig, Forced, Scope};
 use bw_common::proto::OperationState;
 use bw_e2e::{Harness, WABA_ID};
-use bw_meta_sim::{Latency, Scenario};
 use futures::StreamExt;
 use std::time::Duration;
 
@@ -23,14 +22,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// by the killed process's in-flight limit rather than forbidden.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dispatcher_process_killed_under_load_loses_nothing() {
-    let mut h = Harness::start(sim(false)).await;
-    // ~20 ms per call, so calls are on the wire when the process dies.
-    h.sim.set_scenario(Scenario {
-        name: "slow".into(),
-        latency: Some(Latency::Fixed { ms: 20 }),
-        ..Scenario::default()
-    });
-    h.start_ingest(&[("webhook.process", "false".into())]).await;
+    let h = slow_harness().await;
     let mut procs = services("kill-dispatcher", &["dispatcher"]);
     let mut settings = dispatcher_settings(&h.nats.url(), &h.redis.url(), &h.sim.base_url());
     const IN_FLIGHT: usize = 32;
