@@ -157,9 +157,8 @@ fn all_requests() -> (Vec<SendRequest>, Vec<String>) {
 /// worker for it. The coordinator now learns senders from their DLQ entries as well. (2) Compare-and-set reads
 /// served by a lagging follower: replicated buckets now read from the stream leader. (3) A bucket just created
 /// on the cluster answered "not found" for a moment, and a replay process exited; `open_bucket` now looks
-/// again. The test stays ignored until a long run of it is green after these fixes:
-/// `cargo nextest run -p bw-e2e --run-ignored all clusters_of`. A stalled run prints [`stall_report`].
-#[ignore = "three stalls found and fixed; ignored until a long run after the fixes is green (see doc comment)"]
+/// again. After these fixes 63 runs in a row passed (18, then 45 under a parallel build), and the test runs
+/// with the suite, alone (`.config/nextest.toml`). A stalled run prints [`stall_report`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_and_node_kills() {
     bw_common::service::install_crypto();
