@@ -31,6 +31,8 @@ struct SeenSpan {
     parent_span_id: Vec<u8>,
     service: String,
     attributes: Vec<(String, String)>,
+    /// Trace ids of the span's links.
+    links: Vec<Vec<u8>>,
 }
 
 impl SeenSpan {
@@ -75,6 +77,7 @@ async fn receive(State(seen): State<Seen>, body: Bytes) -> (axum::http::StatusCo
                     parent_span_id: span.parent_span_id,
                     service: service.clone(),
                     attributes,
+                    links: span.links.iter().map(|l| l.trace_id.clone()).collect(),
                 });
             }
         }
@@ -393,6 +396,13 @@ async fn an_unknown_outcome_and_its_reconciliation_stay_in_the_operations_trace(
         let processing = all.iter().find(|s| s.span_id == resolution.parent_span_id).map(|s| s.name.clone());
         assert_eq!(processing.as_deref(), Some("ingest.process_webhook"), "resolve_unknown's parent");
     }
+    // ... and links to the operation's trace (status webhooks carry no trace context: the link comes from the
+    // traceparent ingest kept in the ledger), whose id the status query shows.
+    let trace_id = trace.one("ingest.intake").trace_id.clone();
+    assert_eq!(resolution.links, vec![trace_id.clone()], "resolve_unknown links to the operation's trace");
+    let shown = h.producer().status(PHONE, OP).await.expect("status answered").current.expect("current").trace_id;
+    let hex: String = trace_id.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(shown, hex, "the status query shows the trace id");
     // Stored deliveries are processed concurrently, so any of the three statuses may be the one that resolved it.
     assert!(matches!(resolution.attr("status"), Some("sent" | "delivered" | "read")), "{:?}", resolution.attributes);
     assert_eq!(h.sim.oracle().get(OP).map(|e| e.count), Some(1), "never resent blindly");

@@ -87,6 +87,10 @@ pub fn render(entry: &LedgerEntry, events: &[OutcomeEvent], out: &mut (dyn Write
     if !entry.wamid.is_empty() {
         writeln!(out, "wamid      {}", entry.wamid)?;
     }
+    let trace_id = bw_common::telemetry::trace_id_of(&entry.traceparent);
+    if !trace_id.is_empty() {
+        writeln!(out, "trace      {trace_id}")?;
+    }
     writeln!(out, "attempts   {}   replays {}", entry.attempts, entry.replays)?;
     if entry.last_code != 0 {
         writeln!(out, "last code  {}", entry.last_code)?;

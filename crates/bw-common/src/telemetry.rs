@@ -96,6 +96,38 @@ pub fn inject(span: &tracing::Span, headers: &mut async_nats::HeaderMap) {
     TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
 }
 
+/// The W3C `traceparent` of `span`, empty when it has no valid trace context (no exporter configured).
+pub fn traceparent(span: &tracing::Span) -> String {
+    let mut headers = async_nats::HeaderMap::new();
+    inject(span, &mut headers);
+    headers.get("traceparent").map(|v| v.as_str().to_string()).unwrap_or_default()
+}
+
+/// The trace id (32 hex digits) of a W3C `traceparent`, empty when it is not one.
+pub fn trace_id_of(traceparent: &str) -> String {
+    let mut parts = traceparent.split('-');
+    match (parts.next(), parts.next()) {
+        (Some(_version), Some(id)) if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) => id.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// Adds to `span` a link to the span a W3C `traceparent` names (another trace: a status webhook's processing
+/// points to the operation it concerns). Nothing when the traceparent is empty or invalid.
+pub fn link_to(span: &tracing::Span, traceparent: &str) {
+    if traceparent.is_empty() {
+        return;
+    }
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("traceparent", traceparent);
+    let cx = TraceContextPropagator::new().extract(&HeaderExtractor(&headers));
+    use opentelemetry::trace::TraceContextExt as _;
+    let linked = cx.span().span_context().clone();
+    if linked.is_valid() {
+        span.add_link(linked);
+    }
+}
+
 /// Makes `span` a child of the trace context found in `headers`, if any.
 pub fn set_parent_from(span: &tracing::Span, headers: Option<&async_nats::HeaderMap>) {
     if let Some(h) = headers

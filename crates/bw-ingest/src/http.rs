@@ -498,6 +498,7 @@ async fn get_message(
         "incident_id": current.incident_id,
         "flagged_unknown": current.flagged_unknown,
         "replays": current.replays,
+        "trace_id": current.trace_id,
         "accepted_at": times(current.accepted_at_unix_ms, tz),
         "updated_at": times(current.at_unix_ms, tz),
         "time_zone": tz.name(),

@@ -226,6 +226,7 @@ impl Intake {
         entry.category = category as i32;
         entry.accepted_at_unix_ms = accepted_at;
         entry.updated_at_unix_ms = accepted_at;
+        entry.traceparent = bw_common::telemetry::traceparent(span);
         // On a JetStream duplicate the first try may have died before this create: do it anyway (idempotent).
         if let Err(e) = self.ledger.create(&entry).await {
             tracing::warn!(error = %e, "ledger entry not created");

@@ -346,10 +346,11 @@ impl Processor {
                 tracing::debug!(operation_id = %op, status = status_label(status), "status applied");
                 if from_unknown {
                     // Meta sends no trace context, so this delivery is its own trace: a child span with the
-                    // operation id ties it to the operation's trace, which the reconciler's `resolved` span closes.
-                    let _resolved =
-                        tracing::info_span!("ingest.resolve_unknown", operation_id = %op, status = status_label(status))
-                            .entered();
+                    // operation id and a span link to the operation's trace (its ingest span, from the ledger),
+                    // which the reconciler's `resolved` span closes.
+                    let resolved = tracing::info_span!("ingest.resolve_unknown", operation_id = %op, status = status_label(status));
+                    bw_common::telemetry::link_to(&resolved, &entry.traceparent);
+                    let _resolved = resolved.entered();
                 }
             }
             Some(entry) if conflicting_fact(entry.state(), target, code).is_some() => {

@@ -688,6 +688,10 @@ pub struct LedgerEntry {
     /// compare-and-set wrote it may send; any other delivery that meets the mark leaves without sending.
     #[prost(string, tag = "20")]
     pub in_flight_token: ::prost::alloc::string::String,
+    /// W3C traceparent of the operation's ingest span (empty when ingest exported no traces). Status webhooks carry
+    /// no trace context: their processing links to this trace, and the status query shows its trace id.
+    #[prost(string, tag = "21")]
+    pub traceparent: ::prost::alloc::string::String,
 }
 /// What one dispatch try ended in, published on bw.outcome.v1.<phone_number_id> (stream BW_EVENTS)
 /// for dashboards, the drill and alerting. The ledger stays the source of truth.
@@ -830,6 +834,10 @@ pub struct OutcomeEvent {
     /// When this revision was written, Unix ms.
     #[prost(int64, tag = "16")]
     pub at_unix_ms: i64,
+    /// The operation's trace (W3C trace id, 32 hex digits; empty when ingest exported no traces): open it in
+    /// Jaeger or any OTLP backend.
+    #[prost(string, tag = "17")]
+    pub trace_id: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusQuery {
