@@ -78,6 +78,25 @@ impl<R> Settle<R> {
     }
 }
 
+/// Runs a handler's `work` on `msg`, telling the broker the message is in progress every `every` until it
+/// finishes (work that may outlast the ack wait: a large webhook delivery, a slow callback receiver).
+pub async fn with_progress<T>(
+    msg: &jetstream::Message,
+    every: Duration,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::pin!(work);
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    loop {
+        tokio::select! {
+            done = &mut work => return done,
+            _ = tick.tick() => {
+                let _ = msg.ack_with(Disposition::Progress.ack_kind()).await;
+            }
+        }
+    }
+}
+
 /// Applies a handler's decision to its message: the acknowledgement, the `result` field of `span` and the
 /// service's result counter (`count`). An acknowledgement the broker does not take is logged at debug level:
 /// the message is then redelivered after its ack wait and the handler, being idempotent, settles it again.

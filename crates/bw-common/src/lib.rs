@@ -25,3 +25,15 @@ pub mod telemetry;
 pub mod time;
 
 pub use bw_proto::v1 as proto;
+
+/// The two innermost causes of an error, outermost first joined by ` <- ` (an HTTP client's error chain: the
+/// outer layers repeat the URL and add nothing).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts = vec![e.to_string()];
+    let mut source = e.source();
+    while let Some(s) = source {
+        parts.push(s.to_string());
+        source = s.source();
+    }
+    parts.into_iter().rev().take(2).collect::<Vec<_>>().join(" <- ")
+}

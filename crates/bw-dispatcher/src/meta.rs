@@ -93,25 +93,14 @@ impl MetaClient {
 fn transport_error(e: &reqwest::Error) -> MetaAnswer {
     // A connect failure (refused, DNS, connect timeout) means nothing was written: the message cannot exist.
     if e.is_connect() {
-        return MetaAnswer::NotSent { details: format!("connect failed: {}", error_chain(e)) };
+        return MetaAnswer::NotSent { details: format!("connect failed: {}", bw_common::error_chain(e)) };
     }
     let what = if e.is_timeout() {
         "timeout after the request went out"
     } else {
         "connection lost after the request went out"
     };
-    MetaAnswer::Unknown { details: format!("{what}: {}", error_chain(e)), http_status: 0 }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
-    // URLs are not secret but are noisy; keep the innermost causes.
-    parts.into_iter().rev().take(2).collect::<Vec<_>>().join(" <- ")
+    MetaAnswer::Unknown { details: format!("{what}: {}", bw_common::error_chain(e)), http_status: 0 }
 }
 
 async fn read_response(response: reqwest::Response) -> MetaAnswer {
@@ -126,7 +115,10 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
         Ok(b) => b,
         Err(e) => {
             // Headers arrived but the body did not: Meta may have created the message; we cannot know its id.
-            return MetaAnswer::Unknown { details: format!("body lost: {}", error_chain(&e)), http_status: status };
+            return MetaAnswer::Unknown {
+                details: format!("body lost: {}", bw_common::error_chain(&e)),
+                http_status: status,
+            };
         }
     };
     answer_from(status, &body, usage_percent, retry_after_ms)

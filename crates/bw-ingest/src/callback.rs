@@ -30,7 +30,7 @@
 use crate::metrics::Metrics;
 use crate::secret;
 use async_nats::jetstream::{self, consumer, kv};
-use bw_common::disposition::{Disposition, Label, NAK_DELAY_MAX, NAK_DELAY_MIN, Settle, apply};
+use bw_common::disposition::{Label, NAK_DELAY_MAX, NAK_DELAY_MIN, Settle, apply};
 use bw_common::proto::{OutcomeEvent, OutcomeKind};
 use bw_common::time::now_ms;
 use prost::Message as _;
@@ -531,18 +531,9 @@ impl Callback {
             attempt = tracing::field::Empty,
             result = tracing::field::Empty
         );
-        let work = self.settle(&msg, &span).instrument(span.clone());
-        tokio::pin!(work);
         // A request may take longer than the ack wait (a long timeout_ms): say it is in progress meanwhile.
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
-        let settle = loop {
-            tokio::select! {
-                s = &mut work => break s,
-                _ = tick.tick() => {
-                    let _ = msg.ack_with(Disposition::Progress.ack_kind()).await;
-                }
-            }
-        };
+        let work = self.settle(&msg, &span).instrument(span.clone());
+        let settle = bw_common::disposition::with_progress(&msg, PROGRESS_EVERY, work).await;
         apply(&msg, settle, &span, |label| self.metrics.callback(&self.name, label)).await;
     }
 
@@ -660,7 +651,7 @@ impl Callback {
                 Answer::Status { status, retry_after }
             }
             Err(e) if e.is_timeout() => Answer::Timeout,
-            Err(e) => Answer::Transport(error_chain(&e.without_url())),
+            Err(e) => Answer::Transport(bw_common::error_chain(&e.without_url())),
         };
         self.metrics.callback_request(&self.name, started.elapsed().as_secs_f64());
         answer
@@ -703,16 +694,6 @@ fn describe(answer: &Answer) -> String {
         Answer::Timeout => "timeout".to_string(),
         Answer::Transport(e) => e.clone(),
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![e.to_string()];
-    let mut source = e.source();
-    while let Some(s) = source {
-        parts.push(s.to_string());
-        source = s.source();
-    }
-    parts.into_iter().rev().take(2).collect::<Vec<_>>().join(" <- ")
 }
 
 #[cfg(test)]

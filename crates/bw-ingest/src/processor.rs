@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::webhook::{self, ValueError};
 use async_nats::jetstream::{self, kv};
 use bw_common::classify::{ErrorClass, classify_code};
-use bw_common::disposition::{Disposition, Label, Settle, apply};
+use bw_common::disposition::{Label, Settle, apply};
 use bw_common::ledger::{Ledger, LedgerError};
 use bw_common::names;
 use bw_common::proto::{DeliveryStatus, InboundMessage, OperationState, Signal, StatusUpdate, StoredWebhook};
@@ -129,19 +129,10 @@ impl Processor {
     pub(crate) async fn handle(&self, msg: jetstream::Message) {
         let span = tracing::info_span!("ingest.process_webhook", result = tracing::field::Empty);
         let object = msg.headers.as_ref().and_then(|h| h.get(OBJECT_HEADER)).map(|v| v.as_str().to_string());
-        let work = self.settle(&msg, object.as_deref()).instrument(span.clone());
-        tokio::pin!(work);
         // A delivery of thousands of statuses may take longer than the ack wait on a loaded broker: say it is
         // in progress until the decision is taken.
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
-        let settle = loop {
-            tokio::select! {
-                s = &mut work => break s,
-                _ = tick.tick() => {
-                    let _ = msg.ack_with(Disposition::Progress.ack_kind()).await;
-                }
-            }
-        };
+        let work = self.settle(&msg, object.as_deref()).instrument(span.clone());
+        let settle = bw_common::disposition::with_progress(&msg, PROGRESS_EVERY, work).await;
         if settle.result == Processed::Ok
             && let Some(name) = &object
         {

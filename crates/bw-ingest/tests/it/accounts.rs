@@ -5,27 +5,13 @@ use crate::support::{WAIT, test_config};
 use bw_client::{Client, Request};
 use bw_common::names;
 use bw_common::proto::OutcomeKind;
-use bw_testkit::NatsServer;
-use std::path::Path;
 
 const WABA: &str = "1001";
 const PHONE: &str = "2002";
 
 #[tokio::test]
 async fn a_producer_user_is_refused_on_internal_subjects() {
-    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
-    let server = NatsServer::start_with_config(
-        &conf,
-        &[
-            ("BW_NATS_INGEST_PASSWORD", "ingest-pw"),
-            ("BW_NATS_DISPATCHER_PASSWORD", "dispatcher-pw"),
-            ("BW_NATS_REPLAY_PASSWORD", "replay-pw"),
-            ("BW_NATS_BREAKER_COORDINATOR_PASSWORD", "coordinator-pw"),
-            ("BW_NATS_ALERTING_PASSWORD", "alerting-pw"),
-            ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
-            ("BW_NATS_PRODUCER_PASSWORD", "crm-pw"),
-        ],
-    );
+    let server = crate::support::accounts_server();
     let port = server.port();
     // Ingest runs as its own user, on its own inbox prefix.
     let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));

@@ -422,19 +422,7 @@ fn compiled_defaults_run_no_callback_and_fill_a_configured_one_with_the_document
 #[tokio::test]
 async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation() {
     let (receiver, url) = Receiver::start(vec![Reply::Status(500)], None).await;
-    let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
-    let server = bw_testkit::NatsServer::start_with_config(
-        &conf,
-        &[
-            ("BW_NATS_INGEST_PASSWORD", "ingest-pw"),
-            ("BW_NATS_DISPATCHER_PASSWORD", "dispatcher-pw"),
-            ("BW_NATS_REPLAY_PASSWORD", "replay-pw"),
-            ("BW_NATS_BREAKER_COORDINATOR_PASSWORD", "coordinator-pw"),
-            ("BW_NATS_ALERTING_PASSWORD", "alerting-pw"),
-            ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
-            ("BW_NATS_PRODUCER_PASSWORD", "crm-pw"),
-        ],
-    );
+    let server = crate::support::accounts_server();
     let port = server.port();
     let mut cfg = support::test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();

@@ -27,6 +27,24 @@ pub(crate) struct Env {
     pub(crate) task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
+/// nats-server with deploy/nats/accounts.conf, the very file, and a password for each of its users (`ingest` is
+/// `ingest-pw`, the producer `producer-crm` is `crm-pw`).
+pub(crate) fn accounts_server() -> NatsServer {
+    let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
+    NatsServer::start_with_config(
+        &conf,
+        &[
+            ("BW_NATS_INGEST_PASSWORD", "ingest-pw"),
+            ("BW_NATS_DISPATCHER_PASSWORD", "dispatcher-pw"),
+            ("BW_NATS_REPLAY_PASSWORD", "replay-pw"),
+            ("BW_NATS_BREAKER_COORDINATOR_PASSWORD", "coordinator-pw"),
+            ("BW_NATS_ALERTING_PASSWORD", "alerting-pw"),
+            ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
+            ("BW_NATS_PRODUCER_PASSWORD", "crm-pw"),
+        ],
+    )
+}
+
 /// The compiled defaults with test-friendly values.
 pub(crate) fn test_config(nats_url: &str) -> Config {
     let mut cfg = Config::load(None, &Default::default()).expect("defaults load");
