@@ -55,28 +55,22 @@ pub fn dispatcher_process(nats_url: &str, redis_url: &str, meta_url: &str, token
 }
 
 /// Offers `n` items evenly spaced `gap` apart from now (a producer at a steady rate): `offer(i)` runs at its
-/// time on a task of its own; returns each task's result, in order of completion, once all are done, and when
-/// the last was offered (unix ms).
-pub async fn paced<F, Fut>(n: usize, gap: Duration, offer: F) -> (Vec<bool>, u64)
+/// time on a task of its own. Returns once every task is done, with the time the last was offered (unix ms).
+pub async fn paced<F, Fut>(n: usize, gap: Duration, offer: F) -> u64
 where
     F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = bool> + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let started = std::time::Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    let mut results = Vec::with_capacity(n);
     for i in 0..n {
         tokio::time::sleep_until((started + gap * i as u32).into()).await;
         tasks.spawn(offer(i));
-        while let Some(done) = tasks.try_join_next() {
-            results.push(done.unwrap_or(false));
-        }
+        while tasks.try_join_next().is_some() {}
     }
     let produced = bw_common::time::now_ms().max(0) as u64;
-    while let Some(done) = tasks.join_next().await {
-        results.push(done.unwrap_or(false));
-    }
-    (results, produced)
+    while tasks.join_next().await.is_some() {}
+    produced
 }
 
 /// One running service instance.

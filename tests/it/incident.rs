@@ -14,7 +14,6 @@ use bw_meta_sim::{Fault, FaultKind, Latency, Scenario, Selection, SimConfig, Win
 use bw_ops::incident::Incidents;
 use bw_ops::scan::{scan_stream, subject_counts};
 use bw_testkit::wait_until;
-use clap::Parser as _;
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::BTreeMap;
@@ -189,13 +188,7 @@ async fn set_closed(h: &Harness, phone: &str) {
 }
 
 async fn bwctl(h: &Harness, args: &[&str]) -> (i32, String) {
-    let url = h.nats.url();
-    let mut argv = vec!["bwctl", "--nats-url", url.as_str()];
-    argv.extend_from_slice(args);
-    let cli = bw_cli::Cli::try_parse_from(argv).expect("arguments parse");
-    let mut out = Vec::new();
-    let code = bw_cli::run(cli, &mut out).await.expect("command runs");
-    (code, String::from_utf8(out).expect("utf8"))
+    crate::bwctl(&h.nats.url(), args).await
 }
 
 async fn incident_events(h: &Harness, phone: &str) -> u64 {

@@ -11,7 +11,6 @@ use bw_common::service::Deps;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, INTAKE_API_KEY, WABA_ID};
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
 use bw_testkit::{NatsServer, RedisServer};
-use clap::Parser as _;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -336,18 +335,8 @@ async fn services_and_operator_as_their_users() {
     assert_eq!(dlq.info().await.expect("info").state.messages, 2, "both entries are still in the DLQ");
 
     // Only the operator may: bwctl, as the operator user, looks and purges one sender's DLQ entry.
-    let bwctl = |args: &'static [&'static str]| {
-        let url = url_of(&nats, "operator");
-        async move {
-            let mut argv = vec!["bwctl", "--nats-url", url.as_str()];
-            argv.extend_from_slice(args);
-            let cli = bw_cli::Cli::try_parse_from(argv).expect("arguments parse");
-            let mut out = Vec::new();
-            // Boxed: the CLI's future is large, and the test's own runs on the thread's stack.
-            let code = Box::pin(bw_cli::run(cli, &mut out)).await.unwrap_or_else(|e| panic!("bwctl {args:?}: {e:#}"));
-            (code, String::from_utf8(out).expect("utf8"))
-        }
-    };
+    let operator_url = url_of(&nats, "operator");
+    let bwctl = |args: &'static [&'static str]| crate::bwctl(&operator_url, args);
     for args in [&["scopes"][..], &["dlq", "stats"], &["dlq", "inspect"], &["op", "perm-live-2"]] {
         let (code, out) = bwctl(args).await;
         assert_eq!(code, 0, "bwctl {args:?}:\n{out}");

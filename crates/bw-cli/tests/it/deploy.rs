@@ -128,11 +128,14 @@ fn parse_size(raw: &str) -> Option<u64> {
     Some(n * mult)
 }
 
+/// The lines of a NATS config text without their comments, trimmed.
+fn conf_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines().map(|l| l.split('#').next().unwrap_or_default().trim())
+}
+
 /// Problems with a NATS server config text's `max_payload`.
 fn check_nats_conf(text: &str, origin: &str) -> Vec<String> {
-    let value = text
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or_default().trim())
+    let value = conf_lines(text)
         .find_map(|l| l.strip_prefix("max_payload").map(|rest| rest.trim_start_matches([':', '=', ' ']).to_string()));
     match value.as_deref().map(parse_size) {
         None => vec![format!("{origin}: no max_payload (the 1 MB default cannot hold a 3 MB webhook)")],
@@ -418,9 +421,7 @@ fn env_entries(container: &Value) -> Vec<(String, Value)> {
 /// connects as its own user, the password from its own Secret key expanded into the URL (defined before it).
 fn check_k8s_nats_users(docs: &[(String, Value)], workloads: &[(String, Value)], nats_conf: &str) -> Vec<String> {
     let mut problems = Vec::new();
-    let includes =
-        nats_conf.lines().map(|l| l.split('#').next().unwrap_or_default().trim()).any(|l| l == "include accounts.conf");
-    if !includes {
+    if !conf_lines(nats_conf).any(|l| l == "include accounts.conf") {
         problems.push("nats.yaml nats.conf: must `include accounts.conf` (the NATS users)".into());
     }
     let config_map = |name: &str| {
@@ -493,11 +494,7 @@ fn check_k8s_nats_users(docs: &[(String, Value)], workloads: &[(String, Value)],
 /// prefix, and bwctl in the dispatcher container as `operator`; every password is a local-only placeholder.
 fn check_compose_nats_users(services: &serde_norway::Mapping, nats_conf: &str) -> Vec<String> {
     let mut problems = Vec::new();
-    let includes = nats_conf
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or_default().trim())
-        .any(|l| l == "include nats/accounts.conf");
-    if !includes {
+    if !conf_lines(nats_conf).any(|l| l == "include nats/accounts.conf") {
         problems.push("compose.nats.conf: must `include nats/accounts.conf` (the NATS users)".into());
     }
     let env = |svc: &Value, key: &str| s(&svc["environment"], key).to_string();
@@ -705,8 +702,7 @@ async fn the_kubernetes_nats_users_connect_to_a_server_with_the_kubernetes_confi
     let conf = s(&config_map("nats-config")["data"], "nats.conf").to_string();
     let mut local = String::new();
     let mut depth = 0usize;
-    for line in conf.lines() {
-        let code = line.split('#').next().unwrap_or_default().trim();
+    for (line, code) in conf.lines().zip(conf_lines(&conf)) {
         if depth == 0 && code.starts_with("cluster") && code.ends_with('{') {
             depth = 1;
             continue;
