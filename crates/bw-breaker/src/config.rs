@@ -99,7 +99,7 @@ impl Default for ScopeLimits {
             close_after_successes: 5,
             ramp_ms: 60_000,
             ramp_start: 0.1,
-            rate_per_s: 60.0,
+            rate_per_s: 74.0,
             burst: 10.0,
             reserve_fraction: 0.25,
             replay_headroom: 2.0,

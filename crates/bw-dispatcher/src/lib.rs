@@ -113,6 +113,9 @@ pub struct DispatchConfig {
     pub priority_backlog_refresh_ms: u64,
     /// Redelivery delay of a marketing message held back while its sender has a priority backlog.
     pub priority_hold_ms: u64,
+    /// Older priority first: a live priority message waits while its sender's priority replays are in the rh
+    /// lane, until it is this old (or its deadline is nearer); 0 switches the rule off (`priority.rs`, rule 3).
+    pub live_priority_hold_max_ms: u64,
 }
 
 impl ServiceConfig for Config {
@@ -309,6 +312,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         ),
         dlq_limit_signalled: Default::default(),
         late_allowance: Default::default(),
+        mark_lead: Default::default(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));

@@ -1,6 +1,6 @@
 //! Priority follows the message, and deadlines drive recovery.
 //!
-//! Three rules, applied per sender (phone_number_id):
+//! Four rules, applied per sender (phone_number_id):
 //!
 //! 1. **Lanes.** Lanes are served in the order `rh` (priority replays), `hi` (live priority), `lo` (marketing),
 //!    `rp` (marketing replays) (`bw_common::names::Lane::ALL`). A priority replay is admitted as
@@ -22,7 +22,16 @@
 //!    the DLQ counts, including one waiting for its not-before time or held for manual release
 //!    (`replay.hold_categories`): it is still an accepted message that has not gone, so the sender's promotions
 //!    wait with it (the DLQ runbook says so; hold marketing only to avoid it).
-//! 3. **Deadlines.** A message whose deadline passed, or cannot be met — the admission's send slot, or the
+//! 3. **Older priority first.** Within the priority class the older message goes first: a live priority
+//!    message (`hi`) of a sender whose priority replays are in the `rh` lane is held back the same way (delayed
+//!    redelivery after `priority_hold_ms`, ledger unchanged), so the dead-lettered messages, older and nearer
+//!    their deadline, take the sender's whole rate once it closes and drain in backlog ÷ rate. Only the `rh`
+//!    lane counts, not the DLQ: an entry waiting there for its not-before time, held for manual release or
+//!    behind an OPEN breaker must not stop live OTPs. A live message is held at most until it is
+//!    `live_priority_hold_max_ms` old (then it goes in turn with the replays; a replay stuck behind a
+//!    recipient's pair back-off or a huge backlog never holds live OTPs longer than that), and never when its
+//!    deadline is nearer than that.
+//! 4. **Deadlines.** A message whose deadline passed, or cannot be met — the admission's send slot, or the
 //!    refusal's retry-after (for an OPEN breaker: its `open_until`), lies past the deadline — ends EXPIRED with a
 //!    precise reason before any call to Meta ([`misses_deadline`], reasons in [`expiry_reason`]). Replay does
 //!    the same for a DLQ entry whose deadline passed while its sender stayed OPEN (`bw_ops::moves`), when it
@@ -84,44 +93,80 @@ pub(crate) fn gated(lane: Lane) -> bool {
     lane.is_marketing()
 }
 
-/// Every sender's priority backlog, as last read.
+/// True when rule 3 may hold a live priority message: it is young enough (accepted less than `max_hold_ms`
+/// ago) and its deadline, if any, is further away than that.
+pub(crate) fn holds_live_priority(
+    lane: Lane,
+    accepted_at_unix_ms: i64,
+    deadline_unix_ms: i64,
+    now_ms: i64,
+    max_hold_ms: u64,
+) -> bool {
+    let max_hold = max_hold_ms as i64;
+    lane == Lane::High
+        && max_hold > 0
+        && now_ms.saturating_sub(accepted_at_unix_ms) < max_hold
+        && (deadline_unix_ms <= 0 || deadline_unix_ms.saturating_sub(now_ms) > max_hold)
+}
+
+/// Per-sender counts, as last read.
 #[derive(Default)]
 struct Reading {
     at: Option<Instant>,
-    waiting: Arc<HashMap<String, u64>>,
+    counts: Arc<HashMap<String, u64>>,
 }
 
-/// Per-process cache of every sender's priority backlog (priority DLQ entries plus `rh` lane messages).
+/// Per-process cache of every sender's priority backlog (priority DLQ entries plus `rh` lane messages, for the
+/// marketing gate) and of its `rh` lane alone (rule 3). Each reading is refreshed only when asked for, so a
+/// dispatcher that sees no marketing never reads the DLQ, and one that sees no live priority never reads the
+/// rh lane on its own.
 pub(crate) struct Backlog {
     js: async_nats::jetstream::Context,
     refresh: Duration,
-    reading: tokio::sync::Mutex<Reading>,
+    backlog: tokio::sync::Mutex<Reading>,
+    replays: tokio::sync::Mutex<Reading>,
 }
 
 impl Backlog {
     pub(crate) fn new(js: async_nats::jetstream::Context, refresh: Duration) -> Backlog {
-        Backlog { js, refresh, reading: tokio::sync::Mutex::new(Reading::default()) }
+        Backlog {
+            js,
+            refresh,
+            backlog: tokio::sync::Mutex::new(Reading::default()),
+            replays: tokio::sync::Mutex::new(Reading::default()),
+        }
     }
 
     /// Priority messages of `phone_number_id` waiting in the DLQ or the `rh` lane, as of at most one refresh
     /// interval ago. Concurrent callers share one refresh.
     pub(crate) async fn waiting(&self, phone_number_id: &str) -> u64 {
-        let mut reading = self.reading.lock().await;
+        self.count(&self.backlog, true, phone_number_id).await
+    }
+
+    /// Priority replays of `phone_number_id` in the `rh` lane (rule 3), as of at most one refresh interval ago.
+    pub(crate) async fn replaying(&self, phone_number_id: &str) -> u64 {
+        self.count(&self.replays, false, phone_number_id).await
+    }
+
+    async fn count(&self, cache: &tokio::sync::Mutex<Reading>, with_dlq: bool, phone_number_id: &str) -> u64 {
+        let mut reading = cache.lock().await;
         if reading.at.is_none_or(|at| at.elapsed() >= self.refresh) {
-            match self.read().await {
-                Ok(waiting) => reading.waiting = Arc::new(waiting),
+            match self.read(with_dlq).await {
+                Ok(counts) => reading.counts = Arc::new(counts),
                 Err(e) => tracing::warn!(error = %e, "priority backlog unavailable; keeping the last reading"),
             }
             reading.at = Some(Instant::now());
         }
-        reading.waiting.get(phone_number_id).copied().unwrap_or(0)
+        reading.counts.get(phone_number_id).copied().unwrap_or(0)
     }
 
-    async fn read(&self) -> anyhow::Result<HashMap<String, u64>> {
+    async fn read(&self, with_dlq: bool) -> anyhow::Result<HashMap<String, u64>> {
         let mut waiting = HashMap::new();
         let lane = Lane::PriorityReplay.filter();
-        for (stream, filter) in [(names::DLQ_STREAM, names::DLQ_PRIORITY_WILDCARD), (names::SEND_STREAM, lane.as_str())]
-        {
+        let dlq = [(names::DLQ_STREAM, names::DLQ_PRIORITY_WILDCARD)];
+        let rh = [(names::SEND_STREAM, lane.as_str())];
+        let sources = if with_dlq { [&dlq[..], &rh[..]].concat() } else { rh.to_vec() };
+        for (stream, filter) in sources {
             let handle = self.js.get_stream(stream).await?;
             let mut subjects = handle.info_with_subjects(filter).await?;
             while let Some(item) = subjects.next().await {
@@ -166,6 +211,20 @@ mod tests {
     fn only_marketing_lanes_wait_for_the_priority_backlog() {
         let gated_lanes: Vec<Lane> = Lane::ALL.into_iter().filter(|l| gated(*l)).collect();
         assert_eq!(gated_lanes, [Lane::Low, Lane::Replay]);
+    }
+
+    #[test]
+    fn only_young_live_priority_messages_far_from_their_deadline_wait_for_the_replays() {
+        let now = 100_000;
+        let hold = |lane, accepted, deadline| holds_live_priority(lane, accepted, deadline, now, 30_000);
+        assert!(hold(Lane::High, now - 1_000, 0), "a fresh live priority message waits for the older replays");
+        assert!(hold(Lane::High, now - 1_000, now + 600_000), "an OTP with ten minutes left waits too");
+        assert!(!hold(Lane::High, now - 30_000, 0), "held at most until it is live_priority_hold_max_ms old");
+        assert!(!hold(Lane::High, now - 1_000, now + 30_000), "never when its deadline is nearer than that");
+        for lane in [Lane::PriorityReplay, Lane::Low, Lane::Replay] {
+            assert!(!hold(lane, now, 0), "{lane:?} is not a live priority lane");
+        }
+        assert!(!holds_live_priority(Lane::High, now, 0, now, 0), "0 switches the rule off");
     }
 
     #[test]

@@ -39,6 +39,33 @@ pub(crate) struct Worker {
     pub late_allowance: std::sync::Mutex<HashMap<String, (f64, Instant)>>,
     /// When this process last raised the `dlq_limit` signal per sender (`moves.rs`).
     pub dlq_limit_signalled: std::sync::Mutex<HashMap<String, Instant>>,
+    /// How long the on-the-wire mark's write takes here (`MarkLead`): the mark starts that long before the send
+    /// slot, so the request leaves at its slot instead of a write's latency after it.
+    pub(crate) mark_lead: MarkLead,
+}
+
+/// A running estimate of the on-the-wire mark's write latency in this process, microseconds: a fast rise
+/// (half of the way to a slower write) and a slow fall (an eighth of the way to a faster one), so the lead
+/// covers most writes. Capped at [`MARK_LEAD_MAX`]: a broker stall is not something to plan slots around
+/// (the late-send rule handles it).
+#[derive(Default)]
+pub(crate) struct MarkLead(std::sync::atomic::AtomicU64);
+
+/// The longest lead the mark gets before its send slot.
+const MARK_LEAD_MAX: Duration = Duration::from_millis(100);
+
+impl MarkLead {
+    pub(crate) fn get(&self) -> Duration {
+        Duration::from_micros(self.0.load(std::sync::atomic::Ordering::Relaxed)).min(MARK_LEAD_MAX)
+    }
+
+    pub(crate) fn observe(&self, took: Duration) {
+        let took = took.min(MARK_LEAD_MAX * 2).as_micros() as u64;
+        let _ =
+            self.0.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |cur| {
+                Some(if took > cur { cur + (took - cur) / 2 } else { cur - (cur - took) / 8 })
+            });
+    }
 }
 
 /// A message that passed the pre-checks and waits for admission.
@@ -104,13 +131,16 @@ enum Flown {
     Done,
 }
 
-/// How often one delivery may miss its send slot and go back to admission; past that it is sent late rather
-/// than never (a machine so slow that every slot is missed must still make progress).
+/// How often one delivery may miss its send slot and go back to admission; past that it waits for this
+/// process's late allowance and then goes (a machine so slow that every slot is missed must still make
+/// progress, and the allowance keeps even those from leaving together).
 const MAX_SLOT_MISSES: u8 = 3;
-/// Late sends of one sender a process may let go at once (`Worker::claim_late`).
-const LATE_BURST: f64 = 2.0;
+/// Late sends of one sender a process may let go at once (`Worker::claim_late`). Each process adds this many to
+/// the instant burst a sender can reach Meta with (1 + rate × `late_send_tolerance_ms` + this × dispatchers),
+/// so it stays at 1.
+const LATE_BURST: f64 = 1.0;
 /// Slot spacings per late send the allowance refills (5: at most a fifth of the sender's rate on top).
-const LATE_REFILL_SLOTS: f64 = 5.0;
+const LATE_REFILL_SLOTS: f64 = 10.0;
 
 /// Outcomes waiting to be recorded in the breaker, by scope.
 #[derive(Default)]
@@ -329,32 +359,49 @@ impl Worker {
                 let slot = Duration::from_millis(wait_ms);
                 let due = Instant::now() + slot;
                 let tolerance = Duration::from_millis(self.cfg.late_send_tolerance_ms);
-                let checks_lateness = self.cfg.late_send_tolerance_ms > 0 && w.slot_misses < MAX_SLOT_MISSES;
+                let checks_lateness = self.cfg.late_send_tolerance_ms > 0;
                 let late = move || checks_lateness && Instant::now().saturating_duration_since(due) > tolerance;
                 f.sends.push(Box::pin(async move {
                     let mut w = w;
+                    // The mark's write starts its usual latency ahead of the slot, so the request itself leaves
+                    // at the slot (lateness then measures this process and the broker, not a normal write).
+                    let lead = this.mark_lead.get();
                     if wait_ms > 0 {
-                        tokio::time::sleep_until(due.into()).await;
-                        w.waited += slot;
+                        tokio::time::sleep_until(due.checked_sub(lead).unwrap_or(due).into()).await;
+                        w.waited += slot.saturating_sub(lead);
                     }
                     let mut excused = false;
                     if late() {
-                        if !this.claim_late(&w) {
+                        if w.slot_misses >= MAX_SLOT_MISSES {
+                            this.wait_late_allowance(&w).await;
+                        } else if !this.claim_late(&w) {
                             w.slot_misses += 1;
                             return Flown::Late(w);
                         }
                         excused = true;
                     }
+                    let marking = Instant::now();
                     let Some((w, canary)) = this.mark_in_flight(w, canary).await else { return Flown::Done };
+                    this.mark_lead.observe(marking.elapsed());
+                    // Marked early: the request waits for its slot (at most the lead).
+                    tokio::time::sleep_until(due.into()).await;
                     // The mark's write can stall with the broker: look again right before the request leaves.
                     if !excused && late() && !this.claim_late(&w) {
+                        if w.slot_misses >= MAX_SLOT_MISSES {
+                            this.wait_late_allowance(&w).await;
+                            return this.send_marked(w, canary).await;
+                        }
                         match this.unmark(w).await {
                             Ok(mut w) => {
                                 w.slot_misses += 1;
                                 return Flown::Late(w);
                             }
-                            // The mark could not be taken back: this delivery owns it, so it sends now.
-                            Err(w) => return this.send_marked(w, canary).await,
+                            // The mark could not be taken back: this delivery owns it, so it sends, but only
+                            // within the late allowance (after a broker stall many are in this state at once).
+                            Err(w) => {
+                                this.wait_late_allowance(&w).await;
+                                return this.send_marked(w, canary).await;
+                            }
                         }
                     }
                     this.send_marked(w, canary).await
@@ -384,12 +431,24 @@ impl Worker {
         }
     }
 
-    /// The priority gate (priority.rs): marketing messages of a sender with a priority backlog go back to the
-    /// broker for `priority_hold_ms` (ledger unchanged); the rest go on to admission.
+    /// The priority gate (priority.rs): marketing messages of a sender with a priority backlog, and young live
+    /// priority messages of a sender whose older priority replays are in the rh lane, go back to the broker for
+    /// `priority_hold_ms` (ledger unchanged); the rest go on to admission.
     async fn priority_gate(self: &Arc<Self>, works: Vec<Work>, f: &mut Flight) -> Vec<Work> {
         let mut pass = Vec::with_capacity(works.len());
         for w in works {
-            if crate::priority::gated(w.lane) && self.backlog.waiting(&w.request.phone_number_id).await > 0 {
+            let phone = &w.request.phone_number_id;
+            let r = &w.request;
+            let older_first = crate::priority::holds_live_priority(
+                w.lane,
+                r.accepted_at_unix_ms,
+                r.deadline_unix_ms,
+                bw_common::time::now_ms(),
+                self.cfg.live_priority_hold_max_ms,
+            );
+            let hold = (crate::priority::gated(w.lane) && self.backlog.waiting(phone).await > 0)
+                || (older_first && self.backlog.replaying(phone).await > 0);
+            if hold {
                 w.span.record("decision", "priority_first");
                 self.metrics.decision("priority_first");
                 let this = self.clone();
@@ -488,7 +547,7 @@ impl Worker {
     /// rest take new slots. So a process adds at most `LATE_BURST` sends of a sender above its slot schedule at
     /// once, and at most 1 / `LATE_REFILL_SLOTS` of the sender's rate for a while; every message still went
     /// through admission once, so over longer windows the sender's rate stays the admitted one. With the
-    /// defaults (60 of Meta's 80 msg/s, burst 10) three processes late together add at most 6 at once.
+    /// defaults three processes late together add at most 3 at once.
     fn claim_late(&self, w: &Work) -> bool {
         if w.slot_gap_ms <= 0.0 {
             return false;
@@ -507,6 +566,18 @@ impl Worker {
             true
         } else {
             false
+        }
+    }
+
+    /// Waits until this process's late allowance for `w`'s sender lets one more late send go (it refills by one
+    /// per [`LATE_REFILL_SLOTS`] slot spacings), for a delivery that may not go back to admission again.
+    async fn wait_late_allowance(&self, w: &Work) {
+        if w.slot_gap_ms <= 0.0 {
+            return; // no slot schedule for this sender: nothing to keep apart
+        }
+        let step = Duration::from_secs_f64((w.slot_gap_ms * LATE_REFILL_SLOTS / 1000.0).min(1.0));
+        while !self.claim_late(w) {
+            tokio::time::sleep(step).await;
         }
     }
 

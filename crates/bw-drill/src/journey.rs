@@ -54,6 +54,22 @@ pub struct Journey {
     /// Live (never dead-lettered) marketing messages accepted by Meta after the recovery while a dead-lettered
     /// priority message of the same sender was still waiting.
     pub promotions_ahead_of_priority: u64,
+    /// The target per sender, so a miss can be traced to its sender.
+    pub priority_by_sender: Vec<SenderRecovery>,
+}
+
+/// The priority recovery target of one sender.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SenderRecovery {
+    pub sender: String,
+    /// Dead-lettered priority messages, and how many were accepted after the bound.
+    pub checked: u64,
+    pub late: u64,
+    /// Seconds from Meta's recovery to the sender's close, to the bound, and to its last dead-lettered priority
+    /// message's acceptance.
+    pub closed_s: f64,
+    pub bound_s: f64,
+    pub last_s: f64,
 }
 
 /// What the journey is computed from.
@@ -66,6 +82,28 @@ pub struct JourneyInputs<'a> {
     pub closed_unix_ms: &'a BTreeMap<String, i64>,
     /// The rate each sender runs at, msg/s.
     pub sender_rate: f64,
+    /// The breaker's ramp after a close: its length, ms, and the share of the rate it starts from.
+    pub ramp_ms: u64,
+    pub ramp_start: f64,
+}
+
+/// Seconds a sender needs for `n` messages from its close, at `rate` msg/s after a linear ramp from
+/// `ramp_start` of it over `ramp_ms` (the breaker's ramp, `lua/scope_prelude.lua` `ramp_fraction`; issue #17
+/// requires it: after any pause sending resumes gradually).
+pub fn drain_seconds(n: f64, rate: f64, ramp_ms: u64, ramp_start: f64) -> f64 {
+    let rate = rate.max(0.001);
+    let ramp = ramp_ms as f64 / 1000.0;
+    let start = ramp_start.clamp(0.01, 1.0);
+    if ramp <= 0.0 || start >= 1.0 {
+        return n / rate;
+    }
+    let ramp_area = rate * ramp * (1.0 + start) / 2.0;
+    if n >= ramp_area {
+        return ramp + (n - ramp_area) / rate;
+    }
+    // rate·(start·t + (1 − start)·t² / (2·ramp)) = n
+    let a = (1.0 - start) / (2.0 * ramp);
+    (-start + (start * start + 4.0 * a * n / rate).sqrt()) / (2.0 * a)
 }
 
 const ORDERED: [Category; 4] =
@@ -140,6 +178,7 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
     let mut priority_late = 0;
     let mut priority_checked = 0;
     let mut promotions_ahead = 0;
+    let mut by_sender = Vec::new();
     let mut senders: BTreeMap<&str, Vec<&Op<'_>>> = BTreeMap::new();
     for o in &ops {
         senders.entry(o.entry.phone_number_id.as_str()).or_default().push(o);
@@ -152,9 +191,21 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
             .collect();
         let Some(last_priority) = waiting.iter().copied().max() else { continue };
         if let Some(closed) = i.closed_unix_ms.get(sender) {
-            let bound = closed + (waiting.len() as f64 / i.sender_rate.max(0.001) * 1000.0) as i64 + PRIORITY_SLACK_MS;
+            let drain = drain_seconds(waiting.len() as f64, i.sender_rate, i.ramp_ms, i.ramp_start);
+            let bound = closed + (drain * 1000.0) as i64 + PRIORITY_SLACK_MS;
+            let late = waiting.iter().filter(|at| **at > bound).count() as u64;
             priority_checked += waiting.len() as u64;
-            priority_late += waiting.iter().filter(|at| **at > bound).count() as u64;
+            priority_late += late;
+            let rec = i.recovery_unix_ms.unwrap_or(*closed);
+            let after = |at: i64| (at - rec) as f64 / 1000.0;
+            by_sender.push(SenderRecovery {
+                sender: sender.to_string(),
+                checked: waiting.len() as u64,
+                late,
+                closed_s: after(*closed),
+                bound_s: after(bound),
+                last_s: after(last_priority),
+            });
         }
         if let Some(rec) = i.recovery_unix_ms {
             promotions_ahead += of
@@ -165,7 +216,13 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
                 .count() as u64;
         }
     }
-    Journey { categories, priority_late, priority_checked, promotions_ahead_of_priority: promotions_ahead }
+    Journey {
+        categories,
+        priority_late,
+        priority_checked,
+        promotions_ahead_of_priority: promotions_ahead,
+        priority_by_sender: by_sender,
+    }
 }
 
 fn secs(v: Option<f64>) -> String {
@@ -198,6 +255,12 @@ pub fn text(j: &Journey) -> String {
         "dead-lettered priority messages accepted later than backlog / rate + 5 s after their sender closed: {} of {}; live promotions accepted while a dead-lettered priority message of the same sender waited: {}\n",
         j.priority_late, j.priority_checked, j.promotions_ahead_of_priority
     ));
+    for r in &j.priority_by_sender {
+        s.push_str(&format!(
+            "  sender {}: {} of {} late; after Meta's recovery it closed at {:.1} s, bound {:.1} s, last accepted {:.1} s\n",
+            r.sender, r.late, r.checked, r.closed_s, r.bound_s, r.last_s
+        ));
+    }
     s
 }
 
@@ -287,6 +350,8 @@ mod tests {
             recovery_unix_ms: Some(5_000),
             closed_unix_ms: &BTreeMap::new(),
             sender_rate: 10.0,
+            ramp_ms: 0,
+            ramp_start: 1.0,
         });
         let row = |c: &str| j.categories.iter().find(|r| r.category == c).expect("row").clone();
         assert_eq!(row("transactional").order_violations, 1);
@@ -296,6 +361,17 @@ mod tests {
         assert_eq!(row("transactional").dead_lettered, 1);
         assert_eq!(row("transactional").last_dead_lettered_after_recovery_s, Some(4.0));
         assert_eq!(row("transactional").delay_p99_s, Some(8.0));
+    }
+
+    #[test]
+    fn the_drain_time_counts_the_ramp_after_the_close() {
+        assert_eq!(drain_seconds(720.0, 72.0, 0, 0.1), 10.0, "no ramp: backlog ÷ rate");
+        // A 5 s ramp from 10 % carries 72 × 5 × 0.55 = 198 messages, the rest go at the full rate.
+        assert!((drain_seconds(720.0, 72.0, 5_000, 0.1) - (5.0 + 522.0 / 72.0)).abs() < 1e-9);
+        // Inside the ramp: the time whose ramp area is the backlog.
+        let t = drain_seconds(50.0, 72.0, 5_000, 0.1);
+        let area = 72.0 * (0.1 * t + 0.9 * t * t / 10.0);
+        assert!((area - 50.0).abs() < 1e-6, "{t} s carries {area}");
     }
 
     #[test]
@@ -322,6 +398,8 @@ mod tests {
             recovery_unix_ms: Some(9_000),
             closed_unix_ms: &closed,
             sender_rate: 2.0,
+            ramp_ms: 0,
+            ramp_start: 1.0,
         });
         // Bound: 10 s + 2 / 2 per s + 5 s = 16 s: p2 at 20 s is late.
         assert_eq!((j.priority_checked, j.priority_late), (2, 1));

@@ -107,6 +107,10 @@ impl Default for DrillOptions {
 pub(crate) const WABA_ID: &str = "102290129340398";
 const APP_SECRET: &str = "drill-app-secret";
 const ACCESS_TOKEN: &str = "drill-access-token";
+/// Meta's documented default throughput per number, msg/s (the compiled sender rate is set against it).
+const META_DEFAULT_MPS: f64 = 80.0;
+/// The breakers' ramp after a close in the drill (compiled: 60 s), short to keep the drill under a few minutes.
+const RAMP_MS: u64 = 5_000;
 
 /// Breaker events and dispatch outcomes as the drill observed them.
 #[derive(Default)]
@@ -212,9 +216,8 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     services.otlp_endpoint = opts.otlp_endpoint.clone();
     let nats_url = nats_server.url();
     let redis_url = redis_server.url();
-    // 10 % under Meta's limit and a burst of half its tolerance: admitted sends reach Meta with some jitter
-    // (two cores running everything), and a self-inflicted 130429 would count as a breaker failure.
-    let sender_rate = (opts.meta_mps * 0.9).max(1.0);
+    // The compiled sender rate (74 of Meta's 80 msg/s), scaled when the simulator runs at another throughput.
+    let sender_rate = (bw_breaker::ScopeLimits::default().rate_per_s * opts.meta_mps / META_DEFAULT_MPS).max(1.0);
     // Breakwater runs each sender a little under Meta's limit, so it never causes 130429 itself; short
     // cooldowns and ramp keep the drill under two minutes.
     let limits = [
@@ -223,7 +226,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         ("limits.default.burst", "5".to_string()),
         ("limits.default.cooldown_ms", "5000".to_string()),
         ("limits.default.cooldown_max_ms", "20000".to_string()),
-        ("limits.default.ramp_ms", "5000".to_string()),
+        ("limits.default.ramp_ms", RAMP_MS.to_string()),
         ("limits.default.canaries_per_s", "5".to_string()),
     ];
     let mut coordinator = vec![("nats.url", nats_url.clone()), ("redis.url", redis_url.clone())];
@@ -260,7 +263,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
                 ("breaker.defaults.rate_per_s", format!("{sender_rate}")),
                 ("breaker.defaults.burst", "5".into()),
                 ("breaker.defaults.cooldown_ms", "5000".into()),
-                ("breaker.defaults.ramp_ms", "5000".into()),
+                ("breaker.defaults.ramp_ms", RAMP_MS.to_string()),
             ],
         )?;
     }
@@ -498,6 +501,8 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         max_dlq,
         unsettled,
         sender_rate,
+        ramp_ms: RAMP_MS,
+        ramp_start: bw_breaker::ScopeLimits::default().ramp_start,
         counters: &counters,
         webhooks: sim_counters.webhooks.clone(),
         scenario: &scenario,
@@ -764,12 +769,12 @@ async fn spawn_watchers(
                     o.answers.push((t, d.meta_code, d.phone_number_id.clone()));
                 }
                 if called {
-                    // What the breaker's window counts: successes as calls, transient errors and throughput
-                    // limits (130429) as failures; permanent errors and other limits not at all.
+                    // What the breaker's window counts (lua/record_outcomes.lua): successes as calls, transient
+                    // errors as failures; rate limits (130429 included: it feeds the sender's limiter and its own
+                    // streak), permanent errors and pair limits not at all.
                     let failure = match d.result.as_str() {
                         "sent" => Some(false),
                         "retry" | "dlq" | "unknown" => Some(true),
-                        "rate_limited" if d.meta_code == 130429 => Some(true),
                         _ => None,
                     };
                     if let Some(failure) = failure {

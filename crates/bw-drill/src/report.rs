@@ -26,6 +26,9 @@ pub(crate) struct Inputs<'a> {
     /// What held a run that did not settle ([`crate::stuck`]); empty when it settled.
     pub unsettled: Vec<String>,
     pub sender_rate: f64,
+    /// The dispatchers' ramp after a close (ms) and its starting share.
+    pub ramp_ms: u64,
+    pub ramp_start: f64,
     /// The simulator's counters as JSON (tolerant of old and new shapes, see [`crate::errors`]).
     pub counters: &'a serde_json::Value,
     pub webhooks: WebhookCounters,
@@ -178,6 +181,12 @@ pub struct DrillReport {
     pub peak_sent_per_s: f64,
     /// Every error answer by code, injected or self-inflicted.
     pub errors: ErrorSplit,
+    /// The simulator's limit-caused answers: (seconds since start, sender, code, the simulator's longest
+    /// event-loop stall in the second before, ms).
+    pub limit_events: Vec<(f64, String, String, u64)>,
+    /// Stalls of the simulator's event loop of at least 50 ms, and the longest, ms.
+    pub sim_loop_stalls: usize,
+    pub sim_longest_stall_ms: u64,
     pub webhooks: WebhookCounters,
     pub per_sender: Vec<SenderRow>,
     /// Per-category delays, recovery of dead-lettered messages, order violations (`journey`).
@@ -279,6 +288,21 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         .collect();
     let started_ms = i.observed.started_unix_ms;
     let at_ms = |t: f64| started_ms + (t * 1000.0) as i64;
+    let since_start = |unix_ms: u64| (unix_ms as i64 - started_ms) as f64 / 1000.0;
+    // Older simulators report neither list.
+    let listed = |key: &str| -> Vec<serde_json::Value> {
+        i.counters.get(key).and_then(serde_json::Value::as_array).cloned().unwrap_or_default()
+    };
+    let field = |v: &serde_json::Value, key: &str| v.get(key).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let text =
+        |v: &serde_json::Value, key: &str| v.get(key).and_then(serde_json::Value::as_str).unwrap_or("").to_string();
+    let limit_events = listed("limit_events")
+        .iter()
+        .map(|e| {
+            (since_start(field(e, "at_unix_ms")), text(e, "phone_number_id"), text(e, "code"), field(e, "stall_ms"))
+        })
+        .collect();
+    let stalls = listed("loop_stalls");
     let mut closed_unix_ms: BTreeMap<String, i64> = BTreeMap::new();
     for (t, _, to, scope) in &i.observed.transitions {
         if *to == BreakerState::Closed && *t >= outage_end {
@@ -291,6 +315,8 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         recovery_unix_ms: (i.opts.outage_length_s > 0).then(|| at_ms(outage_end)),
         closed_unix_ms: &closed_unix_ms,
         sender_rate: i.sender_rate,
+        ramp_ms: i.ramp_ms,
+        ramp_start: i.ramp_start,
     });
     let mut alerts: Vec<AlertRow> = i
         .observed
@@ -355,6 +381,9 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         oracle_accepted: i.oracle.total_accepted(),
         peak_sent_per_s: i.samples.iter().map(|s| s.sent_per_s).fold(0.0, f64::max),
         errors,
+        limit_events,
+        sim_loop_stalls: stalls.len(),
+        sim_longest_stall_ms: stalls.iter().map(|l| field(l, "ms")).max().unwrap_or(0),
         webhooks: i.webhooks,
         per_sender,
         journey,
@@ -470,6 +499,26 @@ pub fn text(r: &DrillReport) -> String {
         r.errors.rate_limit_self_inflicted(),
         r.errors.source.label()
     ));
+    if !r.limit_events.is_empty() {
+        let shown: Vec<String> = r
+            .limit_events
+            .iter()
+            .take(10)
+            .map(|(t, sender, code, stall)| {
+                format!("{t:.1} s {code} sender {sender} (simulator loop stalled {stall} ms in the second before)")
+            })
+            .collect();
+        s.push_str(&format!(
+            "  limit-caused answers ({} in all, first {}): {}\n",
+            r.limit_events.len(),
+            shown.len(),
+            shown.join("; ")
+        ));
+    }
+    s.push_str(&format!(
+        "  simulator event-loop stalls of 50 ms or more: {}, longest {} ms\n",
+        r.sim_loop_stalls, r.sim_longest_stall_ms
+    ));
     s.push_str(&crate::journey::text(&r.journey));
     for (t, label) in &r.chaos {
         s.push_str(&format!("chaos at {t:.1} s: {label}\n"));
@@ -549,6 +598,10 @@ pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) 
             "code": c.key, "total": c.total, "injected": c.injected, "self_inflicted": c.self_inflicted,
             "rate_limit": c.rate_limit,
         })).collect::<Vec<_>>(),
+        "limit_events": r.limit_events.iter().map(|e| json!({
+            "t": e.0, "sender": e.1, "code": e.2, "sim_stall_ms": e.3,
+        })).collect::<Vec<_>>(),
+        "sim_loop_stalls": r.sim_loop_stalls, "sim_longest_stall_ms": r.sim_longest_stall_ms,
         "meta_requests": r.meta_requests, "oracle_accepted": r.oracle_accepted, "peak_sent_per_s": r.peak_sent_per_s,
         "time_to_trip_s": r.time_to_trip_s, "trip_latency_p50_ms": r.trip_latency_p50_ms,
         "trip_latency_max_ms": r.trip_latency_max_ms,

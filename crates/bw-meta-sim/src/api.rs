@@ -464,6 +464,9 @@ fn garbled_ok(success: &Value, body: Garbled) -> Response {
 
 fn meta_error(st: &Inner, r: Refusal, phone: &str, mode: RetryAfter) -> Response {
     st.oracle.count_as(&r.code.to_string(), r.source);
+    if r.source == Source::Limit {
+        st.oracle.record_limit(&r.code.to_string(), phone);
+    }
     let status = errors::http_status(r.code, st.cfg.throttle_http_status);
     let body = r.body.unwrap_or_else(|| errors::body(r.code, None, None));
     error_response(st, status, body, r.usage, phone, mode)

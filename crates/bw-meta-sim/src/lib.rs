@@ -186,6 +186,22 @@ impl MetaSim {
             .merge(admin::routes())
             .fallback(api::fallback)
             .with_state(inner.clone());
+        // Loop watch: how late this runtime wakes a 10 ms timer. A stall holds back every request the clients
+        // sent meanwhile, which then reach the limiter together (`Counters::limit_events` keeps the stall
+        // before each limit answer, so a report can tell the simulator's bunching from the client's).
+        let watch = (inner.oracle.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let (oracle, stop) = watch;
+            let tick = Duration::from_millis(10);
+            loop {
+                let asked = std::time::Instant::now();
+                tokio::select! {
+                    () = stop.cancelled() => break,
+                    () = tokio::time::sleep(tick) => {}
+                }
+                oracle.note_loop_lag(asked.elapsed().saturating_sub(tick).as_millis() as u64);
+            }
+        });
         let stop = shutdown.clone();
         let server = tokio::spawn(async move {
             let make = app.into_make_service_with_connect_info::<conn::ConnKill>();

@@ -170,6 +170,39 @@ pub struct Counters {
     #[serde(default)]
     pub accepted_unacknowledged: u64,
     pub webhooks: WebhookCounters,
+    /// The first [`EVENTS_KEPT`] limit-caused answers, in order, with the simulator's own loop stall just before
+    /// each: where a self-inflicted answer came from.
+    #[serde(default)]
+    pub limit_events: Vec<LimitEvent>,
+    /// The first [`EVENTS_KEPT`] stalls of the simulator's own event loop longer than [`STALL_REPORTED_MS`].
+    #[serde(default)]
+    pub loop_stalls: Vec<LoopStall>,
+}
+
+/// How many limit events and loop stalls [`Counters`] keeps (the counts go on).
+pub const EVENTS_KEPT: usize = 1000;
+/// Loop stalls at least this long are listed in [`Counters::loop_stalls`].
+pub const STALL_REPORTED_MS: u64 = 50;
+
+/// One answer caused by the client exceeding a limit.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LimitEvent {
+    pub at_unix_ms: u64,
+    pub phone_number_id: String,
+    /// Outcome key: `"130429"`, `"131056"`, `"4"`, `"80007"`.
+    pub code: String,
+    /// The longest stall of the simulator's event loop in the second before this answer, ms. Requests a client
+    /// sent evenly during a stall reach the limiter together when it ends, so a limit answer right after a long
+    /// stall may be the simulator's own bunching rather than the client's.
+    pub stall_ms: u64,
+}
+
+/// A stretch in which the simulator's event loop did not run (the machine's CPUs were busy elsewhere).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LoopStall {
+    /// When the loop ran again.
+    pub at_unix_ms: u64,
+    pub ms: u64,
 }
 
 impl Counters {
@@ -220,6 +253,8 @@ pub struct Oracle {
     shards: Vec<Mutex<HashMap<String, OracleEntry>>>,
     counters: Mutex<Counters>,
     accepts: std::sync::atomic::AtomicU64,
+    /// The longest loop stall of the last second: (when it ended, unix ms; how long, ms).
+    recent_stall: Mutex<(u64, u64)>,
 }
 
 impl Default for Oracle {
@@ -246,6 +281,40 @@ impl Oracle {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             counters: Mutex::new(Counters::default()),
             accepts: std::sync::atomic::AtomicU64::new(0),
+            recent_stall: Mutex::new((0, 0)),
+        }
+    }
+
+    /// The event loop ran `lag_ms` later than it asked to (see `MetaSim::start`'s loop watch).
+    pub fn note_loop_lag(&self, lag_ms: u64) {
+        let now = crate::ids::now_ms();
+        {
+            let mut recent = lock(&self.recent_stall);
+            if lag_ms >= recent.1 || now.saturating_sub(recent.0) > 1000 {
+                *recent = (now, lag_ms);
+            }
+        }
+        if lag_ms >= STALL_REPORTED_MS {
+            let mut c = lock(&self.counters);
+            if c.loop_stalls.len() < EVENTS_KEPT {
+                c.loop_stalls.push(LoopStall { at_unix_ms: now, ms: lag_ms });
+            }
+        }
+    }
+
+    /// Records one limit-caused answer (counted by [`Oracle::count_as`] with [`Source::Limit`]).
+    pub fn record_limit(&self, code: &str, phone_number_id: &str) {
+        let now = crate::ids::now_ms();
+        let (at, ms) = *lock(&self.recent_stall);
+        let stall_ms = if now.saturating_sub(at) <= 1000 { ms } else { 0 };
+        let mut c = lock(&self.counters);
+        if c.limit_events.len() < EVENTS_KEPT {
+            c.limit_events.push(LimitEvent {
+                at_unix_ms: now,
+                phone_number_id: phone_number_id.to_string(),
+                code: code.to_string(),
+                stall_ms,
+            });
         }
     }
 

@@ -29,6 +29,9 @@ pub struct ReplayConfig {
     pub priority_soak_ms: u64,
     /// Most priority DLQ entries moved into the `rh` lane per second per scope.
     pub priority_rate_per_s: f64,
+    /// Most priority replays waiting in the `rh` lane per scope (a per-scope `max_lane_depth` override wins).
+    #[serde(default = "default_priority_max_lane_depth")]
+    pub priority_max_lane_depth: u64,
     pub rate_per_s: f64,
     pub burst: f64,
     pub max_lane_depth: u64,
@@ -59,6 +62,10 @@ pub struct ReplayConfig {
 
 fn default_hold_recheck_ms() -> u64 {
     30_000
+}
+
+fn default_priority_max_lane_depth() -> u64 {
+    200
 }
 
 const CATEGORIES: [&str; 4] = ["authentication", "transactional", "support", "marketing"];
@@ -93,7 +100,7 @@ impl ReplayConfig {
         Pacing {
             rate_per_s: self.priority_rate_per_s,
             burst: self.burst.max(1.0),
-            max_lane_depth: o.max_lane_depth.unwrap_or(self.max_lane_depth),
+            max_lane_depth: o.max_lane_depth.unwrap_or(self.priority_max_lane_depth),
         }
     }
 
