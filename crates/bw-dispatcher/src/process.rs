@@ -139,7 +139,7 @@ const MAX_SLOT_MISSES: u8 = 3;
 /// the instant burst a sender can reach Meta with (1 + rate × `late_send_tolerance_ms` + this × dispatchers),
 /// so it stays at 1.
 const LATE_BURST: f64 = 1.0;
-/// Slot spacings per late send the allowance refills (5: at most a fifth of the sender's rate on top).
+/// Slot spacings per late send the allowance refills (10: at most a tenth of the sender's rate on top).
 const LATE_REFILL_SLOTS: f64 = 10.0;
 
 /// Outcomes waiting to be recorded in the breaker, by scope.
@@ -386,24 +386,26 @@ impl Worker {
                     // Marked early: the request waits for its slot (at most the lead).
                     tokio::time::sleep_until(due.into()).await;
                     // The mark's write can stall with the broker: look again right before the request leaves.
-                    if !excused && late() && !this.claim_late(&w) {
-                        if w.slot_misses >= MAX_SLOT_MISSES {
-                            this.wait_late_allowance(&w).await;
-                            return this.send_marked(w, canary).await;
-                        }
-                        match this.unmark(w).await {
-                            Ok(mut w) => {
-                                w.slot_misses += 1;
-                                return Flown::Late(w);
+                    let w = if !excused && late() && !this.claim_late(&w) {
+                        // Back to admission for a new slot while misses remain; else, or when the mark could not
+                        // be taken back (this delivery owns it), it sends, but only within the late allowance
+                        // (after a broker stall many are in this state at once).
+                        let w = if w.slot_misses < MAX_SLOT_MISSES {
+                            match this.unmark(w).await {
+                                Ok(mut w) => {
+                                    w.slot_misses += 1;
+                                    return Flown::Late(w);
+                                }
+                                Err(w) => w,
                             }
-                            // The mark could not be taken back: this delivery owns it, so it sends, but only
-                            // within the late allowance (after a broker stall many are in this state at once).
-                            Err(w) => {
-                                this.wait_late_allowance(&w).await;
-                                return this.send_marked(w, canary).await;
-                            }
-                        }
-                    }
+                        } else {
+                            w
+                        };
+                        this.wait_late_allowance(&w).await;
+                        w
+                    } else {
+                        w
+                    };
                     this.send_marked(w, canary).await
                 }));
             }
@@ -437,8 +439,8 @@ impl Worker {
     async fn priority_gate(self: &Arc<Self>, works: Vec<Work>, f: &mut Flight) -> Vec<Work> {
         let mut pass = Vec::with_capacity(works.len());
         for w in works {
-            let phone = &w.request.phone_number_id;
             let r = &w.request;
+            let phone = &r.phone_number_id;
             let older_first = crate::priority::holds_live_priority(
                 w.lane,
                 r.accepted_at_unix_ms,

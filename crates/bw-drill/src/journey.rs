@@ -4,7 +4,7 @@
 //! - the delay from acceptance at ingest to Meta's acceptance (p50 / p99);
 //! - for the messages that went through the DLQ: the time from Meta's recovery until the last of them was
 //!   accepted, and how many were late against the target "within (priority backlog ÷ sender rate) + 5 s after
-//!   the sender closed";
+//!   the sender closed", the drain time counting the breaker's ramp after the close ([`drain_seconds`]);
 //! - order violations: a later message to a recipient accepted by Meta before an earlier one of the same sender
 //!   (counted on the later message's category);
 //! - live promotions Meta accepted while a dead-lettered priority message of the same sender still waited.
