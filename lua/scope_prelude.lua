@@ -2,7 +2,7 @@
 --
 -- This file is not a script on its own: bw-breaker prepends it to each `*_*.lua` script of this directory
 -- (admit_send, record_outcomes, tick_scope, read_scope, force_breaker, observe_usage, parent_pause,
--- order_register, order_release) before
+-- order_register, order_release, claim_late) before
 -- loading, so the state machine, the codes and the field names are written once. It reads and writes nothing by
 -- itself. The tables CODE, OUT, PAUSE, F, P and PF below are the only definitions of the decision codes, outcome
 -- kinds, pause kinds and hash field names; `bw_breaker::scripts` mirrors them and a test (tests/it/scripts.rs)
@@ -42,7 +42,7 @@ local F = {
   rate_limit_streak = 'rl', paused_until = 'pu', pause_reason = 'pr', pause_kind = 'pk', tokens = 'tk',
   tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
   adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs', fast_calls = 'fc',
-  fast_keys = 'fk', throttle_probe = 'tq',
+  fast_keys = 'fk', throttle_probe = 'tq', late_tokens = 'lk', late_at = 'la',
   -- window ring: F.win_* .. i for slot i (bucket number, calls, failures)
   win_bucket = 'wn', win_calls = 'wc', win_fails = 'wf',
 }

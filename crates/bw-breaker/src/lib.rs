@@ -955,6 +955,30 @@ impl Breaker {
         self.send_usage(scope, -1, Duration::from_secs(30), "none".to_string()).await;
     }
 
+    /// Claims one late send from the sender's fleet-wide late allowance (`claim_late.lua`): a token bucket in
+    /// the scope's state hash, shared by every dispatcher process, holding at most `burst` late sends and
+    /// refilled by one per `refill_ms`. `Some(true)` when this late send may go now, `Some(false)` when it may
+    /// not; `None` when Redis did not answer (the caller then falls back to an allowance of its own process).
+    /// Costs a round trip per late send, none on time.
+    pub async fn claim_late(&self, scope: &Scope, refill_ms: f64, burst: f64) -> Option<bool> {
+        if self.redis_skipped() {
+            return None;
+        }
+        let mut inv = scripts::CLAIM_LATE.prepare_invoke();
+        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(format!("{refill_ms:.3}")).arg(burst);
+        match self.call("claim_late", inv).await {
+            Ok(redis::Value::Int(granted)) => Some(granted == 1),
+            Ok(other) => {
+                tracing::warn!(reply = ?other, "claim_late answered an unexpected reply");
+                None
+            }
+            Err(e) => {
+                self.mark_down("claim_late", &e);
+                None
+            }
+        }
+    }
+
     /// Sends a usage reading to Redis unless the same band went there within `refresh`; true when sent.
     async fn send_usage(&self, scope: &Scope, band: i8, refresh: Duration, arg: String) -> bool {
         let key = scope.index_member();

@@ -34,9 +34,10 @@ pub(crate) static OBSERVE_USAGE: LazyLock<Script> = scope_script!("observe_usage
 pub(crate) static PARENT_PAUSE: LazyLock<Script> = scope_script!("parent_pause.lua");
 pub(crate) static ORDER_REGISTER: LazyLock<Script> = scope_script!("order_register.lua");
 pub(crate) static ORDER_RELEASE: LazyLock<Script> = scope_script!("order_release.lua");
+pub(crate) static CLAIM_LATE: LazyLock<Script> = scope_script!("claim_late.lua");
 
 /// Every script, for pre-loading and for the test that runs each against a real Redis.
-pub fn all_scripts() -> [(&'static str, &'static Script); 9] {
+pub fn all_scripts() -> [(&'static str, &'static Script); 10] {
     [
         ("admit_send", &ADMIT_SEND),
         ("record_outcomes", &RECORD_OUTCOMES),
@@ -47,6 +48,7 @@ pub fn all_scripts() -> [(&'static str, &'static Script); 9] {
         ("parent_pause", &PARENT_PAUSE),
         ("order_register", &ORDER_REGISTER),
         ("order_release", &ORDER_RELEASE),
+        ("claim_late", &CLAIM_LATE),
     ]
 }
 
@@ -181,6 +183,8 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
     ("fast_calls", "fc"),
     ("fast_keys", "fk"),
     ("throttle_probe", "tq"),
+    ("late_tokens", "lk"),
+    ("late_at", "la"),
     ("win_bucket", "wn"),
     ("win_calls", "wc"),
     ("win_fails", "wf"),

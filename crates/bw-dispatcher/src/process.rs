@@ -35,7 +35,8 @@ pub(crate) struct Worker {
     pub instance: String,
     /// Every sender's priority backlog, for the priority gate (`priority.rs`).
     pub backlog: crate::priority::Backlog,
-    /// Per sender, this process's allowance for late sends and when it was last refilled (`claim_late`).
+    /// Per sender, this process's own allowance for late sends and when it was last refilled, used only while
+    /// Redis does not answer (`claim_late_here`; the fleet-wide one lives in Redis).
     pub late_allowance: std::sync::Mutex<HashMap<String, (f64, Instant)>>,
     /// When this process last raised the `dlq_limit` signal per sender (`moves.rs`).
     pub dlq_limit_signalled: std::sync::Mutex<HashMap<String, Instant>>,
@@ -131,13 +132,13 @@ enum Flown {
     Done,
 }
 
-/// How often one delivery may miss its send slot and go back to admission; past that it waits for this
-/// process's late allowance and then goes (a machine so slow that every slot is missed must still make
+/// How often one delivery may miss its send slot and go back to admission; past that it waits for the
+/// sender's late allowance and then goes (a machine so slow that every slot is missed must still make
 /// progress, and the allowance keeps even those from leaving together).
 const MAX_SLOT_MISSES: u8 = 3;
-/// Late sends of one sender a process may let go at once (`Worker::claim_late`). Each process adds this many to
-/// the instant burst a sender can reach Meta with (1 + rate × `late_send_tolerance_ms` + this × dispatchers),
-/// so it stays at 1.
+/// Late sends of one sender the fleet may let go at once (`Worker::claim_late`, one bucket per sender in Redis).
+/// This adds to the instant burst a sender can reach Meta with (1 + rate × `late_send_tolerance_ms` + this,
+/// whatever the number of dispatchers), so it stays at 1.
 const LATE_BURST: f64 = 1.0;
 /// Slot spacings per late send the allowance refills (10: at most a tenth of the sender's rate on top).
 const LATE_REFILL_SLOTS: f64 = 10.0;
@@ -355,7 +356,7 @@ impl Worker {
                 // The send slot admission handed out: the fleet's sends of this sender are spaced at its rate
                 // right up to the wire, instead of bunching after a shared admission round.
                 // A send that reaches the wire well after its slot goes back to admission instead, unless this
-                // process's small allowance for late sends lets it go (`Flown::Late`, `Worker::claim_late`).
+                // sender's small fleet-wide allowance for late sends lets it go (`Flown::Late`, `Worker::claim_late`).
                 let slot = Duration::from_millis(wait_ms);
                 let due = Instant::now() + slot;
                 let tolerance = Duration::from_millis(self.cfg.late_send_tolerance_ms);
@@ -374,7 +375,7 @@ impl Worker {
                     if late() {
                         if w.slot_misses >= MAX_SLOT_MISSES {
                             this.wait_late_allowance(&w).await;
-                        } else if !this.claim_late(&w) {
+                        } else if !this.claim_late(&w).await {
                             w.slot_misses += 1;
                             return Flown::Late(w);
                         }
@@ -386,7 +387,7 @@ impl Worker {
                     // Marked early: the request waits for its slot (at most the lead).
                     tokio::time::sleep_until(due.into()).await;
                     // The mark's write can stall with the broker: look again right before the request leaves.
-                    let w = if !excused && late() && !this.claim_late(&w) {
+                    let w = if !excused && late() && !this.claim_late(&w).await {
                         // Back to admission for a new slot while misses remain; else, or when the mark could not
                         // be taken back (this delivery owns it), it sends, but only within the late allowance
                         // (after a broker stall many are in this state at once).
@@ -542,25 +543,35 @@ impl Worker {
         }
     }
 
-    /// Whether a late send of `w`'s sender may still go now, using this process's small allowance for late
-    /// sends: at most [`LATE_BURST`] at once per sender, refilled by one per [`LATE_REFILL_SLOTS`] slot
-    /// spacings. An isolated late send (a short hiccup) goes and fills the gap its missed slot left; after a
-    /// stall, when every send whose slot passed meanwhile is late at once, the allowance runs out at once and the
-    /// rest take new slots. So a process adds at most `LATE_BURST` sends of a sender above its slot schedule at
-    /// once, and at most 1 / `LATE_REFILL_SLOTS` of the sender's rate for a while; every message still went
-    /// through admission once, so over longer windows the sender's rate stays the admitted one. With the
-    /// defaults three processes late together add at most 3 at once.
-    fn claim_late(&self, w: &Work) -> bool {
+    /// Whether a late send of `w`'s sender may still go now, using the sender's late allowance, which every
+    /// dispatcher process shares (`claim_late.lua`): at most [`LATE_BURST`] at once per sender, refilled by one per
+    /// [`LATE_REFILL_SLOTS`] slot spacings. An isolated late send (a short hiccup) goes and fills the gap its
+    /// missed slot left; after a stall, when every send whose slot passed meanwhile is late at once, the allowance
+    /// runs out at once and the rest take new slots. So the whole fleet adds at most `LATE_BURST` sends of a sender
+    /// above its slot schedule at once, however many dispatchers run, and at most 1 / `LATE_REFILL_SLOTS` of the
+    /// sender's rate for a while; every message still went through admission once, so over longer windows the
+    /// sender's rate stays the admitted one. While Redis does not answer, each process falls back to an allowance
+    /// of its own (`claim_late_here`), so the bound grows by `LATE_BURST` per process for that time.
+    async fn claim_late(&self, w: &Work) -> bool {
         if w.slot_gap_ms <= 0.0 {
             return false;
         }
+        let refill_ms = w.slot_gap_ms * LATE_REFILL_SLOTS;
+        match self.breaker.claim_late(&w.scope(), refill_ms, LATE_BURST).await {
+            Some(granted) => granted,
+            None => self.claim_late_here(w, refill_ms),
+        }
+    }
+
+    /// The late allowance of this process alone, used while Redis does not answer (the breaker then admits from
+    /// its local fallback too): the same bucket, kept per sender in this process.
+    fn claim_late_here(&self, w: &Work, refill_ms: f64) -> bool {
         let now = Instant::now();
         let mut allowance = self.late_allowance.lock().unwrap_or_else(|p| p.into_inner());
         if allowance.len() > 100_000 {
             allowance.retain(|_, (_, at)| now.saturating_duration_since(*at) < Duration::from_secs(60));
         }
         let (tokens, at) = allowance.entry(w.request.phone_number_id.clone()).or_insert((LATE_BURST, now));
-        let refill_ms = w.slot_gap_ms * LATE_REFILL_SLOTS;
         *tokens = (*tokens + now.saturating_duration_since(*at).as_secs_f64() * 1000.0 / refill_ms).min(LATE_BURST);
         *at = now;
         if *tokens >= 1.0 {
@@ -571,14 +582,14 @@ impl Worker {
         }
     }
 
-    /// Waits until this process's late allowance for `w`'s sender lets one more late send go (it refills by one
+    /// Waits until the late allowance of `w`'s sender lets one more late send go (it refills by one
     /// per [`LATE_REFILL_SLOTS`] slot spacings), for a delivery that may not go back to admission again.
     async fn wait_late_allowance(&self, w: &Work) {
         if w.slot_gap_ms <= 0.0 {
             return; // no slot schedule for this sender: nothing to keep apart
         }
         let step = Duration::from_secs_f64((w.slot_gap_ms * LATE_REFILL_SLOTS / 1000.0).min(1.0));
-        while !self.claim_late(w) {
+        while !self.claim_late(w).await {
             tokio::time::sleep(step).await;
         }
     }

@@ -4,6 +4,7 @@ mod adaptive;
 mod breaker;
 mod cluster;
 mod faults;
+mod late;
 mod limits;
 mod model;
 mod order;

@@ -128,6 +128,7 @@ async fn the_state_hash_holds_only_fields_the_prelude_defines() {
         .await;
     breaker.observe_usage(&scope, 40).await;
     breaker.observe_no_usage(&scope).await;
+    assert_eq!(breaker.claim_late(&scope, 1000.0, 1.0).await, Some(true));
     breaker.force(&scope, Forced::Open).await.expect("force");
     breaker.reset(&scope).await.expect("reset");
     let mut conn = manager(&redis.url()).await;

@@ -1,0 +1,30 @@
+-- claim_late.lua: the sender's fleet-wide allowance for late sends.
+--
+-- A dispatcher whose request would reach the wire more than late_send_tolerance_ms after its send slot
+-- (admit_send.lua hands the slots out) may still let it go at once only within this allowance: a token bucket
+-- of the sender, shared by every dispatcher process, holding at most ARGV[2] late sends and refilled by one per
+-- ARGV[1] ms (LATE_REFILL_SLOTS slot spacings). So however many dispatchers are late together, a sender's
+-- instant burst at Meta grows by at most ARGV[2] above its slot schedule, not by that much per process
+-- (ARCHITECTURE.md "Send slots"). A late send the allowance refuses takes a new slot instead.
+--
+-- KEYS[1]  cfg hash of the scope (unused; passed so every scope script has the same key layout)
+-- KEYS[2]  state hash of the scope (fields F.late_tokens, F.late_at)
+-- ARGV[1]  refill: ms per late send
+-- ARGV[2]  burst: late sends at most at once
+-- Returns: 1 when this late send may go now, 0 when it may not
+
+local now = now_ms()
+local refill_ms = math.max(1, num(ARGV[1]))
+local burst = math.max(1, num(ARGV[2]))
+local h = redis.call('HMGET', KEYS[2], F.late_tokens, F.late_at)
+local tokens = burst
+if h[2] then
+  tokens = math.min(burst, num(h[1]) + math.max(0, now - num(h[2])) / refill_ms)
+end
+local granted = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  granted = 1
+end
+redis.call('HSET', KEYS[2], F.late_tokens, fmt(tokens), F.late_at, now)
+return granted
