@@ -7,8 +7,8 @@
 --   throughput    130429: never in the failure window (Meta §6: rate limits feed their limiter, not the health
 --                 breaker); pauses the scope for pause_ms and starts a rate-limit episode at most once per
 --                 aimd_cut_gap_ms (the sends in flight when Meta started refusing are answered together and
---                 count once): the adaptive share is cut to x aimd_decrease and the episode streak grows
---                 (a success ends it)
+--                 count once): the adaptive share is cut to x aimd_decrease (not for a canary's answer) and
+--                 the episode streak grows (a success ends it)
 --   pair          131056: never a failure; the pair backs off 4^X s (1, 4, 16, 64 s ..., X = consecutive 131056
 --                 of the pair, capped at pair_backoff_max_ms) and its GCRA is treated as full from now on
 --                 (Meta just said so). The hint in pause_ms is ignored: Meta gives none for 131056.
@@ -158,8 +158,14 @@ for i = 1, n do
     -- One rate-limit episode per aimd_cut_gap_ms: the sends already in flight when Meta started refusing are
     -- answered 130429 together and must count once.
     if now - num(S[F.adaptive_cut_at]) >= num(c.aimd_cut_gap_ms, 1000) then
-      local cut = math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))
-      set(S, F.adaptive, fmt(cut))
+      -- A canary's 130429 says nothing about the sender's throughput: canaries go at canaries_per_s, a probe
+      -- far below any number's limit, while the scope is HALF_OPEN (Meta unwell). Cutting on them left the
+      -- share at 0.7^k after an outage of k such answers and the backlog drained at a fraction of the rate for
+      -- 10-20 s after the close. They still pause the scope and count in the episode streak; the ramp after
+      -- the close probes throughput again, and a 130429 at throughput then cuts.
+      if not canary then
+        set(S, F.adaptive, fmt(math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))))
+      end
       set(S, F.adaptive_cut_at, now)
       set(S, F.rate_limit_streak, num(S[F.rate_limit_streak]) + 1)
       local rl = num(S[F.rate_limit_streak])

@@ -108,6 +108,24 @@ async fn a_130429_cuts_the_rate_fleet_wide_and_successes_creep_it_back_never_abo
     assert_eq!(here.status(&scope).await.expect("status").adaptive_share, 1.0);
 }
 
+/// A canary goes at `canaries_per_s` while the scope is HALF_OPEN, far below any number's throughput: its
+/// 130429 pauses the sender like any other, but is no evidence that the sender's rate is too high, so it does not
+/// cut the adaptive share (an outage of k such answers used to leave the share at 0.7^k after the close).
+#[tokio::test]
+async fn a_130429_answering_a_canary_pauses_the_sender_but_does_not_cut_its_rate() {
+    let redis = bw_testkit::RedisServer::start();
+    let b = breaker(&redis.url(), ScopeLimits::default()).await;
+    let scope = scope();
+    b.record(&scope, &outcomes(1, throughput(), true)).await;
+    let status = b.status(&scope).await.expect("status");
+    assert!(status.snapshot.paused_until_unix_ms > 0, "the canary's 130429 pauses the sender: {status:?}");
+    assert_eq!(status.adaptive_share, 1.0, "and does not cut its rate");
+    // The same answer to a send at throughput cuts it.
+    let other = crate::support::scope();
+    b.record(&other, &outcomes(1, throughput(), false)).await;
+    assert_eq!(b.status(&other).await.expect("status").adaptive_share, ScopeLimits::default().aimd_decrease);
+}
+
 #[tokio::test]
 async fn after_a_pause_sending_resumes_gradually() {
     let redis = bw_testkit::RedisServer::start();
