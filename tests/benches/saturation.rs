@@ -110,6 +110,20 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
     let oracle = sim.oracle();
     let counters = sim.counters();
     let lost = if sent { 0 } else { ops.iter().filter(|op| oracle.get(op).is_none()).count() };
+    for e in counters.limit_events.iter().take(10) {
+        println!(
+            "  {name}: limit-caused {} at {:.1} s, sender {}, simulator loop stalled {} ms in the second before",
+            e.code,
+            e.at_unix_ms.saturating_sub(started_ms) as f64 / 1000.0,
+            e.phone_number_id,
+            e.stall_ms
+        );
+    }
+    let (late, allowed) = late_slots(&services).await;
+    println!(
+        "  {name}: {late} admitted sends reached the wire more than the tolerance after their send slot and went \
+         back for a new one ({allowed} admissions to send)"
+    );
     services.stop_all(Duration::from_secs(10));
     sampler.0.abort();
     print_timeline(name, &sampler.1.lock().map(|s| s.clone()).unwrap_or_default());
@@ -127,6 +141,27 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
         duplicates: ops.iter().filter(|op| oracle.get(op).is_some_and(|e| e.count > 1)).count(),
         lost,
     }
+}
+
+/// Summed over the dispatchers' `/metrics`: sends that missed their slot by more than the tolerance
+/// (`bw_dispatch_late_slots`), and admissions to send (`bw_admission_decisions{reason="allow"|"canary"}`).
+async fn late_slots(services: &bw_drill::stack::Services) -> (u64, u64) {
+    let (mut late, mut allowed) = (0, 0);
+    for p in services.procs.iter().filter(|p| p.service == "dispatcher") {
+        let Ok(answer) = reqwest::get(format!("http://{}/metrics", p.admin)).await else { continue };
+        let text = answer.text().await.unwrap_or_default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let value = || line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) as u64;
+            if line.starts_with("bw_dispatch_late_slots") {
+                late += value();
+            } else if line.starts_with("bw_admission_decisions")
+                && (line.contains("reason=\"allow\"") || line.contains("reason=\"canary\""))
+            {
+                allowed += value();
+            }
+        }
+    }
+    (late, allowed)
 }
 
 type Samples = std::sync::Arc<std::sync::Mutex<Vec<(f64, u64, u64)>>>;
