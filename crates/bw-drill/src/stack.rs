@@ -24,6 +24,9 @@ pub fn bin_dir() -> PathBuf {
 /// A free loopback port (the test kit's, which the drill uses for its servers too).
 pub use bw_testkit::free_port;
 
+/// What a service logs when its admin port is taken (`bw_common::service`), with "Address already in use".
+const ADMIN_BIND_FAILED: &str = "cannot bind admin server";
+
 /// One running service process.
 pub struct ServiceProcess {
     /// Service name as in the binary `bw-<service>` and env prefix.
@@ -110,6 +113,15 @@ impl Services {
         Ok(())
     }
 
+    /// Gives process `index` a new admin port and starts it again (its admin port was taken meanwhile).
+    fn rebind_admin(&mut self, index: usize) -> anyhow::Result<()> {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let proc = &mut self.procs[index];
+        proc.env.insert(format!("{}ADMIN__LISTEN", env_prefix(&proc.service)), admin.clone());
+        proc.admin = admin;
+        self.restart(index)
+    }
+
     /// kill -9 a process (no chance to finish anything).
     pub fn kill9(&mut self, index: usize) {
         if let Some(c) = self.procs[index].child.as_mut() {
@@ -165,9 +177,17 @@ impl Services {
     pub async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
         let deadline = Instant::now() + timeout;
         for i in 0..self.procs.len() {
+            let mut rebinds = 0;
             loop {
                 if !self.procs[i].is_running() && self.procs[i].child.is_some() {
                     let tail = std::fs::read_to_string(&self.procs[i].log).unwrap_or_default();
+                    // The admin port was free when `spawn` chose it, but another process on the machine took it
+                    // before this one bound it: choose another and start again (a few times at most).
+                    if rebinds < 3 && tail.matches(ADMIN_BIND_FAILED).count() > rebinds {
+                        rebinds += 1;
+                        self.rebind_admin(i)?;
+                        continue;
+                    }
                     let tail: String = tail
                         .lines()
                         .rev()
@@ -229,4 +249,33 @@ pub async fn http_get(url: &str) -> Option<(u16, String)> {
         Some((status, body))
     };
     tokio::time::timeout(Duration::from_secs(2), fut).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A free port can be taken by another process between `spawn` choosing it and the service binding it (a
+    /// benchmark once failed so). `wait_ready` then gives the service another port and starts it again.
+    #[tokio::test]
+    async fn a_service_whose_admin_port_was_taken_starts_on_another() {
+        let nats = bw_testkit::NatsServer::start();
+        let dir = std::env::temp_dir().join(format!("bw-stack-rebind-{}", std::process::id()));
+        let mut services = Services::new(bin_dir(), dir.clone());
+        let i = services.spawn("alerting", &[("nats.url", nats.url())]).expect("spawn bw-alerting");
+        // The port taken: the same process started again on an address another listener holds.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let taken_addr = taken.local_addr().expect("addr").to_string();
+        services.kill9(i);
+        services.procs[i].env.insert(format!("{}ADMIN__LISTEN", env_prefix("alerting")), taken_addr.clone());
+        services.procs[i].admin = taken_addr.clone();
+        services.restart(i).expect("restart");
+        services.wait_ready(Duration::from_secs(60)).await.expect("ready on another admin port");
+        assert_ne!(services.procs[i].admin, taken_addr);
+        let log = std::fs::read_to_string(&services.procs[i].log).unwrap_or_default();
+        assert!(log.contains(ADMIN_BIND_FAILED), "the first start failed on the taken port: {log}");
+        services.stop_all(Duration::from_secs(10));
+        drop(taken);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
