@@ -163,10 +163,9 @@ impl Backlog {
     async fn read(&self, with_dlq: bool) -> anyhow::Result<HashMap<String, u64>> {
         let mut waiting = HashMap::new();
         let lane = Lane::PriorityReplay.filter();
-        let dlq = [(names::DLQ_STREAM, names::DLQ_PRIORITY_WILDCARD)];
-        let rh = [(names::SEND_STREAM, lane.as_str())];
-        let sources = if with_dlq { [&dlq[..], &rh[..]].concat() } else { rh.to_vec() };
-        for (stream, filter) in sources {
+        let both = [(names::SEND_STREAM, lane.as_str()), (names::DLQ_STREAM, names::DLQ_PRIORITY_WILDCARD)];
+        let sources = if with_dlq { &both[..] } else { &both[..1] };
+        for &(stream, filter) in sources {
             let handle = self.js.get_stream(stream).await?;
             let mut subjects = handle.info_with_subjects(filter).await?;
             while let Some(item) = subjects.next().await {

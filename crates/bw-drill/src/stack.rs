@@ -69,6 +69,11 @@ fn env_prefix(service: &str) -> String {
     format!("BW_{}__", service.to_ascii_uppercase().replace('-', "_"))
 }
 
+/// The variable that sets a service's admin address.
+fn admin_key(service: &str) -> String {
+    format!("{}ADMIN__LISTEN", env_prefix(service))
+}
+
 impl Services {
     /// Processes from `bin_dir`, logs under `log_dir`.
     pub fn new(bin_dir: PathBuf, log_dir: PathBuf) -> Services {
@@ -83,7 +88,7 @@ impl Services {
         let admin = format!("127.0.0.1:{}", free_port());
         let prefix = env_prefix(service);
         let mut env = BTreeMap::new();
-        env.insert(format!("{prefix}ADMIN__LISTEN"), admin.clone());
+        env.insert(admin_key(service), admin.clone());
         env.insert(format!("{prefix}NATS__NAME"), format!("bw-{service}-{instance}"));
         if let Some(endpoint) = &self.otlp_endpoint {
             env.insert(format!("{prefix}TELEMETRY__OTLP_ENDPOINT"), endpoint.clone());
@@ -115,11 +120,15 @@ impl Services {
 
     /// Gives process `index` a new admin port and starts it again (its admin port was taken meanwhile).
     fn rebind_admin(&mut self, index: usize) -> anyhow::Result<()> {
-        let admin = format!("127.0.0.1:{}", free_port());
-        let proc = &mut self.procs[index];
-        proc.env.insert(format!("{}ADMIN__LISTEN", env_prefix(&proc.service)), admin.clone());
-        proc.admin = admin;
+        self.set_admin(index, format!("127.0.0.1:{}", free_port()));
         self.restart(index)
+    }
+
+    /// The admin address process `index` listens on from its next start.
+    fn set_admin(&mut self, index: usize, admin: String) {
+        let proc = &mut self.procs[index];
+        proc.env.insert(admin_key(&proc.service), admin.clone());
+        proc.admin = admin;
     }
 
     /// kill -9 a process (no chance to finish anything).
@@ -267,8 +276,7 @@ mod tests {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let taken_addr = taken.local_addr().expect("addr").to_string();
         services.kill9(i);
-        services.procs[i].env.insert(format!("{}ADMIN__LISTEN", env_prefix("alerting")), taken_addr.clone());
-        services.procs[i].admin = taken_addr.clone();
+        services.set_admin(i, taken_addr.clone());
         services.restart(i).expect("restart");
         services.wait_ready(Duration::from_secs(60)).await.expect("ready on another admin port");
         assert_ne!(services.procs[i].admin, taken_addr);

@@ -20,14 +20,14 @@ fn signal(pid: u32, sig: &str) {
 /// The marks of the sends whose slots pass meanwhile all complete together when the broker wakes. Without the
 /// late-send rule they would then all leave at once (28 × 130429 in this test with
 /// `dispatch.late_send_tolerance_ms = 0`), a burst caused by Breakwater itself. With it they go back to
-/// admission for new slots, but for the sender's one late-send allowance, which both processes share in Redis
+/// admission for new slots, but for the sender's small late-send allowance, which both processes share in Redis
 /// (`claim_late.lua`). Proves: no 130429 at all, nothing lost, each message accepted once, and the late sends
 /// went through the shared allowance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sends_held_up_by_a_stalled_broker_do_not_leave_as_one_burst_when_it_resumes() {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
     h.start_ingest(&[("webhook.process", "false".into())]).await;
-    let mut procs = services("stall", &["dispatcher", "dispatcher"]);
+    let mut procs = services("stall", &["dispatcher"]);
     let settings = vec![
         ("nats.url", h.nats.url()),
         ("redis.url", h.redis.url()),
