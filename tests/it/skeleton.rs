@@ -88,6 +88,48 @@ impl ServiceConfig for ProbeConfig {
     }
 }
 
+/// `bw-stack` runs every service in one process. One that cannot start (here ingest, whose admin port another
+/// listener holds) stops the whole stack with exit status 1 and its name in the log: the stack never goes on
+/// without it, looking up while its intake is missing.
+#[tokio::test]
+async fn the_local_stack_stops_with_the_service_that_could_not_start() {
+    let nats = NatsServer::start();
+    let redis = bw_testkit::RedisServer::start();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let taken_addr = taken.local_addr().expect("addr").to_string();
+    let mut cmd = Command::new(bw_drill::stack::bin_dir().join("bw-stack"));
+    // Ingest's HTTP port too: the compiled 127.0.0.1:8080 may be in use on the machine.
+    cmd.env("BW_INGEST__HTTP__LISTEN", format!("127.0.0.1:{}", free_port()));
+    cmd.env_remove("RUST_LOG").env("BW_INGEST__ADMIN__LISTEN", &taken_addr);
+    for service in ["INGEST", "DISPATCHER", "BREAKER_COORDINATOR", "REPLAY", "ALERTING"] {
+        cmd.env(format!("BW_{service}__NATS__URL"), nats.url());
+        if matches!(service, "INGEST" | "DISPATCHER" | "BREAKER_COORDINATOR") {
+            cmd.env(format!("BW_{service}__REDIS__URL"), redis.url());
+        }
+        if service != "INGEST" {
+            cmd.env(format!("BW_{service}__ADMIN__LISTEN"), format!("127.0.0.1:{}", free_port()));
+        }
+    }
+    let log_path = nats.dir().join("bw-stack.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let child = cmd.stdout(log.try_clone().expect("log file")).stderr(log).spawn().expect("bw-stack runs");
+    let child = std::sync::Mutex::new(child);
+    let exited = || child.lock().expect("lock").try_wait().ok().flatten();
+    // Before the fix the stack ran on without ingest until stopped: bounded here, never a hang.
+    let stopped = wait_until(Duration::from_secs(60), || async { exited().is_some() }).await;
+    let mut child = child.into_inner().expect("lock");
+    if !stopped {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("exit status");
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    assert!(stopped, "bw-stack went on without ingest: {log}");
+    assert_eq!(status.code(), Some(1), "{log}");
+    assert!(log.contains("service failed; stopping the stack"), "{log}");
+    assert!(log.contains("bw-ingest") && log.contains("cannot bind admin server"), "{log}");
+    drop(taken);
+}
+
 async fn status(client: &reqwest::Client, url: &str) -> Option<u16> {
     client.get(url).timeout(Duration::from_secs(2)).send().await.ok().map(|r| r.status().as_u16())
 }

@@ -440,13 +440,15 @@ async fn the_local_stack_exports_an_operations_trace_to_the_otlp_endpoint() {
             cmd.env(format!("BW_{service}__ADMIN__LISTEN"), format!("127.0.0.1:{}", port()));
         }
     }
-    let stack = cmd.spawn().expect("bw-stack starts");
+    let stack = std::sync::Mutex::new(cmd.spawn().expect("bw-stack starts"));
+    let exited = || stack.lock().expect("lock").try_wait().is_ok_and(|s| s.is_some());
+    // A stack whose service failed to start stops at once (and says why in its log): no need to wait it out.
     let ready = bw_testkit::wait_until(WAIT, || async {
-        reqwest::get(format!("http://{ingest_admin}/readyz")).await.is_ok_and(|r| r.status().is_success())
+        exited() || reqwest::get(format!("http://{ingest_admin}/readyz")).await.is_ok_and(|r| r.status().is_success())
     })
     .await;
     let log_tail = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    assert!(ready, "ingest of bw-stack ready on {ingest_admin}:\n{}", log_tail());
+    assert!(ready && !exited(), "ingest of bw-stack ready on {ingest_admin}:\n{}", log_tail());
 
     let client = async_nats::connect(nats.url()).await.expect("producer connects");
     let request = bw_client::Request::template(OP, WABA_ID, PHONE, "+5491155550003", "order_confirmation", "es_AR")
@@ -479,10 +481,9 @@ async fn the_local_stack_exports_an_operations_trace_to_the_otlp_endpoint() {
     assert_eq!(intake.service, "bw-stack", "service.name of the one-process stack");
 
     // SIGTERM: every service drains and the stack exits cleanly.
-    let term = std::process::Command::new("kill").arg("-TERM").arg(stack.id().to_string()).status();
+    let pid = stack.lock().expect("lock").id();
+    let term = std::process::Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     assert!(term.is_ok_and(|s| s.success()), "SIGTERM sent");
-    let stack = std::sync::Mutex::new(stack);
-    let exited = || stack.lock().expect("lock").try_wait().is_ok_and(|s| s.is_some());
     let stopped = bw_testkit::wait_until(WAIT, || async { exited() }).await;
     let mut stack = stack.into_inner().expect("lock");
     if !stopped {

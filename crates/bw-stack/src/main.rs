@@ -36,19 +36,19 @@ fn load<C: ServiceConfig>(service: &str, defaults: &str, env: &HashMap<String, S
     load_config(service, defaults, None, env).map_err(|e| anyhow::anyhow!("bw-{service}: {e}"))
 }
 
-/// Starts one service on the shared token through the common skeleton.
+/// Starts one service on the shared token through the common skeleton, in `set`.
 fn start<C, F, Fut>(
+    set: &mut tokio::task::JoinSet<(&'static str, anyhow::Result<()>)>,
     service: &'static str,
     cfg: C,
     run: F,
     token: CancellationToken,
-) -> tokio::task::JoinHandle<anyhow::Result<()>>
-where
+) where
     C: ServiceConfig,
     F: FnOnce(C, Deps, CancellationToken) -> Fut + Send + 'static,
     Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
 {
-    tokio::spawn(run_service(service, cfg, run, token))
+    set.spawn(async move { (service, run_service(service, cfg, run, token).await) });
 }
 
 async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
@@ -76,56 +76,57 @@ async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
     } else {
         None
     };
-    let handles = vec![
-        start(
-            "breaker-coordinator",
-            load::<bw_breaker_coordinator::Config>(
-                "breaker-coordinator",
-                bw_breaker_coordinator::DEFAULT_CONFIG,
-                &env,
-            )?,
-            bw_breaker_coordinator::run,
-            token.clone(),
-        ),
-        start(
-            "ingest",
-            load::<bw_ingest::Config>("ingest", bw_ingest::DEFAULT_CONFIG, &env)?,
-            bw_ingest::run,
-            token.clone(),
-        ),
-        start(
-            "dispatcher",
-            load::<bw_dispatcher::Config>("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env)?,
-            bw_dispatcher::run,
-            token.clone(),
-        ),
-        start(
-            "replay",
-            load::<bw_replay::Config>("replay", bw_replay::DEFAULT_CONFIG, &env)?,
-            bw_replay::run,
-            token.clone(),
-        ),
-        start(
-            "alerting",
-            load::<bw_alerting::Config>("alerting", bw_alerting::DEFAULT_CONFIG, &env)?,
-            bw_alerting::run,
-            token.clone(),
-        ),
-    ];
+    let mut services = tokio::task::JoinSet::new();
+    start(
+        &mut services,
+        "breaker-coordinator",
+        load::<bw_breaker_coordinator::Config>("breaker-coordinator", bw_breaker_coordinator::DEFAULT_CONFIG, &env)?,
+        bw_breaker_coordinator::run,
+        token.clone(),
+    );
+    start(
+        &mut services,
+        "ingest",
+        load::<bw_ingest::Config>("ingest", bw_ingest::DEFAULT_CONFIG, &env)?,
+        bw_ingest::run,
+        token.clone(),
+    );
+    start(
+        &mut services,
+        "dispatcher",
+        load::<bw_dispatcher::Config>("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env)?,
+        bw_dispatcher::run,
+        token.clone(),
+    );
+    start(
+        &mut services,
+        "replay",
+        load::<bw_replay::Config>("replay", bw_replay::DEFAULT_CONFIG, &env)?,
+        bw_replay::run,
+        token.clone(),
+    );
+    start(
+        &mut services,
+        "alerting",
+        load::<bw_alerting::Config>("alerting", bw_alerting::DEFAULT_CONFIG, &env)?,
+        bw_alerting::run,
+        token.clone(),
+    );
     tracing::info!("all services running; SIGTERM or Ctrl-C stops them");
+    // The first service to end (an error at start-up, say a taken port, or later) stops the others: a stack
+    // that went on without one of its services would look up while it is not.
     let mut failed = None;
-    for h in handles {
-        match h.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                token.cancel();
-                failed.get_or_insert(e);
-            }
+    while let Some(joined) = services.join_next().await {
+        let (service, result) = joined.unwrap_or_else(|e| ("?", Err(anyhow::anyhow!("service task failed: {e}"))));
+        match result {
+            Ok(()) if token.is_cancelled() => {}
+            Ok(()) => failed = failed.or_else(|| Some(anyhow::anyhow!("bw-{service} stopped on its own"))),
             Err(e) => {
-                token.cancel();
-                failed.get_or_insert(anyhow::anyhow!("service task failed: {e}"));
+                tracing::error!(service, error = format!("{e:#}"), "service failed; stopping the stack");
+                failed = failed.or_else(|| Some(e.context(format!("bw-{service}"))));
             }
         }
+        token.cancel();
     }
     if let Some(sim) = sim {
         sim.shutdown().await;
