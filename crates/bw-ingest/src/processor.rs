@@ -1,18 +1,20 @@
 //! Asynchronous processing of stored webhooks (durable consumer `webhook-processor` on BW_WEBHOOKS, shared by
 //! every ingest instance).
 //!
-//! Per delivery: parse the envelope; for each status, drop it if its `(wamid, status)` was handled before
-//! (KV BW_WEBHOOK_DEDUP), find its operation (`biz_opaque_callback_data`, else the BW_WAMID map), apply it to
-//! the ledger forward-only (a late "sent" never overwrites "read"; the first terminal fact stays: a late "failed"
-//! never overrides "delivered"/"read" and nothing revives a "failed", the other fact is recorded in the entry's
-//! reason, see [`conflicting_fact`]), raise signals for
-//! error codes; forward inbound customer messages to BW_INBOUND. Work that hit an unavailable broker is
-//! retried by a delayed redelivery of the whole delivery; items already handled are skipped by the dedup
-//! keys, which are written only after an item's effects are stored. Bad bodies are acked, logged and counted:
-//! they never block the consumer. A body stored in the object store (over the server's `max_payload`, see
-//! `bodies`) is read from there and deleted once every item in it is handled. Statuses of different messages
-//! are applied concurrently (of one message, in document order); a long delivery tells the broker it is in
-//! progress. Every delivery ends in one typed [`Processed`] applied by `bw_common::disposition::apply`.
+//! Per delivery: parse the envelope; for each status, find its operation (`biz_opaque_callback_data`, else the
+//! BW_WAMID map) and apply it to the ledger forward-only (a late "sent" never overwrites "read"; the first
+//! terminal fact stays: a late "failed" never overrides "delivered"/"read" and nothing revives a "failed", the
+//! other fact is recorded in the entry's reason, see [`conflicting_fact`]), raise signals for error codes;
+//! forward inbound customer messages to BW_INBOUND. Work that hit an unavailable broker is retried by a delayed
+//! redelivery of the whole delivery. A repeated item (Meta delivers at least once; a retried delivery) does
+//! nothing again: a status whose facts the ledger already holds writes nothing, and the items whose effects are
+//! not in the ledger (a status with an error code, which raises signals; an inbound message) are skipped by
+//! their dedup key in KV BW_WEBHOOK_DEDUP, written only after the item's effects are stored. So a plain status
+//! costs one durable write, its ledger transition. Bad bodies are acked, logged and counted: they never block
+//! the consumer. A body stored in the object store (over the server's `max_payload`, see `bodies`) is read from
+//! there and deleted once every item in it is handled. Statuses of different messages are applied concurrently
+//! (of one message, in document order); a long delivery tells the broker it is in progress. Every delivery ends
+//! in one typed [`Processed`] applied by `bw_common::disposition::apply`.
 //!
 //! Tracing: each delivery is an `ingest.process_webhook` span. A status that moves an operation out of UNKNOWN
 //! opens an `ingest.resolve_unknown` child (`operation_id`, `status`): Meta's webhooks carry no trace context,
@@ -284,25 +286,35 @@ impl Processor {
     pub(crate) async fn status(&self, s: &StatusUpdate) -> Result<(), Retry> {
         let status = s.status();
         let Some(target) = target_state(status) else { return Ok(()) };
-        let key = webhook::status_dedup_key(&s.wamid, status);
-        if self.seen(&key).await? {
+        // Only a status with an error code raises signals, which a repeat must not raise again: it alone needs a
+        // dedup key (a durable write). Any other repeat finds the ledger already holding what it says and writes
+        // nothing (`unchanged` below), which is the cheaper proof.
+        let key = (s.error_code != 0).then(|| webhook::status_dedup_key(&s.wamid, status));
+        if let Some(key) = &key
+            && self.seen(key).await?
+        {
             self.metrics.duplicate("status");
             return Ok(());
         }
         let Some(op) = self.operation_of(s).await? else {
             // Not sent through Breakwater (or its ledger entry expired).
             self.metrics.status("unmatched");
-            self.mark(&key).await;
+            if let Some(key) = &key {
+                self.mark(key).await;
+            }
             return Ok(());
         };
         let wamid = s.wamid.clone();
         let (code, title) = (s.error_code, s.error_title.clone());
-        // Whether the write that landed moved the operation out of UNKNOWN (the closure may run more than once).
+        // Whether the write that landed moved the operation out of UNKNOWN, and whether the entry already held
+        // everything this status says (a repeat: nothing written), as of the closure's last run.
         let mut from_unknown = false;
+        let mut unchanged = false;
         let stored = self
             .ledger
             .update(&op, |cur| {
                 from_unknown = false;
+                unchanged = false;
                 let cur = cur?;
                 let mut next = cur.clone();
                 if next.wamid.is_empty() {
@@ -327,11 +339,13 @@ impl Processor {
                 } else if cur.state() == OperationState::Unknown {
                     next.reason = format!("unknown outcome resolved by a {} status", status_label(status));
                 }
-                Some(next)
+                unchanged = next == *cur;
+                (!unchanged).then_some(next)
             })
             .await?;
         match stored {
             None => self.metrics.status("unmatched"),
+            Some(_) if unchanged => self.metrics.duplicate("status"),
             Some(entry) if entry.state() == target => {
                 self.metrics.status(status_label(status));
                 tracing::debug!(operation_id = %op, status = status_label(status), "status applied");
@@ -370,7 +384,9 @@ impl Processor {
             };
             self.signals(&waba, &s.phone_number_id, code, &title, &op).await;
         }
-        self.mark(&key).await;
+        if let Some(key) = &key {
+            self.mark(key).await;
+        }
         Ok(())
     }
 

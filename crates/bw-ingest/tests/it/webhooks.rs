@@ -124,10 +124,15 @@ async fn statuses_apply_forward_only() {
     assert!(env.wait_state("op-b", OperationState::Delivered).await);
     assert_eq!(env.entry("op-b").await.expect("entry").wamid, "wamid.B", "wamid recorded");
 
-    // The same (wamid, status) in another delivery is dropped as a duplicate.
+    // The same (wamid, status) in another delivery is dropped as a duplicate, and writes nothing: not the
+    // ledger (same revision), and no dedup key either (a plain status has none; the ledger is the proof).
+    let revision = env.ledger.get("op-b").await.expect("ledger").expect("entry").revision;
     let again = status_body("wamid.B", "delivered", None, None).replace("1750030073", "1750030074");
     post_signed(&env, &again).await;
     assert!(wait_metric(&env, r#"bw_duplicates_dropped_total{kind="status"} 1"#).await, "{}", env.metrics_text());
+    assert_eq!(env.ledger.get("op-b").await.expect("ledger").expect("entry").revision, revision, "no ledger write");
+    let dedup = format!("KV_{}", names::WEBHOOK_DEDUP_BUCKET);
+    assert_eq!(env.count(&dedup).await, 0, "plain statuses need no dedup key");
     // Statuses of messages Breakwater never sent are counted, not fatal.
     post_signed(&env, &status_body("wamid.Z", "sent", None, None)).await;
     assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="unmatched"} 1"#).await);
@@ -188,6 +193,15 @@ async fn credential_errors_raise_a_credentials_signal() {
     let signal = env.last(names::EVENTS_STREAM, &names::signal_subject("credentials")).await;
     let signal = Signal::decode(signal.payload.as_ref()).expect("Signal");
     assert_eq!((signal.meta_code, signal.waba_id.as_str()), (131031, "102290129340398"));
+    // Meta delivers the same failed status again: its dedup key drops it, so the signal is not raised twice.
+    let last_signal = || async {
+        stream.get_last_raw_message_by_subject(&names::signal_subject("credentials")).await.expect("signal").sequence
+    };
+    let first = last_signal().await;
+    let again = status_body("wamid.C", "failed", Some("op-c"), Some(131031)).replace("1750030073", "1750030074");
+    post_signed(&env, &again).await;
+    assert!(wait_metric(&env, r#"bw_duplicates_dropped_total{kind="status"} 1"#).await, "{}", env.metrics_text());
+    assert_eq!(last_signal().await, first, "one signal per failed status, however often Meta sends it");
     // A "read" after "failed" never resurrects it.
     post_signed(&env, &status_body("wamid.C", "read", Some("op-c"), None)).await;
     assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="conflict"} 1"#).await);
