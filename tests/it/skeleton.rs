@@ -97,22 +97,8 @@ async fn the_local_stack_stops_with_the_service_that_could_not_start() {
     let redis = bw_testkit::RedisServer::start();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let taken_addr = taken.local_addr().expect("addr").to_string();
-    let mut cmd = Command::new(bw_drill::stack::bin_dir().join("bw-stack"));
-    // Ingest's HTTP port too: the compiled 127.0.0.1:8080 may be in use on the machine.
-    cmd.env("BW_INGEST__HTTP__LISTEN", format!("127.0.0.1:{}", free_port()));
-    cmd.env_remove("RUST_LOG").env("BW_INGEST__ADMIN__LISTEN", &taken_addr);
-    for service in ["INGEST", "DISPATCHER", "BREAKER_COORDINATOR", "REPLAY", "ALERTING"] {
-        cmd.env(format!("BW_{service}__NATS__URL"), nats.url());
-        if matches!(service, "INGEST" | "DISPATCHER" | "BREAKER_COORDINATOR") {
-            cmd.env(format!("BW_{service}__REDIS__URL"), redis.url());
-        }
-        if service != "INGEST" {
-            cmd.env(format!("BW_{service}__ADMIN__LISTEN"), format!("127.0.0.1:{}", free_port()));
-        }
-    }
     let log_path = nats.dir().join("bw-stack.log");
-    let log = std::fs::File::create(&log_path).expect("log file");
-    let child = cmd.stdout(log.try_clone().expect("log file")).stderr(log).spawn().expect("bw-stack runs");
+    let child = crate::stack_command(&nats.url(), &redis.url(), &taken_addr, &log_path).spawn().expect("bw-stack runs");
     let child = std::sync::Mutex::new(child);
     let exited = || child.lock().expect("lock").try_wait().ok().flatten();
     // Before the fix the stack ran on without ingest until stopped: bounded here, never a hang.

@@ -417,29 +417,12 @@ async fn the_local_stack_exports_an_operations_trace_to_the_otlp_endpoint() {
     let (endpoint, seen) = start_receiver().await;
     let nats = bw_testkit::NatsServer::start();
     let redis = bw_testkit::RedisServer::start();
-    let bin = bw_drill::stack::bin_dir().join("bw-stack");
-    assert!(bin.exists(), "{} missing: scripts/test.sh builds the binaries first", bin.display());
     let port = bw_testkit::free_port;
     let ingest_admin = format!("127.0.0.1:{}", port());
     // The stack's log goes beside the NATS server's, in its temp dir.
     let log_path = nats.dir().join("bw-stack.log");
-    let log = std::fs::File::create(&log_path).expect("log file");
-    let mut cmd = std::process::Command::new(&bin);
-    cmd.args(["--with-simulator", "--simulator-listen", &format!("127.0.0.1:{}", port()), "--otlp", &endpoint])
-        .env_remove("RUST_LOG")
-        .env("BW_INGEST__HTTP__LISTEN", format!("127.0.0.1:{}", port()))
-        .env("BW_INGEST__ADMIN__LISTEN", &ingest_admin)
-        .env("BW_INGEST__REDIS__URL", redis.url())
-        .env("BW_DISPATCHER__REDIS__URL", redis.url())
-        .env("BW_BREAKER_COORDINATOR__REDIS__URL", redis.url())
-        .stdout(log.try_clone().expect("log file"))
-        .stderr(log);
-    for service in ["INGEST", "DISPATCHER", "BREAKER_COORDINATOR", "REPLAY", "ALERTING"] {
-        cmd.env(format!("BW_{service}__NATS__URL"), nats.url());
-        if service != "INGEST" {
-            cmd.env(format!("BW_{service}__ADMIN__LISTEN"), format!("127.0.0.1:{}", port()));
-        }
-    }
+    let mut cmd = crate::stack_command(&nats.url(), &redis.url(), &ingest_admin, &log_path);
+    cmd.args(["--with-simulator", "--simulator-listen", &format!("127.0.0.1:{}", port()), "--otlp", &endpoint]);
     let stack = std::sync::Mutex::new(cmd.spawn().expect("bw-stack starts"));
     let exited = || stack.lock().expect("lock").try_wait().is_ok_and(|s| s.is_some());
     // A stack whose service failed to start stops at once (and says why in its log): no need to wait it out.

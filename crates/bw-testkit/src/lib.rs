@@ -33,14 +33,18 @@ pub fn free_port() -> u16 {
 /// which lands in 22000..32000: below the ephemeral range as well, and never a port handed out here.
 const PORTS: std::ops::Range<u16> = 12_000..22_000;
 
-fn shared_counter_port() -> Option<u16> {
-    use std::io::{Read, Seek, Write};
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+/// Whether [`PORTS`] and their cluster bus ports lie below the kernel's ephemeral range (Linux's default, also
+/// assumed when `/proc` does not say, starts at 32768; for a kernel tuned lower [`free_port`] lets it choose).
+fn ports_below_ephemeral_range() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    // A kernel whose ephemeral range reaches down into ours (or the bus ports): let the kernel choose.
-    if ephemeral_low < PORTS.end + 10_000 {
+        .is_none_or(|low| low >= PORTS.end + 10_000)
+}
+
+fn shared_counter_port() -> Option<u16> {
+    use std::io::{Read, Seek, Write};
+    if !ports_below_ephemeral_range() {
         return None;
     }
     let mut file = std::fs::OpenOptions::new()
@@ -424,21 +428,18 @@ mod pacing_tests {
 
 #[cfg(test)]
 mod free_port_tests {
-    use super::{PORTS, free_port};
+    use super::{PORTS, free_port, ports_below_ephemeral_range};
 
     /// Ports are handed out in turn below the ephemeral range, each free when handed out, never twice in a row
     /// (so two servers of one test never get the same port before either binds it).
     #[test]
     fn ports_are_distinct_free_and_below_the_ephemeral_range() {
-        let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-            .ok()
-            .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok());
         let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len(), "{ports:?}");
         for port in &ports {
             assert!(std::net::TcpListener::bind(("127.0.0.1", *port)).is_ok(), "port {port} free");
-            if ephemeral_low.is_some_and(|low| low >= PORTS.end + 10_000) {
+            if ports_below_ephemeral_range() {
                 assert!(PORTS.contains(port), "port {port} of {PORTS:?}, below the ephemeral range");
             }
         }
