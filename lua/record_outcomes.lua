@@ -7,8 +7,9 @@
 --   throughput    130429: never in the failure window (Meta §6: rate limits feed their limiter, not the health
 --                 breaker); pauses the scope for pause_ms and starts a rate-limit episode at most once per
 --                 aimd_cut_gap_ms (the sends in flight when Meta started refusing are answered together and
---                 count once): the adaptive share is cut to x aimd_decrease (not for a canary's answer) and
---                 the episode streak grows (a success ends it)
+--                 count once): the adaptive share is cut to x aimd_decrease (not for a canary's answer, nor
+--                 while the window's transient failures are at or above the threshold: an outage) and the
+--                 episode streak grows (a success ends it)
 --   pair          131056: never a failure; the pair backs off 4^X s (1, 4, 16, 64 s ..., X = consecutive 131056
 --                 of the pair, capped at pair_backoff_max_ms) and its GCRA is treated as full from now on
 --                 (Meta just said so). The hint in pause_ms is ignored: Meta gives none for 131056.
@@ -163,7 +164,15 @@ for i = 1, n do
       -- share at 0.7^k after an outage of k such answers and the backlog drained at a fraction of the rate for
       -- 10-20 s after the close. They still pause the scope and count in the episode streak; the ramp after
       -- the close probes throughput again, and a 130429 at throughput then cuts.
-      if not canary then
+      -- Nor does a 130429 while Meta is failing this number's calls: transient failures (5xx, 131000,
+      -- timeouts) at or above the trip threshold in the window mean an outage, whose answers mix errors and
+      -- throttles at any rate (the drill's outage cut a number to 0.15 at 26 msg/s, and its backlog then drained
+      -- at a fraction of the rate for 15-20 s after the close). Such a window trips the breaker anyway once it
+      -- holds min_calls; a number whose real limit is lower is still learned from 130429s without 5xx (a
+      -- saturated number, a coexistence number at 20 msg/s), which is every 130429 at throughput.
+      local wc, wf = window_sum(S, c, now)
+      local unwell = wf > 0 and wf * 1000 >= wc * c.threshold_permille
+      if not canary and not unwell then
         set(S, F.adaptive, fmt(math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))))
       end
       set(S, F.adaptive_cut_at, now)

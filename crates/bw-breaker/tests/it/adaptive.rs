@@ -126,6 +126,32 @@ async fn a_130429_answering_a_canary_pauses_the_sender_but_does_not_cut_its_rate
     assert_eq!(b.status(&other).await.expect("status").adaptive_share, ScopeLimits::default().aimd_decrease);
 }
 
+/// A 130429 while Meta fails the number's calls (transient failures at or above the trip threshold in the
+/// window) is an outage's answer, not evidence about the sender's rate: it pauses the sender but does not cut the
+/// adaptive share. The same 130429 with the window's failures below the threshold cuts it.
+#[tokio::test]
+async fn a_130429_during_an_outage_pauses_the_sender_but_does_not_cut_its_rate() {
+    let redis = bw_testkit::RedisServer::start();
+    let limits = ScopeLimits::default();
+    let b = breaker(&redis.url(), limits.clone()).await;
+    let outage = scope();
+    // One 503 in two calls: 50 % failures, far above the threshold, too few calls to trip.
+    b.record(&outage, &outcomes(1, OutcomeKind::Success, false)).await;
+    b.record(&outage, &outcomes(1, OutcomeKind::Transient, false)).await;
+    b.record(&outage, &outcomes(1, throughput(), false)).await;
+    let status = b.status(&outage).await.expect("status");
+    assert_eq!(status.snapshot.state(), BreakerState::Closed, "{status:?}");
+    assert!(status.snapshot.paused_until_unix_ms > 0, "the 130429 pauses the sender: {status:?}");
+    assert_eq!(status.adaptive_share, 1.0, "but does not cut its rate during the outage");
+    // One 503 in 41 calls (2.4 %, below the 5 % threshold): the 130429 is about throughput and cuts.
+    let healthy = crate::support::scope();
+    b.record(&healthy, &outcomes(40, OutcomeKind::Success, false)).await;
+    b.record(&healthy, &outcomes(1, OutcomeKind::Transient, false)).await;
+    b.record(&healthy, &outcomes(1, throughput(), false)).await;
+    assert!(limits.failure_threshold > 1.0 / 41.0);
+    assert_eq!(b.status(&healthy).await.expect("status").adaptive_share, limits.aimd_decrease);
+}
+
 #[tokio::test]
 async fn after_a_pause_sending_resumes_gradually() {
     let redis = bw_testkit::RedisServer::start();
