@@ -6,10 +6,20 @@
 -- second), Meta usage throttle, 131049 marketing deferral of the recipient, 131056 back-off of the pair, pair
 -- rate (GCRA: emission interval pair_interval_ms, burst pair_burst; Meta's model is 6 s / 45, the default burst
 -- is stricter), sender rate (token bucket at the effective rate, with a reserve only priority traffic may take;
--- replay needs extra headroom above the reserve so it only gets spare rate), slow throttle for low priority.
+-- replay needs extra headroom above the reserve so it only gets spare rate; older priority first, below), slow
+-- throttle for low priority.
 -- A message takes its tokens only when every check passes. The retry-after of a refusal for sender tokens
 -- counts the messages refused before it in the same call (the n-th waits for n more tokens). An OPEN scope
 -- whose cooldown ended moves to HALF_OPEN here.
+--
+-- Older priority first, fleet-wide: class "h" is priority traffic that goes before the rest of its class (a
+-- dead-lettered priority message replayed from the rh lane, older than any live one, or a live one close to its
+-- deadline). When an "h" message is refused for want of sender tokens, F.older_priority_waiting is set to now +
+-- OLDER_PRIORITY_WAIT_MS; until then the sender's other priority messages ("p") need a full bucket (spare rate
+-- only), so the "h" messages of every dispatcher get the sender's rate as its tokens come, whichever process
+-- asks first. A refused "h" message comes back within its retry-after, well inside the wait, so the rule lasts
+-- as long as they wait for tokens and ends OLDER_PRIORITY_WAIT_MS after the last one; an "h" message refused for
+-- another reason (order, pair, pause) never starts it, so a stuck replay cannot hold live priority traffic.
 --
 -- Send slots: every admitted message gets a wait (ms from now, Redis time): the scope's slots are spaced
 -- 1000 / effective_rate ms apart fleet-wide (F.next_slot), so the sends of every dispatcher reach Meta evenly at
@@ -32,7 +42,7 @@
 -- ARGV[2]      tag used in minted incident ids (the phone_number_id)
 -- ARGV[3]      random number in [0, 1) for cooldown jitter
 -- ARGV[4]      end (ms) of a parent pause (app / WABA / token) that just ended, or 0: starts a ramp from there
--- ARGV[4+i]    class of message i: "p" priority, "m" marketing, "r" replay
+-- ARGV[4+i]    class of message i: "p" priority, "h" older priority (see above), "m" marketing, "r" replay
 -- ARGV[4+n+i]  operation id of message i ('' : not gated)
 -- Returns: { state, incident_id, open_until_ms, calls_in_window, failures_in_window, now_ms,
 --            slot_gap_us (the scope's current slot spacing, microseconds),
@@ -76,6 +86,8 @@ local took = false
 -- after the ones before it have had their tokens, so a caller holding refused messages can re-submit each at
 -- its own slot instead of all at once.
 local queued = 0
+local OLDER_PRIORITY_WAIT_MS = 1500
+local older_waiting = num(S[F.older_priority_waiting])
 
 local function pair_of(key)
   local p = pairs_seen[key]
@@ -99,7 +111,7 @@ end
 
 for i = 1, n do
   local class = ARGV[4 + i]
-  local low = class ~= 'p'
+  local low = class ~= 'p' and class ~= 'h'
   local code, retry = CODE.allow, 0
   local blocker, blocker_age = order_blocker(KEYS[2 + n + i], ARGV[4 + n + i] or '')
   if blocker ~= nil then
@@ -140,6 +152,7 @@ for i = 1, n do
     local need = 1
     if class == 'm' then need = reserve + 1 end
     if class == 'r' then need = reserve + num(c.replay_headroom, 2) + 1 end
+    if class == 'p' and older_waiting > now then need = cap end
     -- A full bucket is spare rate by definition: while the adaptive share, a ramp or quota blindness shrink
     -- the bucket below the reserve plus the headroom, marketing and replay still go once it is full (else
     -- they would wait for ever: the share only grows back on successes).
@@ -148,6 +161,10 @@ for i = 1, n do
       if tokens >= 1 then code = CODE.reserve else code = CODE.sender_rate end
       retry = math.ceil((need + queued - tokens) * 1000 / rate)
       queued = queued + 1
+      if class == 'h' then
+        older_waiting = now + OLDER_PRIORITY_WAIT_MS
+        set(S, F.older_priority_waiting, older_waiting)
+      end
     end
   end
   local new_lo

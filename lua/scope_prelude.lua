@@ -42,7 +42,7 @@ local F = {
   rate_limit_streak = 'rl', paused_until = 'pu', pause_reason = 'pr', pause_kind = 'pk', tokens = 'tk',
   tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
   adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs', fast_calls = 'fc',
-  fast_keys = 'fk', throttle_probe = 'tq', late_tokens = 'lk', late_at = 'la',
+  fast_keys = 'fk', throttle_probe = 'tq', late_tokens = 'lk', late_at = 'la', older_priority_waiting = 'hw',
   -- window ring: F.win_* .. i for slot i (bucket number, calls, failures)
   win_bucket = 'wn', win_calls = 'wc', win_fails = 'wf',
 }

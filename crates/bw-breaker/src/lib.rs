@@ -69,10 +69,22 @@ impl Scope {
 pub enum TrafficClass {
     /// Authentication, transactional, support: may use the whole bucket including the reserve.
     Priority,
+    /// Priority traffic that goes first within its class, fleet-wide: a dead-lettered priority message being
+    /// replayed (older than any live one), or a live one close to its deadline. While one of these waits for
+    /// sender tokens, the sender's other priority messages take only a full bucket (spare rate) for
+    /// `OLDER_PRIORITY_WAIT_MS` in `lua/admit_send.lua`; otherwise it is admitted like [`TrafficClass::Priority`].
+    OlderPriority,
     /// Marketing: never takes the reserve; slowed and paused first under Meta usage pressure.
     Marketing,
     /// Messages replayed from the DLQ: only the spare rate above the reserve plus a headroom.
     Replay,
+}
+
+impl TrafficClass {
+    /// Priority traffic (either kind): may take the transactional reserve.
+    pub fn is_priority(self) -> bool {
+        matches!(self, TrafficClass::Priority | TrafficClass::OlderPriority)
+    }
 }
 
 /// One send asking for admission.

@@ -132,7 +132,7 @@ impl LocalBreakers {
                 {
                     return deny(DenyReason::PairRate, (*until - now).as_millis() as u64);
                 }
-                let need = if item.class == TrafficClass::Priority { 1.0 } else { reserve + 1.0 };
+                let need = if item.class.is_priority() { 1.0 } else { reserve + 1.0 };
                 if s.tokens < need {
                     let reason = if s.tokens >= 1.0 { DenyReason::Reserve } else { DenyReason::SenderRate };
                     queued += 1.0;

@@ -185,6 +185,7 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
     ("throttle_probe", "tq"),
     ("late_tokens", "lk"),
     ("late_at", "la"),
+    ("older_priority_waiting", "hw"),
     ("win_bucket", "wn"),
     ("win_calls", "wc"),
     ("win_fails", "wf"),
@@ -244,6 +245,7 @@ pub fn token_halt_key(fingerprint: &str) -> String {
 fn class_code(class: TrafficClass) -> &'static str {
     match class {
         TrafficClass::Priority => "p",
+        TrafficClass::OlderPriority => "h",
         TrafficClass::Marketing => "m",
         TrafficClass::Replay => "r",
     }

@@ -4,7 +4,7 @@
 //!
 //! 1. **Lanes.** Lanes are served in the order `rh` (priority replays), `hi` (live priority), `lo` (marketing),
 //!    `rp` (marketing replays) (`bw_common::names::Lane::ALL`). A priority replay is admitted as
-//!    `TrafficClass::Priority` (it may take the transactional reserve and needs no replay headroom); only a
+//!    `TrafficClass::OlderPriority` (priority: it may take the transactional reserve and needs no replay headroom); only a
 //!    marketing replay keeps `TrafficClass::Replay`. The 80 % / 90 % usage rules and the reserve apply as before,
 //!    by class.
 //! 2. **The priority gate.** A marketing message (`lo` or `rp`) of a sender that has a priority backlog — priority
@@ -31,6 +31,13 @@
 //!    `live_priority_hold_max_ms` old (then it goes in turn with the replays; a replay stuck behind a
 //!    recipient's pair back-off or a huge backlog never holds live OTPs longer than that), and never when its
 //!    deadline is nearer than that.
+//!    The same rule holds fleet-wide in admission: a priority replay (and a live priority message whose deadline
+//!    is nearer than `live_priority_hold_max_ms`) is admitted as `TrafficClass::OlderPriority`. While one of
+//!    them waits for the sender's tokens, the sender's other priority messages (the live ones older than the
+//!    cap, which the gate above no longer holds) take only a full bucket, so the tokens go to the older ones
+//!    whichever dispatcher asks first (`lua/admit_send.lua`). Without this the live messages past the cap took
+//!    most of the rate in the drill and the last replays trickled out at 2-5 msg/s for 6-30 s (each refused,
+//!    redelivered, refused again).
 //! 4. **Deadlines.** A message whose deadline passed, or cannot be met — the admission's send slot, or the
 //!    refusal's retry-after (for an OPEN breaker: its `open_until`), lies past the deadline — ends EXPIRED with a
 //!    precise reason before any call to Meta ([`misses_deadline`], reasons in [`expiry_reason`]). Replay does
@@ -75,7 +82,7 @@ pub(crate) fn expiry_reason(refusal: Option<DenyReason>) -> String {
 /// Rank of a traffic class in serving order (lower first).
 fn class_rank(class: TrafficClass) -> u8 {
     match class {
-        TrafficClass::Priority => 0,
+        TrafficClass::Priority | TrafficClass::OlderPriority => 0,
         TrafficClass::Marketing => 1,
         TrafficClass::Replay => 2,
     }
@@ -93,6 +100,12 @@ pub(crate) fn gated(lane: Lane) -> bool {
     lane.is_marketing()
 }
 
+/// True when a live message's deadline (unix ms, 0 = none) is nearer than `max_hold_ms`: rule 3 never holds it,
+/// and admission serves it before the sender's other live priority traffic (`TrafficClass::OlderPriority`).
+pub(crate) fn near_deadline(deadline_unix_ms: i64, now_ms: i64, max_hold_ms: u64) -> bool {
+    max_hold_ms > 0 && deadline_unix_ms > 0 && deadline_unix_ms.saturating_sub(now_ms) <= max_hold_ms as i64
+}
+
 /// True when rule 3 may hold a live priority message: it is young enough (accepted less than `max_hold_ms`
 /// ago) and its deadline, if any, is further away than that.
 pub(crate) fn holds_live_priority(
@@ -106,7 +119,7 @@ pub(crate) fn holds_live_priority(
     lane == Lane::High
         && max_hold > 0
         && now_ms.saturating_sub(accepted_at_unix_ms) < max_hold
-        && (deadline_unix_ms <= 0 || deadline_unix_ms.saturating_sub(now_ms) > max_hold)
+        && !near_deadline(deadline_unix_ms, now_ms, max_hold_ms)
 }
 
 /// Per-sender counts, as last read.
@@ -224,6 +237,16 @@ mod tests {
             assert!(!hold(lane, now, 0), "{lane:?} is not a live priority lane");
         }
         assert!(!holds_live_priority(Lane::High, now, 0, now, 0), "0 switches the rule off");
+    }
+
+    #[test]
+    fn a_live_message_is_near_its_deadline_within_the_hold_cap() {
+        let now = 100_000;
+        assert!(near_deadline(now + 30_000, now, 30_000), "30 s left at a 30 s cap: goes first");
+        assert!(!near_deadline(now + 30_001, now, 30_000));
+        assert!(!near_deadline(0, now, 30_000), "no deadline is never near");
+        assert!(!near_deadline(now + 1, now, 0), "0 switches the rule off");
+        assert_eq!(class_rank(TrafficClass::OlderPriority), class_rank(TrafficClass::Priority), "one class");
     }
 
     #[test]

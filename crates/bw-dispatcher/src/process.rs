@@ -97,12 +97,18 @@ impl Work {
         Scope { waba_id: self.request.waba_id.clone(), phone_number_id: self.request.phone_number_id.clone() }
     }
 
-    /// Admission class. Priority follows the message: a priority replay (`rh`) is priority traffic like a live
-    /// one; only a marketing replay (`rp`) takes the replay class (spare rate only).
-    pub(crate) fn class(&self) -> TrafficClass {
+    /// Admission class. Priority follows the message: a priority replay (`rh`) is priority traffic, and goes
+    /// before the sender's live priority traffic fleet-wide (older first), as does a live one close to its
+    /// deadline (`priority.rs`, rule 3); only a marketing replay (`rp`) takes the replay class (spare rate only).
+    pub(crate) fn class(&self, live_priority_hold_max_ms: u64) -> TrafficClass {
         match self.lane {
             Lane::Replay => TrafficClass::Replay,
-            _ if self.request.category().is_priority() => TrafficClass::Priority,
+            Lane::PriorityReplay => TrafficClass::OlderPriority,
+            _ if self.request.category().is_priority() => {
+                let near =
+                    crate::priority::near_deadline(self.request.deadline_unix_ms, now_ms(), live_priority_hold_max_ms);
+                if near { TrafficClass::OlderPriority } else { TrafficClass::Priority }
+            }
             _ => TrafficClass::Marketing,
         }
     }
@@ -300,17 +306,22 @@ impl Worker {
             groups.entry((w.request.waba_id.clone(), w.request.phone_number_id.clone())).or_default().push(w);
         }
         // The scopes of a batch are admitted concurrently, so one sender's round trip never delays another's.
+        let hold_max_ms = self.cfg.live_priority_hold_max_ms;
         let admitted = futures::future::join_all(groups.into_values().map(|mut works| async move {
             // Tokens and send slots go out in this order: class, nearest deadline, oldest (priority.rs).
             works.sort_by_key(|w| {
-                crate::priority::admission_order(w.class(), w.request.deadline_unix_ms, w.request.accepted_at_unix_ms)
+                crate::priority::admission_order(
+                    w.class(hold_max_ms),
+                    w.request.deadline_unix_ms,
+                    w.request.accepted_at_unix_ms,
+                )
             });
             let scope = works[0].scope();
             let items: Vec<AdmitItem> = works
                 .iter()
                 .map(|w| AdmitItem {
                     recipient_key: bw_common::mask::recipient_key(&w.request.recipient),
-                    class: w.class(),
+                    class: w.class(hold_max_ms),
                 })
                 .collect();
             let gate: Vec<String> = works.iter().map(crate::order::gate_id).collect();

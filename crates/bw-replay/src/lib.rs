@@ -11,7 +11,7 @@
 //! a bound on the lane's depth, and hands each entry to `bw_ops::moves::Mover`, which checks deadline, ledger,
 //! 24 h window and the replay limit before it publishes with the msg id `<operation_id>.r<n>` (no duplicates on
 //! redelivery) onto the lane of the entry's category. The dispatcher admits an `rp` message with
-//! `TrafficClass::Replay`, an `rh` one with `TrafficClass::Priority`.
+//! `TrafficClass::Replay`, an `rh` one with `TrafficClass::OlderPriority` (priority, served before live priority traffic).
 //! Incidents (`incident`): entries of a breaker incident whose category is in `replay.hold_categories` stay in
 //! the DLQ until an operator releases the incident; each drain counts what it did per incident in BW_INCIDENTS,
 //! and after a drain of a CLOSED scope an incident with nothing left gets its "replayed" event, once.

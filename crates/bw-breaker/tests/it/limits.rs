@@ -241,3 +241,55 @@ async fn a_paused_usage_reading_lets_one_probe_through_per_retry_interval() {
     breaker.observe_usage(&scope, 10).await;
     assert_eq!(allowed(&breaker.admit(&scope, &items(1, TrafficClass::Marketing)).await.decisions), 1);
 }
+
+/// Older priority first, fleet-wide, at the compiled defaults: two dispatchers ask for one sender's tokens as
+/// fast as their retry-afters allow, one for live priority messages, the other for dead-lettered priority
+/// messages being replayed (`TrafficClass::OlderPriority`). While a replay waits for tokens, live priority takes
+/// only a full bucket, so the replays get nearly all of the sender's rate whichever process asks first (without
+/// the rule the two split it about evenly). When no replay waits any more, live priority has the whole rate.
+#[tokio::test]
+async fn priority_replays_take_the_sender_rate_before_live_priority_fleet_wide() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let redis = bw_testkit::RedisServer::start();
+    let live = breaker(&redis.url(), ScopeLimits::default()).await;
+    let older = breaker(&redis.url(), ScopeLimits::default()).await;
+    let scope = scope();
+    // Both start from an empty bucket.
+    live.admit(&scope, &items(ScopeLimits::default().burst as usize, TrafficClass::Priority)).await;
+    const TOTAL: usize = 150;
+    let admitted = Arc::new(AtomicUsize::new(0));
+    let pump = |b: bw_breaker::Breaker, class: TrafficClass| {
+        let (scope, admitted) = (scope.clone(), admitted.clone());
+        async move {
+            let mut mine = 0;
+            let mut i = 0;
+            while admitted.load(Ordering::SeqCst) < TOTAL {
+                i += 1;
+                let item = AdmitItem { recipient_key: format!("{class:?}-{i}"), class };
+                match b.admit(&scope, &[item]).await.decisions.first() {
+                    Some(Decision::Allow { .. }) => {
+                        mine += 1;
+                        admitted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Some(Decision::Deny { retry_after_ms, .. }) => {
+                        tokio::time::sleep(std::time::Duration::from_millis((*retry_after_ms).clamp(1, 200))).await
+                    }
+                    None => panic!("no decision"),
+                }
+            }
+            mine
+        }
+    };
+    let (live_n, older_n) =
+        tokio::join!(pump(live.clone(), TrafficClass::Priority), pump(older.clone(), TrafficClass::OlderPriority));
+    println!("admitted: {older_n} priority replays, {live_n} live priority");
+    assert!(older_n >= 4 * live_n, "replays {older_n}, live {live_n}: the replays must get the sender's rate first");
+    // Once no replay has waited for OLDER_PRIORITY_WAIT_MS (1.5 s), live priority takes the whole bucket again:
+    // two live messages in one call both pass (while the rule holds, the second needs a full bucket again).
+    let ok = bw_testkit::wait_until(std::time::Duration::from_secs(10), || async {
+        allowed(&live.admit(&scope, &items(2, TrafficClass::Priority)).await.decisions) == 2
+    })
+    .await;
+    assert!(ok, "live priority never had the whole bucket back");
+}

@@ -144,6 +144,10 @@ impl Model {
                     TrafficClass::Priority => 1.0,
                     TrafficClass::Marketing => reserve + 1.0,
                     TrafficClass::Replay => reserve + 2.0,
+                    // Its fleet-wide rule depends on refill timing, which this model leaves out (the generator
+                    // below never picks it; `limits::priority_replays_take_the_sender_rate_before_live_priority_fleet_wide`
+                    // tests it against the script).
+                    TrafficClass::OlderPriority => unreachable!("not generated"),
                 };
                 if self.tokens < need {
                     return deny(if self.tokens >= 1.0 { DenyReason::Reserve } else { DenyReason::SenderRate });
