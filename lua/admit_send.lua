@@ -8,18 +8,18 @@
 -- is stricter), sender rate (token bucket at the effective rate, with a reserve only priority traffic may take;
 -- replay needs extra headroom above the reserve so it only gets spare rate; older priority first, below), slow
 -- throttle for low priority.
--- A message takes its tokens only when every check passes. The retry-after of a refusal for sender tokens
--- counts the messages refused before it in the same call (the n-th waits for n more tokens). An OPEN scope
--- whose cooldown ended moves to HALF_OPEN here.
+-- A message takes its tokens only when every check passes. The retry-after of a refusal for sender tokens is
+-- its place in its class's fleet-wide waiting line (below): behind every message refused before it, in this
+-- call or another's, one slot spacing each (at most 5 s ahead). An OPEN scope whose cooldown ended moves to HALF_OPEN here.
 --
 -- Older priority first, fleet-wide: class "h" is priority traffic that goes before the rest of its class (a
 -- dead-lettered priority message replayed from the rh lane, older than any live one, or a live one close to its
--- deadline). When an "h" message is refused for want of sender tokens, F.older_priority_waiting is set to now +
--- OLDER_PRIORITY_WAIT_MS; until then the sender's other priority messages ("p") need a full bucket (spare rate
--- only), so the "h" messages of every dispatcher get the sender's rate as its tokens come, whichever process
--- asks first. A refused "h" message comes back within its retry-after, well inside the wait, so the rule lasts
--- as long as they wait for tokens and ends OLDER_PRIORITY_WAIT_MS after the last one; an "h" message refused for
--- another reason (order, pair, pause) never starts it, so a stuck replay cannot hold live priority traffic.
+-- deadline). When an "h" message is refused for want of sender tokens, F.older_priority_waiting is set to
+-- OLDER_PRIORITY_WAIT_MS past its place in the "h" waiting line; until then the sender's other priority messages
+-- ("p") need a full bucket (spare rate only), so the "h" messages of every dispatcher get the sender's rate as
+-- its tokens come, whichever process asks first. The rule lasts as long as they wait for tokens and ends
+-- OLDER_PRIORITY_WAIT_MS after the last one in line was due back; an "h" message refused for another reason
+-- (order, pair, pause) never starts it, so a stuck replay cannot hold live priority traffic.
 --
 -- Send slots: every admitted message gets a wait (ms from now, Redis time): the scope's slots are spaced
 -- 1000 / effective_rate ms apart fleet-wide (F.next_slot), so the sends of every dispatcher reach Meta evenly at
@@ -82,10 +82,20 @@ local next_slot = math.max(now, num(S[F.next_slot]))
 local pairs_seen = {}
 local decisions = {}
 local took = false
--- Messages of this call already refused for want of sender tokens: each later refusal is told to come back
--- after the ones before it have had their tokens, so a caller holding refused messages can re-submit each at
--- its own slot instead of all at once.
-local queued = 0
+-- The waiting line for sender tokens, one per class and fleet-wide: each refusal for want of tokens is told to
+-- come back when its tokens will have come and after everyone refused before it, in this call or another
+-- dispatcher's (F.line_<class>: when the next refused one comes back; each refusal moves it one slot spacing
+-- on). So the refused messages of every dispatcher come back one per slot, at the rate tokens come, instead of
+-- all at once for the same token (at saturation, with three dispatchers, 35 refusals per admitted message and
+-- most of Redis's time). It reserves nothing: a message that finds the tokens takes them.
+-- The line is spaced at the configured rate, not the ramped one: a line built during a ramp would otherwise
+-- send its messages back at the ramp's first, slow spacing long after the rate has grown (tokens then go
+-- unused). It reaches at most LINE_HORIZON_MS ahead: later refusals all come back then, since a wait fixed
+-- now cannot follow a rate that changes meanwhile.
+local LINE = { p = F.line_p, h = F.line_h, m = F.line_m, r = F.line_r }
+local LINE_HORIZON_MS = 5000
+local line_gap = 1000 / math.max(0.000001, num(c.rate_per_s) * adaptive(S))
+local lines = {}
 local OLDER_PRIORITY_WAIT_MS = 1500
 local older_waiting = num(S[F.older_priority_waiting])
 
@@ -159,10 +169,15 @@ for i = 1, n do
     if need > cap then need = cap end
     if tokens < need then
       if tokens >= 1 then code = CODE.reserve else code = CODE.sender_rate end
-      retry = math.ceil((need + queued - tokens) * 1000 / rate)
-      queued = queued + 1
+      local line = LINE[class] or F.line_m
+      local at = math.max(now + math.ceil((need - tokens) * 1000 / rate), lines[line] or num(S[line]))
+      at = math.min(at, now + LINE_HORIZON_MS)
+      retry = at - now
+      lines[line] = at + line_gap
+      set(S, line, math.floor(lines[line]))
       if class == 'h' then
-        older_waiting = now + OLDER_PRIORITY_WAIT_MS
+        -- Until the last "h" in line has come back (and OLDER_PRIORITY_WAIT_MS more).
+        older_waiting = math.max(older_waiting, at + OLDER_PRIORITY_WAIT_MS)
         set(S, F.older_priority_waiting, older_waiting)
       end
     end

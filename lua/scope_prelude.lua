@@ -43,6 +43,8 @@ local F = {
   tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
   adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs', fast_calls = 'fc',
   fast_keys = 'fk', throttle_probe = 'tq', late_tokens = 'lk', late_at = 'la', older_priority_waiting = 'hw',
+  -- the fleet-wide waiting line of each class for sender tokens (admit_send.lua): when the next refused one comes back
+  line_p = 'wp', line_h = 'wh', line_m = 'wm', line_r = 'wr',
   -- window ring: F.win_* .. i for slot i (bucket number, calls, failures)
   win_bucket = 'wn', win_calls = 'wc', win_fails = 'wf',
 }

@@ -139,6 +139,58 @@ async fn refusals_for_tokens_queue_up_one_slot_each() {
     }
 }
 
+/// The waits of one call's refusals for sender tokens. Messages admitted before them (a token that came while
+/// the test ran) are skipped; any other decision fails the test.
+fn token_waits(decisions: &[Decision]) -> Vec<u64> {
+    decisions
+        .iter()
+        .skip_while(|d| matches!(d, Decision::Allow { .. }))
+        .map(|d| match d {
+            Decision::Deny { reason: DenyReason::SenderRate | DenyReason::Reserve, retry_after_ms } => *retry_after_ms,
+            other => panic!("expected a refusal for sender tokens, got {other:?}"),
+        })
+        .collect()
+}
+
+/// At the compiled defaults (74 msg/s): the refusals of several dispatchers form one waiting line per class, so
+/// a second dispatcher's refused messages come back after the first's, one slot spacing each, instead of all
+/// for the same next token (which at saturation cost 35 refusals per admitted message).
+#[tokio::test]
+async fn refusals_for_tokens_of_every_dispatcher_form_one_waiting_line() {
+    let redis = bw_testkit::RedisServer::start();
+    let a = breaker(&redis.url(), ScopeLimits::default()).await;
+    let b = breaker(&redis.url(), ScopeLimits::default()).await;
+    let scope = scope();
+    let burst = ScopeLimits::default().burst as usize;
+    let gap = 1000.0 / ScopeLimits::default().rate_per_s;
+    // Dispatcher a empties the bucket and has 8 refused; b then has its 8 refused too (but for a token that
+    // came meanwhile).
+    let first = a.admit(&scope, &items(burst + 8, TrafficClass::Priority)).await;
+    assert!(allowed(&first.decisions) >= burst);
+    let first = token_waits(&first.decisions);
+    let between = std::time::Instant::now();
+    let second = token_waits(&b.admit(&scope, &items(8, TrafficClass::Priority)).await.decisions);
+    let elapsed = between.elapsed().as_millis() as f64;
+    assert!(first.len() >= 6 && second.len() >= 6, "refused: a {first:?}, b {second:?}");
+    // b's first refusal comes back after a's last one (less the time between the two calls), and each wait
+    // is one slot spacing after the one before it.
+    let last_of_a = *first.last().expect("a refusal");
+    assert!(
+        second[0] as f64 + elapsed + 2.0 >= last_of_a as f64 + gap,
+        "b's refusals {second:?} do not come after a's {first:?} ({elapsed} ms between the calls)"
+    );
+    for waits in [&first, &second] {
+        for pair in waits.windows(2) {
+            let step = pair[1] as f64 - pair[0] as f64;
+            assert!((step - gap).abs() <= 1.5, "waits {waits:?} are not one slot spacing ({gap:.1} ms) apart");
+        }
+    }
+    // The lines are per class: a marketing refusal does not queue behind the priority ones.
+    let m = b.admit(&scope, &items(1, TrafficClass::Marketing)).await;
+    let m = token_waits(&m.decisions);
+    assert!(m[0] < second[0], "marketing's wait {m:?} queued behind priority's {second:?}");
+}
+
 #[tokio::test]
 async fn a_stale_usage_report_fades_and_stops_throttling() {
     let redis = bw_testkit::RedisServer::start();
