@@ -88,6 +88,8 @@ pub(crate) struct Work {
     pub order_wait: Option<crate::order::Waiting>,
     /// Times this delivery reached the wire too late for its send slot and went back to admission.
     pub slot_misses: u8,
+    /// How often this delivery was refused with order_wait (its in-memory re-admission backs off).
+    pub order_polls: u8,
     /// The sender's slot spacing (ms) in the admission that admitted it (0: unknown).
     pub slot_gap_ms: f64,
 }
@@ -428,6 +430,7 @@ impl Worker {
             Decision::Deny { reason, mut retry_after_ms } => {
                 if reason == DenyReason::OrderWait {
                     retry_after_ms = crate::order::hold_ms(&w);
+                    w.order_polls = w.order_polls.saturating_add(1);
                 }
                 let label = reason.label();
                 w.decision = label;
@@ -464,13 +467,19 @@ impl Worker {
                 bw_common::time::now_ms(),
                 self.cfg.live_priority_hold_max_ms,
             );
-            let hold = (crate::priority::gated(w.lane) && self.backlog.waiting(phone).await > 0)
-                || (older_first && self.backlog.replaying(phone).await > 0);
+            let gated = crate::priority::gated(w.lane) && self.backlog.waiting(phone).await > 0;
+            let hold = gated || (older_first && self.backlog.replaying(phone).await > 0);
             if hold {
                 w.span.record("decision", "priority_first");
                 self.metrics.decision("priority_first");
                 let this = self.clone();
-                let delay = Duration::from_millis(self.cfg.priority_hold_ms);
+                // A held promotion backs off; a held live priority message comes back after the plain hold.
+                let delay = Duration::from_millis(if gated {
+                    let delivered = w.msg.info().map(|i| i.delivered).unwrap_or(1);
+                    crate::priority::gated_hold_ms(self.cfg.priority_hold_ms, delivered)
+                } else {
+                    self.cfg.priority_hold_ms
+                });
                 f.finals.push(Box::pin(async move {
                     this.settle(&w, Settle::nak(Outcome::PriorityFirst, delay), None).await
                 }));
@@ -746,6 +755,7 @@ impl Worker {
             waited: Duration::ZERO,
             order_wait: None,
             slot_misses: 0,
+            order_polls: 0,
             slot_gap_ms: 0.0,
         };
         if in_flight_since > 0 {
