@@ -90,8 +90,8 @@ local took = false
 -- most of Redis's time). It reserves nothing: a message that finds the tokens takes them.
 -- The line is spaced at the configured rate, not the ramped one: a line built during a ramp would otherwise
 -- send its messages back at the ramp's first, slow spacing long after the rate has grown (tokens then go
--- unused). It reaches at most LINE_HORIZON_MS ahead: later refusals all come back then, since a wait fixed
--- now cannot follow a rate that changes meanwhile.
+-- unused). The line adds at most LINE_HORIZON_MS to a wait (never less than the time its tokens take to come):
+-- later refusals all come back then, since a wait fixed now cannot follow a rate that changes meanwhile.
 local LINE = { p = F.line_p, h = F.line_h, m = F.line_m, r = F.line_r }
 local LINE_HORIZON_MS = 5000
 local line_gap = 1000 / math.max(0.000001, num(c.rate_per_s) * adaptive(S))
@@ -170,8 +170,8 @@ for i = 1, n do
     if tokens < need then
       if tokens >= 1 then code = CODE.reserve else code = CODE.sender_rate end
       local line = LINE[class] or F.line_m
-      local at = math.max(now + math.ceil((need - tokens) * 1000 / rate), lines[line] or num(S[line]))
-      at = math.min(at, now + LINE_HORIZON_MS)
+      local queue_end = math.min(lines[line] or num(S[line]), now + LINE_HORIZON_MS)
+      local at = math.max(now + math.ceil((need - tokens) * 1000 / rate), queue_end)
       retry = at - now
       lines[line] = at + line_gap
       set(S, line, math.floor(lines[line]))
