@@ -170,8 +170,13 @@ for i = 1, n do
       -- at a fraction of the rate for 15-20 s after the close). Such a window trips the breaker anyway once it
       -- holds min_calls; a number whose real limit is lower is still learned from 130429s without 5xx (a
       -- saturated number, a coexistence number at 20 msg/s), which is every 130429 at throughput.
+      -- The same holds when Meta has failed calls to two or more recipients of this number within the fast-trip
+      -- window: an outage's first seconds, before a window holding 10 s of healthy calls reaches the threshold
+      -- (in the drill the 130429s of those seconds still cut numbers to 0.7 and 0.37, and each took 10-15 s
+      -- to creep back after the close, past its recovery bound). A single 5xx beside a 130429 still cuts.
       local wc, wf = window_sum(S, c, now)
-      local unwell = wf > 0 and wf * 1000 >= wc * c.threshold_permille
+      local unwell = (wf > 0 and wf * 1000 >= wc * c.threshold_permille)
+        or (fast_open() and num(S[F.fast_count]) >= 2)
       if not canary and not unwell then
         set(S, F.adaptive, fmt(math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))))
       end

@@ -150,6 +150,15 @@ async fn a_130429_during_an_outage_pauses_the_sender_but_does_not_cut_its_rate()
     b.record(&healthy, &outcomes(1, throughput(), false)).await;
     assert!(limits.failure_threshold > 1.0 / 41.0);
     assert_eq!(b.status(&healthy).await.expect("status").adaptive_share, limits.aimd_decrease);
+    // An outage's first second: 200 healthy calls in the window, then 503s to two recipients (1 %, below the
+    // threshold, not yet a fast trip) and a 130429: Meta is failing, the 130429 does not cut.
+    let starting = crate::support::scope();
+    b.record(&starting, &outcomes(200, OutcomeKind::Success, false)).await;
+    b.record(&starting, &outcomes(2, OutcomeKind::Transient, false)).await;
+    b.record(&starting, &outcomes(1, throughput(), false)).await;
+    let status = b.status(&starting).await.expect("status");
+    assert_eq!(status.snapshot.state(), BreakerState::Closed, "{status:?}");
+    assert_eq!(status.adaptive_share, 1.0, "a 130429 amid an outage's first 503s cut the rate: {status:?}");
 }
 
 #[tokio::test]
