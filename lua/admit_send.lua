@@ -10,7 +10,8 @@
 -- throttle for low priority.
 -- A message takes its tokens only when every check passes. The retry-after of a refusal for sender tokens is
 -- its place in its class's fleet-wide waiting line (below): behind every message refused before it, in this
--- call or another's, one slot spacing each (at most 5 s ahead). An OPEN scope whose cooldown ended moves to HALF_OPEN here.
+-- call or another's, one slot spacing each (at most 5 s ahead). An OPEN scope whose cooldown ended moves to
+-- HALF_OPEN here.
 --
 -- Older priority first, fleet-wide: class "h" is priority traffic that goes before the rest of its class (a
 -- dead-lettered priority message replayed from the rh lane, older than any live one, or a live one close to its

@@ -12,13 +12,14 @@
 //!    ones being dispatched) — is held back: a delayed redelivery, not the DLQ, ledger unchanged. The delay is
 //!    `priority_hold_ms` at the first delivery and doubles with each one up to 8 × ([`gated_hold_ms`]): a
 //!    promotion behind a 20 s priority backlog comes back 7 times instead of 40 (at a fixed 500 ms the drill's
-//!    dispatchers redelivered 1,700 held promotions a second, the broker's largest load after the outage). [`Backlog`] learns every sender's backlog from two stream-info requests with subjects (one on
-//!    BW_DLQ, one on BW_SEND), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
+//!    dispatchers redelivered 1,700 held promotions a second, the broker's largest load after the outage).
+//!    [`Backlog`] learns every sender's backlog from two stream-info requests with subjects (one on BW_DLQ, one
+//!    on BW_SEND), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
 //!    that interval: a priority entry dead-lettered just after a refresh lets that sender's promotions through
 //!    for at most one interval; a backlog that just cleared holds them for at most one interval plus
-//!    8 × `priority_hold_ms` (messages fetched for the first time since then go at once). With several dispatchers each caches its own reading (one pair of requests per
-//!    interval per instance, and only while it handles marketing messages); they may disagree for up to one
-//!    interval, never longer. The gate is skipped for a sender the dispatcher knows is OPEN: its marketing
+//!    8 × `priority_hold_ms` (messages fetched for the first time since then go at once). With several
+//!    dispatchers each caches its own reading (one pair of requests per interval per instance, and only while
+//!    it handles marketing messages); they may disagree for up to one interval, never longer. The gate is skipped for a sender the dispatcher knows is OPEN: its marketing
 //!    messages fail fast into the DLQ as before instead of cycling through the broker during the outage. A
 //!    reading that fails keeps the last known counts (logged) until a refresh succeeds. Every priority entry in
 //!    the DLQ counts, including one waiting for its not-before time or held for manual release
@@ -202,14 +203,14 @@ pub(crate) fn gated_hold_ms(base: u64, delivered: i64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn a_gated_promotion_comes_back_later_each_time_up_to_8_times_the_hold() {
         let delays: Vec<u64> = (1..=6).map(|d| gated_hold_ms(500, d)).collect();
         assert_eq!(delays, [500, 1_000, 2_000, 4_000, 4_000, 4_000]);
         assert_eq!(gated_hold_ms(500, 0), 500);
     }
-
-    use super::*;
 
     #[test]
     fn a_deadline_is_missed_only_when_the_wait_passes_it() {
