@@ -8,8 +8,9 @@
 --                 breaker); pauses the scope for pause_ms and starts a rate-limit episode at most once per
 --                 aimd_cut_gap_ms (the sends in flight when Meta started refusing are answered together and
 --                 count once): the adaptive share is cut to x aimd_decrease (not for a canary's answer, nor
---                 while the window's transient failures are at or above the threshold: an outage) and the
---                 episode streak grows (a success ends it)
+--                 while the window's transient failures are at or above the threshold: an outage; a trip on
+--                 transient failures within window_ms gives the cut back) and the episode streak grows (a
+--                 success ends it)
 --   pair          131056: never a failure; the pair backs off 4^X s (1, 4, 16, 64 s ..., X = consecutive 131056
 --                 of the pair, capped at pair_backoff_max_ms) and its GCRA is treated as full from now on
 --                 (Meta just said so). The hint in pause_ms is ignored: Meta gives none for 131056.
@@ -57,11 +58,29 @@ local T = {}
 
 maybe_half_open(S, c, now, T, rand, tag)
 
+-- A trip on transient failures (Meta failing this number's calls: an outage) gives back what 130429s cut from
+-- the adaptive share within the window before it. Such answers came with the outage, whose answers mix errors and
+-- throttles at any rate; the cut was made before the failures showed. Kept, the share stayed at 0.7^k through
+-- the OPEN time and the backlog drained at that fraction for 5-10 s after the close, past its recovery bound
+-- (the drill). Safe: the ramp after the close starts at ramp_start of the rate and probes throughput again, and a
+-- 130429 at throughput without failures then cuts.
+local function give_back_outage_cut()
+  if now - num(S[F.adaptive_last_cut]) <= c.window_ms and num(S[F.adaptive_before_cut]) > adaptive(S) then
+    set(S, F.adaptive, S[F.adaptive_before_cut])
+  end
+  set(S, F.adaptive_last_cut, 0)
+end
+
+local function trip_on_failures(reason)
+  give_back_outage_cut()
+  go(S, c, now, OPEN, reason, T, rand, tag)
+end
+
 local function trip_rate(st)
   if st ~= CLOSED then return end
   local calls, fails = window_sum(S, c, now)
   if calls > 0 and calls >= num(c.min_calls, 50) and fails * 1000 >= calls * c.threshold_permille then
-    go(S, c, now, OPEN, string.format('failure rate %.3f over %d calls', fails / calls, calls), T, rand, tag)
+    trip_on_failures(string.format('failure rate %.3f over %d calls', fails / calls, calls))
   end
 end
 
@@ -69,7 +88,7 @@ end
 local function failure(st)
   window_add(S, c, now, 1, 1)
   if st == HALF_OPEN then
-    go(S, c, now, OPEN, 'failure while half open', T, rand, tag)
+    trip_on_failures('failure while half open')
   else
     trip_rate(st)
   end
@@ -109,7 +128,7 @@ local function fast_check()
   if ft >= need and ft * 1000 >= fc * c.threshold_permille then
     local reason = string.format('fast trip: %d transient failures (distinct recipients) in %d calls within %d ms',
       ft, fc, num(c.fast_trip_window_ms, 2000))
-    go(S, c, now, OPEN, reason, T, rand, tag)
+    trip_on_failures(reason)
   end
 end
 
@@ -178,6 +197,9 @@ for i = 1, n do
       local unwell = (wf > 0 and wf * 1000 >= wc * c.threshold_permille)
         or (fast_open() and num(S[F.fast_count]) >= 2)
       if not canary and not unwell then
+        -- A trip on failures within the window gives this episode's cuts back (give_back_outage_cut).
+        if now - num(S[F.adaptive_last_cut]) > c.window_ms then set(S, F.adaptive_before_cut, fmt(adaptive(S))) end
+        set(S, F.adaptive_last_cut, now)
         set(S, F.adaptive, fmt(math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))))
       end
       set(S, F.adaptive_cut_at, now)

@@ -42,6 +42,8 @@ local F = {
   rate_limit_streak = 'rl', paused_until = 'pu', pause_reason = 'pr', pause_kind = 'pk', tokens = 'tk',
   tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
   adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs', fast_calls = 'fc',
+  -- the share before a rate-limit episode's first cut, and when a 130429 last really cut it (record_outcomes.lua)
+  adaptive_before_cut = 'ab', adaptive_last_cut = 'ak',
   fast_keys = 'fk', throttle_probe = 'tq', late_tokens = 'lk', late_at = 'la', older_priority_waiting = 'hw',
   -- the fleet-wide waiting line of each class for sender tokens (admit_send.lua): when the next refused one comes back
   line_p = 'wp', line_h = 'wh', line_m = 'wm', line_r = 'wr',

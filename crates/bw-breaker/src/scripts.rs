@@ -177,6 +177,8 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
     ("no_usage_at", "nv"),
     ("adaptive", "ar"),
     ("adaptive_cut_at", "ad"),
+    ("adaptive_before_cut", "ab"),
+    ("adaptive_last_cut", "ak"),
     ("next_slot", "ns"),
     ("fast_count", "ft"),
     ("fast_since", "fs"),

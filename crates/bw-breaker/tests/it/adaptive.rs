@@ -161,6 +161,27 @@ async fn a_130429_during_an_outage_pauses_the_sender_but_does_not_cut_its_rate()
     assert_eq!(status.adaptive_share, 1.0, "a 130429 amid an outage's first 503s cut the rate: {status:?}");
 }
 
+/// A 130429 just before Meta starts failing the number's calls cuts the share (nothing showed an outage yet), but
+/// the trip on those failures gives the cut back: the answer came with the outage. Kept, the share stayed cut
+/// through the OPEN time and the backlog drained at a fraction of the rate after the close.
+#[tokio::test]
+async fn a_trip_on_failures_gives_back_the_cut_of_the_130429_just_before_it() {
+    let redis = bw_testkit::RedisServer::start();
+    let limits = ScopeLimits::default();
+    let b = breaker(&redis.url(), limits.clone()).await;
+    let scope = scope();
+    b.record(&scope, &outcomes(200, OutcomeKind::Success, false)).await;
+    b.record(&scope, &outcomes(1, throughput(), false)).await;
+    let status = b.status(&scope).await.expect("status");
+    assert_eq!(status.adaptive_share, limits.aimd_decrease, "no failure yet: the 130429 cuts");
+    assert_eq!(status.snapshot.state(), BreakerState::Closed, "{status:?}");
+    // Meta now fails calls to many recipients: a fast trip.
+    b.record(&scope, &outcomes(20, OutcomeKind::Transient, false)).await;
+    let status = b.status(&scope).await.expect("status");
+    assert_eq!(status.snapshot.state(), BreakerState::Open, "{status:?}");
+    assert_eq!(status.adaptive_share, 1.0, "the trip on failures gave the cut back: {status:?}");
+}
+
 #[tokio::test]
 async fn after_a_pause_sending_resumes_gradually() {
     let redis = bw_testkit::RedisServer::start();
