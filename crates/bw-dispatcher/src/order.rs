@@ -54,16 +54,22 @@ pub(crate) fn hold_ms(w: &Work) -> u64 {
     hold_after(w.order_polls, w.order_wait.as_ref().is_some_and(|o| o.released))
 }
 
+/// `base` doubled `doublings` times, at most `cap`: the back-off of every wait that grows each time a message
+/// comes back (order waits, their redeliveries, the priority gate's holds).
+pub(crate) fn doubled(base: u64, doublings: u32, cap: u64) -> u64 {
+    base.saturating_mul(1u64 << doublings.min(32)).min(cap)
+}
+
 /// The in-memory wait after `polls` earlier order_wait refusals (0 when the blocker was just removed).
 fn hold_after(polls: u8, released: bool) -> u64 {
-    if released { 0 } else { (ORDER_HOLD_MS << polls.min(8)).min(ORDER_HOLD_MAX_MS) }
+    if released { 0 } else { doubled(ORDER_HOLD_MS, polls.into(), ORDER_HOLD_MAX_MS) }
 }
 
 /// Delay of the redelivery of a message refused with order_wait: doubling per delivery of the message.
 pub(crate) fn redelivery_ms(w: &Work) -> u64 {
     let delivered = w.msg.info().map(|i| i.delivered).unwrap_or(1).clamp(1, 32) as u32;
     let cap = if w.order_wait.as_ref().is_some_and(|o| o.in_dlq) { REDELIVERY_CAP_DLQ_MS } else { REDELIVERY_CAP_MS };
-    REDELIVERY_BASE_MS.saturating_mul(1u64 << (delivered - 1).min(16)).min(cap)
+    doubled(REDELIVERY_BASE_MS, delivered - 1, cap)
 }
 
 /// The gate's operation id for a message (empty: not gated).
@@ -187,5 +193,13 @@ mod tests {
         });
         assert_eq!(polls.count(), 6);
         assert_eq!(hold_after(3, true), 0);
+    }
+
+    #[test]
+    fn a_doubled_wait_stops_at_its_cap_and_never_overflows() {
+        assert_eq!((0..5).map(|d| doubled(250, d, 5_000)).collect::<Vec<_>>(), [250, 500, 1_000, 2_000, 4_000]);
+        assert_eq!(doubled(250, 5, 5_000), 5_000);
+        assert_eq!(doubled(250, u32::MAX, 5_000), 5_000);
+        assert_eq!(doubled(u64::MAX / 2, 3, u64::MAX), u64::MAX);
     }
 }

@@ -198,7 +198,7 @@ impl Backlog {
 /// Redelivery delay of a marketing message the priority gate holds back at its `delivered`-th delivery: `base`
 /// doubled per earlier delivery, at most 8 × `base`.
 pub(crate) fn gated_hold_ms(base: u64, delivered: i64) -> u64 {
-    base.saturating_mul(1 << (delivered.max(1) - 1).min(3))
+    crate::order::doubled(base, (delivered.max(1) - 1).min(3) as u32, base.saturating_mul(8))
 }
 
 #[cfg(test)]
