@@ -1,5 +1,5 @@
 //! Capacity benchmark: what one message costs each component, measured on real processes, and what that
-//! means for a fleet (the capacity model in `docs/capacity.md` is written from this output).
+//! means for a fleet (the capacity model in `deploy/capacity.md` is written from this output).
 //!
 //! One run: nats-server (JetStream, monitoring on) and redis-server from bw-testkit, the Meta simulator in this
 //! process (limits off, status webhooks on: sent, delivered, read for every message, as Meta sends them), and
@@ -7,7 +7,8 @@
 //! through the NATS intake; the run ends when Meta accepted all of them and ingest has processed every status
 //! webhook. Counters are read before and after: CPU time per process (`/proc/<pid>/stat`), messages and bytes
 //! through nats-server (`/varz`), JetStream API requests (`/jsz`), messages stored per stream (each is one
-//! durable write, KV puts included), and commands Redis processed (`INFO stats`).
+//! durable write, KV puts included), and commands Redis processed (`INFO stats`, and per command from `INFO
+//! commandstats`: script calls are the round trips, fewer where calls share a pipeline).
 //!
 //! Special settings (said here, as the brief asks): the dispatcher's sender rate is raised to 500/s per number
 //! and the load spread over 20 numbers, so the compiled per-number rate (80 mps, Meta's default) does not cap
@@ -60,6 +61,9 @@ struct Counters {
     js_api: f64,
     stored: BTreeMap<String, f64>,
     redis_commands: f64,
+    /// Calls per Redis command (`INFO commandstats`): the scripts' calls (EVALSHA) are the round trips, the rest
+    /// ran inside them or were sent on their own.
+    redis_calls: BTreeMap<String, f64>,
 }
 
 async fn read_counters(
@@ -88,7 +92,17 @@ async fn read_counters(
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(redis).await.expect("redis info");
+    let redis_calls = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect();
     Counters {
+        redis_calls,
         cpu: pids.iter().map(|(name, pid)| (*name, cpu_s(*pid, ticks))).collect(),
         nats_in_msgs: num(&varz["in_msgs"]),
         nats_in_bytes: num(&varz["in_bytes"]),
@@ -230,6 +244,18 @@ async fn run(n: usize) {
     println!(
         "  Redis commands per message: {redis_per:.2} -> {:.0} commands/s at {FLEET_MPS:.0} msg/s",
         redis_per * FLEET_MPS
+    );
+    let mut calls: Vec<(f64, &String)> = after
+        .redis_calls
+        .iter()
+        .map(|(name, c)| (per(*c, before.redis_calls.get(name).copied().unwrap_or(0.0)), name))
+        .filter(|(c, _)| *c > 0.005)
+        .collect();
+    calls.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let scripts: f64 = calls.iter().filter(|(_, n)| matches!(n.as_str(), "evalsha" | "eval")).map(|(c, _)| c).sum();
+    println!(
+        "  Redis script calls per message (the round trips, fewer where calls share a pipeline): {scripts:.2}; calls per message by command: {}",
+        calls.iter().map(|(c, n)| format!("{n} {c:.2}")).collect::<Vec<_>>().join(", ")
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

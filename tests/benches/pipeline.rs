@@ -3,7 +3,11 @@
 //! - a naive direct-send baseline (HTTP POSTs straight to the simulator, no durability, no breaker),
 //! - end-to-end throughput through one and two dispatcher instances (JetStream → ledger → breaker admission
 //!   → Meta simulator → ledger → ack), with the simulator's limits disabled,
-//! - the latency the pipeline adds at a steady pace (p50/p99), next to the direct-send latency.
+//! - the latency the pipeline adds at a steady pace (p50/p99), next to the direct-send latency,
+//! - many scopes: the same backlog over 4 senders and over 200 (round robin, so each fetched batch of 256 holds
+//!   messages of up to 200 senders, about one each), one dispatcher: msg/s and admissions per Redis script call.
+//!   Admission and outcome recording are one script call per sender per batch (a scope's keys share one hash
+//!   slot, so on Redis Cluster one call cannot span senders), so spreading a batch over many senders costs calls.
 //!
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count).
 
@@ -56,6 +60,45 @@ async fn pipeline(n: usize, dispatchers: usize) -> f64 {
     let took = started.elapsed();
     assert!(done, "pipeline finished");
     n as f64 / took.as_secs_f64()
+}
+
+/// Script calls (EVALSHA) Redis has run so far (`INFO commandstats`).
+async fn script_calls(redis_url: &str) -> f64 {
+    let client = redis::Client::open(redis_url).expect("redis url");
+    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.expect("redis info");
+    stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .filter_map(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
+/// The backlog of `n` messages spread round robin over `senders` numbers, one dispatcher: msg/s, and messages
+/// admitted per Redis script call (every message is admitted once: the limits are off).
+async fn spread(n: usize, senders: usize) -> (f64, f64) {
+    let mut h = Harness::start(unlimited_sim()).await;
+    let phones: Vec<String> = (0..senders).map(|s| format!("10654035{:07}", 2_250_000 + s)).collect();
+    let now = bw_common::time::now_ms();
+    let requests: Vec<SendRequest> = (0..n)
+        .map(|i| {
+            let mut r = bw_e2e::order(&phones[i % senders], &format!("s{senders}-{i:07}"), i);
+            r.accepted_at_unix_ms = now;
+            r
+        })
+        .collect();
+    h.preload(&requests).await;
+    let before = script_calls(&h.redis.url()).await;
+    let started = Instant::now();
+    h.start_dispatcher(&dispatcher_overrides()).await;
+    let done =
+        bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 })
+            .await;
+    let took = started.elapsed();
+    assert!(done, "spread over {senders} senders finished");
+    let calls = script_calls(&h.redis.url()).await - before;
+    (n as f64 / took.as_secs_f64(), n as f64 / calls.max(1.0))
 }
 
 async fn raw_jetstream(n: usize) -> f64 {
@@ -210,6 +253,8 @@ fn main() {
         let one = pipeline(n, 1).await;
         let two = pipeline(n, 2).await;
         let ((p50, p99), (d50, d99)) = latency(500.0, 6.0).await;
+        let (few, few_per_call) = spread(n, 4).await;
+        let (many, many_per_call) = spread(n, 200).await;
         println!("pipeline benchmark, {n} messages (raw JetStream: {} messages), one run, this machine", n * 5);
         println!("  raw JetStream consume+ack     {raw:>10.0} msg/s");
         println!("  naive direct send (no queue)  {direct:>10.0} msg/s");
@@ -217,5 +262,7 @@ fn main() {
         println!("  pipeline, 2 dispatchers       {two:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2}x one", two / raw, two / direct, two / one);
         println!("  latency at 500 msg/s: pipeline publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; direct POST p50 {d50:.1} ms p99 {d99:.1} ms");
         println!("  latency the pipeline adds: p50 {:.1} ms, p99 {:.1} ms", p50 - d50, p99 - d99);
+        println!("  4 senders, 1 dispatcher       {few:>10.0} msg/s   {few_per_call:.1} messages per Redis script call");
+        println!("  200 senders, 1 dispatcher     {many:>10.0} msg/s   {many_per_call:.2} messages per Redis script call = {:.2}x the msg/s of 4 senders", many / few);
     });
 }

@@ -87,6 +87,14 @@ async fn unreachable_redis_falls_back_to_a_conservative_local_breaker_and_recove
     assert!(a.degraded);
     let allowed = a.decisions.iter().filter(|d| matches!(d, Decision::Allow { .. })).count();
     assert_eq!(allowed as f64, cfg.fallback_burst);
+    // The refused ones are asked about again once Redis is tried again, not queued behind each other at the
+    // fallback's rate (the last of 100 would wait 19 s, and stay stranded after Redis answered again).
+    for d in &a.decisions {
+        if let Decision::Deny { reason, retry_after_ms } = d {
+            assert_eq!(*reason, DenyReason::SenderRate, "{a:?}");
+            assert!(*retry_after_ms <= cfg.redis_retry_after_ms, "{d:?} waits past the next try of Redis");
+        }
+    }
     let a = breaker.admit(&fresh, &items(1, TrafficClass::Replay)).await;
     assert!(matches!(a.decisions[0], Decision::Deny { reason: DenyReason::Degraded, .. }));
     // The local breaker trips on failures.
