@@ -1259,3 +1259,29 @@ fn parse_status(scope: &Scope, value: redis::Value) -> Parsed<(ScopeStatus, Vec<
     };
     Ok((status, transitions))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A timeout while other calls are being answered is congestion: Redis is not marked down. A timeout after
+    /// nothing answered for the whole command timeout, or a connection error, marks it down.
+    #[tokio::test]
+    async fn only_a_timeout_with_no_answer_for_the_whole_timeout_marks_redis_down() {
+        let redis = bw_testkit::RedisServer::start();
+        let conn = bw_common::redis_conn::connect(&redis.url(), Duration::from_millis(500), Duration::from_secs(5))
+            .await
+            .expect("redis connects");
+        let breaker = Breaker::new(Some(conn), None, BreakerConfig::default());
+        let scope = Scope::new("111", "222");
+        let answered = breaker.admit(&scope, &[]).await;
+        assert!(!answered.degraded, "{answered:?}");
+        let timeout = BreakerError::Timeout { script: "claim_late", timeout_ms: breaker.config().command_timeout_ms };
+        breaker.mark_down("admit", &timeout);
+        assert!(!breaker.redis_skipped(), "a call answered just now: congestion, Redis stays in use");
+        let stale = bw_common::time::now_ms() - breaker.config().command_timeout_ms as i64 - 1;
+        breaker.inner.redis_answered_at.store(stale, Ordering::Relaxed);
+        breaker.mark_down("admit", &timeout);
+        assert!(breaker.redis_skipped(), "nothing answered for the whole timeout: Redis counts as down");
+    }
+}
