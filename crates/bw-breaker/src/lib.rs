@@ -863,19 +863,7 @@ impl Breaker {
                 let last = self.last_known(scope);
                 // Without Redis the order sets cannot be read: the fallback's bounded rate applies to every message
                 // (sending goes on, slowly), and order is not kept until Redis answers again.
-                let mut admission = lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items);
-                // A refusal for want of the fallback's tokens comes back once Redis is tried again: Redis, not the
-                // fallback's queue at 5 msg/s (51 s for the last of a batch of 256), decides about it then. The
-                // queue's waits stranded a dispatcher's whole in-flight window for up to a minute after Redis
-                // answered again (a burst of calls that queued past the command timeout: the pipeline bench went
-                // from about 1,000 msg/s to 20-65 msg/s). While Redis stays down the fallback's bucket still
-                // bounds the rate; the refused messages are only asked about again, every redis_retry_after_ms.
-                for d in &mut admission.decisions {
-                    if let Decision::Deny { reason: DenyReason::SenderRate | DenyReason::Reserve, retry_after_ms } = d {
-                        *retry_after_ms = (*retry_after_ms).min(self.inner.cfg.redis_retry_after_ms.max(1));
-                    }
-                }
-                admission
+                lock(&self.inner.local).admit(&self.inner.cfg, &scope.index_member(), last, items)
             }
         }
     }

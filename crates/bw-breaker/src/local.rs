@@ -105,8 +105,16 @@ impl LocalBreakers {
             s.pairs.retain(|_, until| *until > now);
         }
         let reserve = cfg.fallback_burst * cfg.defaults.reserve_fraction;
-        let retry = |need: f64, have: f64| ((need - have).max(0.0) * 1000.0 / cfg.fallback_rate_per_s).ceil() as u64;
-        // Refusals for want of tokens queue up: the n-th is told to wait for n more tokens (as the script does).
+        // Refusals for want of tokens queue up: the n-th is told to wait for n more tokens (as the script does),
+        // but at most until Redis is tried again: Redis, not this queue at 5 msg/s (51 s for the last of a batch
+        // of 256), decides about them then. The queue's waits stranded a dispatcher's whole in-flight window for
+        // up to a minute after Redis answered again (a burst of calls that queued past the command timeout: the
+        // pipeline bench went from about 1,000 msg/s to 20-65 msg/s). While Redis stays down this bucket still
+        // bounds the rate; the refused messages are only asked about again, every redis_retry_after_ms.
+        let retry = |need: f64, have: f64| {
+            (((need - have).max(0.0) * 1000.0 / cfg.fallback_rate_per_s).ceil() as u64)
+                .min(cfg.redis_retry_after_ms.max(1))
+        };
         let mut queued = 0.0;
         let decisions = items
             .iter()
