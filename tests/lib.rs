@@ -54,6 +54,22 @@ pub fn dispatcher_process(nats_url: &str, redis_url: &str, meta_url: &str, token
     ]
 }
 
+/// Calls per Redis command so far (`INFO commandstats`: `cmdstat_<name>:calls=N,...`); a script's calls are
+/// under `evalsha`, the commands it ran under their own names. The benches diff two readings.
+pub async fn redis_command_calls(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> std::collections::BTreeMap<String, f64> {
+    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(conn).await.expect("redis info");
+    stats
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
+}
+
 /// Offers `n` items evenly spaced `gap` apart from now (a producer at a steady rate): `offer(i)` runs at its
 /// time on a task of its own. Returns once every task is done, with the time the last was offered (unix ms).
 pub async fn paced<F, Fut>(n: usize, gap: Duration, offer: F) -> u64

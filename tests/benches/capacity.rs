@@ -92,15 +92,7 @@ async fn read_counters(
         .find_map(|l| l.strip_prefix("total_commands_processed:"))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0);
-    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(redis).await.expect("redis info");
-    let redis_calls = stats
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?.parse().ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect();
+    let redis_calls = bw_e2e::redis_command_calls(redis).await;
     Counters {
         redis_calls,
         cpu: pids.iter().map(|(name, pid)| (*name, cpu_s(*pid, ticks))).collect(),

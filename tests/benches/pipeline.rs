@@ -46,10 +46,15 @@ fn dispatcher_overrides() -> Vec<(&'static str, String)> {
     ]
 }
 
-async fn pipeline(n: usize, dispatchers: usize) -> f64 {
+/// The backlog `requests` preloaded, then `dispatchers` dispatchers started: msg/s until Meta accepted all of
+/// them, and messages per Redis script call (each message is admitted once: the limits are off).
+async fn drain(requests: &[SendRequest], dispatchers: usize) -> (f64, f64) {
+    let n = requests.len();
     let mut h = Harness::start(unlimited_sim()).await;
-    let tag = format!("p{dispatchers}");
-    h.preload(&(0..n).map(|i| request(i, &tag)).collect::<Vec<_>>()).await;
+    h.preload(requests).await;
+    let mut redis =
+        redis::Client::open(h.redis.url()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
+    let before = script_calls(&mut redis).await;
     let started = Instant::now();
     for _ in 0..dispatchers {
         h.start_dispatcher(&dispatcher_overrides()).await;
@@ -58,27 +63,24 @@ async fn pipeline(n: usize, dispatchers: usize) -> f64 {
         bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 })
             .await;
     let took = started.elapsed();
-    assert!(done, "pipeline finished");
-    n as f64 / took.as_secs_f64()
+    assert!(done, "the backlog of {n} over {dispatchers} dispatcher(s) finished");
+    let calls = script_calls(&mut redis).await - before;
+    (n as f64 / took.as_secs_f64(), n as f64 / calls.max(1.0))
 }
 
-/// Script calls (EVALSHA) Redis has run so far (`INFO commandstats`).
-async fn script_calls(redis_url: &str) -> f64 {
-    let client = redis::Client::open(redis_url).expect("redis url");
-    let mut conn = client.get_multiplexed_async_connection().await.expect("redis");
-    let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await.expect("redis info");
-    stats
-        .lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-        .filter_map(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .filter_map(|v| v.parse::<f64>().ok())
-        .sum()
+async fn pipeline(n: usize, dispatchers: usize) -> f64 {
+    let tag = format!("p{dispatchers}");
+    drain(&(0..n).map(|i| request(i, &tag)).collect::<Vec<_>>(), dispatchers).await.0
+}
+
+/// Script calls (EVALSHA) Redis has run so far.
+async fn script_calls(redis: &mut redis::aio::MultiplexedConnection) -> f64 {
+    bw_e2e::redis_command_calls(redis).await.get("evalsha").copied().unwrap_or(0.0)
 }
 
 /// The backlog of `n` messages spread round robin over `senders` numbers, one dispatcher: msg/s, and messages
-/// admitted per Redis script call (every message is admitted once: the limits are off).
+/// admitted per Redis script call.
 async fn spread(n: usize, senders: usize) -> (f64, f64) {
-    let mut h = Harness::start(unlimited_sim()).await;
     let phones: Vec<String> = (0..senders).map(|s| format!("10654035{:07}", 2_250_000 + s)).collect();
     let now = bw_common::time::now_ms();
     let requests: Vec<SendRequest> = (0..n)
@@ -88,17 +90,7 @@ async fn spread(n: usize, senders: usize) -> (f64, f64) {
             r
         })
         .collect();
-    h.preload(&requests).await;
-    let before = script_calls(&h.redis.url()).await;
-    let started = Instant::now();
-    h.start_dispatcher(&dispatcher_overrides()).await;
-    let done =
-        bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 })
-            .await;
-    let took = started.elapsed();
-    assert!(done, "spread over {senders} senders finished");
-    let calls = script_calls(&h.redis.url()).await - before;
-    (n as f64 / took.as_secs_f64(), n as f64 / calls.max(1.0))
+    drain(&requests, 1).await
 }
 
 async fn raw_jetstream(n: usize) -> f64 {
