@@ -187,6 +187,66 @@ async fn a_promotion_waits_while_its_sender_has_a_priority_message_in_the_dlq() 
     assert!(at("otp-dlq") < at("promo-held"), "the dead-lettered OTP went before the promotion");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_waiting_in_memory_for_tokens_is_held_once_a_priority_message_reaches_the_dlq() {
+    let mut h = Harness::start(SimConfig::default()).await;
+    // One token a second and no reserve: every promotion after the first is refused for tokens and waits in
+    // the dispatcher's memory for its turn (hold_max_ms raised from 1 s so that three of them do; the gate
+    // itself runs at its compiled defaults: 250 ms backlog refresh, 500 ms hold).
+    let limits = [("rate_per_s", "1"), ("burst", "1"), ("reserve_fraction", "0"), ("pair_burst", "1000")];
+    let under = |prefix: &str| -> Vec<(String, String)> {
+        limits.iter().map(|(k, v)| (format!("{prefix}.{k}"), v.to_string())).collect()
+    };
+    let mut dispatcher = under("breaker.defaults");
+    dispatcher.push(("dispatch.hold_max_ms".into(), "4000".into()));
+    dispatcher.push(("dispatch.ack_wait_ms".into(), "30000".into()));
+    h.start_ingest(&[]).await;
+    h.start_coordinator(&pairs(&under("limits.default"))).await;
+    h.start_dispatcher(&pairs(&dispatcher)).await;
+    let promos = submit_all(&h, "promo-wait", 0, 5, Category::Marketing).await;
+    let sent = |oracle: &bw_meta_sim::OracleSnapshot| -> Vec<String> {
+        promos.iter().filter(|op| oracle.get(op).is_some()).cloned().collect()
+    };
+    assert!(bw_testkit::wait_until(WAIT, || async { !sent(&h.sim.oracle()).is_empty() }).await, "one promotion went");
+
+    // A priority message reaches the DLQ while the others wait in memory for their tokens.
+    let otp = request("otp-while-waiting", 9, Category::Authentication);
+    put_in_dlq(&h, &otp).await;
+    let before: Vec<String> = sent(&h.sim.oracle());
+    let waiting: Vec<String> = promos.iter().filter(|op| !before.contains(op)).cloned().collect();
+    // One goes at once and the next a second later: at least three were still waiting (two of them in memory)
+    // unless this step took over two seconds.
+    assert!(waiting.len() >= 3, "promotions still waiting when the OTP was dead-lettered: {waiting:?}");
+    // The next one's turn comes; the gate sends it back to the broker (a redelivery) instead of to Meta.
+    let redelivered = bw_testkit::wait_until(WAIT, || async {
+        let Ok(stream) = h.js.get_stream(names::SEND_STREAM).await else { return false };
+        let Ok(mut consumer) = stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(names::Lane::Low.dispatcher_consumer())
+            .await
+        else {
+            return false;
+        };
+        consumer.info().await.map(|i| i.delivered.consumer_sequence > promos.len() as u64).unwrap_or(false)
+    })
+    .await;
+    assert!(redelivered, "a waiting promotion came back through the broker");
+    let oracle = h.sim.oracle();
+    let early: Vec<&String> = waiting.iter().filter(|op| oracle.get(op).is_some()).collect();
+    assert!(early.is_empty(), "sent while a priority message waited in the DLQ: {early:?}");
+
+    // Replay takes the OTP out of the DLQ: it goes before every promotion that was waiting.
+    h.start_replay(&[]).await;
+    let mut all = waiting.clone();
+    all.push(otp.operation_id.clone());
+    assert!(h.wait_all(&all, &SENT, Duration::from_secs(60)).await, "everything went after the replay");
+    let oracle = h.sim.oracle();
+    let at = |op: &str| oracle.get(op).map(|e| e.first_accepted_ms).expect("accepted");
+    for op in &waiting {
+        assert!(at(&otp.operation_id) < at(op), "the dead-lettered OTP went before {op}");
+        assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted exactly once");
+    }
+}
+
 /// Puts `r` in the DLQ as the dispatcher does: ledger DLQ, then the envelope on the priority class subject.
 async fn put_in_dlq(h: &Harness, r: &SendRequest) {
     let entry = bw_common::ledger::entry_for(r, OperationState::Dlq);

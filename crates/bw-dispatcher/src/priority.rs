@@ -9,7 +9,10 @@
 //!    by class.
 //! 2. **The priority gate.** A marketing message (`lo` or `rp`) of a sender that has a priority backlog — priority
 //!    entries in the DLQ (`bw.dlq.v1.p.<phone>`) or priority replays still in BW_SEND (`rh` lane, including
-//!    ones being dispatched) — is held back: a delayed redelivery, not the DLQ, ledger unchanged. The delay is
+//!    ones being dispatched) — is held back: a delayed redelivery, not the DLQ, ledger unchanged. The gate
+//!    looks when a message is fetched and again each time a message waiting in memory for its slot goes back to
+//!    admission: a promotion refused for tokens just before its sender's outage otherwise went as the HALF_OPEN
+//!    canary, ahead of every priority message that outage dead-lettered. The delay is
 //!    `priority_hold_ms` at the first delivery and doubles with each one up to 8 × ([`gated_hold_ms`]): a
 //!    promotion behind a 20 s priority backlog comes back 7 times instead of 40 (at a fixed 500 ms the drill's
 //!    dispatchers redelivered 1,700 held promotions a second, the broker's largest load after the outage).

@@ -276,6 +276,9 @@ impl Worker {
                             h.work
                         })
                         .collect();
+                    // The priority gate again: a promotion held here since before its sender's outage must not
+                    // go as a HALF_OPEN canary (or after the close) while that outage's priority messages wait.
+                    let works = self.priority_gate(works, &mut f).await;
                     self.admit_round(works, &mut f).await;
                 }
                 _ = self.shutdown.cancelled(), if !f.held.is_empty() => {
