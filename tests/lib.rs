@@ -114,6 +114,8 @@ pub struct Harness {
     pub ledger: Ledger,
     /// Where ingest serves HTTP (intake and Meta webhooks).
     pub ingest_http: String,
+    /// `nats.ledger_partitions` of the harness and of every service it starts.
+    pub ledger_partitions: usize,
     instances: Vec<Instance>,
 }
 
@@ -124,7 +126,13 @@ fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
 
 impl Harness {
     /// Starts servers and the simulator (its webhooks aimed at the ingest HTTP address reserved here).
-    pub async fn start(mut sim_cfg: bw_meta_sim::SimConfig) -> Harness {
+    pub async fn start(sim_cfg: bw_meta_sim::SimConfig) -> Harness {
+        Harness::start_partitioned(sim_cfg, 1).await
+    }
+
+    /// Like [`Harness::start`], with the ledger split into `ledger_partitions` buckets for the harness and
+    /// every service it starts.
+    pub async fn start_partitioned(mut sim_cfg: bw_meta_sim::SimConfig, ledger_partitions: usize) -> Harness {
         bw_common::service::install_crypto();
         let nats = NatsServer::start();
         let redis = RedisServer::start();
@@ -138,16 +146,24 @@ impl Harness {
         let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
         let client = async_nats::connect(nats.url()).await.expect("nats connects");
         let js = async_nats::jetstream::new(client.clone());
-        let nats_cfg = bw_common::config::NatsConfig::single(nats.url(), "bw-e2e");
+        let mut nats_cfg = bw_common::config::NatsConfig::single(nats.url(), "bw-e2e");
+        nats_cfg.ledger_partitions = ledger_partitions;
         let buckets = bw_common::nats::ensure_topology(&js, &nats_cfg).await.expect("topology");
         let ledger = Ledger::new(&buckets);
-        Harness { nats, redis, sim, client, js, buckets, ledger, ingest_http, instances: Vec::new() }
+        Harness { nats, redis, sim, client, js, buckets, ledger, ingest_http, ledger_partitions, instances: Vec::new() }
     }
 
-    /// Connections of a service: the harness's NATS, and Redis as the service's own loaded config says (the
-    /// harness's single node unless a test points it elsewhere, e.g. at a Redis Cluster).
-    async fn deps(&self, service: &str, redis: Option<&bw_common::config::RedisConfig>) -> Deps {
-        let nats_cfg = bw_common::config::NatsConfig::single(self.nats.url(), format!("e2e-{service}"));
+    /// Connections of a service: the harness's NATS with the ledger partitions of the service's own loaded config,
+    /// and Redis as that config says (the harness's single node unless a test points it elsewhere, e.g. at a
+    /// Redis Cluster).
+    async fn deps(
+        &self,
+        service: &str,
+        nats: &bw_common::config::NatsConfig,
+        redis: Option<&bw_common::config::RedisConfig>,
+    ) -> Deps {
+        let mut nats_cfg = bw_common::config::NatsConfig::single(self.nats.url(), format!("e2e-{service}"));
+        nats_cfg.ledger_partitions = nats.ledger_partitions;
         Deps::connect(service, &nats_cfg, redis, Duration::from_secs(10)).await.expect("deps connect")
     }
 
@@ -156,6 +172,7 @@ impl Harness {
         let listen = if self.instances.is_empty() { self.ingest_http.clone() } else { "127.0.0.1:0".into() };
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
+            ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("http.listen", listen),
@@ -168,7 +185,7 @@ impl Harness {
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
         // The order sets live in Redis (the compiled default keeps order for every category but authentication).
         let redis = bw_common::service::ServiceConfig::redis(&cfg).cloned();
-        let deps = self.deps("ingest", redis.as_ref()).await;
+        let deps = self.deps("ingest", bw_common::service::ServiceConfig::nats(&cfg), redis.as_ref()).await;
         let health = deps.health.clone();
         let index = self.keep(|token| tokio::spawn(bw_ingest::run(cfg, deps, token)));
         // Ready means subscribed: the first request of a test never meets "no responders", however slow the
@@ -182,6 +199,7 @@ impl Harness {
     pub async fn start_dispatcher(&mut self, overrides: &[(&str, String)]) -> usize {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
+            ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("meta.base_url", self.sim.base_url()),
@@ -194,7 +212,7 @@ impl Harness {
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
-        let deps = self.deps("dispatcher", Some(&cfg.redis)).await;
+        let deps = self.deps("dispatcher", bw_common::service::ServiceConfig::nats(&cfg), Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
     }
 
@@ -203,13 +221,14 @@ impl Harness {
     pub async fn start_dispatcher_at_defaults(&mut self) -> usize {
         let pairs = [
             ("nats.url", self.nats.url()),
+            ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("meta.base_url", self.sim.base_url()),
             ("meta.access_token", ACCESS_TOKEN.to_string()),
         ];
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
-        let deps = self.deps("dispatcher", Some(&cfg.redis)).await;
+        let deps = self.deps("dispatcher", bw_common::service::ServiceConfig::nats(&cfg), Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
     }
 
@@ -217,6 +236,7 @@ impl Harness {
     pub async fn start_replay(&mut self, overrides: &[(&str, String)]) -> usize {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
+            ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("replay.soak_ms", "0".to_string()),
             ("replay.idle_ms", "100".to_string()),
@@ -225,7 +245,7 @@ impl Harness {
         let cfg: bw_replay::Config =
             bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
                 .expect("replay config");
-        let deps = self.deps("replay", None).await;
+        let deps = self.deps("replay", bw_common::service::ServiceConfig::nats(&cfg), None).await;
         self.keep(|token| tokio::spawn(bw_replay::run(cfg, deps, token)))
     }
 
@@ -233,6 +253,7 @@ impl Harness {
     pub async fn start_coordinator(&mut self, overrides: &[(&str, String)]) -> usize {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
+            ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("coordinator.tick_ms", "100".to_string()),
@@ -242,7 +263,8 @@ impl Harness {
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_breaker_coordinator::Config::load(None, &env_for("breaker-coordinator", &pairs))
             .expect("coordinator config");
-        let deps = self.deps("breaker-coordinator", Some(&cfg.redis)).await;
+        let deps =
+            self.deps("breaker-coordinator", bw_common::service::ServiceConfig::nats(&cfg), Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_breaker_coordinator::run(cfg, deps, token)))
     }
 

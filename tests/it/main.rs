@@ -9,6 +9,7 @@ mod fuzz;
 mod incident;
 mod order;
 mod outage;
+mod partitions;
 mod permissions;
 mod priority;
 mod redaction;

@@ -39,12 +39,16 @@ fn password(user: &str) -> String {
 
 /// nats-server with deploy/nats/accounts.conf and a password for every user it names.
 fn server() -> NatsServer {
-    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf");
+    server_with(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf"))
+}
+
+/// nats-server with the accounts file `conf` and a password for every user it names.
+fn server_with(conf: &Path) -> NatsServer {
     let mut envs: Vec<(&str, String)> = SERVICES.iter().map(|(user, var)| (*var, password(user))).collect();
     envs.push(("BW_NATS_OPERATOR_PASSWORD", password("operator")));
     envs.push(("BW_NATS_PRODUCER_PASSWORD", password("producer-crm")));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    NatsServer::start_with_config(&conf, &envs)
+    NatsServer::start_with_config(conf, &envs)
 }
 
 fn url_of(server: &NatsServer, user: &str) -> String {
@@ -63,11 +67,22 @@ fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
 
 /// Connections of `user` the way a service makes them (Deps::connect ensures the topology as that user).
 async fn deps_as(server: &NatsServer, user: &str, redis: Option<&bw_common::config::RedisConfig>) -> Deps {
+    deps_partitioned(server, user, redis, 1).await
+}
+
+/// Like [`deps_as`], with the ledger in `ledger_partitions` partitions.
+async fn deps_partitioned(
+    server: &NatsServer,
+    user: &str,
+    redis: Option<&bw_common::config::RedisConfig>,
+    ledger_partitions: usize,
+) -> Deps {
     let cfg = NatsConfig {
         url: url_of(server, user),
         name: format!("test-{user}"),
         inbox_prefix: format!("_INBOX_{user}"),
         replicas: 1,
+        ledger_partitions,
         limits: Default::default(),
     };
     let mut deps = Deps::connect(user, &cfg, redis, Duration::from_secs(10)).await.expect("connects as its user");
@@ -443,9 +458,9 @@ async fn services_and_operator_as_their_users() {
     assert!(logged_violation(&nats, "dispatcher", "\"_INBOX.>\"").await);
     // Alerting cannot read or write the ledger (recipients, bodies).
     let alerting = deps_as(&nats, "alerting", None).await;
-    assert!(alerting.buckets.ledger.get("perm-live-1").await.is_err(), "alerting read the ledger");
+    assert!(alerting.buckets.ledger[0].get("perm-live-1").await.is_err(), "alerting read the ledger");
     assert!(logged_violation(&nats, "alerting", "$JS.API.DIRECT.GET.KV_BW_LEDGER").await);
-    assert!(alerting.buckets.ledger.put("perm-live-1", "x".into()).await.is_err(), "alerting wrote the ledger");
+    assert!(alerting.buckets.ledger[0].put("perm-live-1", "x".into()).await.is_err(), "alerting wrote the ledger");
     assert!(logged_violation(&nats, "alerting", "$KV.BW_LEDGER.perm-live-1").await);
     // Replay cannot put anything on the live lanes, only on the replay lanes.
     let replay = deps_as(&nats, "replay", None).await;
@@ -482,4 +497,50 @@ async fn each_service_user_alone_creates_the_shared_topology() {
         }
         assert!(violations(&nats).is_empty(), "{user}: {:?}", violations(&nats));
     }
+}
+
+/// A ledger in two partitions under `scripts/nats-accounts.sh 2`: every service user ensures the topology with
+/// `nats.ledger_partitions = 2`, the ledger's users (ingest, dispatcher, replay) write and read an operation of
+/// the second partition, ingest's feed publisher consumes that partition's stream, the operator's bwctl reads
+/// both, and the server logs no violation; alerting still may not read the ledger, in either partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partition() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nats-accounts.sh");
+    let generated = std::process::Command::new("bash").arg(&script).arg("2").output().expect("script runs");
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let conf = std::env::temp_dir().join(format!("bw-accounts-2-{}.conf", bw_testkit::free_port()));
+    std::fs::write(&conf, &generated.stdout).expect("conf written");
+    let nats = server_with(&conf);
+    let _ = std::fs::remove_file(&conf);
+
+    // An operation id of the second partition.
+    let op = (0..).map(|i| format!("perm-part-{i}")).find(|op| names::ledger_partition(op, 2) == 1).expect("id");
+    for (user, _) in SERVICES {
+        let deps = deps_partitioned(&nats, user, None, 2).await;
+        assert_eq!(deps.buckets.ledger.len(), 2, "{user} opened both partitions");
+        if matches!(user, "ingest" | "dispatcher" | "replay") {
+            let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+            let request = bw_e2e::order(PHONE, &op, 1);
+            ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Queued)).await.expect("create");
+            assert!(ledger.get(&op).await.expect("read").is_some(), "{user} reads the second partition");
+        }
+        if user == "ingest" {
+            // The feed publisher's durable consumer on the second partition's stream.
+            let stream = deps.js.get_stream("KV_BW_LEDGER_1").await.expect("stream info");
+            let config = async_nats::jetstream::consumer::pull::Config {
+                durable_name: Some("feed-publisher".into()),
+                ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+                ..Default::default()
+            };
+            stream.get_or_create_consumer("feed-publisher", config).await.expect("feed consumer on partition 1");
+        }
+    }
+    let operator = bw_cli::connect(&url_of(&nats, "operator")).await.expect("bwctl connects as the operator");
+    assert_eq!(operator.buckets.ledger.len(), 2, "bwctl found both partitions");
+    let entries = bw_ops::account::ledger_entries(&operator.js, &operator.buckets).await.expect("operator reads");
+    assert!(entries.iter().any(|e| e.operation_id == op), "the operator reads the second partition");
+    assert_eq!(violations(&nats), Vec::<String>::new(), "no permissions violation");
+
+    let alerting = deps_partitioned(&nats, "alerting", None, 2).await;
+    assert!(alerting.buckets.ledger[1].get(&op).await.is_err(), "alerting read the second partition");
 }

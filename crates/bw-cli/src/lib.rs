@@ -243,19 +243,28 @@ pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
     let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
     let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
     let js = jetstream::new(client);
-    let open = |name: &'static str| {
+    let open = |name: String| {
         let js = js.clone();
         async move {
-            js.get_key_value(name)
+            js.get_key_value(&name)
                 .await
                 .with_context(|| format!("kv bucket `{name}` not found; is Breakwater running?"))
         }
     };
+    // Every ledger partition: partition 0 records how many there are.
+    let first = open(names::ledger_bucket(0)).await?;
+    let partitions = bw_common::nats::ledger_partitions_of(&first).with_context(|| {
+        format!("kv bucket `{}` does not say how many ledger partitions exist", names::LEDGER_BUCKET)
+    })?;
+    let mut ledger = vec![first];
+    for partition in 1..partitions {
+        ledger.push(open(names::ledger_bucket(partition)).await?);
+    }
     let buckets = Buckets {
-        ledger: open(names::LEDGER_BUCKET).await?,
-        wamid: open(names::WAMID_BUCKET).await?,
-        scopes: open(names::SCOPES_BUCKET).await?,
-        webhook_dedup: open(names::WEBHOOK_DEDUP_BUCKET).await?,
+        ledger,
+        wamid: open(names::WAMID_BUCKET.into()).await?,
+        scopes: open(names::SCOPES_BUCKET.into()).await?,
+        webhook_dedup: open(names::WEBHOOK_DEDUP_BUCKET.into()).await?,
     };
     Ok(Conn { js, buckets })
 }

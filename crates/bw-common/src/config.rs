@@ -163,6 +163,12 @@ pub struct NatsConfig {
     /// Stream replicas when creating streams (1 locally, 3 on a cluster).
     #[serde(default = "one")]
     pub replicas: usize,
+    /// Ledger partitions (`BW_LEDGER`, `BW_LEDGER_1`, …, by operation id): each is its own stream, so on a
+    /// cluster their leaders (and the ledger's write load) spread over the nodes. Fixed when the ledger is first
+    /// created: every service must be given that number, and one that is not refuses to start
+    /// ([`crate::nats::ensure_topology`]). 1 on one machine.
+    #[serde(default = "one")]
+    pub ledger_partitions: usize,
     /// Stream limits used when the streams are first created.
     #[serde(default)]
     pub limits: StreamLimits,
@@ -177,6 +183,7 @@ impl NatsConfig {
             name: name.into(),
             inbox_prefix: String::new(),
             replicas: 1,
+            ledger_partitions: 1,
             limits: StreamLimits::default(),
         }
     }

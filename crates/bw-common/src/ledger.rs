@@ -1,4 +1,5 @@
-//! The durable operation ledger: one JetStream KV entry per accepted operation (bucket BW_LEDGER).
+//! The durable operation ledger: one JetStream KV entry per accepted operation (bucket BW_LEDGER, or one bucket
+//! per partition with `nats.ledger_partitions` > 1: `BW_LEDGER`, `BW_LEDGER_1`, …, by operation id).
 //!
 //! It is the single source of truth for "where is operation X" and for idempotency: an operation that Meta
 //! accepted is never sent again. Every write is a compare-and-set on the entry's revision, and
@@ -88,19 +89,26 @@ pub fn entry_for(request: &SendRequest, state: OperationState) -> LedgerEntry {
 /// Handle to the ledger buckets. Cheap to clone.
 #[derive(Clone)]
 pub struct Ledger {
-    store: kv::Store,
+    /// One bucket per partition ([`crate::names::ledger_partition`]).
+    stores: std::sync::Arc<[kv::Store]>,
     wamid: kv::Store,
 }
 
 impl Ledger {
     /// Wraps the buckets opened by [`crate::nats::ensure_topology`].
     pub fn new(buckets: &Buckets) -> Ledger {
-        Ledger { store: buckets.ledger.clone(), wamid: buckets.wamid.clone() }
+        Ledger { stores: buckets.ledger.clone().into(), wamid: buckets.wamid.clone() }
+    }
+
+    /// The bucket of the partition holding `operation_id`.
+    fn store(&self, operation_id: &str) -> &kv::Store {
+        &self.stores[crate::names::ledger_partition(operation_id, self.stores.len())]
     }
 
     /// Reads an entry.
     pub async fn get(&self, operation_id: &str) -> Result<Option<Versioned>, LedgerError> {
-        let entry = self.store.entry(operation_id).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        let entry =
+            self.store(operation_id).entry(operation_id).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
         match entry {
             Some(e) if e.operation == kv::Operation::Put => {
                 let decoded = LedgerEntry::decode(e.value.as_ref())
@@ -114,7 +122,7 @@ impl Ledger {
     /// Creates the entry of a newly accepted operation. Returns false when it already existed (a producer
     /// retry), leaving the existing entry untouched.
     pub async fn create(&self, entry: &LedgerEntry) -> Result<bool, LedgerError> {
-        match self.store.create(&entry.operation_id, entry.encode_to_vec().into()).await {
+        match self.store(&entry.operation_id).create(&entry.operation_id, entry.encode_to_vec().into()).await {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
             Err(e) => Err(LedgerError::Unavailable(e.to_string())),
@@ -175,12 +183,12 @@ impl Ledger {
             let bytes: bytes::Bytes = next.encode_to_vec().into();
             let result = match &current {
                 Some(cur) => self
-                    .store
+                    .store(operation_id)
                     .update(operation_id, bytes, cur.revision)
                     .await
                     .map_err(|e| (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.to_string())),
                 None => self
-                    .store
+                    .store(operation_id)
                     .create(operation_id, bytes)
                     .await
                     .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, e.to_string())),
@@ -236,12 +244,14 @@ impl Ledger {
         Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
-    /// Every operation id in the ledger (for accounting; reads the whole bucket).
+    /// Every operation id in the ledger (for accounting; reads every partition's whole bucket).
     pub async fn operation_ids(&self) -> Result<Vec<String>, LedgerError> {
-        let mut keys = self.store.keys().await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
         let mut out = Vec::new();
-        while let Some(key) = keys.next().await {
-            out.push(key.map_err(|e| LedgerError::Unavailable(e.to_string()))?);
+        for store in self.stores.iter() {
+            let mut keys = store.keys().await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+            while let Some(key) = keys.next().await {
+                out.push(key.map_err(|e| LedgerError::Unavailable(e.to_string()))?);
+            }
         }
         Ok(out)
     }

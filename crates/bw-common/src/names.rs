@@ -197,8 +197,33 @@ pub fn incident_replayed_msg_id(phone_number_id: &str, incident_id: &str) -> Str
     format!("incident.{}.replayed", incident_key(phone_number_id, incident_id))
 }
 
-/// Per-operation ledger (KV).
+/// Per-operation ledger (KV); with several partitions, the bucket of partition 0 ([`ledger_bucket`]).
 pub const LEDGER_BUCKET: &str = "BW_LEDGER";
+/// Most ledger partitions a deployment may have (`nats.ledger_partitions`).
+pub const MAX_LEDGER_PARTITIONS: usize = 64;
+
+/// The bucket of ledger partition `partition`: `BW_LEDGER` for partition 0 (so a one-partition ledger is the
+/// ledger as it always was), `BW_LEDGER_<i>` for the others. Each bucket is its own stream (`KV_<bucket>`)
+/// with its own leader on a NATS cluster.
+pub fn ledger_bucket(partition: usize) -> String {
+    if partition == 0 { LEDGER_BUCKET.to_string() } else { format!("{LEDGER_BUCKET}_{partition}") }
+}
+
+/// The ledger partition of an operation: FNV-1a (64 bit) of its id modulo the partition count. Fixed, so every
+/// process and every version finds an operation in the same partition. By operation id, not by sender: the
+/// ledger is read and written by operation id everywhere (a status webhook, `bwctl show`), and one busy sender
+/// spreads over every partition instead of loading one leader.
+pub fn ledger_partition(operation_id: &str, partitions: usize) -> usize {
+    if partitions <= 1 {
+        return 0;
+    }
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in operation_id.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % partitions as u64) as usize
+}
 /// wamid → operation id (KV), for statuses that arrive without biz_opaque_callback_data.
 pub const WAMID_BUCKET: &str = "BW_WAMID";
 /// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.

@@ -71,8 +71,9 @@ mod redact_tests {
 /// Handles to the KV buckets, opened once by [`ensure_topology`].
 #[derive(Clone)]
 pub struct Buckets {
-    /// Operation ledger.
-    pub ledger: kv::Store,
+    /// Operation ledger, one bucket per partition (index = [`names::ledger_partition`]); read and write it
+    /// through [`crate::ledger::Ledger`], which picks the partition.
+    pub ledger: Vec<kv::Store>,
     /// wamid → operation id.
     pub wamid: kv::Store,
     /// Scope states written by the coordinator.
@@ -253,12 +254,18 @@ pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyho
         ..Default::default()
     };
     let limits = &cfg.limits;
+    let partitions = cfg.ledger_partitions.max(1);
+    let mut ledger = Vec::with_capacity(partitions);
+    for partition in 0..partitions {
+        let bucket = names::ledger_bucket(partition);
+        let mut config = kv_config(&bucket, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600));
+        config.description = ledger_description(partition, partitions);
+        let store = open_bucket(js, config).await?;
+        check_ledger_partitions(&store, partition, partitions)?;
+        ledger.push(store);
+    }
     Ok(Buckets {
-        ledger: open_bucket(
-            js,
-            kv_config(names::LEDGER_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
-        )
-        .await?,
+        ledger,
         wamid: open_bucket(
             js,
             kv_config(names::WAMID_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
@@ -271,6 +278,37 @@ pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyho
         )
         .await?,
     })
+}
+
+/// The description a ledger partition's stream is created with; it records the partition count, which
+/// [`ledger_partitions_of`] reads back.
+fn ledger_description(partition: usize, partitions: usize) -> String {
+    format!("Breakwater ledger partition {partition} of {partitions}")
+}
+
+/// The partition count a ledger bucket's stream was created with: the number in its description, 1 for a
+/// bucket created before partitions existed (no description).
+pub fn ledger_partitions_of(store: &kv::Store) -> Option<usize> {
+    let description = store.stream.cached_info().config.description.clone().unwrap_or_default();
+    if description.is_empty() {
+        return Some(1);
+    }
+    description.rsplit_once(" of ").and_then(|(_, n)| n.trim().parse().ok())
+}
+
+/// Refuses a partition count other than the one the ledger was created with: the same operation would be
+/// looked for in another partition than the one holding it (taken for new, sent twice).
+fn check_ledger_partitions(store: &kv::Store, partition: usize, configured: usize) -> anyhow::Result<()> {
+    match ledger_partitions_of(store) {
+        Some(found) if found == configured => Ok(()),
+        found => Err(anyhow::anyhow!(
+            "nats.ledger_partitions is {configured} but the ledger bucket `{}` was created for {}; every service \
+             must use the partition count the ledger was created with (changing it needs a migration: \
+             deploy/capacity.md)",
+            names::ledger_bucket(partition),
+            found.map(|n| format!("{n} partition(s)")).unwrap_or_else(|| "an unknown partition count".into()),
+        )),
+    }
 }
 
 /// Publishes and waits for the JetStream ack; returns whether the server saw it as a duplicate.

@@ -63,6 +63,13 @@ pub fn load_config<C: ServiceConfig>(
     env: &HashMap<String, String>,
 ) -> Result<C, ConfigError> {
     let cfg: C = crate::config::load(service, defaults, file, env)?;
+    let partitions = cfg.nats().ledger_partitions;
+    if !(1..=crate::names::MAX_LEDGER_PARTITIONS).contains(&partitions) {
+        return Err(ConfigError::Invalid(format!(
+            "nats.ledger_partitions must be between 1 and {}, got {partitions}",
+            crate::names::MAX_LEDGER_PARTITIONS
+        )));
+    }
     cfg.validate().map_err(ConfigError::Invalid)?;
     Ok(cfg)
 }

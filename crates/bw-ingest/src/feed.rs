@@ -1,7 +1,8 @@
 //! Outcome feed and status query for producers.
 //!
 //! Design (needs no change in other services): the feed publisher is a durable pull consumer
-//! ([`FEED_CONSUMER`]) on the stream behind the ledger KV bucket (`KV_BW_LEDGER`), shared by every ingest
+//! ([`FEED_CONSUMER`]) on the stream behind the ledger KV bucket (`KV_BW_LEDGER`; one per partition with
+//! `nats.ledger_partitions` > 1, each publisher reading every partition), shared by every ingest
 //! instance. Each ledger revision becomes one [`OutcomeEvent`] published to [`FEED_STREAM`] on
 //! `bw.feed.v1.<phone_number_id>.<operation_id>` with `Nats-Msg-Id = <operation_id>.<revision>`: a redelivery
 //! after a crash, or two instances racing, store it once. Then the revision is acked. The consumer is created
@@ -30,8 +31,6 @@ use tokio_util::task::TaskTracker;
 pub const FEED_STREAM: &str = "BW_FEED";
 /// Durable consumer of the feed publisher on the ledger's stream.
 pub const FEED_CONSUMER: &str = "feed-publisher";
-/// The stream behind the ledger KV bucket.
-const LEDGER_KV_STREAM: &str = "KV_BW_LEDGER";
 /// Subject of the status query, one token per sender; [`STATUS_ANY`] asks without naming the sender (operators).
 pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
 /// Sender token of an operator's status query (bwctl): answers for any sender. NATS accounts keep it from
@@ -119,9 +118,13 @@ pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize) -> a
     Ok(())
 }
 
-/// Creates (or binds to) the feed publisher's durable consumer on the ledger's stream.
-pub(crate) async fn consumer(js: &jetstream::Context, max_in_flight: usize) -> anyhow::Result<consumer::pull::Stream> {
-    let stream = js.get_stream(LEDGER_KV_STREAM).await?;
+/// Creates (or binds to) the feed publisher's durable consumer on the stream of one ledger partition's bucket.
+pub(crate) async fn consumer(
+    js: &jetstream::Context,
+    ledger: &jetstream::kv::Store,
+    max_in_flight: usize,
+) -> anyhow::Result<consumer::pull::Stream> {
+    let stream = js.get_stream(&ledger.stream_name).await?;
     let config = consumer::pull::Config {
         durable_name: Some(FEED_CONSUMER.to_string()),
         deliver_policy: consumer::DeliverPolicy::New,

@@ -500,11 +500,17 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         None
     };
 
-    let feed_messages = if cfg.feed.enabled {
-        Some(retry_during_startup("feed consumer", budget, || feed::consumer(&deps.js, cfg.feed.max_in_flight)).await?)
-    } else {
-        None
-    };
+    // One feed consumer per ledger partition.
+    let mut feed_messages = Vec::new();
+    if cfg.feed.enabled {
+        for store in &deps.buckets.ledger {
+            let messages = retry_during_startup("feed consumer", budget, || {
+                feed::consumer(&deps.js, store, cfg.feed.max_in_flight)
+            })
+            .await?;
+            feed_messages.push((store.stream_name.clone(), messages));
+        }
+    }
 
     // Callbacks: their retry-state bucket and one durable consumer each on BW_FEED.
     let mut callbacks = Vec::new();
@@ -583,14 +589,15 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             .instrument(tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM)),
         );
     }
-    if let Some(messages) = feed_messages {
-        let publisher = Arc::new(feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() });
+    let publisher = Arc::new(feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() });
+    for (stream, messages) in feed_messages {
+        let publisher = publisher.clone();
         tracker.spawn(
             consume(messages, cfg.feed.max_in_flight, tracker.clone(), shutdown.clone(), move |msg| {
                 let p = publisher.clone();
                 async move { p.handle(msg).await }
             })
-            .instrument(tracing::info_span!("ingest.consume", stream = "KV_BW_LEDGER")),
+            .instrument(tracing::info_span!("ingest.consume", stream = %stream)),
         );
     }
     for (cb, messages, max, consumer) in callbacks {

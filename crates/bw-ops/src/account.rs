@@ -201,11 +201,23 @@ pub fn operation_of(stream: &str, payload: &[u8]) -> Option<String> {
     (!op.is_empty()).then_some(op)
 }
 
-/// Every live ledger entry, read straight from the bucket's stream in parallel (deleted keys skipped).
+/// Every live ledger entry of every partition, read straight from each bucket's stream in parallel (deleted
+/// keys skipped).
 pub async fn ledger_entries(js: &jetstream::Context, buckets: &Buckets) -> Result<Vec<LedgerEntry>, OpsError> {
-    let status = buckets.ledger.status().await.map_err(|e| OpsError::nats(names::LEDGER_BUCKET, e))?;
+    let mut out = Vec::new();
+    for store in &buckets.ledger {
+        out.extend(partition_entries(js, store).await?);
+    }
+    Ok(out)
+}
+
+async fn partition_entries(
+    js: &jetstream::Context,
+    store: &async_nats::jetstream::kv::Store,
+) -> Result<Vec<LedgerEntry>, OpsError> {
+    let status = store.status().await.map_err(|e| OpsError::nats(&store.name, e))?;
     let stream = status.info.config.name.clone();
-    let prefix = format!("$KV.{}.", names::LEDGER_BUCKET);
+    let prefix = format!("$KV.{}.", store.name);
     let messages = scan_stream(js, &stream, &format!("{prefix}>")).await?;
     let mut out = Vec::with_capacity(messages.len());
     for m in messages {

@@ -174,15 +174,15 @@ async fn replicated_buckets_read_from_their_stream_leader() {
     use async_nats::jetstream::kv;
     let cluster = bw_testkit::NatsCluster::start();
     let (_client, js, buckets) = cluster_topology(&cluster.urls(), "e2e-leader-reads", WAIT).await;
-    for store in [&buckets.ledger, &buckets.wamid, &buckets.scopes, &buckets.webhook_dedup] {
+    for store in [&buckets.ledger[0], &buckets.wamid, &buckets.scopes, &buckets.webhook_dedup] {
         let config = &store.stream.cached_info().config;
         assert_eq!(config.num_replicas, 3, "{}", store.name);
         assert!(!config.allow_direct, "{}: replicated, so no direct gets", store.name);
     }
     // Reads and compare-and-set work through the leader.
-    let revision = buckets.ledger.create("leader-reads", "a".into()).await.expect("create");
-    buckets.ledger.update("leader-reads", "b".into(), revision).await.expect("compare-and-set");
-    let value = buckets.ledger.get("leader-reads").await.expect("get").expect("present");
+    let revision = buckets.ledger[0].create("leader-reads", "a".into()).await.expect("create");
+    buckets.ledger[0].update("leader-reads", "b".into(), revision).await.expect("compare-and-set");
+    let value = buckets.ledger[0].get("leader-reads").await.expect("get").expect("present");
     assert_eq!(value.as_ref(), b"b");
 
     // A bucket an earlier version created (the client library's own way: direct gets on) is switched.
@@ -198,5 +198,5 @@ async fn replicated_buckets_read_from_their_stream_leader() {
     let js = async_nats::jetstream::new(client);
     let nats_cfg = bw_common::config::NatsConfig::single(single.url(), "e2e-direct");
     let buckets = bw_common::nats::ensure_topology(&js, &nats_cfg).await.expect("topology");
-    assert!(buckets.ledger.stream.cached_info().config.allow_direct, "one replica keeps direct gets");
+    assert!(buckets.ledger[0].stream.cached_info().config.allow_direct, "one replica keeps direct gets");
 }

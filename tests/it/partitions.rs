@@ -1,0 +1,114 @@
+//! The ledger split into partitions (`nats.ledger_partitions`, issue "scale out", item 3): every service,
+//! the outcome feed, the accounting check and bwctl work across the partitions, each operation lives in the one
+//! partition its id hashes to, and a service given another partition count than the ledger was created with
+//! refuses to start.
+
+use crate::dispatch::failing;
+use bw_common::names;
+use bw_common::proto::OperationState;
+use bw_e2e::Harness;
+use bw_meta_sim::{FaultKind, SimConfig};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const PHONE: &str = "106540352247001";
+const PARTITIONS: usize = 4;
+const N: usize = 60;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions() {
+    let mut h = Harness::start_partitioned(SimConfig::default(), PARTITIONS).await;
+    // Every call fails with a 503 for the first 1.5 s: trip, DLQ, close, replay, as in the outage test.
+    h.sim.set_scenario(failing(
+        0,
+        Some(1_500),
+        FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
+    ));
+    let keys = |prefix: &str| bw_e2e::FastBreaker::default().settings(prefix);
+    h.start_ingest(&[]).await;
+    h.start_coordinator(&bw_e2e::pairs(&keys("limits.default"))).await;
+    h.start_dispatcher(&bw_e2e::pairs(&keys("breaker.defaults"))).await;
+    h.start_replay(&[("replay.probe_rate_per_s", "5".into())]).await;
+
+    let ops = h.submit_orders(PHONE, "part", N).await;
+    // Delivered: the status webhooks found their operations in whichever partition holds them.
+    let delivered = [OperationState::Delivered, OperationState::Read];
+    if !h.wait_all(&ops, &delivered, Duration::from_secs(60)).await {
+        let mut states = BTreeMap::<String, usize>::new();
+        for op in &ops {
+            let e = h.ledger_entry(op).await.map(|v| v.entry);
+            let key = e.map(|e| format!("{} ({})", e.state().label(), e.reason)).unwrap_or_else(|| "none".into());
+            *states.entry(key).or_default() += 1;
+        }
+        panic!("not every operation was delivered: {states:?}");
+    }
+    let oracle = h.sim.oracle();
+    let mut replayed = 0;
+    for op in &ops {
+        assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted exactly once");
+        replayed += usize::from(h.ledger_entry(op).await.expect("entry").entry.replays > 0);
+    }
+    assert!(replayed > 0, "some operations went through the DLQ and back");
+
+    // Each operation is in its own partition's bucket and in no other; every partition holds some.
+    assert_eq!(h.buckets.ledger.len(), PARTITIONS);
+    let mut per_partition = vec![0usize; PARTITIONS];
+    for op in &ops {
+        let home = names::ledger_partition(op, PARTITIONS);
+        for (i, store) in h.buckets.ledger.iter().enumerate() {
+            let found = store.get(op).await.expect("bucket readable").is_some();
+            assert_eq!(found, i == home, "{op} in {} (its partition is {home})", store.name);
+        }
+        per_partition[home] += 1;
+    }
+    assert!(per_partition.iter().all(|n| *n > 0), "operations per partition: {per_partition:?}");
+    let names: Vec<&str> = h.buckets.ledger.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["BW_LEDGER", "BW_LEDGER_1", "BW_LEDGER_2", "BW_LEDGER_3"]);
+
+    // The outcome feed publishes the revisions of every partition: each operation's journey ends delivered.
+    let producer = h.producer();
+    for op in &ops {
+        let journey = bw_testkit::wait_until(Duration::from_secs(30), || async {
+            let Ok(reply) = producer.status(PHONE, op).await else { return false };
+            reply.journey.iter().any(|e| delivered.contains(&e.state()))
+        })
+        .await;
+        assert!(journey, "{op}: the feed has its delivery");
+    }
+
+    // Accounting and bwctl read every partition.
+    let report = bw_ops::account::account_expected(&h.js, &h.buckets, &ops).await.expect("accounting");
+    assert!(report.is_clean(), "{report}");
+    assert_eq!(report.ledger_entries, N as u64, "every partition's entries counted");
+    let (code, out) = crate::bwctl(&h.nats.url(), &["account"]).await;
+    assert_eq!(code, 0, "{out}");
+    for partition in 1..PARTITIONS {
+        let op = ops.iter().find(|op| names::ledger_partition(op, PARTITIONS) == partition).expect("an op there");
+        let (code, out) = crate::bwctl(&h.nats.url(), &["op", op]).await;
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains(&format!("operation  {op}")), "{out}");
+    }
+
+    // A service given another partition count refuses to start, naming the setting; nothing is created.
+    for wrong in [1, 8] {
+        let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-wrong-partitions");
+        cfg.ledger_partitions = wrong;
+        let err = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5))
+            .await
+            .err()
+            .expect("refused");
+        let text = format!("{err:#}");
+        assert!(text.contains("nats.ledger_partitions is") && text.contains("4 partition(s)"), "{text}");
+    }
+    let mut streams = h.js.stream_names();
+    let mut ledger_streams = Vec::new();
+    while let Some(name) = streams.next().await {
+        let name = name.expect("stream name");
+        if name.starts_with("KV_BW_LEDGER") {
+            ledger_streams.push(name);
+        }
+    }
+    ledger_streams.sort();
+    assert_eq!(ledger_streams, ["KV_BW_LEDGER", "KV_BW_LEDGER_1", "KV_BW_LEDGER_2", "KV_BW_LEDGER_3"]);
+}
