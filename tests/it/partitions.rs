@@ -66,6 +66,21 @@ async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions()
     let names: Vec<&str> = h.buckets.ledger.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["BW_LEDGER", "BW_LEDGER_1", "BW_LEDGER_2", "BW_LEDGER_3"]);
 
+    // The wamid links are split the same way: each is found through its partition, and every partition has some.
+    let names: Vec<&str> = h.buckets.wamid.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["BW_WAMID", "BW_WAMID_1", "BW_WAMID_2", "BW_WAMID_3"]);
+    for op in &ops {
+        let wamid = h.ledger_entry(op).await.expect("entry").entry.wamid;
+        assert_eq!(h.ledger.operation_for_wamid(&wamid).await.expect("link readable").as_deref(), Some(op.as_str()));
+    }
+    let mut links = Vec::new();
+    for store in &h.buckets.wamid {
+        let stream = h.js.get_stream(&store.stream_name).await.expect("stream info");
+        links.push(stream.cached_info().state.messages);
+    }
+    assert!(links.iter().all(|n| *n > 0), "wamid links per partition: {links:?}");
+    assert_eq!(links.iter().sum::<u64>(), N as u64, "one link per operation: {links:?}");
+
     // The outcome feed publishes the revisions of every partition: each operation's journey ends delivered.
     let producer = h.producer();
     for op in &ops {

@@ -517,12 +517,30 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
     let op = (0..).map(|i| format!("perm-part-{i}")).find(|op| names::ledger_partition(op, 2) == 1).expect("id");
     for (user, _) in SERVICES {
         let deps = deps_partitioned(&nats, user, None, 2).await;
-        assert_eq!(deps.buckets.ledger.len(), 2, "{user} opened both partitions");
+        assert_eq!((deps.buckets.ledger.len(), deps.buckets.wamid.len()), (2, 2), "{user} opened both partitions");
         if matches!(user, "ingest" | "dispatcher" | "replay") {
             let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
             let request = bw_e2e::order(PHONE, &op, 1);
             ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Queued)).await.expect("create");
             assert!(ledger.get(&op).await.expect("read").is_some(), "{user} reads the second partition");
+        }
+        if matches!(user, "ingest" | "dispatcher") {
+            // wamid links of every partition: the dispatcher writes one after a send; ingest writes one on a status
+            // unless it exists, and reads them to find a status's operation.
+            let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+            for i in 0..8 {
+                let wamid = format!("wamid.perm-{user}-{i}");
+                if user == "dispatcher" {
+                    ledger.link_wamid(&wamid, &op).await.expect("link");
+                } else {
+                    ledger.link_wamid_once(&wamid, &op).await.expect("link");
+                    let found = ledger.operation_for_wamid(&wamid).await.expect("read");
+                    assert_eq!(found.as_deref(), Some(op.as_str()));
+                }
+            }
+            let stream = deps.js.get_stream(&deps.buckets.wamid[1].stream_name).await.expect("stream info");
+            let in_second = stream.cached_info().state.messages;
+            assert!(in_second > 0, "some of the links are in the second partition");
         }
         if user == "ingest" {
             // The feed publisher's durable consumer on the second partition's stream.

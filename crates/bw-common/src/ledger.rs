@@ -91,13 +91,19 @@ pub fn entry_for(request: &SendRequest, state: OperationState) -> LedgerEntry {
 pub struct Ledger {
     /// One bucket per partition ([`crate::names::ledger_partition`]).
     stores: std::sync::Arc<[kv::Store]>,
-    wamid: kv::Store,
+    /// The wamid links, as many partitions as the ledger, by link key.
+    wamid: std::sync::Arc<[kv::Store]>,
 }
 
 impl Ledger {
     /// Wraps the buckets opened by [`crate::nats::ensure_topology`].
     pub fn new(buckets: &Buckets) -> Ledger {
-        Ledger { stores: buckets.ledger.clone().into(), wamid: buckets.wamid.clone() }
+        Ledger { stores: buckets.ledger.clone().into(), wamid: buckets.wamid.clone().into() }
+    }
+
+    /// The bucket of the partition holding the link of `key` (a [`wamid_key`]).
+    fn wamid_store(&self, key: &str) -> &kv::Store {
+        &self.wamid[crate::names::ledger_partition(key, self.wamid.len())]
     }
 
     /// The bucket of the partition holding `operation_id`.
@@ -220,8 +226,9 @@ impl Ledger {
 
     /// Remembers which operation a wamid belongs to.
     pub async fn link_wamid(&self, wamid: &str, operation_id: &str) -> Result<(), LedgerError> {
-        self.wamid
-            .put(wamid_key(wamid), operation_id.to_string().into())
+        let key = wamid_key(wamid);
+        self.wamid_store(&key)
+            .put(key.as_str(), operation_id.to_string().into())
             .await
             .map(|_| ())
             .map_err(|e| LedgerError::Unavailable(e.to_string()))
@@ -231,7 +238,8 @@ impl Ledger {
     /// server refuses without storing anything when the key exists. Status webhooks call this for every
     /// status, so the link costs one durable write per message, not one per status.
     pub async fn link_wamid_once(&self, wamid: &str, operation_id: &str) -> Result<(), LedgerError> {
-        match self.wamid.create(wamid_key(wamid), operation_id.to_string().into()).await {
+        let key = wamid_key(wamid);
+        match self.wamid_store(&key).create(key.as_str(), operation_id.to_string().into()).await {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => Ok(()),
             Err(e) => Err(LedgerError::Unavailable(e.to_string())),
@@ -240,7 +248,9 @@ impl Ledger {
 
     /// The operation a wamid belongs to, if known.
     pub async fn operation_for_wamid(&self, wamid: &str) -> Result<Option<String>, LedgerError> {
-        let value = self.wamid.get(wamid_key(wamid)).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        let key = wamid_key(wamid);
+        let value =
+            self.wamid_store(&key).get(key.as_str()).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
         Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 

@@ -209,7 +209,8 @@ pub fn ledger_bucket(partition: usize) -> String {
     if partition == 0 { LEDGER_BUCKET.to_string() } else { format!("{LEDGER_BUCKET}_{partition}") }
 }
 
-/// The ledger partition of an operation: FNV-1a (64 bit) of its id modulo the partition count. Fixed, so every
+/// The ledger partition of an operation (and of a wamid link, by its key): FNV-1a (64 bit) of its id modulo the
+/// partition count. Fixed, so every
 /// process and every version finds an operation in the same partition. By operation id, not by sender: the
 /// ledger is read and written by operation id everywhere (a status webhook, `bwctl show`), and one busy sender
 /// spreads over every partition instead of loading one leader.
@@ -224,8 +225,15 @@ pub fn ledger_partition(operation_id: &str, partitions: usize) -> usize {
     }
     (hash % partitions as u64) as usize
 }
-/// wamid → operation id (KV), for statuses that arrive without biz_opaque_callback_data.
+/// wamid → operation id (KV), for statuses that arrive without biz_opaque_callback_data; with several ledger
+/// partitions, the bucket of partition 0 ([`wamid_bucket`]).
 pub const WAMID_BUCKET: &str = "BW_WAMID";
+
+/// The bucket of wamid-link partition `partition` (`BW_WAMID`, `BW_WAMID_1`, …): the links are split into as
+/// many partitions as the ledger, by their key ([`ledger_partition`] of the key).
+pub fn wamid_bucket(partition: usize) -> String {
+    if partition == 0 { WAMID_BUCKET.to_string() } else { format!("{WAMID_BUCKET}_{partition}") }
+}
 /// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.
 pub const SCOPES_BUCKET: &str = "BW_SCOPES";
 /// Webhook deduplication (KV with TTL). Key: sha of (wamid, status) or inbound message id.

@@ -74,8 +74,8 @@ pub struct Buckets {
     /// Operation ledger, one bucket per partition (index = [`names::ledger_partition`]); read and write it
     /// through [`crate::ledger::Ledger`], which picks the partition.
     pub ledger: Vec<kv::Store>,
-    /// wamid → operation id.
-    pub wamid: kv::Store,
+    /// wamid → operation id, one bucket per ledger partition (through [`crate::ledger::Ledger`]).
+    pub wamid: Vec<kv::Store>,
     /// Scope states written by the coordinator.
     pub scopes: kv::Store,
     /// Webhook dedup keys.
@@ -256,21 +256,22 @@ pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyho
     let limits = &cfg.limits;
     let partitions = cfg.ledger_partitions.max(1);
     let mut ledger = Vec::with_capacity(partitions);
+    let mut wamid = Vec::with_capacity(partitions);
+    let max_age = Duration::from_secs(limits.ledger_max_age_days * 24 * 3600);
     for partition in 0..partitions {
-        let bucket = names::ledger_bucket(partition);
-        let mut config = kv_config(&bucket, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600));
+        let mut config = kv_config(&names::ledger_bucket(partition), max_age);
         config.description = ledger_description(partition, partitions);
         let store = open_bucket(js, config).await?;
         check_ledger_partitions(&store, partition, partitions)?;
         ledger.push(store);
     }
+    // The wamid links follow the ledger's partition count (checked above on the ledger).
+    for partition in 0..partitions {
+        wamid.push(open_bucket(js, kv_config(&names::wamid_bucket(partition), max_age)).await?);
+    }
     Ok(Buckets {
         ledger,
-        wamid: open_bucket(
-            js,
-            kv_config(names::WAMID_BUCKET, Duration::from_secs(limits.ledger_max_age_days * 24 * 3600)),
-        )
-        .await?,
+        wamid,
         scopes: open_bucket(js, kv_config(names::SCOPES_BUCKET, Duration::ZERO)).await?,
         webhook_dedup: open_bucket(
             js,

@@ -174,7 +174,7 @@ async fn replicated_buckets_read_from_their_stream_leader() {
     use async_nats::jetstream::kv;
     let cluster = bw_testkit::NatsCluster::start();
     let (_client, js, buckets) = cluster_topology(&cluster.urls(), "e2e-leader-reads", WAIT).await;
-    for store in [&buckets.ledger[0], &buckets.wamid, &buckets.scopes, &buckets.webhook_dedup] {
+    for store in [&buckets.ledger[0], &buckets.wamid[0], &buckets.scopes, &buckets.webhook_dedup] {
         let config = &store.stream.cached_info().config;
         assert_eq!(config.num_replicas, 3, "{}", store.name);
         assert!(!config.allow_direct, "{}: replicated, so no direct gets", store.name);
