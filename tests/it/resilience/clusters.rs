@@ -1,5 +1,6 @@
-//! Everything clustered at once: a 3-node NATS cluster with R3 streams, a 3-master Redis Cluster and two
-//! processes of every service, through a Meta outage, a NATS node kill and a Redis master kill.
+//! Everything clustered at once: a 3-node NATS cluster with R3 streams and the ledger in three partitions, a
+//! 3-master Redis Cluster and two processes of every service, through a Meta outage, a NATS node kill and a
+//! Redis master kill.
 
 use super::common::{
     SENT, Verdict, blocking, cluster_topology, dispatcher_settings, ledger, services, sim, state_counts, submit,
@@ -18,6 +19,9 @@ const PHONE_B: &str = "106540352242952";
 /// Messages per sender.
 const PER_SENDER: usize = 150;
 const WAIT: Duration = Duration::from_secs(90);
+/// The ledger (and its wamid links) in three partitions, so their R3 streams' leaders can sit on different nodes
+/// and the node kill below can take one of them.
+const LEDGER_PARTITIONS: usize = 3;
 
 /// Breaker limits relaxed for the test ([`bw_e2e::FastBreaker`]: a trip after 5 calls at 50 % failures, 0.5–1 s
 /// cooldowns, close after 2 good canaries), the same as the outage test's.
@@ -181,7 +185,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     ));
 
     let urls = nats.urls();
-    let (client, js, buckets) = cluster_topology(&urls, "e2e-clusters", WAIT).await;
+    let (client, js, buckets) = cluster_topology(&urls, "e2e-clusters", LEDGER_PARTITIONS, WAIT).await;
     let mut transitions = Vec::new();
     for phone in [PHONE_A, PHONE_B] {
         transitions.push(client.subscribe(names::breaker_subject(phone)).await.expect("subscribe transitions"));
@@ -191,6 +195,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
         let mut s = vec![
             ("nats.url", urls.clone()),
             ("nats.replicas", "3".to_string()),
+            ("nats.ledger_partitions", LEDGER_PARTITIONS.to_string()),
             ("redis.url", nowhere.clone()),
             ("redis.cluster_nodes", cluster_nodes.clone()),
         ];
@@ -234,6 +239,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     let replay = vec![
         ("nats.url", urls.clone()),
         ("nats.replicas", "3".to_string()),
+        ("nats.ledger_partitions", LEDGER_PARTITIONS.to_string()),
         ("replay.soak_ms", "0".into()),
         ("replay.idle_ms", "100".into()),
         ("replay.rate_per_s", "20".into()),
@@ -263,8 +269,13 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     let mut stream = js.get_stream(names::SEND_STREAM).await.expect("stream");
     let leader = stream.info().await.expect("info").cluster.as_ref().and_then(|c| c.leader.clone()).expect("a leader");
     let index: usize = leader.trim_start_matches("bw-n").parse().expect("leader is one of bw-n0..bw-n2");
+    let mut partition_leaders = Vec::new();
+    for store in &buckets.ledger {
+        let info = js.get_stream(&store.stream_name).await.map(|s| s.cached_info().clone());
+        partition_leaders.push(info.ok().and_then(|i| i.cluster).and_then(|c| c.leader).unwrap_or_default());
+    }
     blocking(|| nats.nodes[index].kill());
-    eprintln!("killed NATS node {leader} (BW_SEND leader)");
+    eprintln!("killed NATS node {leader} (BW_SEND leader); ledger partition leaders were {partition_leaders:?}");
     let accepted = submitting.await.expect("producer task");
     assert_eq!(accepted.len(), ops.len(), "every request was eventually accepted");
 

@@ -281,14 +281,19 @@ pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
 
-/// Connects to a NATS cluster (`urls`, comma-separated) and creates the replicated (R3) topology, waiting up to
-/// `wait` for the cluster to elect its JetStream meta leader first.
+/// Connects to a NATS cluster (`urls`, comma-separated) and creates the replicated (R3) topology with the ledger in
+/// `ledger_partitions` partitions, waiting up to `wait` for the cluster to elect its JetStream meta leader first.
 pub(super) async fn cluster_topology(
     urls: &str,
     name: &str,
+    ledger_partitions: usize,
     wait: Duration,
 ) -> (async_nats::Client, jetstream::Context, Buckets) {
-    let nats_cfg = bw_common::config::NatsConfig { replicas: 3, ..bw_common::config::NatsConfig::single(urls, name) };
+    let nats_cfg = bw_common::config::NatsConfig {
+        replicas: 3,
+        ledger_partitions,
+        ..bw_common::config::NatsConfig::single(urls, name)
+    };
     let client = bw_common::nats::connect(&nats_cfg, "e2e", wait).await.expect("cluster reachable");
     let js = jetstream::new(client.clone());
     let deadline = Instant::now() + wait;
