@@ -163,17 +163,7 @@ async fn a_promotion_waits_while_its_sender_has_a_priority_message_in_the_dlq() 
     put_in_dlq(&h, &otp).await;
     submit(&h, &request("promo-held", 2, Category::Marketing)).await;
     // The promotion is fetched again and again and never sent while the OTP waits in the DLQ.
-    let redelivered = bw_testkit::wait_until(WAIT, || async {
-        let Ok(stream) = h.js.get_stream(names::SEND_STREAM).await else { return false };
-        let Ok(mut consumer) = stream
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(names::Lane::Low.dispatcher_consumer())
-            .await
-        else {
-            return false;
-        };
-        consumer.info().await.map(|i| i.delivered.consumer_sequence >= 3).unwrap_or(false)
-    })
-    .await;
+    let redelivered = low_lane_deliveries_reach(&h, 3).await;
     assert!(redelivered, "the promotion was fetched three times");
     assert!(h.sim.oracle().get("promo-held").is_none(), "no promotion while a priority message waits in the dlq");
     let entry = h.ledger_entry("promo-held").await.expect("entry").entry;
@@ -218,17 +208,7 @@ async fn a_promotion_waiting_in_memory_for_tokens_is_held_once_a_priority_messag
     // unless this step took over two seconds.
     assert!(waiting.len() >= 3, "promotions still waiting when the OTP was dead-lettered: {waiting:?}");
     // The next one's turn comes; the gate sends it back to the broker (a redelivery) instead of to Meta.
-    let redelivered = bw_testkit::wait_until(WAIT, || async {
-        let Ok(stream) = h.js.get_stream(names::SEND_STREAM).await else { return false };
-        let Ok(mut consumer) = stream
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(names::Lane::Low.dispatcher_consumer())
-            .await
-        else {
-            return false;
-        };
-        consumer.info().await.map(|i| i.delivered.consumer_sequence > promos.len() as u64).unwrap_or(false)
-    })
-    .await;
+    let redelivered = low_lane_deliveries_reach(&h, promos.len() as u64 + 1).await;
     assert!(redelivered, "a waiting promotion came back through the broker");
     let oracle = h.sim.oracle();
     let early: Vec<&String> = waiting.iter().filter(|op| oracle.get(op).is_some()).collect();
@@ -245,6 +225,22 @@ async fn a_promotion_waiting_in_memory_for_tokens_is_held_once_a_priority_messag
         assert!(at(&otp.operation_id) < at(op), "the dead-lettered OTP went before {op}");
         assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted exactly once");
     }
+}
+
+/// Waits until the dispatcher's consumer of the marketing lane (`lo`) has made `n` deliveries (redeliveries
+/// included).
+async fn low_lane_deliveries_reach(h: &Harness, n: u64) -> bool {
+    bw_testkit::wait_until(WAIT, || async {
+        let Ok(stream) = h.js.get_stream(names::SEND_STREAM).await else { return false };
+        let Ok(mut consumer) = stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(names::Lane::Low.dispatcher_consumer())
+            .await
+        else {
+            return false;
+        };
+        consumer.info().await.map(|i| i.delivered.consumer_sequence >= n).unwrap_or(false)
+    })
+    .await
 }
 
 /// Puts `r` in the DLQ as the dispatcher does: ledger DLQ, then the envelope on the priority class subject.
