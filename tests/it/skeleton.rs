@@ -46,6 +46,24 @@ fn every_binary_refuses_an_invalid_config_with_status_64_and_the_reason() {
 }
 
 #[test]
+fn every_binary_refuses_a_ledger_partition_count_out_of_range() {
+    let bin_dir = bw_drill::stack::bin_dir();
+    for service in ["dispatcher", "ingest", "breaker-coordinator", "replay", "alerting"] {
+        let env = service.to_ascii_uppercase().replace('-', "_");
+        for count in ["0", "65"] {
+            let out = Command::new(bin_dir.join(format!("bw-{service}")))
+                .env(format!("BW_{env}__NATS__LEDGER_PARTITIONS"), count)
+                .env(format!("BW_{env}__NATS__URL"), format!("nats://127.0.0.1:{}", free_port()))
+                .output()
+                .expect("binary runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "bw-{service} with {count} partitions: {stderr}");
+            assert!(stderr.contains("nats.ledger_partitions must be between 1 and 64"), "bw-{service}: {stderr}");
+        }
+    }
+}
+
+#[test]
 fn a_secret_that_looks_like_a_number_is_text_and_never_printed() {
     let bin = bw_drill::stack::bin_dir().join("bw-ingest");
     // A valid numeric verify token is accepted as text: ingest gets past config loading and fails only on the

@@ -319,6 +319,24 @@ pub const SCOPES_INDEX_KEY: &str = "bw:scopes";
 mod tests {
     use super::*;
 
+    /// The partition of an operation may never change between versions: a deployment's entries would be looked
+    /// for where they are not. These values are FNV-1a 64 computed independently (not by this function).
+    #[test]
+    fn ledger_partitions_are_fixed_fnv1a_of_the_operation_id() {
+        for (id, expected) in [
+            ("order-123", [0, 0, 2, 2, 58]),
+            ("a", [0, 0, 0, 4, 12]),
+            ("op_1.x=2", [0, 1, 3, 3, 3]),
+            ("promo-0010", [0, 0, 2, 6, 62]),
+        ] {
+            let got: Vec<usize> = [1, 2, 4, 8, 64].iter().map(|n| ledger_partition(id, *n)).collect();
+            assert_eq!(got, expected, "{id}");
+        }
+        assert_eq!(ledger_partition("anything", 0), 0, "no partitions configured is one");
+        assert_eq!((ledger_bucket(0), ledger_bucket(3)), ("BW_LEDGER".to_string(), "BW_LEDGER_3".to_string()));
+        assert_eq!((wamid_bucket(0), wamid_bucket(1)), ("BW_WAMID".to_string(), "BW_WAMID_1".to_string()));
+    }
+
     #[test]
     fn keys_of_a_scope_share_one_hash_tag() {
         let a = scope_key("111", "222", "breaker");
