@@ -257,11 +257,11 @@ pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
         format!("kv bucket `{}` does not say how many ledger partitions exist", names::LEDGER_BUCKET)
     })?;
     let mut ledger = vec![first];
+    for partition in 1..partitions {
+        ledger.push(open(names::ledger_bucket(partition)).await?);
+    }
     let mut wamid = Vec::with_capacity(partitions);
     for partition in 0..partitions {
-        if partition > 0 {
-            ledger.push(open(names::ledger_bucket(partition)).await?);
-        }
         wamid.push(open(names::wamid_bucket(partition)).await?);
     }
     let buckets = Buckets {

@@ -101,14 +101,14 @@ impl Ledger {
         Ledger { stores: buckets.ledger.clone().into(), wamid: buckets.wamid.clone().into() }
     }
 
-    /// The bucket of the partition holding the link of `key` (a [`wamid_key`]).
-    fn wamid_store(&self, key: &str) -> &kv::Store {
-        &self.wamid[crate::names::ledger_partition(key, self.wamid.len())]
-    }
-
     /// The bucket of the partition holding `operation_id`.
     fn store(&self, operation_id: &str) -> &kv::Store {
-        &self.stores[crate::names::ledger_partition(operation_id, self.stores.len())]
+        partition_of(&self.stores, operation_id)
+    }
+
+    /// The bucket of the partition holding the link of `key` (a [`wamid_key`]).
+    fn wamid_store(&self, key: &str) -> &kv::Store {
+        partition_of(&self.wamid, key)
     }
 
     /// Reads an entry.
@@ -276,6 +276,11 @@ impl Ledger {
         }
         Ok(out)
     }
+}
+
+/// The bucket of `partitions` that holds `key` ([`crate::names::ledger_partition`]).
+fn partition_of<'a>(partitions: &'a [kv::Store], key: &str) -> &'a kv::Store {
+    &partitions[crate::names::ledger_partition(key, partitions.len())]
 }
 
 /// wamids hold characters KV keys refuse ('+', '/', '='): key them by their hex sha256.

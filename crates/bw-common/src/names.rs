@@ -206,14 +206,18 @@ pub const MAX_LEDGER_PARTITIONS: usize = 64;
 /// ledger as it always was), `BW_LEDGER_<i>` for the others. Each bucket is its own stream (`KV_<bucket>`)
 /// with its own leader on a NATS cluster.
 pub fn ledger_bucket(partition: usize) -> String {
-    if partition == 0 { LEDGER_BUCKET.to_string() } else { format!("{LEDGER_BUCKET}_{partition}") }
+    partition_bucket(LEDGER_BUCKET, partition)
+}
+
+/// Partition `partition` of a partitioned bucket: the base name for partition 0, `<base>_<i>` for the others.
+fn partition_bucket(base: &str, partition: usize) -> String {
+    if partition == 0 { base.to_string() } else { format!("{base}_{partition}") }
 }
 
 /// The ledger partition of an operation (and of a wamid link, by its key): FNV-1a (64 bit) of its id modulo the
-/// partition count. Fixed, so every
-/// process and every version finds an operation in the same partition. By operation id, not by sender: the
-/// ledger is read and written by operation id everywhere (a status webhook, `bwctl show`), and one busy sender
-/// spreads over every partition instead of loading one leader.
+/// partition count. Fixed, so every process and every version finds an operation in the same partition. By
+/// operation id, not by sender: the ledger is read and written by operation id everywhere (a status webhook,
+/// `bwctl op`), and one busy sender spreads over every partition instead of loading one leader.
 pub fn ledger_partition(operation_id: &str, partitions: usize) -> usize {
     if partitions <= 1 {
         return 0;
@@ -225,6 +229,7 @@ pub fn ledger_partition(operation_id: &str, partitions: usize) -> usize {
     }
     (hash % partitions as u64) as usize
 }
+
 /// wamid → operation id (KV), for statuses that arrive without biz_opaque_callback_data; with several ledger
 /// partitions, the bucket of partition 0 ([`wamid_bucket`]).
 pub const WAMID_BUCKET: &str = "BW_WAMID";
@@ -232,7 +237,7 @@ pub const WAMID_BUCKET: &str = "BW_WAMID";
 /// The bucket of wamid-link partition `partition` (`BW_WAMID`, `BW_WAMID_1`, …): the links are split into as
 /// many partitions as the ledger, by their key ([`ledger_partition`] of the key).
 pub fn wamid_bucket(partition: usize) -> String {
-    if partition == 0 { WAMID_BUCKET.to_string() } else { format!("{WAMID_BUCKET}_{partition}") }
+    partition_bucket(WAMID_BUCKET, partition)
 }
 /// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.
 pub const SCOPES_BUCKET: &str = "BW_SCOPES";

@@ -264,9 +264,7 @@ pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyho
         let store = open_bucket(js, config).await?;
         check_ledger_partitions(&store, partition, partitions)?;
         ledger.push(store);
-    }
-    // The wamid links follow the ledger's partition count (checked above on the ledger).
-    for partition in 0..partitions {
+        // The wamid links follow the ledger's partition count (checked on the ledger's bucket just above).
         wamid.push(open_bucket(js, kv_config(&names::wamid_bucket(partition), max_age)).await?);
     }
     Ok(Buckets {
