@@ -176,7 +176,7 @@ async fn run(n: usize) {
     assert_eq!(refused, 0, "ingest accepted every message");
     // Done when Meta accepted all, every status webhook was delivered and ingest processed them all.
     let processed = bw_testkit::wait_until(Duration::from_secs(900), || async {
-        if sim.oracle().total_accepted() < n as u64 || sim.counters().webhooks.statuses_delivered < 3 * n as u64 {
+        if sim.total_accepted() < n as u64 || sim.counters().webhooks.statuses_delivered < 3 * n as u64 {
             return false;
         }
         let Ok(stream) = js.get_stream(bw_common::names::WEBHOOK_STREAM).await else { return false };

@@ -59,9 +59,7 @@ async fn drain(requests: &[SendRequest], dispatchers: usize) -> (f64, f64) {
     for _ in 0..dispatchers {
         h.start_dispatcher(&dispatcher_overrides()).await;
     }
-    let done =
-        bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.oracle().total_accepted() >= n as u64 })
-            .await;
+    let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.total_accepted() >= n as u64 }).await;
     let took = started.elapsed();
     assert!(done, "the backlog of {n} over {dispatchers} dispatcher(s) finished");
     let calls = script_calls(&mut redis).await - before;
@@ -202,9 +200,7 @@ async fn latency(rate: f64, seconds: f64) -> ((f64, f64), (f64, f64)) {
         .expect("publish");
         published.push((r.operation_id, at));
     }
-    assert!(
-        bw_testkit::wait_until(Duration::from_secs(60), || async { h.sim.oracle().total_accepted() >= n as u64 }).await
-    );
+    assert!(bw_testkit::wait_until(Duration::from_secs(60), || async { h.sim.total_accepted() >= n as u64 }).await);
     let oracle = h.sim.oracle();
     let pipeline: Vec<f64> = published
         .iter()

@@ -87,7 +87,7 @@ fn main() {
         let verbose = std::env::var("BW_BENCH_VERBOSE").is_ok();
         let (mut last_print, mut last_accepted) = (Instant::now(), 0u64);
         loop {
-            let accepted = h.sim.oracle().total_accepted();
+            let accepted = h.sim.total_accepted();
             if accepted > 0 && first.is_none() {
                 first = Some(Instant::now());
             }

@@ -105,8 +105,7 @@ async fn breakwater(name: &'static str, rate: f64, seconds: u64, extra: &[(&str,
     })
     .await;
     let sent =
-        bw_testkit::wait_until(Duration::from_secs(600), || async { sim.oracle().total_accepted() >= offered as u64 })
-            .await;
+        bw_testkit::wait_until(Duration::from_secs(600), || async { sim.total_accepted() >= offered as u64 }).await;
     let oracle = sim.oracle();
     let counters = sim.counters();
     let lost = if sent { 0 } else { ops.iter().filter(|op| oracle.get(op).is_none()).count() };
@@ -173,8 +172,7 @@ fn timeline(sim: std::sync::Arc<bw_meta_sim::SimHandle>) -> (tokio::task::JoinHa
     let task = tokio::spawn(async move {
         let started = Instant::now();
         loop {
-            let row =
-                (started.elapsed().as_secs_f64(), sim.oracle().total_accepted(), sim.counters().outcome("130429"));
+            let row = (started.elapsed().as_secs_f64(), sim.total_accepted(), sim.counters().outcome("130429"));
             if let Ok(mut s) = into.lock() {
                 s.push(row);
             }

@@ -52,7 +52,7 @@ async fn a_dispatcher_killed_under_load_loses_nothing() {
     h.start_dispatcher(&[("dispatch.ack_wait_ms", "3000".into())]).await;
     let ops = h.submit_orders(PHONE, "kill", 400).await;
     // Kill one instance while it holds unacknowledged messages.
-    assert!(bw_testkit::wait_until(Duration::from_secs(20), || async { h.sim.oracle().total_accepted() >= 50 }).await);
+    assert!(bw_testkit::wait_until(Duration::from_secs(20), || async { h.sim.total_accepted() >= 50 }).await);
     h.abort(victim);
     assert!(settled(&h, &ops).await, "the surviving dispatcher finished everything");
     let report = bw_ops::account::account_expected(&h.js, &h.buckets, &ops).await.expect("accounting");

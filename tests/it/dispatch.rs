@@ -238,7 +238,7 @@ async fn transactional_traffic_is_served_before_marketing() {
     }
     // One message at a time makes the service order visible.
     h.start_dispatcher(&[("dispatch.batch_size", "1".into()), ("dispatch.max_in_flight", "1".into())]).await;
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 25 }).await, "all sent");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 25 }).await, "all sent");
     let oracle = h.sim.oracle();
     let first_promo =
         (0..20).filter_map(|i| oracle.get(&format!("promo-{i}"))).map(|e| e.first_accepted_ms).min().expect("promos");
@@ -268,7 +268,7 @@ async fn paced_from_memory(lane: names::Lane, class: &str) {
         ("dispatch.hold_max_ms", "2500".into()),
     ])
     .await;
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= n }).await, "all {n} sent");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= n }).await, "all {n} sent");
     let oracle = h.sim.oracle();
     let times: Vec<i64> =
         (0..n).filter_map(|i| oracle.get(&format!("{class}-{i}"))).map(|e| e.first_accepted_ms as i64).collect();

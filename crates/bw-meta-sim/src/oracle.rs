@@ -253,6 +253,9 @@ pub struct Oracle {
     shards: Vec<Mutex<HashMap<String, OracleEntry>>>,
     counters: Mutex<Counters>,
     accepts: std::sync::atomic::AtomicU64,
+    /// Every acceptance, repeats included (what [`OracleSnapshot::total_accepted`] sums), kept apart so that a
+    /// caller polling for progress does not copy every entry each time.
+    accepted_total: std::sync::atomic::AtomicU64,
     /// The longest loop stall of the last second: (when it ended, unix ms; how long, ms).
     recent_stall: Mutex<(u64, u64)>,
 }
@@ -281,6 +284,7 @@ impl Oracle {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             counters: Mutex::new(Counters::default()),
             accepts: std::sync::atomic::AtomicU64::new(0),
+            accepted_total: std::sync::atomic::AtomicU64::new(0),
             recent_stall: Mutex::new((0, 0)),
         }
     }
@@ -344,6 +348,7 @@ impl Oracle {
         entry.acknowledged.push(!a.unacknowledged);
         entry.last_accepted_ms = now;
         entry.count += 1;
+        self.accepted_total.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if a.unacknowledged {
             entry.unacknowledged += 1;
         }
@@ -386,6 +391,11 @@ impl Oracle {
         lock(&self.counters).clone()
     }
 
+    /// Total acceptances so far, repeats included: the snapshot's `total_accepted` without copying the entries.
+    pub fn total_accepted(&self) -> u64 {
+        self.accepted_total.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub fn snapshot(&self) -> OracleSnapshot {
         let mut messages: Vec<OracleEntry> =
             self.shards.iter().flat_map(|s| lock(s).values().cloned().collect::<Vec<_>>()).collect();
@@ -405,6 +415,7 @@ impl Oracle {
             lock(s).clear();
         }
         *lock(&self.counters) = Counters::default();
+        self.accepted_total.store(0, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -33,9 +33,9 @@ async fn a_dispatcher_process_killed_under_load_loses_nothing() {
     procs.wait_ready(WAIT).await.expect("dispatchers ready");
 
     let ops = submit(&h.producer(), requests(PHONE, "k9d", 600), 64, WAIT).await;
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 150 }).await, "sending started");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 150 }).await, "sending started");
     procs.kill9(victim);
-    let at_kill = h.sim.oracle().total_accepted();
+    let at_kill = h.sim.total_accepted();
     assert!(at_kill < 600, "the kill happened under load ({at_kill} already sent)");
 
     // What the killed process had on the wire ends UNKNOWN (flagged, waiting for a status webhook, which this
@@ -146,17 +146,14 @@ async fn a_replay_process_killed_mid_drain_leaves_the_rest_to_the_other() {
     operator.force(&scope, Forced::Open).await.expect("forced open");
     let ops = submit(&h.producer(), requests(PHONE, "k9r", 400), 64, WAIT).await;
     wait_states(&h.js, &h.buckets, &ops, &[OperationState::Dlq], WAIT).await;
-    assert_eq!(h.sim.oracle().total_accepted(), 0, "nothing reached Meta while forced open");
+    assert_eq!(h.sim.total_accepted(), 0, "nothing reached Meta while forced open");
 
     operator.force(&scope, Forced::Clear).await.expect("override cleared");
-    assert!(
-        bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 60 }).await,
-        "replay started draining"
-    );
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 60 }).await, "replay started draining");
     let holder = lease_holder(&h).await.expect("a replay instance holds the scope's lease while draining");
     let victim = if holder == "replay-0" { replays[0] } else { replays[1] };
     procs.kill9(victim);
-    let at_kill = h.sim.oracle().total_accepted();
+    let at_kill = h.sim.total_accepted();
     assert!(at_kill < 400, "killed mid-drain ({at_kill} of 400 already replayed)");
 
     wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;

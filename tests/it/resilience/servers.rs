@@ -24,9 +24,9 @@ async fn nats_server_restarted_under_load_loses_nothing() {
     h.start_dispatcher(&breaker(200)).await;
     let producer = h.producer();
     let submitting = tokio::spawn(async move { submit(&producer, requests(PHONE, "nr", 800), 4, WAIT).await });
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 100 }).await, "sending started");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 100 }).await, "sending started");
     blocking(|| h.nats.restart());
-    let before = h.sim.oracle().total_accepted();
+    let before = h.sim.total_accepted();
     eprintln!("nats-server restarted after {before} sends");
     let ops = submitting.await.expect("producer task");
     assert_eq!(ops.len(), 800, "every request was eventually accepted");
@@ -83,12 +83,12 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
 
     let producer = bw_client::Client::new(client.clone());
     let submitting = tokio::spawn(async move { submit(&producer, requests(PHONE, "nc", 600), 8, WAIT).await });
-    assert!(bw_testkit::wait_until(WAIT, || async { sim.oracle().total_accepted() >= 100 }).await, "sending started");
+    assert!(bw_testkit::wait_until(WAIT, || async { sim.total_accepted() >= 100 }).await, "sending started");
     let mut stream = js.get_stream(names::SEND_STREAM).await.expect("stream");
     let leader = stream.info().await.expect("info").cluster.as_ref().and_then(|c| c.leader.clone()).expect("a leader");
     let index: usize = leader.trim_start_matches("bw-n").parse().expect("leader is one of bw-n0..bw-n2");
     blocking(|| cluster.nodes[index].kill());
-    let at_kill = sim.oracle().total_accepted();
+    let at_kill = sim.total_accepted();
     eprintln!("killed BW_SEND leader {leader} after {at_kill} sends");
 
     let ops = submitting.await.expect("producer task");
@@ -114,9 +114,9 @@ async fn redis_restarted_under_load_loses_nothing() {
     h.start_ingest(&[("webhook.process", "false".into())]).await;
     h.start_dispatcher(&breaker(300)).await;
     let ops = submit(&h.producer(), requests(PHONE, "rr", 900), 64, WAIT).await;
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 150 }).await, "sending started");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 150 }).await, "sending started");
     blocking(|| h.redis.restart());
-    let at_restart = h.sim.oracle().total_accepted();
+    let at_restart = h.sim.total_accepted();
     assert!(at_restart < 900, "the restart happened under load ({at_restart} sent)");
     wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;
@@ -143,7 +143,7 @@ async fn redis_unreachable_falls_back_to_a_bounded_local_rate_and_loses_nothing(
     ]);
     h.start_dispatcher(&settings).await;
     let ops = submit(&h.producer(), requests(PHONE, "ru", 2000), 64, WAIT).await;
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 300 }).await, "sending started");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 300 }).await, "sending started");
     blocking(|| h.redis.kill());
     // Calls admitted just before the kill may still be on the wire; measure from half a second later.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -156,7 +156,7 @@ async fn redis_unreachable_falls_back_to_a_bounded_local_rate_and_loses_nothing(
     eprintln!("Meta calls in {window:?} without Redis: {during} (bound {bound})");
     assert!(during <= bound, "sending without Redis must stay within the local fallback rate: {during} > {bound}");
     assert!(during > 0, "the local fallback keeps sending at a reduced rate");
-    assert!(h.sim.oracle().total_accepted() < 2000, "messages were still waiting when Redis went away");
+    assert!(h.sim.total_accepted() < 2000, "messages were still waiting when Redis went away");
 
     wait_states(&h.js, &h.buckets, &ops, &SENT, WAIT).await;
     let verdict = Verdict::of(&h.js, &h.buckets, &h.sim.oracle(), &ops).await;

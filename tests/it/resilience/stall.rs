@@ -39,12 +39,12 @@ async fn sends_held_up_by_a_stalled_broker_do_not_leave_as_one_burst_when_it_res
     procs.wait_ready(WAIT).await.expect("dispatcher ready");
 
     let ops = submit(&h.producer(), requests(PHONE, "stall", 400), 64, WAIT).await;
-    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.oracle().total_accepted() >= 100 }).await, "sending");
+    assert!(bw_testkit::wait_until(WAIT, || async { h.sim.total_accepted() >= 100 }).await, "sending");
     let nats = h.nats.pid().expect("nats-server pid");
     signal(nats, "-STOP");
     // The stall itself: the injected fault's length, not a wait for a condition.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let at_resume = h.sim.oracle().total_accepted();
+    let at_resume = h.sim.total_accepted();
     signal(nats, "-CONT");
     assert!(at_resume < 400, "the stall happened under load ({at_resume} already sent)");
 

@@ -70,7 +70,7 @@ async fn every_sync_fault_class_is_produced_as_configured() {
     let counters = sim.counters();
     assert_eq!(counters.outcome("http_503"), 1);
     assert_eq!(counters.outcome("130429"), 2);
-    assert_eq!(sim.oracle().total_accepted(), 0, "no fault above creates a message");
+    assert_eq!(sim.total_accepted(), 0, "no fault above creates a message");
 }
 
 #[tokio::test]
@@ -99,7 +99,7 @@ async fn seeded_random_mix_is_reproducible_and_near_the_rate() {
     assert!(c503 > failed / 4 && c429 > failed / 4, "both kinds present: {c503} / {c429}");
     let counters = sim.counters();
     assert_eq!(counters.outcome("2") + counters.outcome("130429"), failed as u64);
-    assert_eq!(sim.oracle().total_accepted(), (300 - failed) as u64);
+    assert_eq!(sim.total_accepted(), (300 - failed) as u64);
 }
 
 #[tokio::test]

@@ -134,7 +134,7 @@ async fn async_failures_send_failed_statuses() {
         assert!(s["errors"][0]["title"].is_string() && s["errors"][0]["error_data"]["details"].is_string());
     }
     assert_eq!(statuses.len(), 2, "failed messages get no sent/delivered/read");
-    assert_eq!(sim.oracle().total_accepted(), 2, "both were accepted by the API");
+    assert_eq!(sim.total_accepted(), 2, "both were accepted by the API");
 }
 
 #[tokio::test]
