@@ -14,7 +14,9 @@
 -- Returns: 1 when this late send may go now, 0 when it may not
 
 local now = now_ms()
-local refill_ms = math.max(1, num(ARGV[1]))
+-- Fractions of a ms are kept: above 3,333 sends/s a sender's refill is under 1 ms (a clamp to 1 ms capped
+-- every sender at about 1,000 late sends/s whatever its rate).
+local refill_ms = math.max(0.000001, num(ARGV[1]))
 local burst = math.max(1, num(ARGV[2]))
 local h = redis.call('HMGET', KEYS[2], F.late_tokens, F.late_at)
 local tokens = burst

@@ -1001,7 +1001,7 @@ impl Breaker {
             return None;
         }
         let mut inv = scripts::CLAIM_LATE.prepare_invoke();
-        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(format!("{refill_ms:.3}")).arg(burst);
+        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(format!("{refill_ms:.6}")).arg(burst);
         match self.call("claim_late", inv).await {
             Ok(redis::Value::Int(granted)) => Some(granted == 1),
             Ok(other) => {
@@ -1021,28 +1021,38 @@ impl Breaker {
     }
 
     /// Sends a usage reading to Redis unless the same band went there within `refresh`; true when sent.
+    ///
+    /// The reading is claimed before its call goes out, so the answers that arrive while it is on its way do not
+    /// send it again: at a dispatcher's start (or when the band changes) thousands of answers come back within
+    /// the first round trip, and each used to send the same reading. They queued past the command timeout, which
+    /// took Redis for down and sent every admission to the local fallback (5 msg/s per scope) for a second at a
+    /// time: the pipeline bench lost about half its throughput to it. A failed call gives the claim back.
     async fn send_usage(&self, scope: &Scope, band: i8, refresh: Duration, arg: String) -> bool {
         let key = scope.index_member();
-        {
-            let sent = lock(&self.inner.usage_sent);
+        let previous = {
+            let mut sent = lock(&self.inner.usage_sent);
             if let Some((last_band, at)) = sent.get(&key)
                 && *last_band == band
                 && at.elapsed() < refresh
             {
                 return false;
             }
-        }
-        if self.redis_skipped() {
-            return false;
-        }
+            if self.redis_skipped() {
+                return false;
+            }
+            sent.insert(key.clone(), (band, tokio::time::Instant::now()))
+        };
         let mut inv = scripts::OBSERVE_USAGE.prepare_invoke();
         inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(arg);
         match self.call("observe_usage", inv).await {
-            Ok(_) => {
-                lock(&self.inner.usage_sent).insert(key, (band, tokio::time::Instant::now()));
-                true
-            }
+            Ok(_) => true,
             Err(e) => {
+                let mut sent = lock(&self.inner.usage_sent);
+                match previous {
+                    Some(p) => sent.insert(key, p),
+                    None => sent.remove(&key),
+                };
+                drop(sent);
                 self.mark_down("observe_usage", &e);
                 false
             }

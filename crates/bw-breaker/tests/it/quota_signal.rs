@@ -42,3 +42,18 @@ async fn usage_readings_publish_a_quota_signal_when_their_band_changes() {
     let s = next_signal(&mut sub).await.expect("a signal when usage falls");
     assert!(s.detail.starts_with("usage 40%"), "{}", s.detail);
 }
+
+/// Thousands of answers come back within a reading's first round trip (a dispatcher's start, a band change):
+/// the reading goes to Redis once, not once per answer. Each used to send it, and their queue on the connection
+/// passed the command timeout, which took Redis for down and sent every admission to the local fallback.
+#[tokio::test]
+async fn a_usage_reading_goes_to_redis_once_however_many_answers_bring_it_at_once() {
+    let redis = bw_testkit::RedisServer::start();
+    let breaker = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), None, config(limits()));
+    let scope = scope();
+    let before = breaker.round_trips();
+    futures::future::join_all((0..200).map(|_| breaker.observe_no_usage(&scope))).await;
+    assert_eq!(breaker.round_trips() - before, 1, "200 answers without usage headers at once");
+    futures::future::join_all((0..200).map(|_| breaker.observe_usage(&scope, 95))).await;
+    assert_eq!(breaker.round_trips() - before, 2, "then 200 readings in the pause band at once");
+}
