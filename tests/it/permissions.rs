@@ -562,3 +562,27 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
     let alerting = deps_partitioned(&nats, "alerting", None, 2).await;
     assert!(alerting.buckets.ledger[1].get(&op).await.is_err(), "alerting read the second partition");
 }
+
+/// A service whose NATS user lacks a right it needs stops its start-up at the first refusal and names the
+/// refused subject, instead of retrying for the whole start-up budget (30 s for the dispatcher's consumers)
+/// and failing with a bare timeout. Here: the dispatcher set to a two-partition ledger under the
+/// one-partition accounts.conf, whose dispatcher user may not create the second partition's bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_nats_right_stops_start_up_at_once_and_names_the_refused_subject() {
+    let nats = server();
+    let cfg = NatsConfig {
+        url: url_of(&nats, "dispatcher"),
+        name: "test-dispatcher".into(),
+        inbox_prefix: "_INBOX_dispatcher".into(),
+        replicas: 1,
+        ledger_partitions: 2,
+        limits: Default::default(),
+    };
+    // A budget no JetStream request timeout comes near: an error naming the subject can only come from the stop.
+    let failed = Deps::connect("dispatcher", &cfg, None, Duration::from_secs(120)).await.err().expect("start-up fails");
+    let message = format!("{failed:#}");
+    assert!(message.contains("KV_BW_LEDGER_1"), "names the refused subject: {message}");
+    assert!(message.contains("accounts.conf"), "says where the right is granted: {message}");
+    assert!(message.contains("jetstream topology"), "names the step: {message}");
+    assert!(!message.contains(&password("dispatcher")), "never prints the password: {message}");
+}

@@ -10,6 +10,51 @@ use std::time::Duration;
 
 /// Connects to NATS, retrying the first connection for up to `wait`; later disconnects reconnect forever.
 pub async fn connect(cfg: &NatsConfig, default_name: &str, wait: Duration) -> anyhow::Result<async_nats::Client> {
+    Ok(connect_watched(cfg, default_name, wait).await?.0)
+}
+
+/// What the broker refused a connection: the last permissions violation it reported for a JetStream API request
+/// or a subscription (the kinds a start-up step makes), and when. A user missing a right the service needs is a
+/// deployment error that retrying cannot mend: start-up steps stop at once and name it ([`Refusals::since`]).
+#[derive(Clone, Default)]
+pub struct Refusals(std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, String)>>>);
+
+impl Refusals {
+    /// The last refusal reported at or after `t`.
+    pub fn since(&self, t: std::time::Instant) -> Option<String> {
+        let last = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref().filter(|(at, _)| *at >= t).map(|(_, what)| what.clone())
+    }
+
+    fn note(&self, what: String) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), what));
+    }
+}
+
+/// Logs what the server reports to this connection; permissions violations at error level (they name a subject,
+/// never a credential), and those of start-up kinds are kept in `refusals`.
+fn on_event(refusals: &Refusals, event: async_nats::Event) {
+    match event {
+        async_nats::Event::ServerError(async_nats::ServerError::Other(what))
+            if what.to_ascii_lowercase().contains("permissions violation") =>
+        {
+            tracing::error!(refused = %what, "NATS refused this service a permission (its user in accounts.conf)");
+            if what.contains("$JS.API") || what.contains("Subscription to") {
+                refusals.note(what);
+            }
+        }
+        async_nats::Event::ServerError(e) => tracing::warn!(error = %e, "NATS server reported an error"),
+        other => tracing::debug!(event = %other, "nats connection event"),
+    }
+}
+
+/// [`connect`], with what the server refuses this connection ([`Refusals`]).
+pub async fn connect_watched(
+    cfg: &NatsConfig,
+    default_name: &str,
+    wait: Duration,
+) -> anyhow::Result<(async_nats::Client, Refusals)> {
+    let refusals = Refusals::default();
     let name = if cfg.name.is_empty() { default_name.to_string() } else { cfg.name.clone() };
     let urls: Vec<async_nats::ServerAddr> = cfg
         .url
@@ -29,14 +74,19 @@ pub async fn connect(cfg: &NatsConfig, default_name: &str, wait: Duration) -> an
         };
         let options =
             if cfg.inbox_prefix.is_empty() { options } else { options.custom_inbox_prefix(cfg.inbox_prefix.as_str()) };
+        let watch = refusals.clone();
         let attempt = options
+            .event_callback(move |event| {
+                on_event(&watch, event);
+                async {}
+            })
             .name(&name)
             .connection_timeout(Duration::from_secs(2))
             .max_reconnects(None)
             .connect(urls.clone())
             .await;
         match attempt {
-            Ok(client) => return Ok(client),
+            Ok(client) => return Ok((client, refusals)),
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::warn!(error = %e, "nats not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -186,14 +236,18 @@ pub fn kv_stream_config(config: &kv::Config) -> stream::Config {
 pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
     let bucket = config.bucket.clone();
     // On a cluster a stream just created (here or by another instance starting at the same time) can answer
-    // "not found" for a moment: look again for a while.
+    // "not found" for a moment: look again for a while (40 looks, and at most OPEN_BUCKET_FOR: a request the
+    // broker never answers, such as one its permissions refuse, waits for the client's timeout each time, and
+    // 40 of those stalled a service's start for over ten minutes).
+    const OPEN_BUCKET_FOR: Duration = Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + OPEN_BUCKET_FOR;
     let mut tries = 0;
     let store = loop {
         match js.get_key_value(&bucket).await {
             Ok(store) => break store,
             Err(get_err) => {
                 let created = js.create_stream(kv_stream_config(&config)).await;
-                if tries >= 40 {
+                if tries >= 40 || tokio::time::Instant::now() >= deadline {
                     let detail = created.err().map(|e| e.to_string()).unwrap_or_else(|| get_err.to_string());
                     return Err(anyhow::anyhow!("cannot open kv bucket `{bucket}`: {detail}"));
                 }
@@ -233,10 +287,12 @@ pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyho
     for config in stream_configs(&cfg.limits, cfg.replicas) {
         let name = config.name.clone();
         let mut tries = 0;
+        // 20 tries of 250 ms, and at most 10 s however long each unanswered request waits (see open_bucket).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             match js.get_or_create_stream(config.clone()).await {
                 Ok(_) => break,
-                Err(e) if tries < 20 => {
+                Err(e) if tries < 20 && tokio::time::Instant::now() < deadline => {
                     tries += 1;
                     tracing::debug!(stream = %name, error = %e, "stream not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;

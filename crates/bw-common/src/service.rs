@@ -85,6 +85,8 @@ pub struct Deps {
     pub health: Arc<Health>,
     /// Service-specific admin routes; mount them once what they need is built.
     pub admin: AdminRoutes,
+    /// What NATS refused this service's connection (start-up steps stop on it: [`Deps::startup_step`]).
+    pub refusals: crate::nats::Refusals,
 }
 
 impl Deps {
@@ -95,23 +97,77 @@ impl Deps {
         redis_cfg: Option<&RedisConfig>,
         wait: Duration,
     ) -> anyhow::Result<Deps> {
-        let nats = crate::nats::connect(nats_cfg, service, wait).await?;
+        let (nats, refusals) = crate::nats::connect_watched(nats_cfg, service, wait).await?;
         let js = jetstream::new(nats.clone());
         // A cluster still electing its JetStream leaders answers API requests with timeouts for a while.
         let buckets =
-            retry_during_startup("jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
+            startup_step(&refusals, "jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
         let redis = match redis_cfg {
             Some(r) => Some(crate::redis_conn::connect_config(r, wait).await?),
             None => None,
         };
         let health = Health::new(Some(nats.clone()), redis.clone());
-        Ok(Deps { nats, js, buckets, redis, metrics: admin::new_registry(), health, admin: AdminRoutes::default() })
+        Ok(Deps {
+            nats,
+            js,
+            buckets,
+            redis,
+            metrics: admin::new_registry(),
+            health,
+            admin: AdminRoutes::default(),
+            refusals,
+        })
+    }
+
+    /// A start-up step of the service on this connection: retried like [`retry_during_startup`], but stopped at
+    /// once, naming the refused subject, when NATS refused the service a permission ([`startup_step`]).
+    pub async fn startup_step<T, E, F, Fut>(&self, what: &str, budget: Duration, step: F) -> anyhow::Result<T>
+    where
+        E: std::fmt::Display,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, E>>,
+    {
+        startup_step(&self.refusals, what, budget, step).await
     }
 }
 
 /// Retries a start-up step (creating streams, consumers) every half second until it succeeds or `budget` has
 /// passed, then returns its last error. For steps a broker that is still starting (leader elections) fails.
-pub async fn retry_during_startup<T, E, F, Fut>(what: &str, budget: Duration, mut step: F) -> Result<T, E>
+pub async fn retry_during_startup<T, E, F, Fut>(what: &str, budget: Duration, step: F) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    retry_unless(what, budget, || false, step).await
+}
+
+/// [`retry_during_startup`] for a service's own connection: stops at the first failure that came with a
+/// permission refusal of NATS (retrying cannot grant it) and names the refused subject in the error.
+pub async fn startup_step<T, E, F, Fut>(
+    refusals: &crate::nats::Refusals,
+    what: &str,
+    budget: Duration,
+    step: F,
+) -> anyhow::Result<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let started = std::time::Instant::now();
+    retry_unless(what, budget, || refusals.since(started).is_some(), step).await.map_err(|e| {
+        match refusals.since(started) {
+            Some(refused) => anyhow::anyhow!(
+                "{what} failed: {e}; NATS refused this service a permission it needs ({refused}): check the \
+                 service's user in accounts.conf (scripts/nats-accounts.sh N for N ledger partitions)"
+            ),
+            None => anyhow::anyhow!("{what} failed: {e}"),
+        }
+    })
+}
+
+async fn retry_unless<T, E, F, Fut>(what: &str, budget: Duration, stop: impl Fn() -> bool, mut step: F) -> Result<T, E>
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
@@ -121,7 +177,7 @@ where
     loop {
         match step().await {
             Ok(v) => return Ok(v),
-            Err(e) if tokio::time::Instant::now() + Duration::from_millis(500) < deadline => {
+            Err(e) if !stop() && tokio::time::Instant::now() + Duration::from_millis(500) < deadline => {
                 tracing::warn!(step = what, error = %e, "start-up step failed; retrying");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }

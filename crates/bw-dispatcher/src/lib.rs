@@ -290,10 +290,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let ack_wait = Duration::from_millis(cfg.dispatch.ack_wait_ms);
     let mut consumers = Vec::new();
     for lane in Lane::ALL {
-        let consumer = bw_common::service::retry_during_startup("lane consumer", Duration::from_secs(30), || {
-            lane_consumer(&deps.js, lane, ack_wait)
-        })
-        .await?;
+        let consumer = deps
+            .startup_step("lane consumer", Duration::from_secs(30), || lane_consumer(&deps.js, lane, ack_wait))
+            .await?;
         consumers.push((lane, consumer));
     }
     let worker = Arc::new(process::Worker {

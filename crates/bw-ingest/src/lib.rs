@@ -35,7 +35,6 @@ pub use reconciler::{Policies, Policy};
 use async_nats::jetstream::consumer::{self, pull};
 use bw_common::config::{AdminConfig, ConfigError, NatsConfig, RedisConfig, TelemetryConfig};
 use bw_common::names;
-use bw_common::service::retry_during_startup;
 use bw_common::service::{Deps, ServiceConfig};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -437,11 +436,12 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let budget = Duration::from_secs(30);
     let max_payload = deps.nats.server_info().max_payload;
-    let bodies = retry_during_startup("large-body object store", budget, || {
-        bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
-    })
-    .await?;
-    retry_during_startup("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
+    let bodies = deps
+        .startup_step("large-body object store", budget, || {
+            bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
+        })
+        .await?;
+    deps.startup_step("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
     let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let order = match (&deps.redis, cfg.order.keep.is_empty()) {
         (_, true) => None,
@@ -487,15 +487,12 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     // Consumers are created before readiness so a failure to bind them fails start-up.
     // A cluster still electing leaders times out for a while: retry within a budget first.
     let webhook_messages = if cfg.webhook.process {
-        Some(retry_during_startup("webhook consumer", budget, || webhook_consumer(&deps.js, &cfg.webhook)).await?)
+        Some(deps.startup_step("webhook consumer", budget, || webhook_consumer(&deps.js, &cfg.webhook)).await?)
     } else {
         None
     };
     let unknown_messages = if cfg.reconciler.enabled {
-        Some(
-            retry_during_startup("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler))
-                .await?,
-        )
+        Some(deps.startup_step("reconciler consumer", budget, || reconciler_consumer(&deps.js, &cfg.reconciler)).await?)
     } else {
         None
     };
@@ -504,10 +501,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let mut feed_messages = Vec::new();
     if cfg.feed.enabled {
         for store in &deps.buckets.ledger {
-            let messages = retry_during_startup("feed consumer", budget, || {
-                feed::consumer(&deps.js, store, cfg.feed.max_in_flight)
-            })
-            .await?;
+            let messages = deps
+                .startup_step("feed consumer", budget, || feed::consumer(&deps.js, store, cfg.feed.max_in_flight))
+                .await?;
             feed_messages.push((store.stream_name.clone(), messages));
         }
     }
@@ -515,13 +511,12 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     // Callbacks: their retry-state bucket and one durable consumer each on BW_FEED.
     let mut callbacks = Vec::new();
     if !cfg.callbacks.is_empty() {
-        let retry_state = retry_during_startup("callback retry-state bucket", budget, || {
-            callback::open_state(&deps.js, cfg.nats.replicas)
-        })
-        .await?;
+        let retry_state = deps
+            .startup_step("callback retry-state bucket", budget, || callback::open_state(&deps.js, cfg.nats.replicas))
+            .await?;
         for (name, c) in &cfg.callbacks {
             let messages =
-                retry_during_startup("callback consumer", budget, || callback::consumer(&deps.js, name, c)).await?;
+                deps.startup_step("callback consumer", budget, || callback::consumer(&deps.js, name, c)).await?;
             let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone())?;
             callbacks.push((Arc::new(cb), messages, c.max_in_flight, callback::consumer_name(name)));
         }
