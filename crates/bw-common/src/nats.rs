@@ -234,20 +234,27 @@ pub fn kv_stream_config(config: &kv::Config) -> stream::Config {
 /// once. A replicated bucket that an earlier version created with direct gets is switched to leader reads
 /// (a stream update; where the NATS user may not update it, a warning says what to do).
 pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow::Result<kv::Store> {
+    open_bucket_watched(js, config, &|| false).await
+}
+
+/// [`open_bucket`], giving up as soon as `refused()` says the broker refused this connection a permission: each
+/// refused request waits out the client's timeout, and 40 looks at two each stalled start-up for 14 minutes.
+pub async fn open_bucket_watched(
+    js: &jetstream::Context,
+    config: kv::Config,
+    refused: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<kv::Store> {
     let bucket = config.bucket.clone();
     // On a cluster a stream just created (here or by another instance starting at the same time) can answer
-    // "not found" for a moment: look again for a while (40 looks, and at most OPEN_BUCKET_FOR: a request the
-    // broker never answers, such as one its permissions refuse, waits for the client's timeout each time, and
-    // 40 of those stalled a service's start for over ten minutes).
-    const OPEN_BUCKET_FOR: Duration = Duration::from_secs(10);
-    let deadline = tokio::time::Instant::now() + OPEN_BUCKET_FOR;
+    // "not found" for a moment, and a cluster still electing leaders lets requests time out: look again for a
+    // while.
     let mut tries = 0;
     let store = loop {
         match js.get_key_value(&bucket).await {
             Ok(store) => break store,
             Err(get_err) => {
                 let created = js.create_stream(kv_stream_config(&config)).await;
-                if tries >= 40 || tokio::time::Instant::now() >= deadline {
+                if tries >= 40 || refused() {
                     let detail = created.err().map(|e| e.to_string()).unwrap_or_else(|| get_err.to_string());
                     return Err(anyhow::anyhow!("cannot open kv bucket `{bucket}`: {detail}"));
                 }
@@ -284,15 +291,24 @@ pub async fn open_bucket(js: &jetstream::Context, config: kv::Config) -> anyhow:
 
 /// Creates every stream and KV bucket if missing (idempotent, safe from many instances at once).
 pub async fn ensure_topology(js: &jetstream::Context, cfg: &NatsConfig) -> anyhow::Result<Buckets> {
+    ensure_topology_watched(js, cfg, &|| false).await
+}
+
+/// [`ensure_topology`], giving up as soon as `refused()` says the broker refused this connection a permission
+/// ([`open_bucket_watched`]).
+pub async fn ensure_topology_watched(
+    js: &jetstream::Context,
+    cfg: &NatsConfig,
+    refused: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<Buckets> {
+    let open_bucket = |js, config| open_bucket_watched(js, config, refused);
     for config in stream_configs(&cfg.limits, cfg.replicas) {
         let name = config.name.clone();
         let mut tries = 0;
-        // 20 tries of 250 ms, and at most 10 s however long each unanswered request waits (see open_bucket).
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             match js.get_or_create_stream(config.clone()).await {
                 Ok(_) => break,
-                Err(e) if tries < 20 && tokio::time::Instant::now() < deadline => {
+                Err(e) if tries < 20 && !refused() => {
                     tries += 1;
                     tracing::debug!(stream = %name, error = %e, "stream not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;

@@ -100,8 +100,12 @@ impl Deps {
         let (nats, refusals) = crate::nats::connect_watched(nats_cfg, service, wait).await?;
         let js = jetstream::new(nats.clone());
         // A cluster still electing its JetStream leaders answers API requests with timeouts for a while.
-        let buckets =
-            startup_step(&refusals, "jetstream topology", wait, || crate::nats::ensure_topology(&js, nats_cfg)).await?;
+        let started = std::time::Instant::now();
+        let refused = || refusals.since(started).is_some();
+        let buckets = startup_step(&refusals, "jetstream topology", wait, || {
+            crate::nats::ensure_topology_watched(&js, nats_cfg, &refused)
+        })
+        .await?;
         let redis = match redis_cfg {
             Some(r) => Some(crate::redis_conn::connect_config(r, wait).await?),
             None => None,
