@@ -49,7 +49,9 @@ async fn usage_readings_publish_a_quota_signal_when_their_band_changes() {
 #[tokio::test]
 async fn a_usage_reading_goes_to_redis_once_however_many_answers_bring_it_at_once() {
     let redis = bw_testkit::RedisServer::start();
-    let breaker = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), None, config(limits()));
+    // The compiled default breaker config.
+    let breaker =
+        bw_breaker::Breaker::new(Some(manager(&redis.url()).await), None, bw_breaker::BreakerConfig::default());
     let scope = scope();
     let before = breaker.round_trips();
     futures::future::join_all((0..200).map(|_| breaker.observe_no_usage(&scope))).await;
