@@ -165,19 +165,22 @@ async fn refusals_for_tokens_of_every_dispatcher_form_one_waiting_line() {
     let gap = 1000.0 / ScopeLimits::default().rate_per_s;
     // Dispatcher a empties the bucket and has 8 refused; b then has its 8 refused too (but for a token that
     // came meanwhile).
+    // The time between the two scripts' clock readings is at most the time from before a's call to after b's
+    // (a's answer travelling back included, which a clock started between the calls would miss).
+    let before_a = std::time::Instant::now();
     let first = a.admit(&scope, &items(burst + 8, TrafficClass::Priority)).await;
     assert!(allowed(&first.decisions) >= burst);
     let first = token_waits(&first.decisions);
-    let between = std::time::Instant::now();
     let second = token_waits(&b.admit(&scope, &items(8, TrafficClass::Priority)).await.decisions);
-    let elapsed = between.elapsed().as_millis() as f64;
+    let elapsed = before_a.elapsed().as_secs_f64() * 1000.0;
     assert!(first.len() >= 6 && second.len() >= 6, "refused: a {first:?}, b {second:?}");
     // b's first refusal comes back after a's last one (less the time between the two calls), and each wait
-    // is one slot spacing after the one before it.
+    // is one slot spacing after the one before it. The scripts work in whole milliseconds: the clock reading
+    // (floored), the stored end of the line (floored) and the returned wait (floored) cost at most 2 ms together.
     let last_of_a = *first.last().expect("a refusal");
     assert!(
         second[0] as f64 + elapsed + 2.0 >= last_of_a as f64 + gap,
-        "b's refusals {second:?} do not come after a's {first:?} ({elapsed} ms between the calls)"
+        "b's refusals {second:?} do not come after a's {first:?} ({elapsed:.2} ms from a's call to b's answer)"
     );
     for waits in [&first, &second] {
         for pair in waits.windows(2) {
