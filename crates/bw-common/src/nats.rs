@@ -26,7 +26,7 @@ impl Refusals {
         last.as_ref().filter(|(at, _)| *at >= t).map(|(_, what)| what.clone())
     }
 
-    fn note(&self, what: String) {
+    pub(crate) fn note(&self, what: String) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((std::time::Instant::now(), what));
     }
 }

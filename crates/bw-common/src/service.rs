@@ -99,10 +99,11 @@ impl Deps {
     ) -> anyhow::Result<Deps> {
         let (nats, refusals) = crate::nats::connect_watched(nats_cfg, service, wait).await?;
         let js = jetstream::new(nats.clone());
-        // A cluster still electing its JetStream leaders answers API requests with timeouts for a while.
+        // A cluster still electing its JetStream leaders answers API requests with timeouts for a while. The
+        // topology's own retry loops stop on a refusal since the same moment as the step does.
         let started = std::time::Instant::now();
         let refused = || refusals.since(started).is_some();
-        let buckets = startup_step(&refusals, "jetstream topology", wait, || {
+        let buckets = startup_step(&refusals, started, "jetstream topology", wait, || {
             crate::nats::ensure_topology_watched(&js, nats_cfg, &refused)
         })
         .await?;
@@ -123,33 +124,24 @@ impl Deps {
         })
     }
 
-    /// A start-up step of the service on this connection: retried like [`retry_during_startup`], but stopped at
-    /// once, naming the refused subject, when NATS refused the service a permission ([`startup_step`]).
+    /// A start-up step of the service on this connection ([`startup_step`], refusals counted from now).
     pub async fn startup_step<T, E, F, Fut>(&self, what: &str, budget: Duration, step: F) -> anyhow::Result<T>
     where
         E: std::fmt::Display,
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, E>>,
     {
-        startup_step(&self.refusals, what, budget, step).await
+        startup_step(&self.refusals, std::time::Instant::now(), what, budget, step).await
     }
 }
 
 /// Retries a start-up step (creating streams, consumers) every half second until it succeeds or `budget` has
-/// passed, then returns its last error. For steps a broker that is still starting (leader elections) fails.
-pub async fn retry_during_startup<T, E, F, Fut>(what: &str, budget: Duration, step: F) -> Result<T, E>
-where
-    E: std::fmt::Display,
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    retry_unless(what, budget, || false, step).await
-}
-
-/// [`retry_during_startup`] for a service's own connection: stops at the first failure that came with a
-/// permission refusal of NATS (retrying cannot grant it) and names the refused subject in the error.
+/// passed, then returns its last error: for steps a broker that is still starting (leader elections) fails. It
+/// stops at the first failure when NATS refused the connection a permission at or after `started` (retrying
+/// cannot grant it), and the error then names the refused subject.
 pub async fn startup_step<T, E, F, Fut>(
     refusals: &crate::nats::Refusals,
+    started: std::time::Instant,
     what: &str,
     budget: Duration,
     step: F,
@@ -159,7 +151,6 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
-    let started = std::time::Instant::now();
     retry_unless(what, budget, || refusals.since(started).is_some(), step).await.map_err(|e| {
         match refusals.since(started) {
             Some(refused) => anyhow::anyhow!(
@@ -302,29 +293,67 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::retry_during_startup;
+    use super::startup_step;
+    use crate::nats::Refusals;
     use std::cell::Cell;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
 
     #[tokio::test]
     async fn a_step_that_fails_for_a_while_is_retried_until_it_succeeds() {
         let tries = Cell::new(0);
-        let got: Result<u32, String> = retry_during_startup("step", Duration::from_secs(5), || async {
+        let got = startup_step(&Refusals::default(), Instant::now(), "step", Duration::from_secs(5), || async {
             tries.set(tries.get() + 1);
             if tries.get() < 2 { Err("timed out".to_string()) } else { Ok(7) }
         })
         .await;
-        assert_eq!((got, tries.get()), (Ok(7), 2));
+        assert_eq!((got.ok(), tries.get()), (Some(7), 2));
     }
 
     #[tokio::test]
     async fn past_the_budget_the_last_error_is_returned() {
         let tries = Cell::new(0);
-        let got: Result<(), String> = retry_during_startup("step", Duration::from_millis(600), || async {
+        let got: anyhow::Result<()> =
+            startup_step(&Refusals::default(), Instant::now(), "step", Duration::from_millis(600), || async {
+                tries.set(tries.get() + 1);
+                Err(format!("try {}", tries.get()))
+            })
+            .await;
+        assert_eq!(got.map_err(|e| e.to_string()), Err("step failed: try 2".to_string()));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_stops_the_step_at_its_first_failure_and_is_named() {
+        let refusals = Refusals::default();
+        let tries = Cell::new(0);
+        let started = Instant::now();
+        let got: anyhow::Result<()> = startup_step(&refusals, started, "step", Duration::from_secs(30), || async {
             tries.set(tries.get() + 1);
-            Err(format!("try {}", tries.get()))
+            refusals.note("publish to \"$JS.API.STREAM.CREATE.X\"".to_string());
+            Err("timed out".to_string())
         })
         .await;
-        assert_eq!(got, Err("try 2".to_string()));
+        let error = got.expect_err("refused").to_string();
+        assert_eq!(tries.get(), 1, "retried after a refusal: {error}");
+        assert!(error.contains("$JS.API.STREAM.CREATE.X") && error.contains("accounts.conf"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_refusal_before_the_step_began_does_not_stop_it() {
+        let refusals = Refusals::default();
+        refusals.note("publish to \"old\"".to_string());
+        // The step's start: the first instant after the refusal (the clock can read the same twice).
+        let started = loop {
+            let t = Instant::now();
+            if refusals.since(t).is_none() {
+                break t;
+            }
+        };
+        let tries = Cell::new(0);
+        let got = startup_step(&refusals, started, "step", Duration::from_secs(5), || async {
+            tries.set(tries.get() + 1);
+            if tries.get() < 2 { Err("timed out".to_string()) } else { Ok(()) }
+        })
+        .await;
+        assert!(got.is_ok() && tries.get() == 2);
     }
 }
