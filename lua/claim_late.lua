@@ -11,7 +11,9 @@
 -- KEYS[2]  state hash of the scope (fields F.late_tokens, F.late_at)
 -- ARGV[1]  refill: ms per late send
 -- ARGV[2]  burst: late sends at most at once
--- Returns: 1 when this late send may go now, 0 when it may not
+-- ARGV[3]  wanted: late sends asked for together (a dispatcher joins its concurrent claims of one sender into
+--          one call; absent = 1)
+-- Returns: how many of them may go now (0 to wanted; with wanted 1, 1 when this late send may go, 0 when not)
 
 local now = now_ms()
 -- Fractions of a ms are kept: above 3,333 sends/s a sender's refill is under 1 ms (a clamp to 1 ms capped
@@ -23,10 +25,8 @@ local tokens = burst
 if h[2] then
   tokens = math.min(burst, num(h[1]) + math.max(0, now - num(h[2])) / refill_ms)
 end
-local granted = 0
-if tokens >= 1 then
-  tokens = tokens - 1
-  granted = 1
-end
+local wanted = math.max(1, math.floor(num(ARGV[3] or '1')))
+local granted = math.max(0, math.min(wanted, math.floor(tokens)))
+tokens = tokens - granted
 redis.call('HSET', KEYS[2], F.late_tokens, fmt(tokens), F.late_at, now)
 return granted

@@ -236,6 +236,12 @@ fn main() {
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
+        // BW_BENCH_ONLY=pipeline: only the one-dispatcher drain (for profiling it on its own).
+        if std::env::var("BW_BENCH_ONLY").as_deref() == Ok("pipeline") {
+            let (rate, per_call) = drain(&(0..n).map(|i| request(i, "p1")).collect::<Vec<_>>(), 1).await;
+            println!("pipeline, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
+            return;
+        }
         let raw = raw_jetstream(n * 5).await;
         let direct = direct_send(n, 256).await;
         let one = pipeline(n, 1).await;

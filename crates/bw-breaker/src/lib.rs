@@ -997,22 +997,32 @@ impl Breaker {
     /// not; `None` when Redis did not answer (the caller then falls back to an allowance of its own process).
     /// Costs a round trip per late send, none on time.
     pub async fn claim_late(&self, scope: &Scope, refill_ms: f64, burst: f64) -> Option<bool> {
+        self.claim_late_many(scope, refill_ms, burst, 1).await.map(|granted| granted == 1)
+    }
+
+    /// Claims `wanted` late sends at once from the same allowance as [`Breaker::claim_late`], in one round trip:
+    /// how many of them may go now (0 to `wanted`), or `None` when Redis did not answer.
+    pub async fn claim_late_many(&self, scope: &Scope, refill_ms: f64, burst: f64, wanted: u32) -> Option<u32> {
         if self.redis_skipped() {
             return None;
         }
         let mut inv = scripts::CLAIM_LATE.prepare_invoke();
-        inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope)).arg(format!("{refill_ms:.6}")).arg(burst);
+        inv.key(scripts::cfg_key(scope))
+            .key(scripts::state_key(scope))
+            .arg(format!("{refill_ms:.6}"))
+            .arg(burst)
+            .arg(wanted.max(1));
         match self.call("claim_late", inv).await {
-            Ok(redis::Value::Int(granted)) => Some(granted == 1),
+            Ok(redis::Value::Int(granted)) if (0..=i64::from(wanted.max(1))).contains(&granted) => Some(granted as u32),
             Ok(other) => {
                 tracing::warn!(reply = ?other, "claim_late answered an unexpected reply");
                 None
             }
-            // Not a sign that Redis is down: a late claim is asked for each send that missed its slot, so at a
-            // high rate on a loaded machine thousands queue on the connection at once and one passes the command
-            // timeout. Marking Redis down for that sent every admission to the local fallback (5 msg/s per
-            // scope) for a second and the pipeline bench from about 1,000 msg/s to 20-65 msg/s. The caller
-            // uses its own process's allowance for this claim; admission decides whether Redis is down.
+            // Not a sign that Redis is down: at a high rate on a loaded machine many late claims queue on the
+            // connection at once and one passes the command timeout. Marking Redis down for that sent every
+            // admission to the local fallback (5 msg/s per scope) for a second and the pipeline bench from about
+            // 1,000 msg/s to 20-65 msg/s. The caller uses its own process's allowance for this claim; admission
+            // decides whether Redis is down.
             Err(e) => {
                 tracing::debug!(error = %e, "late claim unanswered; this process's own allowance decides");
                 None

@@ -20,6 +20,7 @@
 //!
 //! Entry point: [`run`].
 
+mod late;
 mod meta;
 mod metrics;
 mod moves;
@@ -311,6 +312,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         ),
         dlq_limit_signalled: Default::default(),
         late_allowance: Default::default(),
+        late_claims: Default::default(),
         mark_lead: Default::default(),
     });
     let tracker = TaskTracker::new();

@@ -49,6 +49,19 @@ async fn late_sends_of_one_sender_share_one_allowance_across_processes() {
 }
 
 #[tokio::test]
+async fn one_call_claims_many_late_sends_and_gets_at_most_what_the_allowance_holds() {
+    let redis = bw_testkit::RedisServer::start();
+    let (a, b) = (process(&redis.url()).await, process(&redis.url()).await);
+    let sender = scope();
+    assert_eq!(a.claim_late_many(&sender, NEVER_MS, 3.0, 5).await, Some(3), "a call gets the whole allowance, no more");
+    assert_eq!(b.claim_late_many(&sender, NEVER_MS, 3.0, 2).await, Some(0), "and the other process none of it");
+    assert_eq!(b.claim_late(&sender, NEVER_MS, 3.0).await, Some(false));
+    let sender = scope();
+    assert_eq!(a.claim_late_many(&sender, NEVER_MS, 3.0, 2).await, Some(2));
+    assert_eq!(b.claim_late_many(&sender, NEVER_MS, 3.0, 2).await, Some(1), "the rest, shared across processes");
+}
+
+#[tokio::test]
 async fn without_redis_the_late_allowance_is_left_to_the_process() {
     let mut redis = bw_testkit::RedisServer::start();
     let a = process(&redis.url()).await;
