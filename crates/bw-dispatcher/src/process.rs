@@ -513,14 +513,19 @@ impl Worker {
         self.settle(&w, Settle::nak(Outcome::Held, delay), None).await;
     }
 
-    /// Records the buffered outcomes, one breaker round trip per scope.
+    /// Records the buffered outcomes, one breaker round trip per scope, the scopes concurrently (as admission
+    /// does): a flush of outcomes spread over many senders costs one round trip of waiting, not one per sender,
+    /// while the batch's sends are not polled.
     async fn flush_outcomes(&self, outcomes: &mut Outcomes) {
         let mut taken = std::mem::take(outcomes);
-        for (key, items) in taken.by_scope {
+        let records = taken.by_scope.into_iter().map(|(key, items)| {
             let releases = taken.releases.remove(&key).unwrap_or_default();
             let (waba_id, phone_number_id) = key;
-            self.breaker.record_releasing(&Scope { waba_id, phone_number_id }, &items, &releases).await;
-        }
+            async move {
+                self.breaker.record_releasing(&Scope { waba_id, phone_number_id }, &items, &releases).await;
+            }
+        });
+        futures::future::join_all(records).await;
     }
 
     /// Sets the on-the-wire mark by compare-and-set. Only the delivery whose write set the mark may send: a
