@@ -71,9 +71,10 @@ async fn drain(requests: &[SendRequest], dispatchers: usize) -> (f64, f64) {
     (n as f64 / took.as_secs_f64(), n as f64 / calls.max(1.0))
 }
 
-async fn pipeline(n: usize, dispatchers: usize) -> f64 {
+/// One sender's backlog of `n`: msg/s and messages per Redis script call.
+async fn pipeline(n: usize, dispatchers: usize) -> (f64, f64) {
     let tag = format!("p{dispatchers}");
-    drain(&(0..n).map(|i| request(i, &tag)).collect::<Vec<_>>(), dispatchers).await.0
+    drain(&(0..n).map(|i| request(i, &tag)).collect::<Vec<_>>(), dispatchers).await
 }
 
 /// Script calls (EVALSHA) Redis has run so far.
@@ -241,21 +242,24 @@ fn main() {
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {
-        // BW_BENCH_ONLY=pipeline: only the one-dispatcher drain (for profiling it on its own).
-        if std::env::var("BW_BENCH_ONLY").as_deref() == Ok("spread") {
-            let (rate, per_call) = spread(n, 200).await;
-            println!("200 senders, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
-            return;
-        }
-        if std::env::var("BW_BENCH_ONLY").as_deref() == Ok("pipeline") {
-            let (rate, per_call) = drain(&(0..n).map(|i| request(i, "p1")).collect::<Vec<_>>(), 1).await;
-            println!("pipeline, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
-            return;
+        // BW_BENCH_ONLY: one drain alone, for profiling it.
+        match std::env::var("BW_BENCH_ONLY").as_deref() {
+            Ok("pipeline") => {
+                let (rate, per_call) = pipeline(n, 1).await;
+                println!("pipeline, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
+                return;
+            }
+            Ok("spread") => {
+                let (rate, per_call) = spread(n, 200).await;
+                println!("200 senders, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
+                return;
+            }
+            _ => {}
         }
         let raw = raw_jetstream(n * 5).await;
         let direct = direct_send(n, 256).await;
-        let one = pipeline(n, 1).await;
-        let two = pipeline(n, 2).await;
+        let one = pipeline(n, 1).await.0;
+        let two = pipeline(n, 2).await.0;
         let ((p50, p99), (d50, d99)) = latency(500.0, 6.0).await;
         let (few, few_per_call) = spread(n, 4).await;
         let (many, many_per_call) = spread(n, 200).await;

@@ -992,9 +992,10 @@ impl Breaker {
     }
 
     /// Claims one late send from the sender's fleet-wide late allowance (`claim_late.lua`): a token bucket in
-    /// the scope's state hash, shared by every dispatcher process, holding at most `burst` late sends and
-    /// refilled by one per `refill_ms`. `Some(true)` when this late send may go now, `Some(false)` when it may
-    /// not; `None` when Redis did not answer (the caller then falls back to an allowance of its own process).
+    /// the scope's state hash, shared by every dispatcher process, holding at most `burst` late sends (or what
+    /// one ms refills, if more: Redis time is whole ms) and refilled by one per `refill_ms`. `Some(true)` when
+    /// this late send may go now, `Some(false)` when it may not; `None` when Redis did not answer (the caller then
+    /// falls back to an allowance of its own process).
     /// Costs a round trip per late send, none on time.
     pub async fn claim_late(&self, scope: &Scope, refill_ms: f64, burst: f64) -> Option<bool> {
         self.claim_late_many(scope, refill_ms, burst, 1).await.map(|granted| granted == 1)
@@ -1006,14 +1007,15 @@ impl Breaker {
         if self.redis_skipped() {
             return None;
         }
+        let wanted = wanted.max(1);
         let mut inv = scripts::CLAIM_LATE.prepare_invoke();
         inv.key(scripts::cfg_key(scope))
             .key(scripts::state_key(scope))
             .arg(format!("{refill_ms:.6}"))
             .arg(burst)
-            .arg(wanted.max(1));
+            .arg(wanted);
         match self.call("claim_late", inv).await {
-            Ok(redis::Value::Int(granted)) if (0..=i64::from(wanted.max(1))).contains(&granted) => Some(granted as u32),
+            Ok(redis::Value::Int(granted)) if (0..=i64::from(wanted)).contains(&granted) => Some(granted as u32),
             Ok(other) => {
                 tracing::warn!(reply = ?other, "claim_late answered an unexpected reply");
                 None

@@ -157,19 +157,6 @@ const LATE_BURST: f64 = 3.0;
 /// dispatchers had). A late send uses its own missed slot, so over longer windows the wire stays at the rate.
 const LATE_REFILL_SLOTS: f64 = 10.0 / 3.0;
 
-/// The late allowance's size for a sender whose allowance refills one late send per `refill_ms`: [`LATE_BURST`],
-/// or what one millisecond refills if that is more. The fleet-wide bucket (`claim_late.lua`) runs on Redis time,
-/// which is whole milliseconds: within one ms it cannot refill, so a bucket of 3 let a sender whose refill is
-/// under a third of a ms (above 10,000 sends/s, where one ms holds 10 slots or more) have at most 3 late sends
-/// per ms instead of its 1 / `LATE_REFILL_SLOTS` share. Every other late send then went back to admission, and
-/// the pipeline bench (limits lifted by a rate of 10^6/s) ran at 0.45 of its speed without the lateness checks.
-/// At Meta's rates (at most 1,000 mps a number, so a refill of 3.3 ms or more) this is `LATE_BURST`: the bound
-/// on the instant burst does not change there. Above them the extra late sends of one ms are at most 0.3 of that
-/// ms's slots, the same share the allowance refills at.
-fn late_burst(refill_ms: f64) -> f64 {
-    LATE_BURST.max((1.0 / refill_ms).floor())
-}
-
 /// Outcomes waiting to be recorded in the breaker, by scope.
 #[derive(Default)]
 struct Outcomes {
@@ -605,8 +592,8 @@ impl Worker {
             return false;
         }
         let refill_ms = w.slot_gap_ms * LATE_REFILL_SLOTS;
-        let (scope, burst) = (w.scope(), late_burst(refill_ms));
-        let ask = |wanted| self.breaker.claim_late_many(&scope, refill_ms, burst, wanted);
+        let scope = w.scope();
+        let ask = |wanted| self.breaker.claim_late_many(&scope, refill_ms, LATE_BURST, wanted);
         match self.late_claims.claim(&scope.index_member(), ask).await {
             Some(granted) => granted,
             None => self.claim_late_here(w, refill_ms),
@@ -614,16 +601,16 @@ impl Worker {
     }
 
     /// The late allowance of this process alone, used while Redis does not answer (the breaker then admits from
-    /// its local fallback too): the same bucket, kept per sender in this process.
+    /// its local fallback too): the same bucket, kept per sender in this process. Its clock is finer than a ms, so
+    /// unlike `claim_late.lua` it needs no larger bucket for senders whose refill is under a ms.
     fn claim_late_here(&self, w: &Work, refill_ms: f64) -> bool {
         let now = Instant::now();
         let mut allowance = self.late_allowance.lock().unwrap_or_else(|p| p.into_inner());
         if allowance.len() > 100_000 {
             allowance.retain(|_, (_, at)| now.saturating_duration_since(*at) < Duration::from_secs(60));
         }
-        let burst = late_burst(refill_ms);
-        let (tokens, at) = allowance.entry(w.request.phone_number_id.clone()).or_insert((burst, now));
-        *tokens = (*tokens + now.saturating_duration_since(*at).as_secs_f64() * 1000.0 / refill_ms).min(burst);
+        let (tokens, at) = allowance.entry(w.request.phone_number_id.clone()).or_insert((LATE_BURST, now));
+        *tokens = (*tokens + now.saturating_duration_since(*at).as_secs_f64() * 1000.0 / refill_ms).min(LATE_BURST);
         *at = now;
         if *tokens >= 1.0 {
             *tokens -= 1.0;

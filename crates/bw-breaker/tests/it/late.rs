@@ -62,6 +62,16 @@ async fn one_call_claims_many_late_sends_and_gets_at_most_what_the_allowance_hol
 }
 
 #[tokio::test]
+async fn a_sender_refilled_faster_than_a_ms_holds_what_one_ms_refills() {
+    let redis = bw_testkit::RedisServer::start();
+    let a = process(&redis.url()).await;
+    // One late send per 0.01 ms: Redis time is whole ms, so the bucket holds 100, not the 3 asked for.
+    assert_eq!(a.claim_late_many(&scope(), 0.01, 3.0, 500).await, Some(100));
+    // At a refill of a ms or more the burst asked for is the bucket.
+    assert_eq!(a.claim_late_many(&scope(), 1.0, 3.0, 500).await, Some(3));
+}
+
+#[tokio::test]
 async fn without_redis_the_late_allowance_is_left_to_the_process() {
     let mut redis = bw_testkit::RedisServer::start();
     let a = process(&redis.url()).await;
