@@ -116,6 +116,8 @@ pub struct Harness {
     pub ingest_http: String,
     /// `nats.ledger_partitions` of the harness and of every service it starts.
     pub ledger_partitions: usize,
+    /// `nats.send_partitions` of the harness and of every service it starts.
+    pub send_partitions: usize,
     instances: Vec<Instance>,
 }
 
@@ -132,7 +134,17 @@ impl Harness {
 
     /// Like [`Harness::start`], with the ledger split into `ledger_partitions` buckets for the harness and
     /// every service it starts.
-    pub async fn start_partitioned(mut sim_cfg: bw_meta_sim::SimConfig, ledger_partitions: usize) -> Harness {
+    pub async fn start_partitioned(sim_cfg: bw_meta_sim::SimConfig, ledger_partitions: usize) -> Harness {
+        Harness::start_split(sim_cfg, ledger_partitions, 1).await
+    }
+
+    /// Like [`Harness::start`], with the ledger in `ledger_partitions` buckets and BW_SEND in `send_partitions`
+    /// streams, for the harness and every service it starts.
+    pub async fn start_split(
+        mut sim_cfg: bw_meta_sim::SimConfig,
+        ledger_partitions: usize,
+        send_partitions: usize,
+    ) -> Harness {
         bw_common::service::install_crypto();
         let nats = NatsServer::start();
         let redis = RedisServer::start();
@@ -148,12 +160,25 @@ impl Harness {
         let js = async_nats::jetstream::new(client.clone());
         let mut nats_cfg = bw_common::config::NatsConfig::single(nats.url(), "bw-e2e");
         nats_cfg.ledger_partitions = ledger_partitions;
+        nats_cfg.send_partitions = send_partitions;
         let buckets = bw_common::nats::ensure_topology(&js, &nats_cfg).await.expect("topology");
         let ledger = Ledger::new(&buckets);
-        Harness { nats, redis, sim, client, js, buckets, ledger, ingest_http, ledger_partitions, instances: Vec::new() }
+        Harness {
+            nats,
+            redis,
+            sim,
+            client,
+            js,
+            buckets,
+            ledger,
+            ingest_http,
+            ledger_partitions,
+            send_partitions,
+            instances: Vec::new(),
+        }
     }
 
-    /// Connections of a service: the harness's NATS with the ledger partitions of the service's own loaded config,
+    /// Connections of a service: the harness's NATS with the partitions of the service's own loaded config,
     /// and Redis as that config says (the harness's single node unless a test points it elsewhere, e.g. at a
     /// Redis Cluster).
     async fn deps(
@@ -164,6 +189,7 @@ impl Harness {
     ) -> Deps {
         let mut nats_cfg = bw_common::config::NatsConfig::single(self.nats.url(), format!("e2e-{service}"));
         nats_cfg.ledger_partitions = nats.ledger_partitions;
+        nats_cfg.send_partitions = nats.send_partitions;
         Deps::connect(service, &nats_cfg, redis, Duration::from_secs(10)).await.expect("deps connect")
     }
 
@@ -173,6 +199,7 @@ impl Harness {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
+            ("nats.send_partitions", self.send_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("http.listen", listen),
@@ -200,6 +227,7 @@ impl Harness {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
+            ("nats.send_partitions", self.send_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("meta.base_url", self.sim.base_url()),
@@ -222,6 +250,7 @@ impl Harness {
         let pairs = [
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
+            ("nats.send_partitions", self.send_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("meta.base_url", self.sim.base_url()),
@@ -237,6 +266,7 @@ impl Harness {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
+            ("nats.send_partitions", self.send_partitions.to_string()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("replay.soak_ms", "0".to_string()),
             ("replay.idle_ms", "100".to_string()),
@@ -254,6 +284,7 @@ impl Harness {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
+            ("nats.send_partitions", self.send_partitions.to_string()),
             ("redis.url", self.redis.url()),
             ("admin.listen", "127.0.0.1:0".to_string()),
             ("coordinator.tick_ms", "100".to_string()),
@@ -299,13 +330,13 @@ impl Harness {
         self.ledger.get(operation_id).await.ok().flatten()
     }
 
-    /// Stores requests exactly as ingest does (the live high lane of BW_SEND with `Nats-Msg-Id` = operation id,
+    /// Stores requests exactly as ingest does (the live high lane of the sender's BW_SEND partition with `Nats-Msg-Id` = operation id,
     /// then the QUEUED ledger entry), pipelined: a backlog that exists before any dispatcher starts.
     pub async fn preload(&self, requests: &[bw_common::proto::SendRequest]) {
         use prost::Message as _;
         let mut acks = Vec::with_capacity(2048);
         for r in requests {
-            let subject = bw_common::names::outbox_subject(bw_common::names::Lane::High, &r.phone_number_id);
+            let subject = self.buckets.send.outbox_subject(bw_common::names::Lane::High, &r.phone_number_id);
             let headers = bw_common::names::msg_id_headers(&r.operation_id);
             acks.push(self.js.publish_with_headers(subject, headers, r.encode_to_vec().into()).await.expect("publish"));
             if acks.len() == 2048 {

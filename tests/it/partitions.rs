@@ -1,7 +1,8 @@
-//! The ledger split into partitions (`nats.ledger_partitions`, issue "scale out", item 3): every service,
-//! the outcome feed, the accounting check and bwctl work across the partitions, each operation lives in the one
-//! partition its id hashes to, and a service given another partition count than the ledger was created with
-//! refuses to start.
+//! The ledger and BW_SEND split into partitions (`nats.ledger_partitions`, `nats.send_partitions`, issue "scale
+//! out", item 3): every service, the outcome feed, the accounting check and bwctl work across the partitions,
+//! each operation lives in the one ledger partition its id hashes to and each sender in the one send partition
+//! its phone_number_id hashes to, dispatchers serve the partitions they are given, and a service given another
+//! partition count than the topology was created with refuses to start.
 
 use crate::dispatch::failing;
 use bw_common::names;
@@ -126,4 +127,112 @@ async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions()
     }
     ledger_streams.sort();
     assert_eq!(ledger_streams, ["KV_BW_LEDGER", "KV_BW_LEDGER_1", "KV_BW_LEDGER_2", "KV_BW_LEDGER_3"]);
+}
+
+/// One sender in each of `partitions` send partitions (phone_number_ids found by their hash, not hard-coded).
+fn one_sender_per_partition(send: names::SendPartitions) -> Vec<String> {
+    let mut phones: Vec<Option<String>> = vec![None; send.count()];
+    for i in 0.. {
+        let phone = format!("1065403522{i:05}");
+        let slot = &mut phones[send.of(&phone)];
+        if slot.is_none() {
+            *slot = Some(phone);
+        }
+        if phones.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    phones.into_iter().flatten().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_in_three_partitions_each_sender_in_its_own_stream_served_by_the_dispatchers_given_it() {
+    const SEND: usize = 3;
+    const PER_SENDER: usize = 40;
+    let mut h = Harness::start_split(SimConfig::default(), 1, SEND).await;
+    let send = h.buckets.send;
+    assert_eq!(send.count(), SEND);
+    let phones = one_sender_per_partition(send);
+    // Every call fails with a 503 for the first 1.5 s: the senders of partitions 0 and 1 trip, dead-letter and
+    // replay through their own partition's rh lane.
+    h.sim.set_scenario(failing(
+        0,
+        Some(1_500),
+        FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
+    ));
+    let keys = |prefix: &str| bw_e2e::FastBreaker::default().settings(prefix);
+    h.start_ingest(&[]).await;
+    h.start_coordinator(&bw_e2e::pairs(&keys("limits.default"))).await;
+    h.start_replay(&[("replay.probe_rate_per_s", "5".into())]).await;
+    let breaker_keys = keys("breaker.defaults");
+    let mut first = bw_e2e::pairs(&breaker_keys);
+    first.push(("dispatch.partitions", "[0, 1]".into()));
+    h.start_dispatcher(&first).await;
+
+    let mut ops = Vec::new();
+    for (p, phone) in phones.iter().enumerate() {
+        ops.push(h.submit_orders(phone, &format!("send-p{p}"), PER_SENDER).await);
+    }
+    let delivered = [OperationState::Delivered, OperationState::Read];
+    for (p, sender_ops) in ops.iter().enumerate().take(2) {
+        assert!(h.wait_all(sender_ops, &delivered, Duration::from_secs(60)).await, "partition {p}'s sender delivered");
+    }
+    // No dispatcher serves partition 2 yet: its sender's requests wait in BW_SEND_2, in its live lane, untouched.
+    for op in &ops[2] {
+        let state = h.ledger_entry(op).await.expect("entry").entry.state();
+        assert_eq!(state, OperationState::Queued, "{op} waits for a dispatcher of partition 2");
+    }
+    let waiting = bw_ops::scan::subject_depth(&h.js, "BW_SEND_2", &send.outbox_subject(names::Lane::High, &phones[2]))
+        .await
+        .expect("depth");
+    assert_eq!(waiting, PER_SENDER as u64);
+    for (p, phone) in phones.iter().enumerate() {
+        let subject = send.outbox_subject(names::Lane::High, phone);
+        assert_eq!(subject.starts_with("bw.outbox.v1."), p == 0, "{subject}: only partition 0 keeps the old subjects");
+    }
+
+    // A dispatcher for partition 2 takes them.
+    let mut second = bw_e2e::pairs(&breaker_keys);
+    second.push(("dispatch.partitions", "[2]".into()));
+    h.start_dispatcher(&second).await;
+    assert!(h.wait_all(&ops[2], &delivered, Duration::from_secs(60)).await, "partition 2's sender delivered");
+
+    let oracle = h.sim.oracle();
+    let all: Vec<String> = ops.concat();
+    for op in &all {
+        assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted exactly once");
+    }
+    // The sender of partition 1 went through the DLQ and back through bw.outbox.p1.v1.rh.<phone>.
+    let mut replayed = 0;
+    for op in &ops[1] {
+        replayed += usize::from(h.ledger_entry(op).await.expect("entry").entry.replays > 0);
+    }
+    assert!(replayed > 0, "some of partition 1's operations were replayed");
+
+    // Three work streams, each with its own subjects; all drained.
+    for p in 0..SEND {
+        let name = names::SendPartitions::stream(p);
+        let mut stream = h.js.get_stream(&name).await.expect("partition stream");
+        let info = stream.info().await.expect("info");
+        assert_eq!(info.config.subjects, [names::SendPartitions::stream_subjects(p)], "{name}");
+        assert_eq!(info.state.messages, 0, "{name} drained");
+    }
+
+    // Accounting and bwctl read every partition.
+    let report = bw_ops::account::account_expected(&h.js, &h.buckets, &all).await.expect("accounting");
+    assert!(report.is_clean(), "{report}");
+    let (code, out) = crate::bwctl(&h.nats.url(), &["account"]).await;
+    assert_eq!(code, 0, "{out}");
+
+    // A service given another send partition count refuses to start, naming the setting.
+    for wrong in [1, 4] {
+        let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-wrong-send-partitions");
+        cfg.send_partitions = wrong;
+        let err = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5))
+            .await
+            .err()
+            .expect("refused");
+        let text = format!("{err:#}");
+        assert!(text.contains("nats.send_partitions is") && text.contains("3 partition(s)"), "{text}");
+    }
 }

@@ -83,6 +83,7 @@ async fn deps_partitioned(
         inbox_prefix: format!("_INBOX_{user}"),
         replicas: 1,
         ledger_partitions,
+        send_partitions: 1,
         limits: Default::default(),
     };
     let mut deps = Deps::connect(user, &cfg, redis, Duration::from_secs(10)).await.expect("connects as its user");
@@ -490,8 +491,10 @@ async fn each_service_user_alone_creates_the_shared_topology() {
     for (user, _) in SERVICES {
         let nats = server();
         let deps = deps_as(&nats, user, None).await;
-        let names: Vec<String> =
-            bw_common::nats::stream_configs(&Default::default(), 1).into_iter().map(|c| c.name).collect();
+        let names: Vec<String> = bw_common::nats::stream_configs(&Default::default(), 1, Default::default())
+            .into_iter()
+            .map(|c| c.name)
+            .collect();
         for name in names {
             assert!(deps.js.get_stream(&name).await.is_ok(), "{user} created {name}");
         }
@@ -576,6 +579,7 @@ async fn a_missing_nats_right_stops_start_up_at_once_and_names_the_refused_subje
         inbox_prefix: "_INBOX_dispatcher".into(),
         replicas: 1,
         ledger_partitions: 2,
+        send_partitions: 1,
         limits: Default::default(),
     };
     // A budget no JetStream request timeout comes near: an error naming the subject can only come from the stop.

@@ -88,6 +88,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let mut poller = poll::Poller::new(
         engine,
         deps.js.clone(),
+        deps.buckets.send,
         deps.buckets.scopes.clone(),
         cfg.rules.clone(),
         cfg.alerting.clone(),

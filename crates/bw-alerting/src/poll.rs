@@ -24,6 +24,8 @@ struct Findings {
 pub(crate) struct Poller {
     engine: Engine,
     js: jetstream::Context,
+    /// BW_SEND's partitions: each is its own stream with its own limit.
+    send: names::SendPartitions,
     scopes: kv::Store,
     rules: RulesConfig,
     alerting: AlertingConfig,
@@ -40,11 +42,12 @@ impl Poller {
     pub(crate) fn new(
         engine: Engine,
         js: jetstream::Context,
+        send: names::SendPartitions,
         scopes: kv::Store,
         rules: RulesConfig,
         alerting: AlertingConfig,
     ) -> Poller {
-        Poller { engine, js, scopes, rules, alerting, quarantine_samples: VecDeque::new() }
+        Poller { engine, js, send, scopes, rules, alerting, quarantine_samples: VecDeque::new() }
     }
 
     /// One full pass. Errors are logged; a rule whose input could not be read resolves nothing this tick.
@@ -137,7 +140,10 @@ impl Poller {
     }
 
     async fn check_limits(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
-        for name in [names::SEND_STREAM, names::DLQ_STREAM, names::UNKNOWN_STREAM, names::QUARANTINE_STREAM] {
+        let send = self.send.all().map(names::SendPartitions::stream);
+        let others = [names::DLQ_STREAM, names::UNKNOWN_STREAM, names::QUARANTINE_STREAM].map(String::from);
+        for name in send.chain(others) {
+            let name = name.as_str();
             let mut stream = self.js.get_stream(name).await?;
             let info = stream.info().await?;
             let (messages, max) = (info.state.messages, info.config.max_messages);

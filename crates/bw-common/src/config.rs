@@ -169,6 +169,12 @@ pub struct NatsConfig {
     /// ([`crate::nats::ensure_topology`]). 1 on one machine.
     #[serde(default = "one")]
     pub ledger_partitions: usize,
+    /// BW_SEND partitions (`BW_SEND`, `BW_SEND_1`, …, by sender: [`crate::names::SendPartitions`]): each is its
+    /// own stream, so on a cluster the send load's leaders spread over the nodes, and dispatchers can each serve
+    /// some (`dispatch.partitions`). Fixed when BW_SEND is first created, like `ledger_partitions`: a service
+    /// given another number refuses to start. 1 on one machine.
+    #[serde(default = "one")]
+    pub send_partitions: usize,
     /// Stream limits used when the streams are first created.
     #[serde(default)]
     pub limits: StreamLimits,
@@ -184,6 +190,7 @@ impl NatsConfig {
             inbox_prefix: String::new(),
             replicas: 1,
             ledger_partitions: 1,
+            send_partitions: 1,
             limits: StreamLimits::default(),
         }
     }

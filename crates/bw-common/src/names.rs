@@ -78,11 +78,85 @@ impl Lane {
     }
 }
 
-/// Stream holding accepted send requests (work queue).
+/// Stream holding accepted send requests (work queue); with several send partitions, partition 0
+/// ([`SendPartitions`]).
 pub const SEND_STREAM: &str = "BW_SEND";
-/// Subject of an accepted request in BW_SEND: `bw.outbox.v1.<lane>.<phone_number_id>`.
+/// Subject of an accepted request in BW_SEND (partition 0): `bw.outbox.v1.<lane>.<phone_number_id>`. With
+/// several send partitions use [`SendPartitions::outbox_subject`].
 pub fn outbox_subject(lane: Lane, phone_number_id: &str) -> String {
     format!("bw.outbox.v1.{}.{phone_number_id}", lane.token())
+}
+
+/// Most send partitions a deployment may have (`nats.send_partitions`).
+pub const MAX_SEND_PARTITIONS: usize = 64;
+
+/// How BW_SEND is split (`nats.send_partitions`): N work streams `BW_SEND` (partition 0), `BW_SEND_1` …
+/// `BW_SEND_<N-1>`, each its own stream with its own leader on a NATS cluster. A sender lives in one partition,
+/// FNV-1a(phone_number_id) mod N, so everything per sender (its lanes' order, the priority gate's counts,
+/// replay's backlog check) stays inside one stream. Partition 0's subjects are the unpartitioned ones
+/// (`bw.outbox.v1.<lane>.<phone>`), so one partition is BW_SEND as it always was; partition `i` > 0 uses
+/// `bw.outbox.p<i>.v1.<lane>.<phone>` (streams may not share subjects; the phone stays the last token and the
+/// lane the one before it). Every lane's durable consumer has the same name on every partition stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendPartitions(usize);
+
+impl Default for SendPartitions {
+    fn default() -> Self {
+        SendPartitions(1)
+    }
+}
+
+impl SendPartitions {
+    /// `count` partitions (0 counts as 1).
+    pub fn new(count: usize) -> SendPartitions {
+        SendPartitions(count.max(1))
+    }
+
+    /// How many partitions there are.
+    pub fn count(self) -> usize {
+        self.0
+    }
+
+    /// Every partition, in order.
+    pub fn all(self) -> std::ops::Range<usize> {
+        0..self.0
+    }
+
+    /// The partition of a sender: FNV-1a (64 bit) of its phone_number_id modulo the count, fixed across
+    /// versions (see [`ledger_partition`]).
+    pub fn of(self, phone_number_id: &str) -> usize {
+        fnv1a_mod(phone_number_id, self.0)
+    }
+
+    /// The stream of partition `partition`: `BW_SEND`, `BW_SEND_1`, ….
+    pub fn stream(partition: usize) -> String {
+        partition_bucket(SEND_STREAM, partition)
+    }
+
+    /// The stream holding a sender's requests.
+    pub fn stream_of(self, phone_number_id: &str) -> String {
+        Self::stream(self.of(phone_number_id))
+    }
+
+    /// Every subject of partition `partition`'s stream.
+    pub fn stream_subjects(partition: usize) -> String {
+        format!("{}.>", outbox_prefix(partition))
+    }
+
+    /// Subject of an accepted request of a sender in its partition.
+    pub fn outbox_subject(self, lane: Lane, phone_number_id: &str) -> String {
+        format!("{}.{}.{phone_number_id}", outbox_prefix(self.of(phone_number_id)), lane.token())
+    }
+
+    /// Filter subject of a lane in partition `partition`'s stream.
+    pub fn lane_filter(partition: usize, lane: Lane) -> String {
+        format!("{}.{}.*", outbox_prefix(partition), lane.token())
+    }
+}
+
+/// `bw.outbox.v1` for partition 0, `bw.outbox.p<i>.v1` for the others.
+fn outbox_prefix(partition: usize) -> String {
+    if partition == 0 { "bw.outbox.v1".to_string() } else { format!("bw.outbox.p{partition}.v1") }
 }
 
 /// Dead-letter stream.
@@ -219,11 +293,16 @@ fn partition_bucket(base: &str, partition: usize) -> String {
 /// operation id, not by sender: the ledger is read and written by operation id everywhere (a status webhook,
 /// `bwctl op`), and one busy sender spreads over every partition instead of loading one leader.
 pub fn ledger_partition(operation_id: &str, partitions: usize) -> usize {
+    fnv1a_mod(operation_id, partitions)
+}
+
+/// FNV-1a (64 bit) of `key` modulo `partitions` (0 for one partition or none).
+fn fnv1a_mod(key: &str, partitions: usize) -> usize {
     if partitions <= 1 {
         return 0;
     }
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in operation_id.bytes() {
+    for byte in key.bytes() {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
@@ -340,6 +419,43 @@ mod tests {
         assert_eq!(ledger_partition("anything", 0), 0, "no partitions configured is one");
         assert_eq!((ledger_bucket(0), ledger_bucket(3)), ("BW_LEDGER".to_string(), "BW_LEDGER_3".to_string()));
         assert_eq!((wamid_bucket(0), wamid_bucket(1)), ("BW_WAMID".to_string(), "BW_WAMID_1".to_string()));
+    }
+
+    #[test]
+    fn send_partitions_keep_a_sender_in_one_stream_with_disjoint_subjects() {
+        let one = SendPartitions::default();
+        assert_eq!(one.outbox_subject(Lane::High, "123"), outbox_subject(Lane::High, "123"), "1 partition: as before");
+        assert_eq!(
+            (one.stream_of("123"), SendPartitions::stream_subjects(0)),
+            (SEND_STREAM.into(), "bw.outbox.v1.>".into())
+        );
+        let four = SendPartitions::new(4);
+        // Fixed values: FNV-1a as for the ledger, of the phone_number_id.
+        assert_eq!(four.of("order-123"), ledger_partition("order-123", 4));
+        let (mut seen, mut phones) = (std::collections::HashSet::new(), 0);
+        while seen.len() < 4 {
+            let phone = format!("10000{phones}");
+            phones += 1;
+            let p = four.of(&phone);
+            seen.insert(p);
+            assert_eq!(four.stream_of(&phone), SendPartitions::stream(p));
+            for lane in Lane::ALL {
+                let subject = four.outbox_subject(lane, &phone);
+                assert_eq!(phone_of_subject(&subject), phone);
+                assert_eq!(subject.rsplit('.').nth(1), Some(lane.token()), "the lane is the token before the phone");
+                let filter = SendPartitions::lane_filter(p, lane);
+                assert!(subject.starts_with(filter.trim_end_matches('*')), "{subject} in {filter}");
+                for other in (0..4).filter(|o| *o != p) {
+                    let other_all = SendPartitions::stream_subjects(other);
+                    assert!(!subject.starts_with(other_all.trim_end_matches('>')), "{subject} also in {other_all}");
+                }
+            }
+        }
+        assert_eq!(
+            (SendPartitions::stream(2), SendPartitions::stream_subjects(2)),
+            ("BW_SEND_2".into(), "bw.outbox.p2.v1.>".into())
+        );
+        assert_eq!(SendPartitions::new(0), one);
     }
 
     #[test]

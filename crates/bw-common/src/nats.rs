@@ -130,6 +130,9 @@ pub struct Buckets {
     pub scopes: kv::Store,
     /// Webhook dedup keys.
     pub webhook_dedup: kv::Store,
+    /// How BW_SEND is split, as its partition 0 records it (checked against `nats.send_partitions` by
+    /// [`ensure_topology`]): every reader and writer of BW_SEND finds a sender's stream and subjects here.
+    pub send: names::SendPartitions,
 }
 
 fn work_stream(name: &str, subjects: Vec<String>, max_msgs: i64, replicas: usize, dedup: Duration) -> stream::Config {
@@ -161,42 +164,86 @@ fn kept_stream(name: &str, subjects: Vec<String>, max_msgs: i64, max_age: Durati
     }
 }
 
-/// Every stream config of the topology (used by [`ensure_topology`] and by tests).
-pub fn stream_configs(limits: &StreamLimits, replicas: usize) -> Vec<stream::Config> {
+/// Every stream config of the topology (used by [`ensure_topology`] and by tests), BW_SEND split into
+/// `send` partitions (partition 0's description records how many: [`send_partitions_of`]). Each partition
+/// holds up to `send_max_msgs`.
+pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendPartitions) -> Vec<stream::Config> {
     let day = Duration::from_secs(24 * 3600);
     let dedup = Duration::from_secs(limits.dedup_window_s.max(1));
-    vec![
-        work_stream(names::SEND_STREAM, vec!["bw.outbox.v1.>".into()], limits.send_max_msgs, replicas, dedup),
-        work_stream(names::DLQ_STREAM, vec![names::DLQ_ALL.into()], limits.dlq_max_msgs, replicas, dedup),
-        work_stream(names::UNKNOWN_STREAM, vec!["bw.unknown.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
-        work_stream(
-            names::WEBHOOK_STREAM,
-            vec![names::WEBHOOK_SUBJECT.into()],
+    let send_streams = send.all().map(|partition| stream::Config {
+        description: Some(send_description(partition, send.count())),
+        ..work_stream(
+            &names::SendPartitions::stream(partition),
+            vec![names::SendPartitions::stream_subjects(partition)],
             limits.send_max_msgs,
             replicas,
-            Duration::from_secs(600),
-        ),
-        // Quarantine keeps everything until an operator acts: DiscardNew so nothing is dropped silently.
-        stream::Config {
-            discard: stream::DiscardPolicy::New,
-            ..kept_stream(
-                names::QUARANTINE_STREAM,
-                vec!["bw.quarantine.v1.>".into()],
-                limits.quarantine_max_msgs,
-                Duration::ZERO,
+            dedup,
+        )
+    });
+    send_streams
+        .chain([
+            work_stream(names::DLQ_STREAM, vec![names::DLQ_ALL.into()], limits.dlq_max_msgs, replicas, dedup),
+            work_stream(names::UNKNOWN_STREAM, vec!["bw.unknown.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
+            work_stream(
+                names::WEBHOOK_STREAM,
+                vec![names::WEBHOOK_SUBJECT.into()],
+                limits.send_max_msgs,
                 replicas,
-            )
-        },
-        kept_stream(names::REJECTED_STREAM, vec!["bw.rejected.v1.>".into()], 1_000_000, 7 * day, replicas),
-        kept_stream(names::INBOUND_STREAM, vec!["bw.inbound.v1.>".into()], 10_000_000, 7 * day, replicas),
-        kept_stream(
-            names::EVENTS_STREAM,
-            names::EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
-            10_000_000,
-            day,
-            replicas,
-        ),
-    ]
+                Duration::from_secs(600),
+            ),
+            // Quarantine keeps everything until an operator acts: DiscardNew so nothing is dropped silently.
+            stream::Config {
+                discard: stream::DiscardPolicy::New,
+                ..kept_stream(
+                    names::QUARANTINE_STREAM,
+                    vec!["bw.quarantine.v1.>".into()],
+                    limits.quarantine_max_msgs,
+                    Duration::ZERO,
+                    replicas,
+                )
+            },
+            kept_stream(names::REJECTED_STREAM, vec!["bw.rejected.v1.>".into()], 1_000_000, 7 * day, replicas),
+            kept_stream(names::INBOUND_STREAM, vec!["bw.inbound.v1.>".into()], 10_000_000, 7 * day, replicas),
+            kept_stream(
+                names::EVENTS_STREAM,
+                names::EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
+                10_000_000,
+                day,
+                replicas,
+            ),
+        ])
+        .collect()
+}
+
+/// The description a BW_SEND partition's stream is created with; it records the partition count, which
+/// [`send_partitions_of`] reads back.
+fn send_description(partition: usize, partitions: usize) -> String {
+    format!("Breakwater send partition {partition} of {partitions}")
+}
+
+/// The partition count BW_SEND was created with: the number in its (partition 0's) description, 1 for a stream
+/// created before partitions existed (no description).
+pub fn send_partitions_of(info: &stream::Info) -> Option<names::SendPartitions> {
+    partitions_in(info.config.description.as_deref()).map(names::SendPartitions::new)
+}
+
+/// The count in a partition's description (`… partition <i> of <N>`); 1 without a description.
+fn partitions_in(description: Option<&str>) -> Option<usize> {
+    match description.unwrap_or_default() {
+        "" => Some(1),
+        d => d.rsplit_once(" of ").and_then(|(_, n)| n.trim().parse().ok()),
+    }
+}
+
+/// Reads how BW_SEND is split from its partition 0 (tools that do not create the topology: bwctl, the drill).
+pub async fn send_partitions(js: &jetstream::Context) -> anyhow::Result<names::SendPartitions> {
+    let mut stream = js
+        .get_stream(names::SEND_STREAM)
+        .await
+        .map_err(|e| anyhow::anyhow!("stream `{}` not found ({e}); is Breakwater running?", names::SEND_STREAM))?;
+    let info = stream.info().await.map_err(|e| anyhow::anyhow!("stream `{}`: {e}", names::SEND_STREAM))?;
+    send_partitions_of(info)
+        .ok_or_else(|| anyhow::anyhow!("stream `{}` does not say how many send partitions exist", names::SEND_STREAM))
 }
 
 /// The stream behind a KV bucket, as the client library would create it, except for direct gets: a
@@ -302,12 +349,18 @@ pub async fn ensure_topology_watched(
     refused: &(dyn Fn() -> bool + Sync),
 ) -> anyhow::Result<Buckets> {
     let open_bucket = |js, config| open_bucket_watched(js, config, refused);
-    for config in stream_configs(&cfg.limits, cfg.replicas) {
+    let send = names::SendPartitions::new(cfg.send_partitions);
+    for config in stream_configs(&cfg.limits, cfg.replicas, send) {
         let name = config.name.clone();
         let mut tries = 0;
         loop {
             match js.get_or_create_stream(config.clone()).await {
-                Ok(_) => break,
+                Ok(stream) => {
+                    if name == names::SEND_STREAM {
+                        check_send_partitions(stream.cached_info(), send)?;
+                    }
+                    break;
+                }
                 Err(e) if tries < 20 && !refused() => {
                     tries += 1;
                     tracing::debug!(stream = %name, error = %e, "stream not ready; retrying");
@@ -340,6 +393,7 @@ pub async fn ensure_topology_watched(
         wamid.push(open_bucket(js, kv_config(&names::wamid_bucket(partition), max_age)).await?);
     }
     Ok(Buckets {
+        send,
         ledger,
         wamid,
         scopes: open_bucket(js, kv_config(names::SCOPES_BUCKET, Duration::ZERO)).await?,
@@ -360,11 +414,23 @@ fn ledger_description(partition: usize, partitions: usize) -> String {
 /// The partition count a ledger bucket's stream was created with: the number in its description, 1 for a
 /// bucket created before partitions existed (no description).
 pub fn ledger_partitions_of(store: &kv::Store) -> Option<usize> {
-    let description = store.stream.cached_info().config.description.clone().unwrap_or_default();
-    if description.is_empty() {
-        return Some(1);
+    partitions_in(store.stream.cached_info().config.description.as_deref())
+}
+
+/// Refuses a send partition count other than the one BW_SEND was created with: a sender's requests would be
+/// published to a partition no dispatcher reads the same way, and the priority gate and replay would count
+/// another partition's backlog.
+fn check_send_partitions(info: &stream::Info, configured: names::SendPartitions) -> anyhow::Result<()> {
+    match send_partitions_of(info) {
+        Some(found) if found == configured => Ok(()),
+        found => Err(anyhow::anyhow!(
+            "nats.send_partitions is {} but the stream `{}` was created for {}; every service must use the \
+             partition count BW_SEND was created with (changing it needs a drain: deploy/capacity.md)",
+            configured.count(),
+            names::SEND_STREAM,
+            found.map(|n| format!("{} partition(s)", n.count())).unwrap_or_else(|| "an unknown partition count".into()),
+        )),
     }
-    description.rsplit_once(" of ").and_then(|(_, n)| n.trim().parse().ok())
 }
 
 /// Refuses a partition count other than the one the ledger was created with: the same operation would be

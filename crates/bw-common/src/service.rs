@@ -70,6 +70,13 @@ pub fn load_config<C: ServiceConfig>(
             crate::names::MAX_LEDGER_PARTITIONS
         )));
     }
+    let send = cfg.nats().send_partitions;
+    if !(1..=crate::names::MAX_SEND_PARTITIONS).contains(&send) {
+        return Err(ConfigError::Invalid(format!(
+            "nats.send_partitions must be between 1 and {}, got {send}",
+            crate::names::MAX_SEND_PARTITIONS
+        )));
+    }
     cfg.validate().map_err(ConfigError::Invalid)?;
     Ok(cfg)
 }

@@ -93,6 +93,9 @@ impl std::fmt::Debug for MetaConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DispatchConfig {
+    /// BW_SEND partitions this instance serves (`nats.send_partitions`); empty: every partition.
+    #[serde(default)]
+    pub partitions: Vec<usize>,
     pub batch_size: usize,
     pub max_in_flight: usize,
     pub max_retries: u32,
@@ -149,6 +152,13 @@ impl ServiceConfig for Config {
         }
         if self.dispatch.retry_base_ms == 0 || self.dispatch.retry_cap_ms < self.dispatch.retry_base_ms {
             return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
+        }
+        let send = self.nats.send_partitions;
+        if let Some(p) = self.dispatch.partitions.iter().find(|p| **p >= send) {
+            return Err(format!(
+                "dispatch.partitions names partition {p}, but nats.send_partitions is {send} (partitions 0 to {})",
+                send.saturating_sub(1)
+            ));
         }
         Ok(())
     }
@@ -237,16 +247,27 @@ async fn idle_wait_any(
     }
 }
 
-/// Creates (or binds to) the durable pull consumer of a lane.
+/// Creates (or binds to) the durable pull consumer of a lane in BW_SEND (partition 0).
 pub async fn lane_consumer(
     js: &async_nats::jetstream::Context,
     lane: Lane,
     ack_wait: Duration,
 ) -> anyhow::Result<consumer::Consumer<pull::Config>> {
-    let stream = js.get_stream(names::SEND_STREAM).await?;
+    partition_lane_consumer(js, 0, lane, ack_wait).await
+}
+
+/// Creates (or binds to) the durable pull consumer of a lane in one BW_SEND partition (the same name on every
+/// partition's stream).
+pub async fn partition_lane_consumer(
+    js: &async_nats::jetstream::Context,
+    partition: usize,
+    lane: Lane,
+    ack_wait: Duration,
+) -> anyhow::Result<consumer::Consumer<pull::Config>> {
+    let stream = js.get_stream(names::SendPartitions::stream(partition)).await?;
     let config = pull::Config {
         durable_name: Some(lane.dispatcher_consumer().to_string()),
-        filter_subject: lane.filter(),
+        filter_subject: names::SendPartitions::lane_filter(partition, lane),
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait,
         max_deliver: -1,
@@ -254,6 +275,28 @@ pub async fn lane_consumer(
         ..Default::default()
     };
     Ok(stream.get_or_create_consumer(lane.dispatcher_consumer(), config).await?)
+}
+
+/// The partitions an instance serves: those configured (in order, once each), or every one.
+fn served_partitions(configured: &[usize], send: names::SendPartitions) -> Vec<usize> {
+    let mut served: Vec<usize> = Vec::new();
+    for &p in configured.iter().filter(|p| **p < send.count()) {
+        if !served.contains(&p) {
+            served.push(p);
+        }
+    }
+    if served.is_empty() { send.all().collect() } else { served }
+}
+
+/// Indexes into the consumers (`per_lane` partitions of each lane, lane after lane) in fetch order for turn
+/// `turn`: lanes in serving order, and within each lane the partitions starting at `turn mod per_lane`.
+fn fetch_order(consumers: usize, per_lane: usize, turn: usize) -> impl Iterator<Item = usize> {
+    let per_lane = per_lane.max(1);
+    let start = turn % per_lane;
+    (0..consumers).map(move |i| {
+        let (lane, k) = (i / per_lane, i % per_lane);
+        lane * per_lane + (start + k) % per_lane
+    })
 }
 
 /// Access tokens the local stack, the drill and the simulator's examples use: fine against the simulator, a
@@ -289,12 +332,18 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let meta = MetaClient::new(&cfg.meta)?;
     let ack_wait = Duration::from_millis(cfg.dispatch.ack_wait_ms);
+    let partitions = served_partitions(&cfg.dispatch.partitions, deps.buckets.send);
+    // Lane by lane in serving order, each lane's partitions side by side (see the fetch loop).
     let mut consumers = Vec::new();
     for lane in Lane::ALL {
-        let consumer = deps
-            .startup_step("lane consumer", Duration::from_secs(30), || lane_consumer(&deps.js, lane, ack_wait))
-            .await?;
-        consumers.push((lane, consumer));
+        for &partition in &partitions {
+            let consumer = deps
+                .startup_step("lane consumer", Duration::from_secs(30), || {
+                    partition_lane_consumer(&deps.js, partition, lane, ack_wait)
+                })
+                .await?;
+            consumers.push((lane, consumer));
+        }
     }
     let worker = Arc::new(process::Worker {
         js: deps.js.clone(),
@@ -308,6 +357,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
         backlog: priority::Backlog::new(
             deps.js.clone(),
+            partitions.clone(),
             Duration::from_millis(cfg.dispatch.priority_backlog_refresh_ms),
         ),
         dlq_limit_signalled: Default::default(),
@@ -320,7 +370,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let batch_size = cfg.dispatch.batch_size;
     let idle_wait = Duration::from_millis(cfg.dispatch.idle_wait_ms.max(10));
     deps.health.set_started();
-    tracing::info!(lanes = consumers.len(), batch_size, "dispatcher consuming");
+    tracing::info!(lanes = Lane::ALL.len(), partitions = ?partitions, batch_size, "dispatcher consuming");
+    let per_lane = partitions.len();
+    let mut turn = 0usize;
 
     // Long-poll pull requests left outstanding by earlier idle waits, one slot per lane: whatever arrives on any
     // lane wakes an idle dispatcher, and a request still pending when work resumes is read at the next turn.
@@ -338,7 +390,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                 batch.push((*lane, m));
             }
         }
-        for (lane, consumer) in &consumers {
+        // Each lane's partitions take turns going first, so a busy partition cannot keep its neighbours' share of
+        // the batch (lanes keep their serving order).
+        turn = turn.wrapping_add(1);
+        for (lane, consumer) in fetch_order(consumers.len(), per_lane, turn).map(|i| &consumers[i]) {
             let room = batch_size - batch.len();
             if room == 0 {
                 break;
@@ -421,6 +476,30 @@ mod tests {
         cfg.base_url = base_url.into();
         cfg.access_token = token.into();
         cfg
+    }
+
+    #[test]
+    fn every_partition_of_a_lane_takes_its_turn_first_and_lanes_keep_their_order() {
+        let send = names::SendPartitions::new(3);
+        assert_eq!(served_partitions(&[], send), [0, 1, 2]);
+        assert_eq!(served_partitions(&[2, 0, 2, 7], send), [2, 0], "configured order, once each, in range");
+        let order = |turn| fetch_order(6, 3, turn).collect::<Vec<_>>();
+        assert_eq!(order(0), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(order(1), [1, 2, 0, 4, 5, 3]);
+        assert_eq!(order(2), [2, 0, 1, 5, 3, 4]);
+        assert_eq!(fetch_order(4, 1, 5).collect::<Vec<_>>(), [0, 1, 2, 3], "one partition: the lanes in order");
+    }
+
+    #[test]
+    fn a_dispatcher_may_only_serve_partitions_that_exist() {
+        let mut env = std::collections::HashMap::new();
+        env.insert("BW_DISPATCHER__NATS__SEND_PARTITIONS".to_string(), "2".to_string());
+        env.insert("BW_DISPATCHER__DISPATCH__PARTITIONS".to_string(), "[1]".to_string());
+        let cfg = Config::load(None, &env).expect("partition 1 of 2");
+        assert_eq!(cfg.dispatch.partitions, [1]);
+        env.insert("BW_DISPATCHER__DISPATCH__PARTITIONS".to_string(), "[2]".to_string());
+        let err = Config::load(None, &env).expect_err("partition 2 of 2 does not exist").to_string();
+        assert!(err.contains("dispatch.partitions") && err.contains("nats.send_partitions is 2"), "{err}");
     }
 
     #[test]

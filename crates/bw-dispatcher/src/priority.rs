@@ -16,8 +16,8 @@
 //!    `priority_hold_ms` at the first delivery and doubles with each one up to 8 × ([`gated_hold_ms`]): a
 //!    promotion behind a 20 s priority backlog comes back 7 times instead of 40 (at a fixed 500 ms the drill's
 //!    dispatchers redelivered 1,700 held promotions a second, the broker's largest load after the outage).
-//!    [`Backlog`] learns every sender's backlog from two stream-info requests with subjects (one on BW_DLQ, one
-//!    on BW_SEND), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
+//!    [`Backlog`] learns every sender's backlog from stream-info requests with subjects (one on BW_DLQ, one
+//!    on each BW_SEND partition the dispatcher serves), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
 //!    that interval: a priority entry dead-lettered just after a refresh lets that sender's promotions through
 //!    for at most one interval; a backlog that just cleared holds them for at most one interval plus
 //!    8 × `priority_hold_ms` (messages fetched for the first time since then go at once). With several
@@ -141,15 +141,19 @@ struct Reading {
 /// rh lane on its own.
 pub(crate) struct Backlog {
     js: async_nats::jetstream::Context,
+    /// The BW_SEND partitions whose `rh` lanes are read: those this dispatcher serves, which hold every sender
+    /// it gates (a sender lives in one partition).
+    partitions: Vec<usize>,
     refresh: Duration,
     backlog: tokio::sync::Mutex<Reading>,
     replays: tokio::sync::Mutex<Reading>,
 }
 
 impl Backlog {
-    pub(crate) fn new(js: async_nats::jetstream::Context, refresh: Duration) -> Backlog {
+    pub(crate) fn new(js: async_nats::jetstream::Context, partitions: Vec<usize>, refresh: Duration) -> Backlog {
         Backlog {
             js,
+            partitions,
             refresh,
             backlog: tokio::sync::Mutex::new(Reading::default()),
             replays: tokio::sync::Mutex::new(Reading::default()),
@@ -181,10 +185,15 @@ impl Backlog {
 
     async fn read(&self, with_dlq: bool) -> anyhow::Result<HashMap<String, u64>> {
         let mut waiting = HashMap::new();
-        let lane = Lane::PriorityReplay.filter();
-        let both = [(names::SEND_STREAM, lane.as_str()), (names::DLQ_STREAM, names::DLQ_PRIORITY_WILDCARD)];
-        let sources = if with_dlq { &both[..] } else { &both[..1] };
-        for &(stream, filter) in sources {
+        let mut sources: Vec<(String, String)> = self
+            .partitions
+            .iter()
+            .map(|&p| (names::SendPartitions::stream(p), names::SendPartitions::lane_filter(p, Lane::PriorityReplay)))
+            .collect();
+        if with_dlq {
+            sources.push((names::DLQ_STREAM.into(), names::DLQ_PRIORITY_WILDCARD.into()));
+        }
+        for (stream, filter) in &sources {
             let handle = self.js.get_stream(stream).await?;
             let mut subjects = handle.info_with_subjects(filter).await?;
             while let Some(item) = subjects.next().await {

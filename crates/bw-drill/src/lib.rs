@@ -547,7 +547,16 @@ pub async fn depths(js: &jetstream::Context) -> Depths {
     }
     use bw_common::names;
     let (send, dlq, unknown, quarantine) = (
-        count(js, names::SEND_STREAM).await,
+        {
+            // Every BW_SEND partition (unread if any one is).
+            let send = bw_common::nats::send_partitions(js).await.unwrap_or_default();
+            let mut total = Some(0);
+            for partition in send.all() {
+                let n = count(js, &names::SendPartitions::stream(partition)).await;
+                total = total.zip(n).map(|(t, n)| t + n);
+            }
+            total
+        },
         count(js, names::DLQ_STREAM).await,
         count(js, names::UNKNOWN_STREAM).await,
         count(js, names::QUARANTINE_STREAM).await,

@@ -29,9 +29,11 @@ pub async fn diagnose(
         lines.push(format!("breakers not CLOSED (as observed): {}", not_closed.join(", ")));
     }
     lines.extend(snapshots(scopes, senders).await);
-    for stream in [names::SEND_STREAM, names::DLQ_STREAM, names::UNKNOWN_STREAM] {
-        lines.extend(subjects(js, stream).await);
-        lines.extend(consumers(js, stream).await);
+    let send = bw_common::nats::send_partitions(js).await.unwrap_or_default();
+    let send_streams = send.all().map(names::SendPartitions::stream);
+    for stream in send_streams.chain([names::DLQ_STREAM, names::UNKNOWN_STREAM].map(String::from)) {
+        lines.extend(subjects(js, &stream).await);
+        lines.extend(consumers(js, &stream).await);
     }
     lines.push(order_sets(redis_url).await);
     lines

@@ -63,6 +63,8 @@ pub(crate) struct Intake {
     /// None: no category keeps order (or ingest runs without Redis).
     pub order: Option<Order>,
     pub js: jetstream::Context,
+    /// Which BW_SEND partition each sender's requests go to.
+    pub send: names::SendPartitions,
     pub ledger: Ledger,
     pub limits: Limits,
     pub metrics: Metrics,
@@ -213,7 +215,7 @@ impl Intake {
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", op.as_str());
         bw_common::telemetry::inject(span, &mut headers);
-        let subject = names::outbox_subject(names::Lane::for_category(category), &request.phone_number_id);
+        let subject = self.send.outbox_subject(names::Lane::for_category(category), &request.phone_number_id);
         let duplicate =
             match bw_common::nats::publish_durable(&self.js, subject, headers, request.encode_to_vec().into()).await {
                 Ok(d) => d,

@@ -463,6 +463,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         order,
         bodies: bodies.clone(),
         js: deps.js.clone(),
+        send: deps.buckets.send,
         ledger: ledger.clone(),
         limits: cfg.intake.limits(),
         metrics: metrics.clone(),

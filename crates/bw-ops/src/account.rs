@@ -167,7 +167,15 @@ async fn one_pass(
     let mut counts = BTreeMap::new();
     let mut undecodable = Vec::new();
     for stream in [names::SEND_STREAM, names::DLQ_STREAM, names::QUARANTINE_STREAM, names::UNKNOWN_STREAM] {
-        let messages = scan_stream(js, stream, ">").await?;
+        // BW_SEND counts as one place however many partitions it has: every partition's stream is read.
+        let mut messages = Vec::new();
+        if stream == names::SEND_STREAM {
+            for partition in buckets.send.all() {
+                messages.extend(scan_stream(js, &names::SendPartitions::stream(partition), ">").await?);
+            }
+        } else {
+            messages = scan_stream(js, stream, ">").await?;
+        }
         counts.insert(stream, messages.len() as u64);
         for m in messages {
             let op = if m.headers.get(crate::names::UNDECODABLE_HEADER).is_some() {

@@ -183,6 +183,7 @@ pub struct Target {
 #[derive(Clone)]
 pub struct Mover {
     js: jetstream::Context,
+    send: names::SendPartitions,
     ledger: Ledger,
     rules: Rules,
 }
@@ -194,7 +195,12 @@ fn entry_from(request: &SendRequest, replays: u32, state: OperationState) -> Led
 impl Mover {
     /// A mover over the topology's buckets.
     pub fn new(js: jetstream::Context, buckets: &Buckets, rules: Rules) -> Mover {
-        Mover { js, ledger: Ledger::new(buckets), rules }
+        Mover { js, send: buckets.send, ledger: Ledger::new(buckets), rules }
+    }
+
+    /// How BW_SEND is split (where a replayed entry goes back to).
+    pub fn send_partitions(&self) -> names::SendPartitions {
+        self.send
     }
 
     /// The rules in force.
@@ -337,7 +343,7 @@ impl Mover {
         telemetry::inject(&tracing::Span::current(), &mut headers);
         // Priority follows the message: a priority entry goes back through the priority replay lane (`rh`),
         // served first and admitted as priority traffic; a marketing one through `rp`.
-        let subject = names::outbox_subject(names::Lane::for_replay(outgoing.category()), &outgoing.phone_number_id);
+        let subject = self.send.outbox_subject(names::Lane::for_replay(outgoing.category()), &outgoing.phone_number_id);
         let duplicate = publish_durable(&self.js, subject, headers, outgoing.encode_to_vec().into()).await?;
         Ok(Outcome::Replayed { replay, duplicate })
     }

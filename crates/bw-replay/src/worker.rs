@@ -354,7 +354,8 @@ async fn drain_class(
         _ => None,
     };
     let lane_phone = target.as_ref().map(|t| t.phone_number_id.clone()).unwrap_or_else(|| scope.to_string());
-    let lane_subject = names::outbox_subject(class.lane, &lane_phone);
+    let send = ctx.mover.send_partitions();
+    let (lane_stream, lane_subject) = (send.stream_of(&lane_phone), send.outbox_subject(class.lane, &lane_phone));
     let pacing = match (&active, class.lane) {
         (Mode::Probe, _) => ctx.cfg.replay.probe_pacing(),
         (_, names::Lane::PriorityReplay) => ctx.cfg.replay.priority_pacing(&lane_phone),
@@ -392,7 +393,7 @@ async fn drain_class(
         }
         let mut room = ctx.cfg.replay.batch_size.min(rate_cap);
         if pacing.max_lane_depth > 0 {
-            let depth = match subject_depth(&ctx.js, names::SEND_STREAM, &lane_subject).await {
+            let depth = match subject_depth(&ctx.js, &lane_stream, &lane_subject).await {
                 Ok(d) => d,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the replay lane depth");
