@@ -67,15 +67,16 @@ fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
 
 /// Connections of `user` the way a service makes them (Deps::connect ensures the topology as that user).
 async fn deps_as(server: &NatsServer, user: &str, redis: Option<&bw_common::config::RedisConfig>) -> Deps {
-    deps_partitioned(server, user, redis, 1).await
+    deps_partitioned(server, user, redis, 1, 1).await
 }
 
-/// Like [`deps_as`], with the ledger in `ledger_partitions` partitions.
+/// Like [`deps_as`], with the ledger in `ledger_partitions` partitions and BW_SEND in `send_partitions`.
 async fn deps_partitioned(
     server: &NatsServer,
     user: &str,
     redis: Option<&bw_common::config::RedisConfig>,
     ledger_partitions: usize,
+    send_partitions: usize,
 ) -> Deps {
     let cfg = NatsConfig {
         url: url_of(server, user),
@@ -83,7 +84,7 @@ async fn deps_partitioned(
         inbox_prefix: format!("_INBOX_{user}"),
         replicas: 1,
         ledger_partitions,
-        send_partitions: 1,
+        send_partitions,
         limits: Default::default(),
     };
     let mut deps = Deps::connect(user, &cfg, redis, Duration::from_secs(10)).await.expect("connects as its user");
@@ -502,14 +503,18 @@ async fn each_service_user_alone_creates_the_shared_topology() {
     }
 }
 
-/// A ledger in two partitions under `scripts/nats-accounts.sh 2`: every service user ensures the topology with
-/// `nats.ledger_partitions = 2`, the ledger's users (ingest, dispatcher, replay) write and read an operation of
-/// the second partition, ingest's feed publisher consumes that partition's stream, the operator's bwctl reads
-/// both, and the server logs no violation; alerting still may not read the ledger, in either partition.
+/// A ledger and BW_SEND in two partitions each under `scripts/nats-accounts.sh 2 --send 2`: every service user
+/// ensures the topology with `nats.ledger_partitions = 2` and `nats.send_partitions = 2`, the ledger's users
+/// (ingest, dispatcher, replay) write and read an operation of the second partition, ingest's feed publisher
+/// consumes that partition's stream, ingest stores a request of a sender of the second send partition, replay
+/// puts one back on its replay lane and reads that lane's depth, the dispatcher consumes both from BW_SEND_1,
+/// the operator's bwctl reads every partition, and the server logs no violation; alerting still may not read
+/// the ledger, in either partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partition() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nats-accounts.sh");
-    let generated = std::process::Command::new("bash").arg(&script).arg("2").output().expect("script runs");
+    let generated =
+        std::process::Command::new("bash").arg(&script).args(["2", "--send", "2"]).output().expect("script runs");
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
     let conf = std::env::temp_dir().join(format!("bw-accounts-2-{}.conf", bw_testkit::free_port()));
     std::fs::write(&conf, &generated.stdout).expect("conf written");
@@ -518,9 +523,31 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
 
     // An operation id of the second partition.
     let op = (0..).map(|i| format!("perm-part-{i}")).find(|op| names::ledger_partition(op, 2) == 1).expect("id");
+    // A sender of the second send partition.
+    let send = names::SendPartitions::new(2);
+    let phone = (0..).map(|i| format!("1065403522{i:05}")).find(|p| send.of(p) == 1).expect("phone");
+    let request = bw_e2e::order(&phone, &op, 1);
     for (user, _) in SERVICES {
-        let deps = deps_partitioned(&nats, user, None, 2).await;
+        let deps = deps_partitioned(&nats, user, None, 2, 2).await;
         assert_eq!((deps.buckets.ledger.len(), deps.buckets.wamid.len()), (2, 2), "{user} opened both partitions");
+        assert_eq!(deps.buckets.send, send, "{user} created or found both send partitions");
+        let store = |lane| {
+            let (js, subject) = (deps.js.clone(), send.outbox_subject(lane, &phone));
+            let payload = prost::Message::encode_to_vec(&request);
+            async move { bw_common::nats::publish_durable(&js, subject, Default::default(), payload.into()).await }
+        };
+        match user {
+            "ingest" => {
+                store(names::Lane::High).await.expect("ingest stores onto the second send partition");
+            }
+            "replay" => {
+                store(names::Lane::PriorityReplay).await.expect("replay puts back onto the second send partition");
+                let lane = send.outbox_subject(names::Lane::PriorityReplay, &phone);
+                let depth = bw_ops::scan::subject_depth(&deps.js, "BW_SEND_1", &lane).await.expect("lane depth");
+                assert_eq!(depth, 1);
+            }
+            _ => {}
+        }
         if matches!(user, "ingest" | "dispatcher" | "replay") {
             let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
             let request = bw_e2e::order(PHONE, &op, 1);
@@ -556,13 +583,28 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
             stream.get_or_create_consumer("feed-publisher", config).await.expect("feed consumer on partition 1");
         }
     }
+    // The dispatcher consumes what ingest and replay stored in the second send partition.
+    let dispatcher = deps_partitioned(&nats, "dispatcher", None, 2, 2).await;
+    for lane in [names::Lane::PriorityReplay, names::Lane::High] {
+        use futures::StreamExt;
+        let consumer = bw_dispatcher::partition_lane_consumer(&dispatcher.js, 1, lane, Duration::from_secs(5))
+            .await
+            .expect("consumer on BW_SEND_1");
+        let mut batch = consumer.fetch().max_messages(1).messages().await.expect("fetch");
+        let msg = batch.next().await.expect("one message").expect("delivered");
+        assert_eq!(names::phone_of_subject(&msg.subject), phone);
+        msg.double_ack().await.expect("acked");
+    }
     let operator = bw_cli::connect(&url_of(&nats, "operator")).await.expect("bwctl connects as the operator");
     assert_eq!(operator.buckets.ledger.len(), 2, "bwctl found both partitions");
+    assert_eq!(operator.buckets.send, send, "bwctl found both send partitions");
+    let report = bw_ops::account::account(&operator.js, &operator.buckets).await.expect("operator accounts");
+    assert_eq!(report.stream_messages.get(names::SEND_STREAM), Some(&0), "every send partition read, drained");
     let entries = bw_ops::account::ledger_entries(&operator.js, &operator.buckets).await.expect("operator reads");
     assert!(entries.iter().any(|e| e.operation_id == op), "the operator reads the second partition");
     assert_eq!(violations(&nats), Vec::<String>::new(), "no permissions violation");
 
-    let alerting = deps_partitioned(&nats, "alerting", None, 2).await;
+    let alerting = deps_partitioned(&nats, "alerting", None, 2, 2).await;
     assert!(alerting.buckets.ledger[1].get(&op).await.is_err(), "alerting read the second partition");
 }
 
