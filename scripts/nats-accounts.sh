@@ -3,8 +3,9 @@
 # with --send N, BW_SEND split into N streams (nats.send_partitions):
 # - every permission that names the ledger's bucket or the wamid links' (BW_LEDGER, BW_WAMID, their streams
 #   KV_BW_LEDGER, KV_BW_WAMID) is granted for BW_LEDGER_1 … BW_LEDGER_<PARTITIONS-1> (and BW_WAMID_1 …) as well;
-# - every permission that names BW_SEND or a subject of it (bw.outbox.v1.…) is granted for BW_SEND_1 …
-#   BW_SEND_<N-1> and their subjects (bw.outbox.p1.v1.…) as well;
+# - every permission that names BW_SEND or BW_DLQ or a subject of theirs (bw.outbox.v1.…, bw.dlq.v1.…) is
+#   granted for BW_SEND_1 … BW_SEND_<N-1>, BW_DLQ_1 … and their subjects (bw.outbox.p1.v1.…, bw.dlq.p1.v1.…)
+#   as well (the DLQ follows the send partitions);
 # each on a line of its own right after the original. Nothing else changes.
 #
 #   scripts/nats-accounts.sh 8 --send 4 > /etc/nats/accounts.conf
@@ -41,7 +42,10 @@ function copies(item, count, kind,    i, copy, out) {
     } else {
       gsub(/BW_SEND\./, "BW_SEND_" i ".", copy)
       gsub(/BW_SEND"/, "BW_SEND_" i "\"", copy)
+      gsub(/BW_DLQ\./, "BW_DLQ_" i ".", copy)
+      gsub(/BW_DLQ"/, "BW_DLQ_" i "\"", copy)
       gsub(/"bw\.outbox\.v1\./, "\"bw.outbox.p" i ".v1.", copy)
+      gsub(/"bw\.dlq\.v1\./, "\"bw.dlq.p" i ".v1.", copy)
     }
     out = out (out == "" ? "" : ", ") copy
   }
@@ -55,7 +59,7 @@ $0 !~ /^[ \t]*#/ && (n > 1 || s > 1) {
     item = substr(rest, RSTART, RLENGTH); rest = substr(rest, RSTART + RLENGTH)
     more = ""
     if (n > 1 && item ~ /BW_(LEDGER|WAMID)[."]/) more = copies(item, n, "ledger")
-    else if (s > 1 && (item ~ /BW_SEND[."]/ || item ~ /^"bw\.outbox\.v1\./)) more = copies(item, s, "send")
+    else if (s > 1 && (item ~ /BW_(SEND|DLQ)[."]/ || item ~ /^"bw\.(outbox|dlq)\.v1\./)) more = copies(item, s, "send")
     if (more != "") out = out (out == "" ? "" : ", ") more
   }
   if (out != "") print indent out ","

@@ -186,6 +186,18 @@ async fn send_in_three_partitions_each_sender_in_its_own_stream_served_by_the_di
         .await
         .expect("depth");
     assert_eq!(waiting, PER_SENDER as u64);
+    // What the on-call person sees: the unserved partition holds messages and no dispatcher ever took one.
+    let (code, out) = crate::bwctl(&h.nats.url(), &["partitions"]).await;
+    assert_eq!(code, 0, "{out}");
+    let row = |stream: &str| -> Vec<String> {
+        let line = out.lines().find(|l| l.split_whitespace().nth(2) == Some(stream)).unwrap_or_default();
+        line.split_whitespace().map(str::to_string).collect()
+    };
+    let unserved = row("BW_SEND_2");
+    let depth = PER_SENDER.to_string();
+    assert_eq!((unserved[3].as_str(), unserved.last().map(String::as_str)), (depth.as_str(), Some("never")), "{out}");
+    assert!(row("BW_SEND_1").last().is_some_and(|d| d.ends_with("ago")), "partition 1 was served: {out}");
+    assert!(out.contains("send partitions: 3, ledger partitions: 1"), "{out}");
     for (p, phone) in phones.iter().enumerate() {
         let subject = send.outbox_subject(names::Lane::High, phone);
         assert_eq!(subject.starts_with("bw.outbox.v1."), p == 0, "{subject}: only partition 0 keeps the old subjects");
@@ -202,20 +214,28 @@ async fn send_in_three_partitions_each_sender_in_its_own_stream_served_by_the_di
     for op in &all {
         assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted exactly once");
     }
-    // The sender of partition 1 went through the DLQ and back through bw.outbox.p1.v1.rh.<phone>.
+    // The sender of partition 1 went through its DLQ (BW_DLQ_1) and back through bw.outbox.p1.v1.rh.<phone>.
     let mut replayed = 0;
     for op in &ops[1] {
         replayed += usize::from(h.ledger_entry(op).await.expect("entry").entry.replays > 0);
     }
     assert!(replayed > 0, "some of partition 1's operations were replayed");
 
-    // Three work streams, each with its own subjects; all drained.
+    // Three work streams and three DLQ streams, each with its own subjects; all drained. The senders of
+    // partitions 0 and 1 dead-lettered into their own partition's DLQ; partition 2's sender, served only after the
+    // outage, never did.
     for p in 0..SEND {
         let name = names::SendPartitions::stream(p);
         let mut stream = h.js.get_stream(&name).await.expect("partition stream");
         let info = stream.info().await.expect("info");
         assert_eq!(info.config.subjects, [names::SendPartitions::stream_subjects(p)], "{name}");
         assert_eq!(info.state.messages, 0, "{name} drained");
+        let name = names::SendPartitions::dlq_stream(p);
+        let mut stream = h.js.get_stream(&name).await.expect("dlq partition stream");
+        let info = stream.info().await.expect("info");
+        assert_eq!(info.config.subjects, [names::SendPartitions::dlq_all(p)], "{name}");
+        assert_eq!(info.state.messages, 0, "{name} drained");
+        assert_eq!(info.state.last_sequence > 0, p < 2, "{name} held dead letters only of a sender that failed");
     }
 
     // Accounting and bwctl read every partition.

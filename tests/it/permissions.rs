@@ -595,7 +595,31 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
         assert_eq!(names::phone_of_subject(&msg.subject), phone);
         msg.double_ack().await.expect("acked");
     }
+    // The DLQ follows: the dispatcher dead-letters into BW_DLQ_1, the operator sees the entry, and replay's
+    // consumer of that sender takes it from there.
+    let envelope = bw_common::proto::DlqEnvelope { request: Some(request.clone()), ..Default::default() };
+    let dlq_subject = send.dlq_subject(request.category(), &phone);
+    let payload = prost::Message::encode_to_vec(&envelope);
+    bw_common::nats::publish_durable(&dispatcher.js, dlq_subject.clone(), Default::default(), payload.into())
+        .await
+        .expect("the dispatcher dead-letters into the second partition");
     let operator = bw_cli::connect(&url_of(&nats, "operator")).await.expect("bwctl connects as the operator");
+    let (items, _) = bw_ops::inspect::dlq_items(&operator.js, operator.buckets.send, None).await.expect("dlq read");
+    assert_eq!(items.iter().map(|i| i.subject.as_str()).collect::<Vec<_>>(), [dlq_subject.as_str()]);
+    let replay = deps_partitioned(&nats, "replay", None, 2, 2).await;
+    let stream = replay.js.get_stream("BW_DLQ_1").await.expect("dlq partition");
+    let config = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some(bw_ops::names::replay_class_consumer("p", &phone)),
+        filter_subject: send.dlq_class_filter("p", &phone),
+        ..Default::default()
+    };
+    let consumer = stream.get_or_create_consumer(&bw_ops::names::replay_class_consumer("p", &phone), config).await;
+    let consumer = consumer.expect("replay's consumer on BW_DLQ_1");
+    {
+        use futures::StreamExt;
+        let mut batch = consumer.fetch().max_messages(1).messages().await.expect("fetch");
+        batch.next().await.expect("the entry").expect("delivered").double_ack().await.expect("acked");
+    }
     assert_eq!(operator.buckets.ledger.len(), 2, "bwctl found both partitions");
     assert_eq!(operator.buckets.send, send, "bwctl found both send partitions");
     let report = bw_ops::account::account(&operator.js, &operator.buckets).await.expect("operator accounts");

@@ -24,7 +24,7 @@ struct Findings {
 pub(crate) struct Poller {
     engine: Engine,
     js: jetstream::Context,
-    /// BW_SEND's partitions: each is its own stream with its own limit.
+    /// BW_SEND's and BW_DLQ's partitions: each is its own stream with its own limit.
     send: names::SendPartitions,
     scopes: kv::Store,
     rules: RulesConfig,
@@ -78,19 +78,22 @@ impl Poller {
     }
 
     async fn check_dlq(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
-        let stream = self.js.get_stream(names::DLQ_STREAM).await?;
-        let mut subjects = stream.info_with_subjects(names::DLQ_ALL).await?;
-        let first_seq = subjects.info.state.first_sequence;
-        let total = subjects.info.state.messages;
+        // Every DLQ partition (one per send partition); their subjects are distinct.
+        let mut total = 0;
         let mut per_subject = Vec::new();
-        while let Some((subject, count)) = subjects.try_next().await? {
-            per_subject.push((subject, count as u64));
+        for partition in self.send.all() {
+            let stream = self.js.get_stream(names::SendPartitions::dlq_stream(partition)).await?;
+            let mut subjects = stream.info_with_subjects(names::SendPartitions::dlq_all(partition)).await?;
+            let first_seq = subjects.info.state.first_sequence;
+            total += subjects.info.state.messages;
+            while let Some((subject, count)) = subjects.try_next().await? {
+                per_subject.push((stream.clone(), first_seq, subject, count as u64));
+            }
         }
         // Oldest message per scope: one first-by-subject lookup each, a few at a time.
-        let stream_ref = &stream;
         let ages: Vec<(String, u64, Option<f64>)> = futures::stream::iter(per_subject)
-            .map(|(subject, count)| async move {
-                let age = stream_ref.get_first_raw_message_by_subject(&subject, first_seq.max(1)).await.ok();
+            .map(|(stream, first_seq, subject, count)| async move {
+                let age = stream.get_first_raw_message_by_subject(&subject, first_seq.max(1)).await.ok();
                 (subject, count, age.map(|m| age_s(now, m.time)))
             })
             .buffer_unordered(8)
@@ -141,8 +144,9 @@ impl Poller {
 
     async fn check_limits(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
         let send = self.send.all().map(names::SendPartitions::stream);
-        let others = [names::DLQ_STREAM, names::UNKNOWN_STREAM, names::QUARANTINE_STREAM].map(String::from);
-        for name in send.chain(others) {
+        let dlq = self.send.all().map(names::SendPartitions::dlq_stream);
+        let others = [names::UNKNOWN_STREAM, names::QUARANTINE_STREAM].map(String::from);
+        for name in send.chain(dlq).chain(others) {
             let name = name.as_str();
             let mut stream = self.js.get_stream(name).await?;
             let info = stream.info().await?;

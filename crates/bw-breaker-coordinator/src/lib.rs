@@ -81,6 +81,8 @@ struct Inner {
     redis: bw_common::redis_conn::RedisConn,
     nats: async_nats::Client,
     js: async_nats::jetstream::Context,
+    /// Which DLQ partition holds each sender's entries.
+    send: bw_common::names::SendPartitions,
     scopes_kv: async_nats::jetstream::kv::Store,
     /// Id of this instance in the leader lease.
     instance: String,
@@ -123,6 +125,7 @@ impl Coordinator {
                 redis,
                 nats: deps.nats.clone(),
                 js: deps.js.clone(),
+                send: deps.buckets.send,
                 scopes_kv: deps.buckets.scopes.clone(),
                 instance: instance_id(),
                 leader: OnceLock::new(),
@@ -442,14 +445,15 @@ impl Coordinator {
         if !self.is_leader() {
             return;
         }
-        let Ok(counts) = bw_ops::scan::subject_counts(&self.inner.js, names::DLQ_STREAM, names::DLQ_ALL).await else {
+        let send = self.inner.send;
+        let Ok(counts) = bw_ops::scan::dlq_subject_counts(&self.inner.js, send).await else {
             return;
         };
         let unknown: std::collections::BTreeSet<&str> =
             counts.keys().map(|s| names::phone_of_subject(s)).filter(|p| self.scope(p).is_none()).collect();
         for phone in unknown {
-            let filter = names::dlq_scope_filter(phone);
-            let Ok(Some(first)) = bw_ops::scan::first_message(&self.inner.js, names::DLQ_STREAM, &filter).await else {
+            let (stream, filter) = (send.dlq_stream_of(phone), send.dlq_scope_filter(phone));
+            let Ok(Some(first)) = bw_ops::scan::first_message(&self.inner.js, &stream, &filter).await else {
                 continue;
             };
             let Ok(envelope) = bw_common::proto::DlqEnvelope::decode(first.payload.as_ref()) else { continue };

@@ -75,7 +75,7 @@ pub async fn replay_incident(
     let closed = |phone: &str| {
         states.get(phone).is_some_and(|s| matches!(s.state(), BreakerState::Closed | BreakerState::ForcedClosed))
     };
-    let (items, _) = bw_ops::inspect::dlq_items(js, scope).await?;
+    let (items, _) = bw_ops::inspect::dlq_items(js, buckets.send, scope).await?;
     let selected = incident::incident_entries(items, incident);
     if selected.is_empty() {
         writeln!(out, "incident {incident}: no DLQ entry carries it; nothing replayed")?;

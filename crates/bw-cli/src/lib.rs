@@ -62,6 +62,10 @@ pub enum Command {
     OperatorTokenHash,
     /// One operation's state and journey (ledger + outcome feed), personal data masked; exits 1 if unknown.
     Op(op::OpArgs),
+    /// Every partition of BW_SEND, BW_DLQ and the ledger (`nats.send_partitions`, `nats.ledger_partitions`): its
+    /// stream, messages, cluster leader and, for BW_SEND, when a dispatcher last took a message from it (an
+    /// unserved partition shows messages and no recent delivery).
+    Partitions,
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -290,8 +294,9 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     let (js, buckets) = (&conn.js, &conn.buckets);
     match cli.command {
         Command::Scopes => scopes(buckets, out).await,
+        Command::Partitions => partitions(js, buckets, out).await,
         Command::Dlq(DlqCommand::Stats(s)) => {
-            let (items, bad) = inspect::dlq_items(js, s.scope.as_deref()).await?;
+            let (items, bad) = inspect::dlq_items(js, buckets.send, s.scope.as_deref()).await?;
             let code = write_stats(out, &inspect::dlq_stats(&items), bad.len())?;
             writeln!(out)?;
             dlq::write_incident_stats(js, &items, out).await?;
@@ -302,7 +307,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             write_stats(out, &inspect::quarantine_stats(&items), bad.len())
         }
         Command::Dlq(DlqCommand::Inspect { scope, limit }) => {
-            let (items, _) = inspect::dlq_items(js, scope.scope.as_deref()).await?;
+            let (items, _) = inspect::dlq_items(js, buckets.send, scope.scope.as_deref()).await?;
             let rows = items
                 .iter()
                 .take(limit)
@@ -402,11 +407,12 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
                         .get(phone)
                         .is_some_and(|s| matches!(s.state(), BreakerState::Closed | BreakerState::ForcedClosed))
             };
-            let held: Vec<String> = inspect::dlq_stats(&inspect::dlq_items(js, scope.scope.as_deref()).await?.0)
-                .into_iter()
-                .map(|s| s.scope)
-                .filter(|p| !allow(p))
-                .collect();
+            let held: Vec<String> =
+                inspect::dlq_stats(&inspect::dlq_items(js, buckets.send, scope.scope.as_deref()).await?.0)
+                    .into_iter()
+                    .map(|s| s.scope)
+                    .filter(|p| !allow(p))
+                    .collect();
             for phone in &held {
                 writeln!(out, "scope {phone}: breaker not CLOSED; skipped (use --force to replay anyway)")?;
             }
@@ -425,7 +431,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             write_batch(out, &report)
         }
         Command::Dlq(DlqCommand::Purge { scope, limit, yes }) => {
-            let n = inspect::dlq_items(js, scope.scope.as_deref()).await?.0.len().min(limit);
+            let n = inspect::dlq_items(js, buckets.send, scope.scope.as_deref()).await?.0.len().min(limit);
             if !confirm(yes, &format!("purge {n} DLQ entries (they end EXPIRED, never sent)"), out)? {
                 return Ok(EXIT_ABORTED);
             }
@@ -503,6 +509,53 @@ async fn scopes(buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Resu
         .collect();
     let header = ["SCOPE", "WABA", "STATE", "SINCE", "FOR", "FAIL-RATE", "CALLS", "RAMP", "INCIDENT", "PAUSED-UNTIL"];
     write!(out, "{}", fmt::table(&header, &rows))?;
+    Ok(0)
+}
+
+/// `bwctl partitions`: one row per partition stream.
+async fn partitions(js: &jetstream::Context, buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    let now = now_ms();
+    let send = buckets.send;
+    let mut streams: Vec<(&str, usize, String)> = Vec::new();
+    streams.extend(send.all().map(|p| ("send", p, names::SendPartitions::stream(p))));
+    streams.extend(send.all().map(|p| ("dlq", p, names::SendPartitions::dlq_stream(p))));
+    streams.extend(buckets.ledger.iter().enumerate().map(|(p, s)| ("ledger", p, s.stream_name.clone())));
+    let mut rows = Vec::new();
+    for (kind, partition, name) in streams {
+        let mut stream = js.get_stream(&name).await.with_context(|| format!("stream `{name}`"))?;
+        let info = stream.info().await.with_context(|| format!("stream `{name}`"))?.clone();
+        let leader = info.cluster.as_ref().and_then(|c| c.leader.clone()).unwrap_or_else(|| "-".into());
+        let mut last_delivery = "-".to_string();
+        if kind == "send" {
+            // The latest delivery to any dispatcher lane consumer of this partition.
+            let mut latest: Option<i64> = None;
+            for lane in names::Lane::ALL {
+                if let Ok(mut consumer) =
+                    stream.get_consumer::<jetstream::consumer::pull::Config>(lane.dispatcher_consumer()).await
+                    && let Ok(info) = consumer.info().await
+                    && let Some(at) = info.delivered.last_active
+                {
+                    let ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
+                    latest = Some(latest.map_or(ms, |l| l.max(ms)));
+                }
+            }
+            last_delivery = match latest {
+                Some(ms) => format!("{} ago", fmt::age(now - ms)),
+                None => "never".into(),
+            };
+        }
+        rows.push(vec![
+            kind.to_string(),
+            partition.to_string(),
+            name,
+            info.state.messages.to_string(),
+            leader,
+            last_delivery,
+        ]);
+    }
+    let header = ["KIND", "PARTITION", "STREAM", "MESSAGES", "LEADER", "LAST-DELIVERY"];
+    write!(out, "{}", fmt::table(&header, &rows))?;
+    writeln!(out, "send partitions: {}, ledger partitions: {}", send.count(), buckets.ledger.len())?;
     Ok(0)
 }
 

@@ -90,13 +90,15 @@ pub fn outbox_subject(lane: Lane, phone_number_id: &str) -> String {
 /// Most send partitions a deployment may have (`nats.send_partitions`).
 pub const MAX_SEND_PARTITIONS: usize = 64;
 
-/// How BW_SEND is split (`nats.send_partitions`): N work streams `BW_SEND` (partition 0), `BW_SEND_1` …
-/// `BW_SEND_<N-1>`, each its own stream with its own leader on a NATS cluster. A sender lives in one partition,
-/// FNV-1a(phone_number_id) mod N, so everything per sender (its lanes' order, the priority gate's counts,
-/// replay's backlog check) stays inside one stream. Partition 0's subjects are the unpartitioned ones
-/// (`bw.outbox.v1.<lane>.<phone>`), so one partition is BW_SEND as it always was; partition `i` > 0 uses
-/// `bw.outbox.p<i>.v1.<lane>.<phone>` (streams may not share subjects; the phone stays the last token and the
-/// lane the one before it). Every lane's durable consumer has the same name on every partition stream.
+/// How BW_SEND and the DLQ are split (`nats.send_partitions`): N work streams `BW_SEND` (partition 0),
+/// `BW_SEND_1` … `BW_SEND_<N-1>`, and as many DLQ streams `BW_DLQ`, `BW_DLQ_1` …, each its own stream with its
+/// own leader on a NATS cluster. A sender lives in one partition, FNV-1a(phone_number_id) mod N, in both: so
+/// everything per sender (its lanes' order, the priority gate's counts, replay's consumers and backlog check)
+/// stays inside one stream of each. Partition 0's subjects are the unpartitioned ones
+/// (`bw.outbox.v1.<lane>.<phone>`, `bw.dlq.v1.<class>.<phone>`), so one partition is BW_SEND and BW_DLQ as they
+/// always were; partition `i` > 0 uses `bw.outbox.p<i>.v1.<lane>.<phone>` and `bw.dlq.p<i>.v1.<class>.<phone>`
+/// (streams may not share subjects; the phone stays the last token and the lane or class the one before it).
+/// Every durable consumer has the same name on every partition's stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendPartitions(usize);
 
@@ -152,11 +154,62 @@ impl SendPartitions {
     pub fn lane_filter(partition: usize, lane: Lane) -> String {
         format!("{}.{}.*", outbox_prefix(partition), lane.token())
     }
+
+    /// The DLQ stream of partition `partition`: `BW_DLQ`, `BW_DLQ_1`, ….
+    pub fn dlq_stream(partition: usize) -> String {
+        partition_bucket(DLQ_STREAM, partition)
+    }
+
+    /// The DLQ stream holding a sender's entries.
+    pub fn dlq_stream_of(self, phone_number_id: &str) -> String {
+        Self::dlq_stream(self.of(phone_number_id))
+    }
+
+    /// Every subject of partition `partition`'s DLQ stream (its per-sender counts, the senders with entries).
+    pub fn dlq_all(partition: usize) -> String {
+        format!("{}.>", dlq_prefix(partition))
+    }
+
+    /// Every priority entry of every sender in partition `partition`'s DLQ stream.
+    pub fn dlq_priority_wildcard(partition: usize) -> String {
+        format!("{}.{DLQ_PRIORITY_CLASS}.*", dlq_prefix(partition))
+    }
+
+    /// `…dlq….<class>.<phone_number_id>` of a sender's entry in its partition (class: [`dlq_class`]).
+    pub fn dlq_subject(self, category: bw_proto::v1::Category, phone_number_id: &str) -> String {
+        self.dlq_class_filter(dlq_class(category), phone_number_id)
+    }
+
+    /// A sender's DLQ entries of one class, in its partition.
+    pub fn dlq_class_filter(self, class: &str, phone_number_id: &str) -> String {
+        format!("{}.{class}.{phone_number_id}", dlq_prefix(self.of(phone_number_id)))
+    }
+
+    /// Every DLQ entry of a sender, whatever its class, in its partition.
+    pub fn dlq_scope_filter(self, phone_number_id: &str) -> String {
+        self.dlq_class_filter("*", phone_number_id)
+    }
+
+    /// The DLQ stream a DLQ subject of any partition belongs to (`bw.dlq.v1.…` → `BW_DLQ`, `bw.dlq.p2.v1.…` →
+    /// `BW_DLQ_2`): where an entry read from a subject is deleted.
+    pub fn dlq_stream_of_subject(subject: &str) -> String {
+        let partition = subject
+            .strip_prefix("bw.dlq.p")
+            .and_then(|rest| rest.split_once(".v1."))
+            .and_then(|(p, _)| p.parse().ok())
+            .unwrap_or(0);
+        Self::dlq_stream(partition)
+    }
 }
 
 /// `bw.outbox.v1` for partition 0, `bw.outbox.p<i>.v1` for the others.
 fn outbox_prefix(partition: usize) -> String {
     if partition == 0 { "bw.outbox.v1".to_string() } else { format!("bw.outbox.p{partition}.v1") }
+}
+
+/// `bw.dlq.v1` for partition 0, `bw.dlq.p<i>.v1` for the others.
+fn dlq_prefix(partition: usize) -> String {
+    if partition == 0 { "bw.dlq.v1".to_string() } else { format!("bw.dlq.p{partition}.v1") }
 }
 
 /// Dead-letter stream.
@@ -455,6 +508,26 @@ mod tests {
             (SendPartitions::stream(2), SendPartitions::stream_subjects(2)),
             ("BW_SEND_2".into(), "bw.outbox.p2.v1.>".into())
         );
+        // The DLQ follows: same partition, disjoint subjects, class before the phone, stream found from a subject.
+        use bw_proto::v1::Category;
+        assert_eq!(one.dlq_subject(Category::Marketing, "123"), dlq_subject(Category::Marketing, "123"));
+        assert_eq!((one.dlq_stream_of("123"), SendPartitions::dlq_all(0)), (DLQ_STREAM.into(), DLQ_ALL.into()));
+        assert_eq!(SendPartitions::dlq_priority_wildcard(0), DLQ_PRIORITY_WILDCARD);
+        for phone in (0..40).map(|i| format!("20000{i}")) {
+            let p = four.of(&phone);
+            let otp = four.dlq_subject(Category::Authentication, &phone);
+            assert_eq!(four.dlq_stream_of(&phone), SendPartitions::dlq_stream(p));
+            assert_eq!(SendPartitions::dlq_stream_of_subject(&otp), SendPartitions::dlq_stream(p), "{otp}");
+            assert_eq!((phone_of_subject(&otp), otp.rsplit('.').nth(1)), (phone.as_str(), Some(DLQ_PRIORITY_CLASS)));
+            assert_eq!(four.dlq_class_filter(DLQ_PRIORITY_CLASS, &phone), otp);
+            assert!(otp.starts_with(SendPartitions::dlq_all(p).trim_end_matches('>')));
+            assert!(otp.starts_with(SendPartitions::dlq_priority_wildcard(p).trim_end_matches('*')));
+            assert!(four.dlq_scope_filter(&phone).ends_with(&format!(".*.{phone}")));
+            for other in (0..4).filter(|o| *o != p) {
+                assert!(!otp.starts_with(SendPartitions::dlq_all(other).trim_end_matches('>')), "{otp}");
+            }
+        }
+        assert_eq!(SendPartitions::dlq_stream(3), "BW_DLQ_3");
         assert_eq!(SendPartitions::new(0), one);
     }
 

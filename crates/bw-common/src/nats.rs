@@ -164,9 +164,9 @@ fn kept_stream(name: &str, subjects: Vec<String>, max_msgs: i64, max_age: Durati
     }
 }
 
-/// Every stream config of the topology (used by [`ensure_topology`] and by tests), BW_SEND split into
-/// `send` partitions (partition 0's description records how many: [`send_partitions_of`]). Each partition
-/// holds up to `send_max_msgs`.
+/// Every stream config of the topology (used by [`ensure_topology`] and by tests), BW_SEND and BW_DLQ split into
+/// `send` partitions (BW_SEND's description records how many: [`send_partitions_of`]). Each partition holds up
+/// to `send_max_msgs` (`dlq_max_msgs`).
 pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendPartitions) -> Vec<stream::Config> {
     let day = Duration::from_secs(24 * 3600);
     let dedup = Duration::from_secs(limits.dedup_window_s.max(1));
@@ -180,9 +180,20 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
             dedup,
         )
     });
+    // The DLQ follows the send partitions (a sender's dead letters in the same partition number).
+    let dlq_streams = send.all().map(|partition| stream::Config {
+        description: Some(format!("Breakwater dead-letter partition {partition} of {}", send.count())),
+        ..work_stream(
+            &names::SendPartitions::dlq_stream(partition),
+            vec![names::SendPartitions::dlq_all(partition)],
+            limits.dlq_max_msgs,
+            replicas,
+            dedup,
+        )
+    });
     send_streams
+        .chain(dlq_streams)
         .chain([
-            work_stream(names::DLQ_STREAM, vec![names::DLQ_ALL.into()], limits.dlq_max_msgs, replicas, dedup),
             work_stream(names::UNKNOWN_STREAM, vec!["bw.unknown.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
             work_stream(
                 names::WEBHOOK_STREAM,

@@ -347,6 +347,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     }
     let worker = Arc::new(process::Worker {
         js: deps.js.clone(),
+        send: deps.buckets.send,
         nats: deps.nats.clone(),
         ledger,
         breaker,

@@ -340,7 +340,7 @@ impl Worker {
             previous_delay_ms,
         };
         let counts_attempt = reason != DlqReason::BreakerOpen;
-        let subject = names::dlq_subject(w.request.category(), &w.request.phone_number_id);
+        let subject = self.send.dlq_subject(w.request.category(), &w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
         self.move_to(
             &w,
@@ -476,9 +476,10 @@ impl Worker {
             }
         };
         if due {
-            tracing::error!(parent: &w.span, "BW_DLQ is full: dead-letter moves are refused and the messages stay queued");
+            let stream = self.send.dlq_stream_of(&w.request.phone_number_id);
+            tracing::error!(parent: &w.span, stream = %stream, "the DLQ is full: dead-letter moves are refused and the messages stay queued");
             let err = ErrorInfo {
-                details: format!("{} refused a dead-letter entry: the stream is at its limit", names::DLQ_STREAM),
+                details: format!("{stream} refused a dead-letter entry: the stream is at its limit"),
                 ..Default::default()
             };
             self.signal("dlq_limit", w, &err).await;

@@ -16,8 +16,8 @@
 //!    `priority_hold_ms` at the first delivery and doubles with each one up to 8 × ([`gated_hold_ms`]): a
 //!    promotion behind a 20 s priority backlog comes back 7 times instead of 40 (at a fixed 500 ms the drill's
 //!    dispatchers redelivered 1,700 held promotions a second, the broker's largest load after the outage).
-//!    [`Backlog`] learns every sender's backlog from stream-info requests with subjects (one on BW_DLQ, one
-//!    on each BW_SEND partition the dispatcher serves), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
+//!    [`Backlog`] learns every sender's backlog from stream-info requests with subjects (one on the BW_DLQ and
+//!    one on the BW_SEND stream of each partition the dispatcher serves), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
 //!    that interval: a priority entry dead-lettered just after a refresh lets that sender's promotions through
 //!    for at most one interval; a backlog that just cleared holds them for at most one interval plus
 //!    8 × `priority_hold_ms` (messages fetched for the first time since then go at once). With several
@@ -191,7 +191,10 @@ impl Backlog {
             .map(|&p| (names::SendPartitions::stream(p), names::SendPartitions::lane_filter(p, Lane::PriorityReplay)))
             .collect();
         if with_dlq {
-            sources.push((names::DLQ_STREAM.into(), names::DLQ_PRIORITY_WILDCARD.into()));
+            // The DLQ follows the send partitions: the same partitions hold these senders' dead letters.
+            for &p in &self.partitions {
+                sources.push((names::SendPartitions::dlq_stream(p), names::SendPartitions::dlq_priority_wildcard(p)));
+            }
         }
         for (stream, filter) in &sources {
             let handle = self.js.get_stream(stream).await?;

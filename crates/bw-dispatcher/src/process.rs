@@ -24,6 +24,8 @@ use tracing::Instrument;
 
 pub(crate) struct Worker {
     pub js: jetstream::Context,
+    /// Which BW_SEND and BW_DLQ partition each sender is in (`nats.send_partitions`).
+    pub send: bw_common::names::SendPartitions,
     pub nats: async_nats::Client,
     pub ledger: Ledger,
     pub breaker: Breaker,

@@ -546,10 +546,10 @@ pub async fn depths(js: &jetstream::Context) -> Depths {
         s.info().await.ok().map(|i| i.state.messages)
     }
     use bw_common::names;
+    // Every partition of BW_SEND and BW_DLQ (a kind is unread if any of its partitions is).
+    let send = bw_common::nats::send_partitions(js).await.unwrap_or_default();
     let (send, dlq, unknown, quarantine) = (
         {
-            // Every BW_SEND partition (unread if any one is).
-            let send = bw_common::nats::send_partitions(js).await.unwrap_or_default();
             let mut total = Some(0);
             for partition in send.all() {
                 let n = count(js, &names::SendPartitions::stream(partition)).await;
@@ -557,7 +557,14 @@ pub async fn depths(js: &jetstream::Context) -> Depths {
             }
             total
         },
-        count(js, names::DLQ_STREAM).await,
+        {
+            let mut total = Some(0);
+            for partition in send.all() {
+                let n = count(js, &names::SendPartitions::dlq_stream(partition)).await;
+                total = total.zip(n).map(|(t, n)| t + n);
+            }
+            total
+        },
         count(js, names::UNKNOWN_STREAM).await,
         count(js, names::QUARANTINE_STREAM).await,
     );

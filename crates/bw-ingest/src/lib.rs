@@ -569,6 +569,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     if let Some(messages) = unknown_messages {
         let reconciler = Arc::new(reconciler::Reconciler {
             js: deps.js.clone(),
+            send: deps.buckets.send,
             ledger: ledger.clone(),
             scopes: deps.buckets.scopes.clone(),
             policies: cfg.reconciler.policy.clone(),

@@ -78,6 +78,8 @@ impl Policies {
 /// Handles BW_UNKNOWN entries.
 pub(crate) struct Reconciler {
     pub js: jetstream::Context,
+    /// Which DLQ partition each sender's entries go to.
+    pub send: names::SendPartitions,
     pub ledger: Ledger,
     /// BW_SCOPES snapshots (written by the coordinator): the incident of a scope that is not CLOSED.
     pub scopes: async_nats::jetstream::kv::Store,
@@ -230,7 +232,7 @@ impl Reconciler {
             ..Default::default()
         };
         let id = format!("{}.unknown-dlq.{seq}", request.operation_id);
-        let subject = names::dlq_subject(request.category(), &request.phone_number_id);
+        let subject = self.send.dlq_subject(request.category(), &request.phone_number_id);
         match bw_common::nats::publish_durable(&self.js, subject, headers(&id), envelope.encode_to_vec().into()).await {
             Ok(_) => Some(incident_id),
             Err(e) => {

@@ -167,11 +167,16 @@ async fn one_pass(
     let mut counts = BTreeMap::new();
     let mut undecodable = Vec::new();
     for stream in [names::SEND_STREAM, names::DLQ_STREAM, names::QUARANTINE_STREAM, names::UNKNOWN_STREAM] {
-        // BW_SEND counts as one place however many partitions it has: every partition's stream is read.
+        // BW_SEND and BW_DLQ count as one place each however many partitions they have: every partition's
+        // stream is read.
         let mut messages = Vec::new();
         if stream == names::SEND_STREAM {
             for partition in buckets.send.all() {
                 messages.extend(scan_stream(js, &names::SendPartitions::stream(partition), ">").await?);
+            }
+        } else if stream == names::DLQ_STREAM {
+            for partition in buckets.send.all() {
+                messages.extend(scan_stream(js, &names::SendPartitions::dlq_stream(partition), ">").await?);
             }
         } else {
             messages = scan_stream(js, stream, ">").await?;

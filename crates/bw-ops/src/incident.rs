@@ -264,6 +264,7 @@ impl Incidents {
     pub async fn finish_drained(
         &self,
         js: &jetstream::Context,
+        send: names::SendPartitions,
         phone: &str,
     ) -> Result<Vec<IncidentReplayed>, OpsError> {
         let open: Vec<IncidentProgress> = self
@@ -276,10 +277,10 @@ impl Incidents {
             return Ok(Vec::new());
         }
         let left: BTreeSet<String> =
-            if subject_depth(js, names::DLQ_STREAM, &names::dlq_scope_filter(phone)).await? == 0 {
+            if subject_depth(js, &send.dlq_stream_of(phone), &send.dlq_scope_filter(phone)).await? == 0 {
                 BTreeSet::new()
             } else {
-                dlq_items(js, Some(phone)).await?.0.into_iter().map(|i| i.envelope.incident_id).collect()
+                dlq_items(js, send, Some(phone)).await?.0.into_iter().map(|i| i.envelope.incident_id).collect()
             };
         let mut published = Vec::new();
         for p in open {
@@ -413,7 +414,7 @@ pub async fn replay_incident(
     progress: Progress<'_>,
 ) -> Result<IncidentReplay, OpsError> {
     let IncidentSelect { incident, scope, rate_per_s } = select;
-    let (items, _) = dlq_items(js, scope).await?;
+    let (items, _) = dlq_items(js, buckets.send, scope).await?;
     let selected = incident_entries(items, incident);
     let scopes: BTreeSet<String> = selected.iter().map(|i| names::phone_of_subject(&i.subject).to_string()).collect();
     for phone in &scopes {
@@ -431,7 +432,7 @@ pub async fn replay_incident(
         match mover.replay_dlq_entry(&item.envelope, None, None).await {
             Ok(outcome) => {
                 if outcome.source_done() {
-                    delete(js, names::DLQ_STREAM, item.sequence).await?;
+                    delete(js, &names::SendPartitions::dlq_stream_of_subject(&item.subject), item.sequence).await?;
                 }
                 if let Some(c) = Counted::of(&outcome) {
                     let mut counts = Counts::default();
@@ -448,7 +449,7 @@ pub async fn replay_incident(
         progress(n + 1, selected.len());
     }
     for phone in scopes.iter().filter(|p| closed(p)) {
-        report.finished.extend(incidents.finish_drained(js, phone).await?);
+        report.finished.extend(incidents.finish_drained(js, buckets.send, phone).await?);
     }
     Ok(report)
 }

@@ -29,7 +29,7 @@ pub struct QuarantineItem {
 /// A message that did not decode as the stream's envelope type.
 #[derive(Debug, Clone)]
 pub struct Undecodable {
-    pub stream: &'static str,
+    pub stream: String,
     pub sequence: u64,
     pub subject: String,
     pub len: usize,
@@ -39,12 +39,22 @@ fn filter(domain: fn(&str) -> String, scope: Option<&str>) -> String {
     domain(scope.unwrap_or("*"))
 }
 
-/// Every DLQ entry (of one scope, or all), read without consuming anything.
+/// Every DLQ entry (of one scope: its partition only; or of every partition), read without consuming anything.
 pub async fn dlq_items(
     js: &jetstream::Context,
+    send: names::SendPartitions,
     scope: Option<&str>,
 ) -> Result<(Vec<DlqItem>, Vec<Undecodable>), OpsError> {
-    let messages = scan_stream(js, names::DLQ_STREAM, &filter(names::dlq_scope_filter, scope)).await?;
+    let mut messages = Vec::new();
+    match scope {
+        Some(phone) => messages = scan_stream(js, &send.dlq_stream_of(phone), &send.dlq_scope_filter(phone)).await?,
+        None => {
+            for p in send.all() {
+                let all = names::SendPartitions::dlq_all(p);
+                messages.extend(scan_stream(js, &names::SendPartitions::dlq_stream(p), &all).await?);
+            }
+        }
+    }
     let mut items = Vec::with_capacity(messages.len());
     let mut bad = Vec::new();
     for m in messages {
@@ -53,7 +63,7 @@ pub async fn dlq_items(
                 items.push(DlqItem { sequence: m.sequence, subject: m.subject.to_string(), envelope })
             }
             _ => bad.push(Undecodable {
-                stream: names::DLQ_STREAM,
+                stream: names::SendPartitions::dlq_stream_of_subject(&m.subject),
                 sequence: m.sequence,
                 subject: m.subject.to_string(),
                 len: m.payload.len(),
@@ -78,7 +88,7 @@ pub async fn quarantine_items(
                 items.push(QuarantineItem { sequence: m.sequence, subject: m.subject.to_string(), entry })
             }
             _ => bad.push(Undecodable {
-                stream: names::QUARANTINE_STREAM,
+                stream: names::QUARANTINE_STREAM.into(),
                 sequence: m.sequence,
                 subject: m.subject.to_string(),
                 len: m.payload.len(),

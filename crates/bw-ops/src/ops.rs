@@ -94,7 +94,7 @@ pub async fn replay_dlq_now(
     rate_per_s: f64,
     progress: Progress<'_>,
 ) -> Result<BatchReport, OpsError> {
-    let (items, _) = dlq_items(js, scope).await?;
+    let (items, _) = dlq_items(js, buckets.send, scope).await?;
     let selected: Vec<DlqItem> =
         items.into_iter().filter(|i| allow(crate::names::phone_of_subject(&i.subject))).take(limit).collect();
     let mover = Mover::new(js.clone(), buckets, operator_rules());
@@ -106,7 +106,7 @@ pub async fn replay_dlq_now(
         match mover.replay_dlq_entry(&item.envelope, None, None).await {
             Ok(outcome) => {
                 if outcome.source_done() {
-                    delete(js, names::DLQ_STREAM, item.sequence).await?;
+                    delete(js, &names::SendPartitions::dlq_stream_of_subject(&item.subject), item.sequence).await?;
                 }
                 report.record(&op, &outcome);
             }
@@ -163,7 +163,7 @@ pub async fn purge_dlq(
     limit: usize,
     progress: Progress<'_>,
 ) -> Result<BatchReport, OpsError> {
-    let (items, bad) = dlq_items(js, scope).await?;
+    let (items, bad) = dlq_items(js, buckets.send, scope).await?;
     let selected: Vec<DlqItem> = items.into_iter().take(limit).collect();
     let mover = Mover::new(js.clone(), buckets, operator_rules());
     let total = selected.len() + bad.len();
@@ -172,13 +172,13 @@ pub async fn purge_dlq(
         let op = op_of(item.envelope.request.as_ref());
         let outcome = mover.purge_dlq(item).await?;
         if outcome.source_done() {
-            delete(js, names::DLQ_STREAM, item.sequence).await?;
+            delete(js, &names::SendPartitions::dlq_stream_of_subject(&item.subject), item.sequence).await?;
         }
         report.record(&op, &outcome);
         progress(n + 1, total);
     }
     for (n, b) in bad.iter().enumerate() {
-        delete(js, names::DLQ_STREAM, b.sequence).await?;
+        delete(js, &b.stream, b.sequence).await?;
         *report.outcomes.entry("undecodable_deleted").or_default() += 1;
         progress(selected.len() + n + 1, total);
     }

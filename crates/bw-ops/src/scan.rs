@@ -83,6 +83,22 @@ pub async fn subject_counts(
     Ok(out)
 }
 
+/// Entries per DLQ subject of every DLQ partition (`BW_DLQ`, `BW_DLQ_1`, …; subjects are distinct across
+/// partitions): who has dead letters, and how many of each class.
+pub async fn dlq_subject_counts(
+    js: &jetstream::Context,
+    send: bw_common::names::SendPartitions,
+) -> Result<BTreeMap<String, u64>, OpsError> {
+    use bw_common::names::SendPartitions;
+    let mut out = BTreeMap::new();
+    for partition in send.all() {
+        let counts =
+            subject_counts(js, &SendPartitions::dlq_stream(partition), &SendPartitions::dlq_all(partition)).await?;
+        out.extend(counts);
+    }
+    Ok(out)
+}
+
 /// Messages currently stored on exactly `subject` in `stream` (0 if none).
 pub async fn subject_depth(js: &jetstream::Context, stream: &str, subject: &str) -> Result<u64, OpsError> {
     // Wildcards allowed: the sum over every matching subject.

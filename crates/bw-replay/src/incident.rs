@@ -69,7 +69,7 @@ impl Session {
 /// After a drain of a CLOSED scope: finishes its incidents that have no entry left (see
 /// `bw_ops::incident::Incidents::finish_drained`).
 pub(crate) async fn finish(ctx: &Ctx, scope: &str) {
-    match ctx.incidents.finish_drained(&ctx.js, scope).await {
+    match ctx.incidents.finish_drained(&ctx.js, ctx.mover.send_partitions(), scope).await {
         Ok(events) => {
             for e in events {
                 ctx.metrics.incidents_finished.inc();

@@ -3,11 +3,10 @@
 //! oldest-age metrics are refreshed (one extra request per non-empty scope, never a scan).
 
 use crate::Ctx;
-use bw_common::names;
 use bw_common::proto::DlqEnvelope;
 use bw_common::time::now_ms;
 use bw_ops::names::phone_of_subject;
-use bw_ops::scan::{first_message, subject_counts};
+use bw_ops::scan::first_message;
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -23,7 +22,7 @@ pub(crate) async fn poll(ctx: Arc<Ctx>) {
     let mut next_stats = Instant::now();
     let mut known: BTreeSet<String> = BTreeSet::new();
     loop {
-        match subject_counts(&ctx.js, names::DLQ_STREAM, names::DLQ_ALL).await {
+        match bw_ops::scan::dlq_subject_counts(&ctx.js, ctx.mover.send_partitions()).await {
             Ok(counts) => {
                 // One subject per class and sender: a sender's depth is the sum of its classes.
                 let mut depths: BTreeMap<String, u64> = BTreeMap::new();
@@ -48,7 +47,8 @@ pub(crate) async fn poll(ctx: Arc<Ctx>) {
 async fn refresh_metrics(ctx: &Ctx, depths: &BTreeMap<String, u64>, known: &mut BTreeSet<String>) {
     let mut seen = BTreeSet::new();
     for (scope, depth) in depths {
-        let oldest = match first_message(&ctx.js, names::DLQ_STREAM, &names::dlq_scope_filter(scope)).await {
+        let send = ctx.mover.send_partitions();
+        let oldest = match first_message(&ctx.js, &send.dlq_stream_of(scope), &send.dlq_scope_filter(scope)).await {
             Ok(Some(m)) => DlqEnvelope::decode(m.payload.as_ref()).map(|e| e.dead_lettered_at_unix_ms).unwrap_or(0),
             _ => 0,
         };

@@ -262,12 +262,13 @@ async fn consumer(
     scope: &str,
     class: Class,
 ) -> anyhow::Result<async_nats::jetstream::consumer::PullConsumer> {
-    let stream = ctx.js.get_stream(names::DLQ_STREAM).await?;
+    let send = ctx.mover.send_partitions();
+    let stream = ctx.js.get_stream(send.dlq_stream_of(scope)).await?;
     let name = replay_class_consumer(class.token, scope);
     let config = pull::Config {
         durable_name: Some(name.clone()),
         description: Some(format!("replay of the class {} dlq entries of scope {scope}", class.token)),
-        filter_subject: names::dlq_class_filter(class.token, scope),
+        filter_subject: send.dlq_class_filter(class.token, scope),
         ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
         ack_wait: Duration::from_millis(ctx.cfg.replay.ack_wait_ms),
         max_ack_pending: 4096,
@@ -568,7 +569,8 @@ async fn handle(
     let Some(envelope) = envelope else {
         let sequence = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         tracing::error!(sequence, "undecodable dlq entry; keeping its bytes in the quarantine");
-        match ctx.mover.quarantine_undecodable(scope, names::DLQ_STREAM, sequence, msg.payload.clone()).await {
+        let stream = ctx.mover.send_partitions().dlq_stream_of(scope);
+        match ctx.mover.quarantine_undecodable(scope, &stream, sequence, msg.payload.clone()).await {
             Ok(()) => settle(ctx, scope, &msg, Settle::ack(EntryResult::Undecodable)).await,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot quarantine an undecodable dlq entry");

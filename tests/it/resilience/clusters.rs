@@ -1,4 +1,5 @@
-//! Everything clustered at once: a 3-node NATS cluster with R3 streams and the ledger in three partitions, a
+//! Everything clustered at once: a 3-node NATS cluster with R3 streams, the ledger in three partitions and
+//! BW_SEND in two (one sender in each), a
 //! 3-master Redis Cluster and two processes of every service, through a Meta outage, a NATS node kill and a
 //! Redis master kill.
 
@@ -22,6 +23,9 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The ledger (and its wamid links) in three partitions, so their R3 streams' leaders can sit on different nodes
 /// and the node kill below can take one of them.
 const LEDGER_PARTITIONS: usize = 3;
+/// BW_SEND in two partitions: sender A's requests in `BW_SEND`, sender B's in `BW_SEND_1` (checked below), each
+/// an R3 stream with its own leader; both dispatchers serve both.
+const SEND_PARTITIONS: usize = 2;
 
 /// Breaker limits relaxed for the test ([`bw_e2e::FastBreaker`]: a trip after 5 calls at 50 % failures, 0.5–1 s
 /// cooldowns, close after 2 good canaries), the same as the outage test's.
@@ -185,7 +189,10 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     ));
 
     let urls = nats.urls();
-    let (client, js, buckets) = cluster_topology(&urls, "e2e-clusters", LEDGER_PARTITIONS, WAIT).await;
+    let (client, js, buckets) =
+        cluster_topology(&urls, "e2e-clusters", (LEDGER_PARTITIONS, SEND_PARTITIONS), WAIT).await;
+    let send = buckets.send;
+    assert_eq!((send.of(PHONE_A), send.of(PHONE_B)), (0, 1), "one sender in each send partition");
     let mut transitions = Vec::new();
     for phone in [PHONE_A, PHONE_B] {
         transitions.push(client.subscribe(names::breaker_subject(phone)).await.expect("subscribe transitions"));
@@ -196,6 +203,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
             ("nats.url", urls.clone()),
             ("nats.replicas", "3".to_string()),
             ("nats.ledger_partitions", LEDGER_PARTITIONS.to_string()),
+            ("nats.send_partitions", SEND_PARTITIONS.to_string()),
             ("redis.url", nowhere.clone()),
             ("redis.cluster_nodes", cluster_nodes.clone()),
         ];
@@ -240,6 +248,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
         ("nats.url", urls.clone()),
         ("nats.replicas", "3".to_string()),
         ("nats.ledger_partitions", LEDGER_PARTITIONS.to_string()),
+        ("nats.send_partitions", SEND_PARTITIONS.to_string()),
         ("replay.soak_ms", "0".into()),
         ("replay.idle_ms", "100".into()),
         ("replay.rate_per_s", "20".into()),
@@ -270,12 +279,14 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     let leader = stream.info().await.expect("info").cluster.as_ref().and_then(|c| c.leader.clone()).expect("a leader");
     let index: usize = leader.trim_start_matches("bw-n").parse().expect("leader is one of bw-n0..bw-n2");
     let mut partition_leaders = Vec::new();
-    for store in &buckets.ledger {
-        let info = js.get_stream(&store.stream_name).await.map(|s| s.cached_info().clone());
-        partition_leaders.push(info.ok().and_then(|i| i.cluster).and_then(|c| c.leader).unwrap_or_default());
+    let send_streams = [names::SendPartitions::stream(1)];
+    for stream in buckets.ledger.iter().map(|s| s.stream_name.as_str()).chain(send_streams.iter().map(String::as_str)) {
+        let info = js.get_stream(stream).await.map(|s| s.cached_info().clone());
+        let leader = info.ok().and_then(|i| i.cluster).and_then(|c| c.leader).unwrap_or_default();
+        partition_leaders.push(format!("{stream}: {leader}"));
     }
     blocking(|| nats.nodes[index].kill());
-    eprintln!("killed NATS node {leader} (BW_SEND leader); ledger partition leaders were {partition_leaders:?}");
+    eprintln!("killed NATS node {leader} (BW_SEND leader); other partition leaders were {partition_leaders:?}");
     let accepted = submitting.await.expect("producer task");
     assert_eq!(accepted.len(), ops.len(), "every request was eventually accepted");
 

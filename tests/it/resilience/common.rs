@@ -286,12 +286,13 @@ pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
 pub(super) async fn cluster_topology(
     urls: &str,
     name: &str,
-    ledger_partitions: usize,
+    (ledger_partitions, send_partitions): (usize, usize),
     wait: Duration,
 ) -> (async_nats::Client, jetstream::Context, Buckets) {
     let nats_cfg = bw_common::config::NatsConfig {
         replicas: 3,
         ledger_partitions,
+        send_partitions,
         ..bw_common::config::NatsConfig::single(urls, name)
     };
     let client = bw_common::nats::connect(&nats_cfg, "e2e", wait).await.expect("cluster reachable");

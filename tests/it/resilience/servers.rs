@@ -55,7 +55,7 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     sim_cfg.waba_id = WABA_ID.into();
     let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator");
     let urls = cluster.urls();
-    let (client, js, buckets) = cluster_topology(&urls, "e2e-cluster", 1, WAIT).await;
+    let (client, js, buckets) = cluster_topology(&urls, "e2e-cluster", (1, 1), WAIT).await;
     let info = js.get_stream(names::SEND_STREAM).await.expect("stream").info().await.expect("info").clone();
     assert_eq!(info.config.num_replicas, 3, "BW_SEND is replicated on all three nodes");
 
@@ -173,7 +173,7 @@ async fn redis_unreachable_falls_back_to_a_bounded_local_rate_and_loses_nothing(
 async fn replicated_buckets_read_from_their_stream_leader() {
     use async_nats::jetstream::kv;
     let cluster = bw_testkit::NatsCluster::start();
-    let (_client, js, buckets) = cluster_topology(&cluster.urls(), "e2e-leader-reads", 1, WAIT).await;
+    let (_client, js, buckets) = cluster_topology(&cluster.urls(), "e2e-leader-reads", (1, 1), WAIT).await;
     for store in [&buckets.ledger[0], &buckets.wamid[0], &buckets.scopes, &buckets.webhook_dedup] {
         let config = &store.stream.cached_info().config;
         assert_eq!(config.num_replicas, 3, "{}", store.name);

@@ -185,7 +185,7 @@ async fn operator_dlq_replay_twice_publishes_each_operation_once() {
     ops.sort();
     let expected: Vec<String> = (0..10).filter(|i| *i != 3).map(|i| format!("op-{i}")).collect();
     assert_eq!(ops, expected, "every operation exactly once in the replay lane");
-    assert!(dlq_items(&deps.js, Some(PHONE)).await.expect("dlq").0.is_empty());
+    assert!(dlq_items(&deps.js, deps.buckets.send, Some(PHONE)).await.expect("dlq").0.is_empty());
     let report = account(&deps.js, &deps.buckets).await.expect("account");
     assert!(report.is_clean(), "{report}");
 }
