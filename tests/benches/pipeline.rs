@@ -8,9 +8,13 @@
 //!   messages of 128 senders, one each), one dispatcher: msg/s and admissions per Redis script call.
 //!   Admission and outcome recording are one script call per sender per batch (a scope's keys share one hash
 //!   slot, so on Redis Cluster one call cannot span senders), so spreading a batch over many senders costs calls.
+//! - the 200 senders with BW_SEND in 4 partitions (`nats.send_partitions`), one dispatcher serving all and two
+//!   serving two each: a fetch from one partition holds only that partition's quarter of the senders, so a
+//!   batch holds more messages per sender.
 //!
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count;
-//! BW_BENCH_ONLY=pipeline or =spread runs only the one-sender or the 200-sender drain, for profiling).
+//! BW_BENCH_ONLY=pipeline, =spread or =partitions runs only the one-sender drain, the 200-sender drain or the
+//! 200-sender drains with BW_SEND in 4 partitions, for profiling).
 //!
 //! The dispatchers run at the compiled default config except what lifts the limits (a rate and burst of 10^6 per
 //! sender, a pair burst of 1,000) and `dispatch.publish_outcomes = false` (nothing consumes the feed here). Batch size and in-flight
@@ -54,15 +58,26 @@ fn dispatcher_overrides() -> Vec<(&'static str, String)> {
 /// The backlog `requests` preloaded, then `dispatchers` dispatchers started: msg/s until Meta accepted all of
 /// them, and messages per Redis script call (each message is admitted once: the limits are off).
 async fn drain(requests: &[SendRequest], dispatchers: usize) -> (f64, f64) {
+    drain_split(requests, 1, &vec![""; dispatchers]).await
+}
+
+/// [`drain`] with BW_SEND (and the DLQ) in `send_partitions` partitions and one dispatcher per entry of
+/// `assigned` serving those partitions (`dispatch.partitions`, e.g. "[0, 1]"; empty: every partition).
+async fn drain_split(requests: &[SendRequest], send_partitions: usize, assigned: &[&str]) -> (f64, f64) {
     let n = requests.len();
-    let mut h = Harness::start(unlimited_sim()).await;
+    let dispatchers = assigned.len();
+    let mut h = Harness::start_split(unlimited_sim(), 1, send_partitions).await;
     h.preload(requests).await;
     let mut redis =
         redis::Client::open(h.redis.url()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
     let before = script_calls(&mut redis).await;
     let started = Instant::now();
-    for _ in 0..dispatchers {
-        h.start_dispatcher(&dispatcher_overrides()).await;
+    for partitions in assigned {
+        let mut overrides = dispatcher_overrides();
+        if !partitions.is_empty() {
+            overrides.push(("dispatch.partitions", partitions.to_string()));
+        }
+        h.start_dispatcher(&overrides).await;
     }
     let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.total_accepted() >= n as u64 }).await;
     let took = started.elapsed();
@@ -85,16 +100,29 @@ async fn script_calls(redis: &mut redis::aio::MultiplexedConnection) -> f64 {
 /// The backlog of `n` messages spread round robin over `senders` numbers, one dispatcher: msg/s, and messages
 /// admitted per Redis script call.
 async fn spread(n: usize, senders: usize) -> (f64, f64) {
+    drain(&spread_requests(n, senders), 1).await
+}
+
+/// `n` requests round robin over `senders` numbers.
+fn spread_requests(n: usize, senders: usize) -> Vec<SendRequest> {
     let phones: Vec<String> = (0..senders).map(|s| format!("10654035{:07}", 2_250_000 + s)).collect();
     let now = bw_common::time::now_ms();
-    let requests: Vec<SendRequest> = (0..n)
+    (0..n)
         .map(|i| {
             let mut r = bw_e2e::order(&phones[i % senders], &format!("s{senders}-{i:07}"), i);
             r.accepted_at_unix_ms = now;
             r
         })
-        .collect();
-    drain(&requests, 1).await
+        .collect()
+}
+
+/// 200 senders with BW_SEND in 4 partitions: one dispatcher serving all, and two serving two each (msg/s and
+/// messages per Redis script call of each).
+async fn partitioned(n: usize) -> ((f64, f64), (f64, f64)) {
+    let requests = spread_requests(n, 200);
+    let one = drain_split(&requests, 4, &[""]).await;
+    let two = drain_split(&requests, 4, &["[0, 1]", "[2, 3]"]).await;
+    (one, two)
 }
 
 async fn raw_jetstream(n: usize) -> f64 {
@@ -254,6 +282,12 @@ fn main() {
                 println!("200 senders, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
                 return;
             }
+            Ok("partitions") => {
+                let (unsplit, unsplit_per_call) = spread(n, 200).await;
+                let ((one, one_per_call), (two, two_per_call)) = partitioned(n).await;
+                println!("200 senders, {n} messages: BW_SEND in 1 partition, 1 dispatcher {unsplit:.0} msg/s ({unsplit_per_call:.2} per script call); in 4 partitions, 1 dispatcher {one:.0} msg/s ({:.2}x, {one_per_call:.2} per call), 2 dispatchers serving 2 each {two:.0} msg/s ({:.2}x, {two_per_call:.2} per call)", one / unsplit, two / unsplit);
+                return;
+            }
             _ => {}
         }
         let raw = raw_jetstream(n * 5).await;
@@ -263,6 +297,7 @@ fn main() {
         let ((p50, p99), (d50, d99)) = latency(500.0, 6.0).await;
         let (few, few_per_call) = spread(n, 4).await;
         let (many, many_per_call) = spread(n, 200).await;
+        let ((split_one, split_one_per_call), (split_two, split_two_per_call)) = partitioned(n).await;
         println!("pipeline benchmark, {n} messages (raw JetStream: {} messages), one run, this machine", n * 5);
         println!("  raw JetStream consume+ack     {raw:>10.0} msg/s");
         println!("  naive direct send (no queue)  {direct:>10.0} msg/s");
@@ -272,5 +307,8 @@ fn main() {
         println!("  latency the pipeline adds: p50 {:.1} ms, p99 {:.1} ms", p50 - d50, p99 - d99);
         println!("  4 senders, 1 dispatcher       {few:>10.0} msg/s   {few_per_call:.1} messages per Redis script call");
         println!("  200 senders, 1 dispatcher     {many:>10.0} msg/s   {many_per_call:.2} messages per Redis script call = {:.2}x the msg/s of 4 senders", many / few);
+        println!("  200 senders, BW_SEND in 4 partitions (nats.send_partitions = 4):");
+        println!("    1 dispatcher serving all    {split_one:>10.0} msg/s   {split_one_per_call:.2} messages per Redis script call = {:.2}x the unpartitioned 200 senders", split_one / many);
+        println!("    2 dispatchers, 2 each       {split_two:>10.0} msg/s   {split_two_per_call:.2} messages per Redis script call = {:.2}x the unpartitioned 200 senders", split_two / many);
     });
 }
