@@ -492,3 +492,27 @@ impl PublishError {
             .any(|needle| text.contains(needle))
     }
 }
+
+#[cfg(test)]
+mod partition_tests {
+    use super::*;
+
+    /// A stream created before partitions existed has no description and counts as one partition; the count
+    /// written at creation reads back; anything else is unknown (and refused by the start-up checks).
+    #[test]
+    fn the_partition_count_reads_back_from_a_description() {
+        assert_eq!(partitions_in(None), Some(1));
+        assert_eq!(partitions_in(Some("")), Some(1));
+        assert_eq!(partitions_in(Some(&send_description(0, 4))), Some(4));
+        assert_eq!(partitions_in(Some(&ledger_description(0, 8))), Some(8));
+        assert_eq!(partitions_in(Some("made by hand")), None);
+        let configs = stream_configs(&StreamLimits::default(), 1, names::SendPartitions::new(3));
+        let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).take(6).collect();
+        assert_eq!(names, ["BW_SEND", "BW_SEND_1", "BW_SEND_2", "BW_DLQ", "BW_DLQ_1", "BW_DLQ_2"]);
+        let mut subjects: Vec<&String> = configs.iter().flat_map(|c| &c.subjects).collect();
+        let all = subjects.len();
+        subjects.sort();
+        subjects.dedup();
+        assert_eq!(subjects.len(), all, "no two streams list the same subject");
+    }
+}
