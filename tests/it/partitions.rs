@@ -256,3 +256,111 @@ async fn send_in_three_partitions_each_sender_in_its_own_stream_served_by_the_di
         assert!(text.contains("nats.send_partitions is") && text.contains("3 partition(s)"), "{text}");
     }
 }
+
+/// How many keys each bucket of `bucket_of` 0..n holds (None for a bucket that does not exist).
+async fn keys_per_bucket(
+    js: &async_nats::jetstream::Context,
+    bucket_of: fn(usize) -> String,
+    n: usize,
+) -> Vec<Option<usize>> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        match js.get_key_value(bucket_of(i)).await {
+            Ok(store) => {
+                let keys = store.keys().await.expect("keys");
+                out.push(Some(keys.filter_map(|k| async move { k.ok() }).count().await));
+            }
+            Err(_) => out.push(None),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bwctl_repartitions_a_stopped_ledger_and_the_services_follow_the_new_count() {
+    const OPS: usize = 300;
+    let h = Harness::start_partitioned(SimConfig::default(), 2).await;
+    // What a stopped deployment leaves: ledger entries and their wamid links in two partitions.
+    let ops: Vec<String> = (0..OPS).map(|i| format!("repart-{i:04}")).collect();
+    for (i, op) in ops.iter().enumerate() {
+        let request = bw_e2e::order(PHONE, op, i);
+        h.ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Sent)).await.expect("create");
+        h.ledger.link_wamid(&format!("wamid.{op}"), op).await.expect("link");
+    }
+    let connect = |n: usize| {
+        let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-repartition");
+        cfg.ledger_partitions = n;
+        async move { bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5)).await }
+    };
+
+    // The feed publisher has not published partition 1's revisions: refused, nothing changed.
+    let stream = h.js.get_stream("KV_BW_LEDGER_1").await.expect("partition 1");
+    let behind = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some(names::FEED_CONSUMER.into()),
+        deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+        ..Default::default()
+    };
+    stream.get_or_create_consumer(names::FEED_CONSUMER, behind).await.expect("feed consumer");
+    let err = bw_ops::repartition::repartition_ledger(&h.js, 3).await.expect_err("feed behind");
+    assert!(err.to_string().contains("KV_BW_LEDGER_1") && err.to_string().contains("feed"), "{err}");
+    connect(2).await.expect("still two partitions: nothing changed");
+    // Caught up (a consumer at the end of the stream): it goes ahead.
+    stream.delete_consumer(names::FEED_CONSUMER).await.expect("deleted");
+    let caught_up = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some(names::FEED_CONSUMER.into()),
+        deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::New,
+        ..Default::default()
+    };
+    stream.get_or_create_consumer(names::FEED_CONSUMER, caught_up).await.expect("feed consumer");
+
+    // 2 -> 3.
+    let (code, out) = crate::bwctl(&h.nats.url(), &["ledger", "repartition", "--to", "3", "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ledger partitions: 2 -> 3"), "{out}");
+    assert!(out.contains("created: BW_LEDGER_2, BW_WAMID_2"), "{out}");
+    for op in &ops {
+        let home = names::ledger_partition(op, 3);
+        for i in 0..3 {
+            let store = h.js.get_key_value(names::ledger_bucket(i)).await.expect("bucket");
+            assert_eq!(store.get(op).await.expect("read").is_some(), i == home, "{op} in partition {i} (home {home})");
+        }
+    }
+    let entries = keys_per_bucket(&h.js, names::ledger_bucket, 3).await;
+    let links = keys_per_bucket(&h.js, names::wamid_bucket, 3).await;
+    assert!(entries.iter().all(|n| n.is_some_and(|n| n > 0)), "entries per partition: {entries:?}");
+    assert_eq!(entries.iter().flatten().sum::<usize>(), OPS, "{entries:?}");
+    assert_eq!(links.iter().flatten().sum::<usize>(), OPS, "{links:?}");
+    // The feed publisher starts afresh at the end of each stream: the moved entries are not published twice.
+    let consumer: Result<async_nats::jetstream::consumer::PullConsumer, _> =
+        stream.get_consumer(names::FEED_CONSUMER).await;
+    assert!(consumer.is_err(), "the feed publisher's consumer was removed");
+    // Run again (as after an interruption): nothing left to move.
+    let (code, out) = crate::bwctl(&h.nats.url(), &["ledger", "repartition", "--to", "3", "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("moved 0 entries and 0 wamid links; 600 already in place"), "{out}");
+
+    // The services follow the new count: 3 starts and finds every entry and link, 2 is refused.
+    let deps = connect(3).await.expect("three partitions");
+    let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    for op in &ops {
+        assert!(ledger.get(op).await.expect("read").is_some(), "{op} found");
+        let found = ledger.operation_for_wamid(&format!("wamid.{op}")).await.expect("link read");
+        assert_eq!(found.as_deref(), Some(op.as_str()));
+    }
+    let refused = format!("{:#}", connect(2).await.err().expect("two refused"));
+    assert!(refused.contains("3 partition(s)"), "{refused}");
+
+    // 3 -> 1: everything in partition 0, the others deleted.
+    let (code, out) = crate::bwctl(&h.nats.url(), &["ledger", "repartition", "--to", "1", "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("deleted (empty): BW_LEDGER_1, BW_LEDGER_2, BW_WAMID_1, BW_WAMID_2"), "{out}");
+    assert_eq!(keys_per_bucket(&h.js, names::ledger_bucket, 3).await, [Some(OPS), None, None]);
+    assert_eq!(keys_per_bucket(&h.js, names::wamid_bucket, 3).await, [Some(OPS), None, None]);
+    let deps = connect(1).await.expect("one partition");
+    let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    for op in &ops {
+        assert!(ledger.get(op).await.expect("read").is_some(), "{op} found");
+    }
+    let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("accounting");
+    assert_eq!(report.ledger_entries, OPS as u64, "{report}");
+}

@@ -66,11 +66,30 @@ pub enum Command {
     /// stream, messages, cluster leader and, for BW_SEND, when a dispatcher last took a message from it (an
     /// unserved partition shows messages and no recent delivery).
     Partitions,
+    /// The ledger's partitions.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
         #[arg(long)]
         expected: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// Change the ledger's partition count (`nats.ledger_partitions`) of a STOPPED deployment: moves every
+    /// entry and wamid link to its partition under the new count, then every service must start with it.
+    /// Needs a NATS user allowed to create, update and delete streams (an administrator's). Safe to run
+    /// again after an interruption; services refuse to start while it is under way.
+    Repartition {
+        /// The new partition count (1 to 64).
+        #[arg(long)]
+        to: usize,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -283,6 +302,10 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     if let Command::Breaker(cmd) = &cli.command {
         return breaker(&cli.coordinator_url, cli.operator_token.as_ref(), cmd, out).await;
     }
+    if let Command::Ledger(LedgerCommand::Repartition { to, yes }) = &cli.command {
+        // Not through `connect`: while a repartition is under way the ledger does not say its partition count.
+        return repartition(&cli.nats_url, *to, *yes, out).await;
+    }
     if let Command::OperatorTokenHash = &cli.command {
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line)?;
@@ -481,7 +504,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             Ok(0)
         }
         Command::Op(args) => op::run(js, buckets, &args, out).await,
-        Command::Breaker(_) | Command::OperatorTokenHash => Ok(0),
+        Command::Breaker(_) | Command::OperatorTokenHash | Command::Ledger(_) => Ok(0),
     }
 }
 
@@ -509,6 +532,40 @@ async fn scopes(buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Resu
         .collect();
     let header = ["SCOPE", "WABA", "STATE", "SINCE", "FOR", "FAIL-RATE", "CALLS", "RAMP", "INCIDENT", "PAUSED-UNTIL"];
     write!(out, "{}", fmt::table(&header, &rows))?;
+    Ok(0)
+}
+
+/// `bwctl ledger repartition --to M`.
+async fn repartition(nats_url: &str, to: usize, yes: bool, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    let what = format!(
+        "move every ledger entry and wamid link to its partition under {to} partitions; every Breakwater service \
+         must be stopped, and started again with nats.ledger_partitions = {to}"
+    );
+    if !confirm(yes, &what, out)? {
+        return Ok(EXIT_ABORTED);
+    }
+    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
+    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
+    let js = jetstream::new(client);
+    let report = bw_ops::repartition::repartition_ledger(&js, to).await?;
+    let from = report.from.map(|n| n.to_string()).unwrap_or_else(|| "? (an interrupted repartition)".into());
+    writeln!(out, "ledger partitions: {from} -> {}", report.to)?;
+    writeln!(
+        out,
+        "moved {} entries and {} wamid links; {} already in place",
+        report.entries_moved, report.links_moved, report.kept
+    )?;
+    if !report.created.is_empty() {
+        writeln!(out, "created: {}", report.created.join(", "))?;
+    }
+    if !report.deleted.is_empty() {
+        writeln!(out, "deleted (empty): {}", report.deleted.join(", "))?;
+    }
+    writeln!(
+        out,
+        "start every service with nats.ledger_partitions = {to} (BW_<SERVICE>__NATS__LEDGER_PARTITIONS), and \
+         grant the NATS users the new partitions: scripts/nats-accounts.sh {to}"
+    )?;
     Ok(0)
 }
 

@@ -371,6 +371,8 @@ pub const WAMID_BUCKET: &str = "BW_WAMID";
 pub fn wamid_bucket(partition: usize) -> String {
     partition_bucket(WAMID_BUCKET, partition)
 }
+/// Durable consumer of ingest's feed publisher on each ledger partition's stream (`KV_BW_LEDGER`, …).
+pub const FEED_CONSUMER: &str = "feed-publisher";
 /// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.
 pub const SCOPES_BUCKET: &str = "BW_SCOPES";
 /// Webhook deduplication (KV with TTL). Key: sha of (wamid, status) or inbound message id.

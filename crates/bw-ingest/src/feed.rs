@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 /// The feed stream.
 pub const FEED_STREAM: &str = "BW_FEED";
 /// Durable consumer of the feed publisher on the ledger's stream.
-pub const FEED_CONSUMER: &str = "feed-publisher";
+pub const FEED_CONSUMER: &str = bw_common::names::FEED_CONSUMER;
 /// Subject of the status query, one token per sender; [`STATUS_ANY`] asks without naming the sender (operators).
 pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
 /// Sender token of an operator's status query (bwctl): answers for any sender. NATS accounts keep it from

@@ -5,8 +5,8 @@
 //! statistics ([`inspect`]), breaker incidents in the DLQ (stats, replay progress, the finished event, hold and
 //! release: [`incident`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
 //! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
-//! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]) and a small token
-//! bucket ([`pace`]).
+//! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]), the offline change of
+//! the ledger's partition count ([`repartition`]) and a small token bucket ([`pace`]).
 //!
 //! What must not live here: anything that talks to Meta or to Redis. This crate depends on `bw-common` only;
 //! services may depend on it, it never depends on a service.
@@ -20,6 +20,7 @@ pub mod moves;
 pub mod names;
 pub mod ops;
 pub mod pace;
+pub mod repartition;
 pub mod scan;
 
 use bw_common::ledger::LedgerError;

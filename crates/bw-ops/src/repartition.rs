@@ -1,0 +1,231 @@
+//! Changing the ledger's partition count (`nats.ledger_partitions`) of a stopped deployment: `bwctl ledger
+//! repartition --to M`.
+//!
+//! An operation's ledger entry lives in partition FNV-1a(operation id) mod N, and a wamid link in that of its
+//! key (`bw_common::names::ledger_partition`), so a new count moves most entries. Entries stay for
+//! `ledger_max_age_days`, so the ledger cannot be drained like BW_SEND: they are copied into their new
+//! partition, then removed from the old one. Every service must be stopped first; the steps, each safe to run
+//! again after a crash:
+//!
+//! 1. Checks: the feed publisher has published every ledger revision (its `feed-publisher` consumer on each
+//!    partition has nothing pending), else the tool stops (start ingest alone until it catches up).
+//! 2. Partition 0's description is set to say a repartition is under way: its count no longer reads as a
+//!    number, so any service started meanwhile refuses to start instead of looking for entries in the wrong
+//!    partition. The feed publisher's consumers are deleted, so that ingest, when it starts again, creates them
+//!    at the end of each stream and does not publish the moved entries a second time.
+//! 3. The missing partitions' buckets are created (the replicas and the maximum age of partition 0).
+//! 4. Every entry of every existing partition (ledger and wamid links) whose new partition differs is put there
+//!    (overwriting an earlier run's copy) and then purged from its old partition. A moved entry's age restarts:
+//!    it is kept up to `ledger_max_age_days` from the move.
+//! 5. Every partition's description is set to the new count, then the partitions past it (now empty) are
+//!    deleted. From here the services start with `nats.ledger_partitions = M` and refuse any other number.
+//!
+//! The NATS user running it needs rights none of `deploy/nats/accounts.conf`'s users has (create, update and
+//! delete streams, purge, delete consumers): an administrator's.
+
+use crate::OpsError;
+use async_nats::jetstream::{self, kv, stream};
+use bw_common::names;
+use futures::StreamExt;
+use std::collections::BTreeMap;
+
+/// What a repartition did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Repartitioned {
+    /// The count the ledger had (as partition 0 recorded it; None when a repartition was under way).
+    pub from: Option<usize>,
+    /// The new count.
+    pub to: usize,
+    /// Ledger entries moved to another partition.
+    pub entries_moved: u64,
+    /// Wamid links moved to another partition.
+    pub links_moved: u64,
+    /// Entries and links already in their partition.
+    pub kept: u64,
+    /// Buckets created and deleted.
+    pub created: Vec<String>,
+    pub deleted: Vec<String>,
+}
+
+/// Why a repartition did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RepartitionError {
+    #[error("the partition count must be between 1 and {max}, got {0}", max = names::MAX_LEDGER_PARTITIONS)]
+    Count(usize),
+    #[error(
+        "the feed publisher has not published every ledger revision yet ({0}); start ingest alone until \
+         `nats consumer info <stream> feed-publisher` shows nothing pending, stop it, and run this again"
+    )]
+    FeedBehind(String),
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+}
+
+fn nats_err(what: &str, e: impl std::fmt::Display) -> OpsError {
+    OpsError::nats(what, e)
+}
+
+/// Description of partition 0 while a repartition to `to` is under way: its count does not parse, so every
+/// service refuses to start (`bw_common::nats::ledger_partitions_of`).
+fn under_way(to: usize) -> String {
+    format!("Breakwater ledger partition 0: repartition to {to} under way; start no service until it is done")
+}
+
+/// Every ledger (or wamid) partition bucket that exists, by index (names from `bucket_of`).
+async fn existing(
+    js: &jetstream::Context,
+    bucket_of: fn(usize) -> String,
+) -> Result<BTreeMap<usize, String>, OpsError> {
+    let mut out = BTreeMap::new();
+    let mut names_list = js.stream_names();
+    let mut streams = Vec::new();
+    while let Some(name) = names_list.next().await {
+        streams.push(name.map_err(|e| nats_err("stream names", e))?);
+    }
+    for i in 0..names::MAX_LEDGER_PARTITIONS.max(1) * 2 {
+        let bucket = bucket_of(i);
+        if streams.iter().any(|s| *s == format!("KV_{bucket}")) {
+            out.insert(i, bucket);
+        }
+    }
+    Ok(out)
+}
+
+/// Sets a stream's description (a stream update; nothing else changes).
+async fn describe(js: &jetstream::Context, stream_name: &str, description: String) -> Result<(), OpsError> {
+    let mut handle = js.get_stream(stream_name).await.map_err(|e| nats_err(stream_name, e))?;
+    let mut config: stream::Config = handle.info().await.map_err(|e| nats_err(stream_name, e))?.config.clone();
+    if config.description.as_deref() == Some(description.as_str()) {
+        return Ok(());
+    }
+    config.description = Some(description);
+    js.update_stream(config).await.map_err(|e| nats_err(stream_name, e))?;
+    Ok(())
+}
+
+/// Moves every entry of `stores` (index → bucket) whose partition under `to` differs; returns (moved, kept).
+async fn move_entries(
+    js: &jetstream::Context,
+    stores: &BTreeMap<usize, kv::Store>,
+    to: usize,
+) -> Result<(u64, u64), OpsError> {
+    let (mut moved, mut kept) = (0, 0);
+    for (&from, store) in stores {
+        let mut keys = store.keys().await.map_err(|e| nats_err(&store.name, e))?;
+        let mut all = Vec::new();
+        while let Some(key) = keys.next().await {
+            all.push(key.map_err(|e| nats_err(&store.name, e))?);
+        }
+        let stream = js.get_stream(&store.stream_name).await.map_err(|e| nats_err(&store.stream_name, e))?;
+        for key in all {
+            let target = names::ledger_partition(&key, to);
+            if target == from {
+                kept += 1;
+                continue;
+            }
+            let Some(value) = store.get(&key).await.map_err(|e| nats_err(&store.name, e))? else { continue };
+            let destination = &stores[&target];
+            destination.put(&key, value).await.map_err(|e| nats_err(&destination.name, e))?;
+            // A purge of the subject, not a KV delete: no tombstone is left behind in the old partition.
+            stream
+                .purge()
+                .filter(format!("$KV.{}.{key}", store.name))
+                .await
+                .map_err(|e| nats_err(&store.stream_name, e))?;
+            moved += 1;
+        }
+    }
+    Ok((moved, kept))
+}
+
+/// Repartitions the ledger and the wamid links of a stopped deployment to `to` partitions (module docs).
+pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Repartitioned, RepartitionError> {
+    if !(1..=names::MAX_LEDGER_PARTITIONS).contains(&to) {
+        return Err(RepartitionError::Count(to));
+    }
+    let ledger_buckets = existing(js, names::ledger_bucket).await?;
+    let wamid_buckets = existing(js, names::wamid_bucket).await?;
+    let first = js.get_key_value(names::LEDGER_BUCKET).await.map_err(|e| nats_err(names::LEDGER_BUCKET, e))?;
+    let from = bw_common::nats::ledger_partitions_of(&first);
+    // 1. The feed publisher is caught up on every partition (a consumer already deleted by an earlier run is
+    //    fine).
+    for bucket in ledger_buckets.values() {
+        let stream_name = format!("KV_{bucket}");
+        let stream = js.get_stream(&stream_name).await.map_err(|e| nats_err(&stream_name, e))?;
+        let consumer: Result<jetstream::consumer::PullConsumer, _> =
+            stream.get_consumer(bw_common::names::FEED_CONSUMER).await;
+        if let Ok(mut consumer) = consumer {
+            let info = consumer.info().await.map_err(|e| nats_err(&stream_name, e))?;
+            if info.num_pending > 0 || info.num_ack_pending > 0 {
+                return Err(RepartitionError::FeedBehind(format!(
+                    "{stream_name}: {} revisions not delivered, {} not acknowledged",
+                    info.num_pending, info.num_ack_pending
+                )));
+            }
+        }
+    }
+    // 2. Lock out the services, then let the feed publisher start afresh after the move.
+    describe(js, &first.stream_name, under_way(to)).await?;
+    for bucket in ledger_buckets.values() {
+        let stream_name = format!("KV_{bucket}");
+        let stream = js.get_stream(&stream_name).await.map_err(|e| nats_err(&stream_name, e))?;
+        // Missing already (an earlier run): nothing to delete.
+        let _ = stream.delete_consumer(bw_common::names::FEED_CONSUMER).await;
+    }
+    // 3. The new partitions, shaped like partition 0.
+    let base = first.stream.cached_info().config.clone();
+    let mut report = Repartitioned { from, to, ..Default::default() };
+    let mut ledgers: BTreeMap<usize, kv::Store> = BTreeMap::new();
+    let mut links: BTreeMap<usize, kv::Store> = BTreeMap::new();
+    for (kind, buckets, stores) in [("ledger", &ledger_buckets, &mut ledgers), ("wamid", &wamid_buckets, &mut links)] {
+        let bucket_of = if kind == "ledger" { names::ledger_bucket } else { names::wamid_bucket };
+        let mut wanted: Vec<usize> = buckets.keys().copied().collect();
+        wanted.extend(0..to);
+        wanted.sort();
+        wanted.dedup();
+        for i in wanted {
+            let bucket = bucket_of(i);
+            let store = match js.get_key_value(&bucket).await {
+                Ok(store) => store,
+                Err(_) => {
+                    let config = kv::Config {
+                        bucket: bucket.clone(),
+                        history: 1,
+                        max_age: base.max_age,
+                        storage: base.storage,
+                        num_replicas: base.num_replicas,
+                        description: if kind == "ledger" {
+                            format!("Breakwater ledger partition {i} of {to}")
+                        } else {
+                            String::new()
+                        },
+                        ..Default::default()
+                    };
+                    report.created.push(bucket.clone());
+                    bw_common::nats::open_bucket(js, config).await.map_err(|e| nats_err(&bucket, e))?
+                }
+            };
+            stores.insert(i, store);
+        }
+    }
+    // 4. Every entry to its partition under the new count.
+    let (moved, kept) = move_entries(js, &ledgers, to).await?;
+    report.entries_moved = moved;
+    report.kept += kept;
+    let (moved, kept) = move_entries(js, &links, to).await?;
+    report.links_moved = moved;
+    report.kept += kept;
+    // 5. The new count in every remaining partition (partition 0 last: it unlocks the services), then the
+    //    empty partitions past it go.
+    for (&i, store) in ledgers.iter().filter(|(i, _)| **i < to).rev() {
+        describe(js, &store.stream_name, format!("Breakwater ledger partition {i} of {to}")).await?;
+    }
+    for (kind, stores) in [("ledger", &ledgers), ("wamid", &links)] {
+        for (&i, store) in stores.iter().filter(|(i, _)| **i >= to) {
+            js.delete_key_value(&store.name).await.map_err(|e| nats_err(&store.name, e))?;
+            report.deleted.push(store.name.clone());
+            tracing::info!(kind, partition = i, bucket = %store.name, "empty partition deleted");
+        }
+    }
+    Ok(report)
+}
