@@ -364,3 +364,43 @@ async fn bwctl_repartitions_a_stopped_ledger_and_the_services_follow_the_new_cou
     let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("accounting");
     assert_eq!(report.ledger_entries, OPS as u64, "{report}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bwctl_repartitions_a_drained_send_layout_and_the_services_follow_the_new_count() {
+    let mut h = Harness::start_split(SimConfig::default(), 1, 2).await;
+    let two = h.buckets.send;
+    let phone_of = |send: names::SendPartitions, partition: usize| {
+        (0..).map(|i| format!("1065403522{i:05}")).find(|p| send.of(p) == partition).expect("phone")
+    };
+    // A message still waiting in partition 1: refused, nothing changed.
+    h.preload(&[bw_e2e::order(&phone_of(two, 1), "send-repart-waiting", 1)]).await;
+    let err = bw_ops::repartition::repartition_send(&h.js, 3).await.expect_err("BW_SEND_1 holds a message");
+    assert!(err.to_string().contains("BW_SEND_1 still holds 1 message"), "{err}");
+    assert_eq!(bw_common::nats::send_partitions(&h.js).await.expect("layout"), two, "nothing changed");
+
+    // Drained: 2 -> 3.
+    h.js.get_stream("BW_SEND_1").await.expect("stream").purge().await.expect("drained");
+    let (code, out) = crate::bwctl(&h.nats.url(), &["send", "repartition", "--to", "3", "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("send partitions: 2 -> 3"), "{out}");
+    assert!(out.contains("deleted (empty): BW_DLQ, BW_DLQ_1, BW_SEND, BW_SEND_1"), "{out}");
+    assert!(out.contains("created: BW_DLQ, BW_DLQ_1, BW_DLQ_2, BW_SEND, BW_SEND_1, BW_SEND_2"), "{out}");
+    let three = bw_common::nats::send_partitions(&h.js).await.expect("layout");
+    assert_eq!(three.count(), 3);
+
+    // The services follow: one given 2 is refused; ingest and a dispatcher given 3 deliver a message of a sender
+    // of the new partition 2.
+    let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-send-repartition");
+    cfg.send_partitions = 2;
+    let refused = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5)).await;
+    let refused = format!("{:#}", refused.err().expect("refused"));
+    assert!(refused.contains("nats.send_partitions is 2") && refused.contains("3 partition(s)"), "{refused}");
+    h.send_partitions = 3;
+    h.start_ingest(&[]).await;
+    h.start_dispatcher(&[]).await;
+    let ops = h.submit_orders(&phone_of(three, 2), "send-repart", 5).await;
+    let delivered = [OperationState::Delivered, OperationState::Read];
+    assert!(h.wait_all(&ops, &delivered, Duration::from_secs(60)).await, "delivered on the new layout");
+    let mut stream = h.js.get_stream("BW_SEND_2").await.expect("partition 2");
+    assert_eq!(stream.info().await.expect("info").state.last_sequence, 5, "they went through BW_SEND_2");
+}

@@ -69,6 +69,9 @@ pub enum Command {
     /// The ledger's partitions.
     #[command(subcommand)]
     Ledger(LedgerCommand),
+    /// BW_SEND's and the DLQ's partitions.
+    #[command(subcommand)]
+    Send(SendCommand),
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -83,6 +86,21 @@ pub enum LedgerCommand {
     /// entry and wamid link to its partition under the new count, then every service must start with it.
     /// Needs a NATS user allowed to create, update and delete streams (an administrator's). Safe to run
     /// again after an interruption; services refuse to start while it is under way.
+    Repartition {
+        /// The new partition count (1 to 64).
+        #[arg(long)]
+        to: usize,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SendCommand {
+    /// Change the send partition count (`nats.send_partitions`: BW_SEND and BW_DLQ) of a DRAINED, STOPPED
+    /// deployment: refuses while any BW_SEND or BW_DLQ partition holds a message, then replaces the (empty)
+    /// streams by the new count's. Needs a NATS user allowed to create and delete streams (an administrator's).
     Repartition {
         /// The new partition count (1 to 64).
         #[arg(long)]
@@ -306,6 +324,9 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
         // Not through `connect`: while a repartition is under way the ledger does not say its partition count.
         return repartition(&cli.nats_url, *to, *yes, out).await;
     }
+    if let Command::Send(SendCommand::Repartition { to, yes }) = &cli.command {
+        return repartition_send(&cli.nats_url, *to, *yes, out).await;
+    }
     if let Command::OperatorTokenHash = &cli.command {
         let mut line = String::new();
         std::io::stdin().lock().read_line(&mut line)?;
@@ -504,7 +525,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             Ok(0)
         }
         Command::Op(args) => op::run(js, buckets, &args, out).await,
-        Command::Breaker(_) | Command::OperatorTokenHash | Command::Ledger(_) => Ok(0),
+        Command::Breaker(_) | Command::OperatorTokenHash | Command::Ledger(_) | Command::Send(_) => Ok(0),
     }
 }
 
@@ -565,6 +586,30 @@ async fn repartition(nats_url: &str, to: usize, yes: bool, out: &mut (dyn Write 
         out,
         "start every service with nats.ledger_partitions = {to} (BW_<SERVICE>__NATS__LEDGER_PARTITIONS), and \
          grant the NATS users the new partitions: scripts/nats-accounts.sh {to}"
+    )?;
+    Ok(0)
+}
+
+/// `bwctl send repartition --to M`.
+async fn repartition_send(nats_url: &str, to: usize, yes: bool, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    let what = format!(
+        "replace the empty BW_SEND and BW_DLQ streams by {to} partitions of each; every Breakwater service must be \
+         stopped, and started again with nats.send_partitions = {to}"
+    );
+    if !confirm(yes, &what, out)? {
+        return Ok(EXIT_ABORTED);
+    }
+    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
+    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
+    let js = jetstream::new(client);
+    let report = bw_ops::repartition::repartition_send(&js, to).await?;
+    writeln!(out, "send partitions: {} -> {}", report.from, report.to)?;
+    writeln!(out, "deleted (empty): {}", report.deleted.join(", "))?;
+    writeln!(out, "created: {}", report.created.join(", "))?;
+    writeln!(
+        out,
+        "start every service with nats.send_partitions = {to} (BW_<SERVICE>__NATS__SEND_PARTITIONS), check \
+         dispatch.partitions, and grant the NATS users the new partitions: scripts/nats-accounts.sh <ledger> --send {to}"
     )?;
     Ok(0)
 }

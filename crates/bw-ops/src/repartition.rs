@@ -1,5 +1,8 @@
-//! Changing the ledger's partition count (`nats.ledger_partitions`) of a stopped deployment: `bwctl ledger
-//! repartition --to M`.
+//! Changing the partition counts of a stopped deployment: the ledger's (`nats.ledger_partitions`, `bwctl ledger
+//! repartition --to M`, [`repartition_ledger`]) and BW_SEND's and the DLQ's (`nats.send_partitions`, `bwctl send
+//! repartition --to M`, [`repartition_send`], which needs them drained).
+//!
+//! The ledger:
 //!
 //! An operation's ledger entry lives in partition FNV-1a(operation id) mod N, and a wamid link in that of its
 //! key (`bw_common::names::ledger_partition`), so a new count moves most entries. Entries stay for
@@ -227,5 +230,105 @@ pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Re
             tracing::info!(kind, partition = i, bucket = %store.name, "empty partition deleted");
         }
     }
+    Ok(report)
+}
+
+/// What a send repartition did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SendRepartitioned {
+    /// The count BW_SEND had.
+    pub from: usize,
+    /// The new count.
+    pub to: usize,
+    /// The streams deleted (all empty) and created.
+    pub deleted: Vec<String>,
+    pub created: Vec<String>,
+}
+
+/// Why a send repartition did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SendRepartitionError {
+    #[error("the partition count must be between 1 and {max}, got {0}", max = names::MAX_SEND_PARTITIONS)]
+    Count(usize),
+    #[error(
+        "{0} still holds {1} message(s): stop ingest, let the dispatchers and replay drain every BW_SEND and BW_DLQ \
+         partition (bwctl partitions; entries held for manual release need bwctl dlq replay or purge), then stop \
+         every service and run this again"
+    )]
+    NotEmpty(String, u64),
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+}
+
+/// Changes the send partition count (`nats.send_partitions`, BW_SEND and BW_DLQ) of a drained, stopped
+/// deployment: refuses unless every BW_SEND and BW_DLQ partition stream is empty, then deletes them and creates
+/// `to` partitions of each with the limits and replicas the old partition 0 had. Nothing can be lost: accepted
+/// messages are only in these streams while QUEUED or DLQ, and all of them are empty. Safe to run again: a
+/// missing stream is created, an existing empty one is replaced. Services then start with
+/// `nats.send_partitions = to` (their durable consumers are recreated on the new streams).
+pub async fn repartition_send(js: &jetstream::Context, to: usize) -> Result<SendRepartitioned, SendRepartitionError> {
+    use names::SendPartitions;
+    if !(1..=names::MAX_SEND_PARTITIONS).contains(&to) {
+        return Err(SendRepartitionError::Count(to));
+    }
+    let mut all = Vec::new();
+    let mut listing = js.stream_names();
+    while let Some(name) = listing.next().await {
+        all.push(name.map_err(|e| nats_err("stream names", e))?);
+    }
+    let is_partition = |name: &str, base: &str| {
+        name == base
+            || name
+                .strip_prefix(base)
+                .and_then(|rest| rest.strip_prefix('_'))
+                .is_some_and(|i| i.parse::<usize>().is_ok())
+    };
+    let mut existing: Vec<String> =
+        all.into_iter().filter(|n| is_partition(n, names::SEND_STREAM) || is_partition(n, names::DLQ_STREAM)).collect();
+    existing.sort();
+    // Every partition empty, and the shape (limits, replicas) of the old partition 0 of each kind.
+    let mut shapes: BTreeMap<&str, stream::Config> = BTreeMap::new();
+    let mut from = 1;
+    for name in &existing {
+        let mut handle = js.get_stream(name).await.map_err(|e| nats_err(name, e))?;
+        let info = handle.info().await.map_err(|e| nats_err(name, e))?.clone();
+        if info.state.messages > 0 {
+            return Err(SendRepartitionError::NotEmpty(name.clone(), info.state.messages));
+        }
+        if name == names::SEND_STREAM {
+            from = bw_common::nats::send_partitions_of(&info).map(|p| p.count()).unwrap_or(1);
+            shapes.insert(names::SEND_STREAM, info.config.clone());
+        } else if name == names::DLQ_STREAM {
+            shapes.insert(names::DLQ_STREAM, info.config.clone());
+        }
+    }
+    let mut report = SendRepartitioned { from, to, ..Default::default() };
+    // The new layout, shaped like the old partition 0 (or the compiled limits where there was none).
+    let replicas = shapes.get(names::SEND_STREAM).map(|c| c.num_replicas).unwrap_or(1);
+    let wanted = bw_common::nats::stream_configs(&Default::default(), replicas, SendPartitions::new(to));
+    let wanted: Vec<stream::Config> = wanted
+        .into_iter()
+        .filter(|c| is_partition(&c.name, names::SEND_STREAM) || is_partition(&c.name, names::DLQ_STREAM))
+        .map(|mut c| {
+            let base = if is_partition(&c.name, names::SEND_STREAM) { names::SEND_STREAM } else { names::DLQ_STREAM };
+            if let Some(old) = shapes.get(base) {
+                c.max_messages = old.max_messages;
+                c.duplicate_window = old.duplicate_window;
+                c.storage = old.storage;
+            }
+            c
+        })
+        .collect();
+    // Partition 0 of BW_SEND last: it records the count the services check.
+    for name in existing.iter().rev() {
+        js.delete_stream(name).await.map_err(|e| nats_err(name, e))?;
+        report.deleted.push(name.clone());
+    }
+    for config in wanted.iter().rev() {
+        js.create_stream(config.clone()).await.map_err(|e| nats_err(&config.name, e))?;
+        report.created.push(config.name.clone());
+    }
+    report.deleted.sort();
+    report.created.sort();
     Ok(report)
 }
