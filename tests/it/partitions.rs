@@ -14,13 +14,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 const PHONE: &str = "106540352247001";
-const PARTITIONS: usize = 4;
-const N: usize = 60;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions() {
-    let mut h = Harness::start_partitioned(SimConfig::default(), PARTITIONS).await;
-    // Every call fails with a 503 for the first 1.5 s: trip, DLQ, close, replay, as in the outage test.
+/// Every call fails with a 503 for the first 1.5 s (trip, DLQ, close, replay, as in the outage test), with ingest
+/// and a coordinator on the fast test breaker ([`bw_e2e::FastBreaker`]) started; returns the dispatchers' breaker
+/// settings.
+async fn start_outage(h: &mut Harness) -> Vec<(String, String)> {
     h.sim.set_scenario(failing(
         0,
         Some(1_500),
@@ -29,7 +27,24 @@ async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions()
     let keys = |prefix: &str| bw_e2e::FastBreaker::default().settings(prefix);
     h.start_ingest(&[]).await;
     h.start_coordinator(&bw_e2e::pairs(&keys("limits.default"))).await;
-    h.start_dispatcher(&bw_e2e::pairs(&keys("breaker.defaults"))).await;
+    keys("breaker.defaults")
+}
+
+/// Why a dispatcher given the NATS settings `set` makes from the defaults does not start (it must not).
+async fn refusal(nats_url: String, set: impl FnOnce(&mut bw_common::config::NatsConfig)) -> String {
+    let mut cfg = bw_common::config::NatsConfig::single(nats_url, "e2e-partitions");
+    set(&mut cfg);
+    let refused = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5)).await;
+    format!("{:#}", refused.err().expect("refused"))
+}
+const PARTITIONS: usize = 4;
+const N: usize = 60;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions() {
+    let mut h = Harness::start_partitioned(SimConfig::default(), PARTITIONS).await;
+    let breaker_keys = start_outage(&mut h).await;
+    h.start_dispatcher(&bw_e2e::pairs(&breaker_keys)).await;
     h.start_replay(&[("replay.probe_rate_per_s", "5".into())]).await;
 
     let ops = h.submit_orders(PHONE, "part", N).await;
@@ -108,13 +123,7 @@ async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions()
 
     // A service given another partition count refuses to start, naming the setting; nothing is created.
     for wrong in [1, 8] {
-        let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-wrong-partitions");
-        cfg.ledger_partitions = wrong;
-        let err = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5))
-            .await
-            .err()
-            .expect("refused");
-        let text = format!("{err:#}");
+        let text = refusal(h.nats.url(), |cfg| cfg.ledger_partitions = wrong).await;
         assert!(text.contains("nats.ledger_partitions is") && text.contains("4 partition(s)"), "{text}");
     }
     let mut streams = h.js.stream_names();
@@ -153,18 +162,10 @@ async fn send_in_three_partitions_each_sender_in_its_own_stream_served_by_the_di
     let send = h.buckets.send;
     assert_eq!(send.count(), SEND);
     let phones = one_sender_per_partition(send);
-    // Every call fails with a 503 for the first 1.5 s: the senders of partitions 0 and 1 trip, dead-letter and
-    // replay through their own partition's rh lane.
-    h.sim.set_scenario(failing(
-        0,
-        Some(1_500),
-        FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
-    ));
-    let keys = |prefix: &str| bw_e2e::FastBreaker::default().settings(prefix);
-    h.start_ingest(&[]).await;
-    h.start_coordinator(&bw_e2e::pairs(&keys("limits.default"))).await;
+    // The outage: the senders of partitions 0 and 1 trip, dead-letter and replay through their own partition's
+    // rh lane.
+    let breaker_keys = start_outage(&mut h).await;
     h.start_replay(&[("replay.probe_rate_per_s", "5".into())]).await;
-    let breaker_keys = keys("breaker.defaults");
     let mut first = bw_e2e::pairs(&breaker_keys);
     first.push(("dispatch.partitions", "[0, 1]".into()));
     h.start_dispatcher(&first).await;
@@ -246,13 +247,7 @@ async fn send_in_three_partitions_each_sender_in_its_own_stream_served_by_the_di
 
     // A service given another send partition count refuses to start, naming the setting.
     for wrong in [1, 4] {
-        let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-wrong-send-partitions");
-        cfg.send_partitions = wrong;
-        let err = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5))
-            .await
-            .err()
-            .expect("refused");
-        let text = format!("{err:#}");
+        let text = refusal(h.nats.url(), |cfg| cfg.send_partitions = wrong).await;
         assert!(text.contains("nats.send_partitions is") && text.contains("3 partition(s)"), "{text}");
     }
 }
@@ -347,7 +342,7 @@ async fn bwctl_repartitions_a_stopped_ledger_and_the_services_follow_the_new_cou
         let found = ledger.operation_for_wamid(&format!("wamid.{op}")).await.expect("link read");
         assert_eq!(found.as_deref(), Some(op.as_str()));
     }
-    let refused = format!("{:#}", connect(2).await.err().expect("two refused"));
+    let refused = refusal(h.nats.url(), |cfg| cfg.ledger_partitions = 2).await;
     assert!(refused.contains("3 partition(s)"), "{refused}");
 
     // 3 -> 1: everything in partition 0, the others deleted.
@@ -390,10 +385,7 @@ async fn bwctl_repartitions_a_drained_send_layout_and_the_services_follow_the_ne
 
     // The services follow: one given 2 is refused; ingest and a dispatcher given 3 deliver a message of a sender
     // of the new partition 2.
-    let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-send-repartition");
-    cfg.send_partitions = 2;
-    let refused = bw_common::service::Deps::connect("dispatcher", &cfg, None, Duration::from_secs(5)).await;
-    let refused = format!("{:#}", refused.err().expect("refused"));
+    let refused = refusal(h.nats.url(), |cfg| cfg.send_partitions = 2).await;
     assert!(refused.contains("nats.send_partitions is 2") && refused.contains("3 partition(s)"), "{refused}");
     h.send_partitions = 3;
     h.start_ingest(&[]).await;

@@ -86,14 +86,18 @@ pub enum LedgerCommand {
     /// entry and wamid link to its partition under the new count, then every service must start with it.
     /// Needs a NATS user allowed to create, update and delete streams (an administrator's). Safe to run
     /// again after an interruption; services refuse to start while it is under way.
-    Repartition {
-        /// The new partition count (1 to 64).
-        #[arg(long)]
-        to: usize,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
-    },
+    Repartition(RepartitionArgs),
+}
+
+/// The new count of a repartition.
+#[derive(Debug, Args)]
+pub struct RepartitionArgs {
+    /// The new partition count (1 to 64).
+    #[arg(long)]
+    pub to: usize,
+    /// Do not ask for confirmation.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,14 +105,7 @@ pub enum SendCommand {
     /// Change the send partition count (`nats.send_partitions`: BW_SEND and BW_DLQ) of a DRAINED, STOPPED
     /// deployment: refuses while any BW_SEND or BW_DLQ partition holds a message, then replaces the (empty)
     /// streams by the new count's. Needs a NATS user allowed to create and delete streams (an administrator's).
-    Repartition {
-        /// The new partition count (1 to 64).
-        #[arg(long)]
-        to: usize,
-        /// Do not ask for confirmation.
-        #[arg(long)]
-        yes: bool,
-    },
+    Repartition(RepartitionArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -320,11 +317,11 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     if let Command::Breaker(cmd) = &cli.command {
         return breaker(&cli.coordinator_url, cli.operator_token.as_ref(), cmd, out).await;
     }
-    if let Command::Ledger(LedgerCommand::Repartition { to, yes }) = &cli.command {
+    if let Command::Ledger(LedgerCommand::Repartition(RepartitionArgs { to, yes })) = &cli.command {
         // Not through `connect`: while a repartition is under way the ledger does not say its partition count.
         return repartition(&cli.nats_url, *to, *yes, out).await;
     }
-    if let Command::Send(SendCommand::Repartition { to, yes }) = &cli.command {
+    if let Command::Send(SendCommand::Repartition(RepartitionArgs { to, yes })) = &cli.command {
         return repartition_send(&cli.nats_url, *to, *yes, out).await;
     }
     if let Command::OperatorTokenHash = &cli.command {
@@ -556,18 +553,31 @@ async fn scopes(buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Resu
     Ok(0)
 }
 
+/// After the operator confirmed `what` (or gave --yes): a JetStream context on `nats_url` without opening the
+/// topology (a repartition runs while it is incomplete). None when not confirmed.
+async fn confirmed_admin(
+    nats_url: &str,
+    yes: bool,
+    what: &str,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<Option<jetstream::Context>> {
+    if !confirm(yes, what, out)? {
+        return Ok(None);
+    }
+    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
+    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
+    Ok(Some(jetstream::new(client)))
+}
+
 /// `bwctl ledger repartition --to M`.
 async fn repartition(nats_url: &str, to: usize, yes: bool, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
     let what = format!(
         "move every ledger entry and wamid link to its partition under {to} partitions; every Breakwater service \
          must be stopped, and started again with nats.ledger_partitions = {to}"
     );
-    if !confirm(yes, &what, out)? {
+    let Some(js) = confirmed_admin(nats_url, yes, &what, out).await? else {
         return Ok(EXIT_ABORTED);
-    }
-    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
-    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
-    let js = jetstream::new(client);
+    };
     let report = bw_ops::repartition::repartition_ledger(&js, to).await?;
     let from = report.from.map(|n| n.to_string()).unwrap_or_else(|| "? (an interrupted repartition)".into());
     writeln!(out, "ledger partitions: {from} -> {}", report.to)?;
@@ -596,12 +606,9 @@ async fn repartition_send(nats_url: &str, to: usize, yes: bool, out: &mut (dyn W
         "replace the empty BW_SEND and BW_DLQ streams by {to} partitions of each; every Breakwater service must be \
          stopped, and started again with nats.send_partitions = {to}"
     );
-    if !confirm(yes, &what, out)? {
+    let Some(js) = confirmed_admin(nats_url, yes, &what, out).await? else {
         return Ok(EXIT_ABORTED);
-    }
-    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
-    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
-    let js = jetstream::new(client);
+    };
     let report = bw_ops::repartition::repartition_send(&js, to).await?;
     writeln!(out, "send partitions: {} -> {}", report.from, report.to)?;
     writeln!(out, "deleted (empty): {}", report.deleted.join(", "))?;
