@@ -63,6 +63,9 @@ pub struct RulesConfig {
     pub unknown_backlog_threshold: u64,
     /// Oldest BW_UNKNOWN message at or above this age also fires `unknown_backlog`.
     pub unknown_oldest_age_s: u64,
+    /// A BW_SEND partition with messages no dispatcher has taken, no dispatcher waiting on it, and no delivery
+    /// for this long fires `send_unserved` (every dispatcher serving it is down, or none is given it).
+    pub send_unserved_after_s: u64,
     /// Quota usage percent that fires a warning.
     pub quota_warning_percent: f64,
     /// Quota usage percent that fires (or escalates to) critical.

@@ -2,8 +2,8 @@
 //!
 //! Inputs: breaker transitions (`bw.breaker.v1.>`) and signals (`bw.signal.v1.>`) from BW_EVENTS through one
 //! shared durable consumer (each event is handled by one instance), and periodic reads of stream state
-//! (BW_DLQ depth and oldest age per sender, streams near their limits, BW_QUARANTINE growth, BW_UNKNOWN
-//! backlog) and of BW_SCOPES snapshots. Every alert lives in the KV bucket BW_ALERTS under its dedup key and
+//! (BW_DLQ depth and oldest age per sender, streams near their limits, BW_SEND partitions no dispatcher takes
+//! from, BW_QUARANTINE growth, BW_UNKNOWN backlog) and of BW_SCOPES snapshots. Every alert lives in the KV bucket BW_ALERTS under its dedup key and
 //! changes only by compare-and-set, so with N instances each firing, escalation and resolution is notified
 //! exactly once. Notifications go to a generic JSON webhook, a Slack-style and a PagerDuty-style sink with
 //! bounded retries, are grouped into digests during storms, and every change is also published on

@@ -23,10 +23,11 @@ pub enum Rule {
     PoisonMessages,
     StatusErrors,
     DlqLimit,
+    SendUnserved,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 11] = [
+    pub const ALL: [Rule; 12] = [
         Rule::BreakerOpen,
         Rule::DlqDepth,
         Rule::DlqOldestAge,
@@ -38,6 +39,7 @@ impl Rule {
         Rule::PoisonMessages,
         Rule::StatusErrors,
         Rule::DlqLimit,
+        Rule::SendUnserved,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +55,7 @@ impl Rule {
             Rule::PoisonMessages => "poison_messages",
             Rule::StatusErrors => "status_errors",
             Rule::DlqLimit => "dlq_limit",
+            Rule::SendUnserved => "send_unserved",
         }
     }
 
@@ -70,6 +73,7 @@ impl Rule {
             Rule::UnknownBacklog => "unknown-outcomes.md",
             Rule::QuotaUsage => "quota-exhausted.md",
             Rule::CredentialsInvalid => "invalid-credentials.md",
+            Rule::SendUnserved => "service-down.md",
         }
     }
 

@@ -33,6 +33,40 @@ pub(crate) struct Poller {
     quarantine_samples: VecDeque<(i64, u64)>,
 }
 
+/// One dispatcher lane consumer of a BW_SEND partition, as read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaneReading {
+    /// Messages of the lane not yet delivered to any dispatcher.
+    pub undelivered: u64,
+    /// Pull requests dispatchers have outstanding on it (an idle dispatcher keeps one parked).
+    pub waiting: u64,
+    /// The last delivery to a dispatcher (unix ms), if any.
+    pub last: Option<i64>,
+}
+
+/// Whether a BW_SEND partition is unserved, and for how long (seconds): messages wait undelivered (or the
+/// partition holds messages and no dispatcher ever made its consumers), no dispatcher has a pull request waiting
+/// on any lane, and for at least `after_s` both the last delivery (if any) and the oldest stored message
+/// (`oldest_ms`) lie behind. So a partition that was quiet for an hour is not unserved the moment a message
+/// arrives, nor one whose dispatchers are still starting. A served partition never fires: a busy dispatcher
+/// delivers continuously, an idle one keeps pull requests parked; messages delayed on purpose (retries, holds)
+/// are delivered already, not undelivered.
+pub(crate) fn unserved(
+    stored: u64,
+    oldest_ms: Option<i64>,
+    lanes: &[LaneReading],
+    now_ms: i64,
+    after_s: u64,
+) -> Option<f64> {
+    let undelivered = if lanes.is_empty() { stored } else { lanes.iter().map(|l| l.undelivered).sum() };
+    if undelivered == 0 || lanes.iter().any(|l| l.waiting > 0) {
+        return None;
+    }
+    let since = |at: Option<i64>| at.map_or(f64::INFINITY, |at| (now_ms - at).max(0) as f64 / 1000.0);
+    let idle_s = since(lanes.iter().filter_map(|l| l.last).max()).min(since(oldest_ms));
+    (idle_s >= after_s as f64).then_some(idle_s)
+}
+
 fn age_s(now_ms: i64, then: time::OffsetDateTime) -> f64 {
     let then_ms = (then.unix_timestamp_nanos() / 1_000_000) as i64;
     ((now_ms - then_ms).max(0) as f64) / 1000.0
@@ -57,6 +91,7 @@ impl Poller {
         let checks = [
             self.check_dlq(now, &mut found).await,
             self.check_limits(now, &mut found).await,
+            self.check_send_served(now, &mut found).await,
             self.check_quarantine(now, &mut found).await,
             self.check_unknown(now, &mut found).await,
         ];
@@ -165,6 +200,39 @@ impl Poller {
             }
         }
         found.evaluated.insert(Rule::StreamNearLimit);
+        Ok(())
+    }
+
+    /// `send_unserved`: per BW_SEND partition, whether some dispatcher takes its messages (its four lane
+    /// consumers: undelivered messages, waiting pull requests, last delivery).
+    async fn check_send_served(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
+        for partition in self.send.all() {
+            let name = names::SendPartitions::stream(partition);
+            let mut stream = self.js.get_stream(&name).await?;
+            let state = stream.info().await?.state.clone();
+            let stored = state.messages;
+            let oldest = (stored > 0).then(|| (state.first_timestamp.unix_timestamp_nanos() / 1_000_000) as i64);
+            let mut lanes = Vec::new();
+            for lane in names::Lane::ALL {
+                let consumer: Result<jetstream::consumer::PullConsumer, _> =
+                    stream.get_consumer(lane.dispatcher_consumer()).await;
+                if let Ok(mut consumer) = consumer {
+                    let info = consumer.info().await?;
+                    let last = info.delivered.last_active.map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+                    lanes.push(LaneReading { undelivered: info.num_pending, waiting: info.num_waiting as u64, last });
+                }
+            }
+            if let Some(idle_s) = unserved(stored, oldest, &lanes, now, self.rules.send_unserved_after_s) {
+                let summary = format!(
+                    "{name} holds {stored} messages and no dispatcher has taken one for {idle_s:.0} s: every \
+                     dispatcher serving partition {partition} is down, or none has it in dispatch.partitions"
+                );
+                let labels = vec![("stream".to_string(), name.clone()), ("messages".to_string(), stored.to_string())];
+                let f = self.firing(Rule::SendUnserved, &name, Severity::Critical, summary, now, labels);
+                self.fire(found, f).await;
+            }
+        }
+        found.evaluated.insert(Rule::SendUnserved);
         Ok(())
     }
 
@@ -313,8 +381,41 @@ fn closed_after(snap: &ScopeSnapshot, started_ms: i64) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::closed_after;
+    use super::{LaneReading, closed_after, unserved};
     use bw_common::proto::ScopeSnapshot;
+
+    /// At the compiled default (120 s, read from default.toml): waiting messages with nobody waiting on any lane
+    /// fire once both the last delivery and the oldest message are 120 s old; a parked pull request, a recent
+    /// delivery, a fresh message or nothing undelivered never fires.
+    #[test]
+    fn a_partition_is_unserved_when_messages_wait_and_no_dispatcher_pulls() {
+        let cfg: crate::Config = bw_common::config::load("alerting", crate::DEFAULT_CONFIG, None, &Default::default())
+            .expect("compiled defaults");
+        let after = cfg.rules.send_unserved_after_s;
+        assert_eq!(after, 120);
+        let now = 1_000_000_000;
+        let lane = |undelivered, waiting, last_ago_s: Option<i64>| LaneReading {
+            undelivered,
+            waiting,
+            last: last_ago_s.map(|s| now - s * 1000),
+        };
+        let ago = |s: i64| Some(now - s * 1000);
+        let idle = |ago| [lane(5, 0, Some(ago)), lane(0, 0, Some(ago + 10)), lane(0, 0, None), lane(0, 0, None)];
+        assert_eq!(unserved(5, ago(900), &idle(119), now, after), None, "a delivery 119 s ago");
+        assert_eq!(unserved(5, ago(900), &idle(120), now, after), Some(120.0));
+        assert_eq!(unserved(5, ago(30), &idle(3_600), now, after), None, "quiet for an hour, a message 30 s old");
+        assert_eq!(unserved(5, ago(121), &idle(3_600), now, after), Some(121.0));
+        assert_eq!(unserved(7, ago(119), &[], now, after), None, "no consumers yet: dispatchers may be starting");
+        assert_eq!(unserved(7, ago(125), &[], now, after), Some(125.0), "no dispatcher ever made the consumers");
+        assert_eq!(unserved(0, None, &[], now, after), None, "nothing stored");
+        let never = [lane(3, 0, None), lane(0, 0, None)];
+        assert_eq!(unserved(3, ago(200), &never, now, after), Some(200.0), "consumers but never a delivery");
+        let parked = [lane(5, 0, Some(600)), lane(0, 1, Some(600))];
+        assert_eq!(unserved(5, ago(900), &parked, now, after), None, "an idle dispatcher's parked pull: served");
+        let delayed = [lane(0, 0, Some(600))];
+        let held = unserved(9, ago(900), &delayed, now, after);
+        assert_eq!(held, None, "delivered and held back on purpose, nothing undelivered");
+    }
 
     #[test]
     fn a_closed_snapshot_heals_only_when_written_after_the_firing() {

@@ -195,3 +195,42 @@ async fn breaker_open_resolves_by_itself_from_a_closed_snapshot_when_the_closed_
     assert!(wait_until(WAIT, || async { has(&sinks, "breaker_open.9102", "resolved") }).await);
     svc.stop().await;
 }
+
+/// `send_unserved` at a relaxed 1 s: the compiled 120 s would hold the test two minutes, and the unit test
+/// `poll::tests::a_partition_is_unserved_when_messages_wait_and_no_dispatcher_pulls` checks the decision at it.
+/// With BW_SEND in two partitions, a message in the partition no dispatcher takes fires for that partition only;
+/// a dispatcher taking it resolves the alert.
+#[tokio::test]
+async fn a_send_partition_no_dispatcher_takes_fires_send_unserved_and_resolves_once_served() {
+    use async_nats::jetstream::consumer::{PullConsumer, pull};
+    use futures::StreamExt;
+    let nats = NatsServer::start();
+    let sinks = Receiver::start().await;
+    let overrides = [("NATS__SEND_PARTITIONS", "2"), ("RULES__SEND_UNSERVED_AFTER_S", "1")];
+    let svc = Service::start(&nats, &sinks, &overrides).await;
+    let send = svc.deps.buckets.send;
+    let phone = (0..).map(|i| format!("7000{i:04}")).find(|p| send.of(p) == 1).expect("a sender of partition 1");
+    let subject = send.outbox_subject(names::Lane::High, &phone);
+    svc.deps.js.publish(subject, vec![1].into()).await.expect("publish").await.expect("stored");
+
+    assert!(wait_until(WAIT, || async { has(&sinks, "send_unserved.BW_SEND_1", "firing") }).await);
+    let alert = sinks.find("webhook", |b| b["dedup_key"] == "send_unserved.BW_SEND_1").expect("alert");
+    assert_eq!(alert["severity"], "critical");
+    assert_eq!(alert["labels"]["messages"], "1");
+    assert_eq!(alert["runbook_url"], "https://runbooks.test/service-down.md");
+    assert_eq!(sinks.count_where("webhook", |b| b["dedup_key"] == "send_unserved.BW_SEND"), 0, "partition 0 is empty");
+
+    // A dispatcher takes it (the lane consumer it would create on that partition).
+    let stream = svc.deps.js.get_stream("BW_SEND_1").await.expect("partition 1");
+    let config = pull::Config {
+        durable_name: Some(names::Lane::High.dispatcher_consumer().into()),
+        filter_subject: names::SendPartitions::lane_filter(1, names::Lane::High),
+        ..Default::default()
+    };
+    let consumer: PullConsumer =
+        stream.get_or_create_consumer(names::Lane::High.dispatcher_consumer(), config).await.expect("consumer");
+    let mut batch = consumer.fetch().max_messages(1).messages().await.expect("fetch");
+    batch.next().await.expect("the message").expect("delivered").double_ack().await.expect("acked");
+    assert!(wait_until(WAIT, || async { has(&sinks, "send_unserved.BW_SEND_1", "resolved") }).await);
+    svc.stop().await;
+}
