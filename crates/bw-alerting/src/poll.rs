@@ -214,12 +214,17 @@ impl Poller {
             let oldest = (stored > 0).then(|| (state.first_timestamp.unix_timestamp_nanos() / 1_000_000) as i64);
             let mut lanes = Vec::new();
             for lane in names::Lane::ALL {
-                let consumer: Result<jetstream::consumer::PullConsumer, _> =
-                    stream.get_consumer(lane.dispatcher_consumer()).await;
-                if let Ok(mut consumer) = consumer {
-                    let info = consumer.info().await?;
-                    let last = info.delivered.last_active.map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
-                    lanes.push(LaneReading { undelivered: info.num_pending, waiting: info.num_waiting as u64, last });
+                use async_nats::jetstream::context::ConsumerInfoErrorKind;
+                // A lane consumer no dispatcher has made yet is absent; any other failure (a refused or unanswered
+                // request) leaves the rule unevaluated this tick rather than taking the partition for unserved.
+                match stream.consumer_info(lane.dispatcher_consumer()).await {
+                    Ok(info) => {
+                        let last = info.delivered.last_active.map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
+                        let waiting = info.num_waiting as u64;
+                        lanes.push(LaneReading { undelivered: info.num_pending, waiting, last });
+                    }
+                    Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
+                    Err(e) => return Err(e.into()),
                 }
             }
             if let Some(idle_s) = unserved(stored, oldest, &lanes, now, self.rules.send_unserved_after_s) {
