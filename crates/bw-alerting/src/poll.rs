@@ -8,6 +8,7 @@ use crate::metrics::labels;
 use crate::model::{AlertState, FLEET, Firing, Rule, STORM_TARGET, dedup_key, storm_key};
 use async_nats::jetstream::{self, kv};
 use bw_common::names;
+use bw_common::nats::LaneReading;
 use bw_common::proto::{BreakerState, ScopeSnapshot, Severity};
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
@@ -31,17 +32,6 @@ pub(crate) struct Poller {
     alerting: AlertingConfig,
     /// (time, BW_QUARANTINE last sequence): the last sequence only grows, whatever operators delete.
     quarantine_samples: VecDeque<(i64, u64)>,
-}
-
-/// One dispatcher lane consumer of a BW_SEND partition, as read.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LaneReading {
-    /// Messages of the lane not yet delivered to any dispatcher.
-    pub undelivered: u64,
-    /// Pull requests dispatchers have outstanding on it (an idle dispatcher keeps one parked).
-    pub waiting: u64,
-    /// The last delivery to a dispatcher (unix ms), if any.
-    pub last: Option<i64>,
 }
 
 /// Whether a BW_SEND partition is unserved, and for how long (seconds): messages wait undelivered (or the
@@ -178,10 +168,8 @@ impl Poller {
     }
 
     async fn check_limits(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
-        let send = self.send.all().map(names::SendPartitions::stream);
-        let dlq = self.send.all().map(names::SendPartitions::dlq_stream);
         let others = [names::UNKNOWN_STREAM, names::QUARANTINE_STREAM].map(String::from);
-        for name in send.chain(dlq).chain(others) {
+        for name in self.send.streams().chain(self.send.dlq_streams()).chain(others) {
             let name = name.as_str();
             let mut stream = self.js.get_stream(name).await?;
             let info = stream.info().await?;
@@ -208,25 +196,13 @@ impl Poller {
     async fn check_send_served(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
         for partition in self.send.all() {
             let name = names::SendPartitions::stream(partition);
-            let mut stream = self.js.get_stream(&name).await?;
-            let state = stream.info().await?.state.clone();
+            let stream = self.js.get_stream(&name).await?;
+            let state = &stream.cached_info().state;
             let stored = state.messages;
             let oldest = (stored > 0).then(|| (state.first_timestamp.unix_timestamp_nanos() / 1_000_000) as i64);
-            let mut lanes = Vec::new();
-            for lane in names::Lane::ALL {
-                use async_nats::jetstream::context::ConsumerInfoErrorKind;
-                // A lane consumer no dispatcher has made yet is absent; any other failure (a refused or unanswered
-                // request) leaves the rule unevaluated this tick rather than taking the partition for unserved.
-                match stream.consumer_info(lane.dispatcher_consumer()).await {
-                    Ok(info) => {
-                        let last = info.delivered.last_active.map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64);
-                        let waiting = info.num_waiting as u64;
-                        lanes.push(LaneReading { undelivered: info.num_pending, waiting, last });
-                    }
-                    Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+            // A refused or unanswered request leaves the rule unevaluated this tick rather than taking the
+            // partition for unserved.
+            let lanes = bw_common::nats::dispatcher_lanes(&stream).await?;
             if let Some(idle_s) = unserved(stored, oldest, &lanes, now, self.rules.send_unserved_after_s) {
                 let summary = format!(
                     "{name} holds {stored} messages and no dispatcher has taken one for {idle_s:.0} s: every \
@@ -386,7 +362,8 @@ fn closed_after(snap: &ScopeSnapshot, started_ms: i64) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::{LaneReading, closed_after, unserved};
+    use super::{closed_after, unserved};
+    use bw_common::nats::LaneReading;
     use bw_common::proto::ScopeSnapshot;
 
     /// At the compiled default (120 s, read from default.toml): waiting messages with nobody waiting on any lane

@@ -626,29 +626,19 @@ async fn partitions(js: &jetstream::Context, buckets: &Buckets, out: &mut (dyn W
     let now = now_ms();
     let send = buckets.send;
     let mut streams: Vec<(&str, usize, String)> = Vec::new();
-    streams.extend(send.all().map(|p| ("send", p, names::SendPartitions::stream(p))));
-    streams.extend(send.all().map(|p| ("dlq", p, names::SendPartitions::dlq_stream(p))));
+    streams.extend(send.streams().enumerate().map(|(p, s)| ("send", p, s)));
+    streams.extend(send.dlq_streams().enumerate().map(|(p, s)| ("dlq", p, s)));
     streams.extend(buckets.ledger.iter().enumerate().map(|(p, s)| ("ledger", p, s.stream_name.clone())));
     let mut rows = Vec::new();
     for (kind, partition, name) in streams {
-        let mut stream = js.get_stream(&name).await.with_context(|| format!("stream `{name}`"))?;
-        let info = stream.info().await.with_context(|| format!("stream `{name}`"))?.clone();
+        let stream = js.get_stream(&name).await.with_context(|| format!("stream `{name}`"))?;
+        let info = stream.cached_info();
         let leader = info.cluster.as_ref().and_then(|c| c.leader.clone()).unwrap_or_else(|| "-".into());
         let mut last_delivery = "-".to_string();
         if kind == "send" {
             // The latest delivery to any dispatcher lane consumer of this partition.
-            let mut latest: Option<i64> = None;
-            for lane in names::Lane::ALL {
-                if let Ok(mut consumer) =
-                    stream.get_consumer::<jetstream::consumer::pull::Config>(lane.dispatcher_consumer()).await
-                    && let Ok(info) = consumer.info().await
-                    && let Some(at) = info.delivered.last_active
-                {
-                    let ms = (at.unix_timestamp_nanos() / 1_000_000) as i64;
-                    latest = Some(latest.map_or(ms, |l| l.max(ms)));
-                }
-            }
-            last_delivery = match latest {
+            let lanes = bw_common::nats::dispatcher_lanes(&stream).await.unwrap_or_default();
+            last_delivery = match lanes.iter().filter_map(|l| l.last).max() {
                 Some(ms) => format!("{} ago", fmt::age(now - ms)),
                 None => "never".into(),
             };

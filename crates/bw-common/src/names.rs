@@ -72,9 +72,9 @@ impl Lane {
         }
     }
 
-    /// Filter subject of this lane in BW_SEND.
+    /// Filter subject of this lane in BW_SEND (partition 0: [`SendPartitions::lane_filter`]).
     pub fn filter(self) -> String {
-        format!("bw.outbox.v1.{}.*", self.token())
+        SendPartitions::lane_filter(0, self)
     }
 }
 
@@ -84,7 +84,7 @@ pub const SEND_STREAM: &str = "BW_SEND";
 /// Subject of an accepted request in BW_SEND (partition 0): `bw.outbox.v1.<lane>.<phone_number_id>`. With
 /// several send partitions use [`SendPartitions::outbox_subject`].
 pub fn outbox_subject(lane: Lane, phone_number_id: &str) -> String {
-    format!("bw.outbox.v1.{}.{phone_number_id}", lane.token())
+    SendPartitions::default().outbox_subject(lane, phone_number_id)
 }
 
 /// Most send partitions a deployment may have (`nats.send_partitions`).
@@ -122,6 +122,16 @@ impl SendPartitions {
     /// Every partition, in order.
     pub fn all(self) -> std::ops::Range<usize> {
         0..self.0
+    }
+
+    /// Every BW_SEND partition's stream, in order.
+    pub fn streams(self) -> impl Iterator<Item = String> {
+        self.all().map(Self::stream)
+    }
+
+    /// Every DLQ partition's stream, in order.
+    pub fn dlq_streams(self) -> impl Iterator<Item = String> {
+        self.all().map(Self::dlq_stream)
     }
 
     /// The partition of a sender: FNV-1a (64 bit) of its phone_number_id modulo the count, fixed across
@@ -221,9 +231,9 @@ pub fn dlq_class(category: bw_proto::v1::Category) -> &'static str {
     if category.is_priority() { "p" } else { "m" }
 }
 
-/// `bw.dlq.v1.<class>.<phone_number_id>` (class: [`dlq_class`]).
+/// `bw.dlq.v1.<class>.<phone_number_id>` (class: [`dlq_class`]; partition 0: [`SendPartitions::dlq_subject`]).
 pub fn dlq_subject(category: bw_proto::v1::Category, phone_number_id: &str) -> String {
-    format!("bw.dlq.v1.{}.{phone_number_id}", dlq_class(category))
+    SendPartitions::default().dlq_subject(category, phone_number_id)
 }
 
 /// Every DLQ entry (the DLQ stream's subjects; per-sender counts and the senders with entries).
@@ -239,12 +249,12 @@ pub const DLQ_PRIORITY_WILDCARD: &str = "bw.dlq.v1.p.*";
 
 /// The DLQ entries of one class of one sender: `bw.dlq.v1.<class>.<phone_number_id>`.
 pub fn dlq_class_filter(class: &str, phone_number_id: &str) -> String {
-    format!("bw.dlq.v1.{class}.{phone_number_id}")
+    SendPartitions::default().dlq_class_filter(class, phone_number_id)
 }
 
 /// Every DLQ entry of one sender, whatever its class: `bw.dlq.v1.*.<phone_number_id>`.
 pub fn dlq_scope_filter(phone_number_id: &str) -> String {
-    format!("bw.dlq.v1.*.{phone_number_id}")
+    SendPartitions::default().dlq_scope_filter(phone_number_id)
 }
 
 /// Quarantine stream (permanent errors and poison messages).

@@ -248,13 +248,45 @@ fn partitions_in(description: Option<&str>) -> Option<usize> {
 
 /// Reads how BW_SEND is split from its partition 0 (tools that do not create the topology: bwctl, the drill).
 pub async fn send_partitions(js: &jetstream::Context) -> anyhow::Result<names::SendPartitions> {
-    let mut stream = js
+    let stream = js
         .get_stream(names::SEND_STREAM)
         .await
         .map_err(|e| anyhow::anyhow!("stream `{}` not found ({e}); is Breakwater running?", names::SEND_STREAM))?;
-    let info = stream.info().await.map_err(|e| anyhow::anyhow!("stream `{}`: {e}", names::SEND_STREAM))?;
-    send_partitions_of(info)
+    send_partitions_of(stream.cached_info())
         .ok_or_else(|| anyhow::anyhow!("stream `{}` does not say how many send partitions exist", names::SEND_STREAM))
+}
+
+/// One dispatcher lane consumer of a BW_SEND partition, as read ([`dispatcher_lanes`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LaneReading {
+    /// Messages of the lane not yet delivered to any dispatcher.
+    pub undelivered: u64,
+    /// Pull requests dispatchers have outstanding on it (an idle dispatcher keeps one parked).
+    pub waiting: u64,
+    /// The last delivery to a dispatcher (unix ms), if any.
+    pub last: Option<i64>,
+}
+
+/// The dispatcher lane consumers (`dispatcher-rh`, `-hi`, `-lo`, `-rp`) of one BW_SEND partition's stream: one
+/// reading per consumer that exists (a lane no dispatcher has made its consumer for yet is absent). Any other
+/// failure than "not found" is an error: the caller cannot tell a served partition from an unserved one.
+pub async fn dispatcher_lanes(
+    stream: &stream::Stream,
+) -> Result<Vec<LaneReading>, jetstream::context::ConsumerInfoError> {
+    use jetstream::context::ConsumerInfoErrorKind;
+    let mut lanes = Vec::new();
+    for lane in names::Lane::ALL {
+        match stream.consumer_info(lane.dispatcher_consumer()).await {
+            Ok(info) => lanes.push(LaneReading {
+                undelivered: info.num_pending,
+                waiting: info.num_waiting as u64,
+                last: info.delivered.last_active.map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64),
+            }),
+            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(lanes)
 }
 
 /// The stream behind a KV bucket, as the client library would create it, except for direct gets: a
@@ -436,7 +468,8 @@ fn check_send_partitions(info: &stream::Info, configured: names::SendPartitions)
         Some(found) if found == configured => Ok(()),
         found => Err(anyhow::anyhow!(
             "nats.send_partitions is {} but the stream `{}` was created for {}; every service must use the \
-             partition count BW_SEND was created with (changing it needs a drain: deploy/capacity.md)",
+             partition count BW_SEND was created with (changing it: drain, then bwctl send repartition; \
+             deploy/capacity.md)",
             configured.count(),
             names::SEND_STREAM,
             found.map(|n| format!("{} partition(s)", n.count())).unwrap_or_else(|| "an unknown partition count".into()),

@@ -545,26 +545,20 @@ pub async fn depths(js: &jetstream::Context) -> Depths {
         let mut s = js.get_stream(name).await.ok()?;
         s.info().await.ok().map(|i| i.state.messages)
     }
+    /// The sum over partition streams, unread if any one is.
+    async fn count_all(js: &jetstream::Context, streams: impl Iterator<Item = String>) -> Option<u64> {
+        let mut total = Some(0);
+        for name in streams {
+            total = total.zip(count(js, &name).await).map(|(t, n)| t + n);
+        }
+        total
+    }
     use bw_common::names;
     // Every partition of BW_SEND and BW_DLQ (a kind is unread if any of its partitions is).
     let send = bw_common::nats::send_partitions(js).await.unwrap_or_default();
     let (send, dlq, unknown, quarantine) = (
-        {
-            let mut total = Some(0);
-            for partition in send.all() {
-                let n = count(js, &names::SendPartitions::stream(partition)).await;
-                total = total.zip(n).map(|(t, n)| t + n);
-            }
-            total
-        },
-        {
-            let mut total = Some(0);
-            for partition in send.all() {
-                let n = count(js, &names::SendPartitions::dlq_stream(partition)).await;
-                total = total.zip(n).map(|(t, n)| t + n);
-            }
-            total
-        },
+        count_all(js, send.streams()).await,
+        count_all(js, send.dlq_streams()).await,
         count(js, names::UNKNOWN_STREAM).await,
         count(js, names::QUARANTINE_STREAM).await,
     );

@@ -30,9 +30,7 @@ pub async fn diagnose(
     }
     lines.extend(snapshots(scopes, senders).await);
     let send = bw_common::nats::send_partitions(js).await.unwrap_or_default();
-    let send_streams = send.all().map(names::SendPartitions::stream);
-    let dlq_streams = send.all().map(names::SendPartitions::dlq_stream);
-    for stream in send_streams.chain(dlq_streams).chain([names::UNKNOWN_STREAM.to_string()]) {
+    for stream in send.streams().chain(send.dlq_streams()).chain([names::UNKNOWN_STREAM.to_string()]) {
         lines.extend(subjects(js, &stream).await);
         lines.extend(consumers(js, &stream).await);
     }

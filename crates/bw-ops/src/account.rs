@@ -169,17 +169,14 @@ async fn one_pass(
     for stream in [names::SEND_STREAM, names::DLQ_STREAM, names::QUARANTINE_STREAM, names::UNKNOWN_STREAM] {
         // BW_SEND and BW_DLQ count as one place each however many partitions they have: every partition's
         // stream is read.
+        let physical: Vec<String> = match stream {
+            names::SEND_STREAM => buckets.send.streams().collect(),
+            names::DLQ_STREAM => buckets.send.dlq_streams().collect(),
+            other => vec![other.to_string()],
+        };
         let mut messages = Vec::new();
-        if stream == names::SEND_STREAM {
-            for partition in buckets.send.all() {
-                messages.extend(scan_stream(js, &names::SendPartitions::stream(partition), ">").await?);
-            }
-        } else if stream == names::DLQ_STREAM {
-            for partition in buckets.send.all() {
-                messages.extend(scan_stream(js, &names::SendPartitions::dlq_stream(partition), ">").await?);
-            }
-        } else {
-            messages = scan_stream(js, stream, ">").await?;
+        for name in physical {
+            messages.extend(scan_stream(js, &name, ">").await?);
         }
         counts.insert(stream, messages.len() as u64);
         for m in messages {

@@ -49,9 +49,8 @@ pub async fn dlq_items(
     match scope {
         Some(phone) => messages = scan_stream(js, &send.dlq_stream_of(phone), &send.dlq_scope_filter(phone)).await?,
         None => {
-            for p in send.all() {
-                let all = names::SendPartitions::dlq_all(p);
-                messages.extend(scan_stream(js, &names::SendPartitions::dlq_stream(p), &all).await?);
+            for (p, stream) in send.dlq_streams().enumerate() {
+                messages.extend(scan_stream(js, &stream, &names::SendPartitions::dlq_all(p)).await?);
             }
         }
     }

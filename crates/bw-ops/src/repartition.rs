@@ -64,45 +64,43 @@ pub enum RepartitionError {
     Ops(#[from] OpsError),
 }
 
-fn nats_err(what: &str, e: impl std::fmt::Display) -> OpsError {
-    OpsError::nats(what, e)
-}
-
 /// Description of partition 0 while a repartition to `to` is under way: its count does not parse, so every
 /// service refuses to start (`bw_common::nats::ledger_partitions_of`).
 fn under_way(to: usize) -> String {
     format!("Breakwater ledger partition 0: repartition to {to} under way; start no service until it is done")
 }
 
-/// Every ledger (or wamid) partition bucket that exists, by index (names from `bucket_of`).
-async fn existing(
-    js: &jetstream::Context,
-    bucket_of: fn(usize) -> String,
-) -> Result<BTreeMap<usize, String>, OpsError> {
-    let mut out = BTreeMap::new();
-    let mut names_list = js.stream_names();
-    let mut streams = Vec::new();
-    while let Some(name) = names_list.next().await {
-        streams.push(name.map_err(|e| nats_err("stream names", e))?);
+/// The name of every stream of the account.
+async fn stream_names(js: &jetstream::Context) -> Result<Vec<String>, OpsError> {
+    let mut listing = js.stream_names();
+    let mut out = Vec::new();
+    while let Some(name) = listing.next().await {
+        out.push(name.map_err(|e| OpsError::nats("stream names", e))?);
     }
+    Ok(out)
+}
+
+/// Every ledger (or wamid) partition bucket among `streams`, by index (names from `bucket_of`).
+fn existing(streams: &[String], bucket_of: fn(usize) -> String) -> BTreeMap<usize, String> {
+    let mut out = BTreeMap::new();
     for i in 0..names::MAX_LEDGER_PARTITIONS.max(1) * 2 {
         let bucket = bucket_of(i);
         if streams.iter().any(|s| *s == format!("KV_{bucket}")) {
             out.insert(i, bucket);
         }
     }
-    Ok(out)
+    out
 }
 
 /// Sets a stream's description (a stream update; nothing else changes).
 async fn describe(js: &jetstream::Context, stream_name: &str, description: String) -> Result<(), OpsError> {
-    let mut handle = js.get_stream(stream_name).await.map_err(|e| nats_err(stream_name, e))?;
-    let mut config: stream::Config = handle.info().await.map_err(|e| nats_err(stream_name, e))?.config.clone();
+    let handle = js.get_stream(stream_name).await.map_err(|e| OpsError::nats(stream_name, e))?;
+    let mut config: stream::Config = handle.cached_info().config.clone();
     if config.description.as_deref() == Some(description.as_str()) {
         return Ok(());
     }
     config.description = Some(description);
-    js.update_stream(config).await.map_err(|e| nats_err(stream_name, e))?;
+    js.update_stream(config).await.map_err(|e| OpsError::nats(stream_name, e))?;
     Ok(())
 }
 
@@ -114,27 +112,27 @@ async fn move_entries(
 ) -> Result<(u64, u64), OpsError> {
     let (mut moved, mut kept) = (0, 0);
     for (&from, store) in stores {
-        let mut keys = store.keys().await.map_err(|e| nats_err(&store.name, e))?;
+        let mut keys = store.keys().await.map_err(|e| OpsError::nats(&store.name, e))?;
         let mut all = Vec::new();
         while let Some(key) = keys.next().await {
-            all.push(key.map_err(|e| nats_err(&store.name, e))?);
+            all.push(key.map_err(|e| OpsError::nats(&store.name, e))?);
         }
-        let stream = js.get_stream(&store.stream_name).await.map_err(|e| nats_err(&store.stream_name, e))?;
+        let stream = js.get_stream(&store.stream_name).await.map_err(|e| OpsError::nats(&store.stream_name, e))?;
         for key in all {
             let target = names::ledger_partition(&key, to);
             if target == from {
                 kept += 1;
                 continue;
             }
-            let Some(value) = store.get(&key).await.map_err(|e| nats_err(&store.name, e))? else { continue };
+            let Some(value) = store.get(&key).await.map_err(|e| OpsError::nats(&store.name, e))? else { continue };
             let destination = &stores[&target];
-            destination.put(&key, value).await.map_err(|e| nats_err(&destination.name, e))?;
+            destination.put(&key, value).await.map_err(|e| OpsError::nats(&destination.name, e))?;
             // A purge of the subject, not a KV delete: no tombstone is left behind in the old partition.
             stream
                 .purge()
                 .filter(format!("$KV.{}.{key}", store.name))
                 .await
-                .map_err(|e| nats_err(&store.stream_name, e))?;
+                .map_err(|e| OpsError::nats(&store.stream_name, e))?;
             moved += 1;
         }
     }
@@ -146,34 +144,36 @@ pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Re
     if !(1..=names::MAX_LEDGER_PARTITIONS).contains(&to) {
         return Err(RepartitionError::Count(to));
     }
-    let ledger_buckets = existing(js, names::ledger_bucket).await?;
-    let wamid_buckets = existing(js, names::wamid_bucket).await?;
-    let first = js.get_key_value(names::LEDGER_BUCKET).await.map_err(|e| nats_err(names::LEDGER_BUCKET, e))?;
+    let streams = stream_names(js).await?;
+    let (ledger_buckets, wamid_buckets) =
+        (existing(&streams, names::ledger_bucket), existing(&streams, names::wamid_bucket));
+    let first = js.get_key_value(names::LEDGER_BUCKET).await.map_err(|e| OpsError::nats(names::LEDGER_BUCKET, e))?;
     let from = bw_common::nats::ledger_partitions_of(&first);
     // 1. The feed publisher is caught up on every partition (a consumer already deleted by an earlier run is
     //    fine).
+    let mut ledger_streams = Vec::new();
     for bucket in ledger_buckets.values() {
+        use jetstream::context::ConsumerInfoErrorKind;
         let stream_name = format!("KV_{bucket}");
-        let stream = js.get_stream(&stream_name).await.map_err(|e| nats_err(&stream_name, e))?;
-        let consumer: Result<jetstream::consumer::PullConsumer, _> =
-            stream.get_consumer(bw_common::names::FEED_CONSUMER).await;
-        if let Ok(mut consumer) = consumer {
-            let info = consumer.info().await.map_err(|e| nats_err(&stream_name, e))?;
-            if info.num_pending > 0 || info.num_ack_pending > 0 {
+        let stream = js.get_stream(&stream_name).await.map_err(|e| OpsError::nats(&stream_name, e))?;
+        match stream.consumer_info(names::FEED_CONSUMER).await {
+            Ok(info) if info.num_pending > 0 || info.num_ack_pending > 0 => {
                 return Err(RepartitionError::FeedBehind(format!(
                     "{stream_name}: {} revisions not delivered, {} not acknowledged",
                     info.num_pending, info.num_ack_pending
                 )));
             }
+            Ok(_) => {}
+            Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => {}
+            Err(e) => return Err(OpsError::nats(&stream_name, e).into()),
         }
+        ledger_streams.push(stream);
     }
     // 2. Lock out the services, then let the feed publisher start afresh after the move.
     describe(js, &first.stream_name, under_way(to)).await?;
-    for bucket in ledger_buckets.values() {
-        let stream_name = format!("KV_{bucket}");
-        let stream = js.get_stream(&stream_name).await.map_err(|e| nats_err(&stream_name, e))?;
+    for stream in &ledger_streams {
         // Missing already (an earlier run): nothing to delete.
-        let _ = stream.delete_consumer(bw_common::names::FEED_CONSUMER).await;
+        let _ = stream.delete_consumer(names::FEED_CONSUMER).await;
     }
     // 3. The new partitions, shaped like partition 0.
     let base = first.stream.cached_info().config.clone();
@@ -205,7 +205,7 @@ pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Re
                         ..Default::default()
                     };
                     report.created.push(bucket.clone());
-                    bw_common::nats::open_bucket(js, config).await.map_err(|e| nats_err(&bucket, e))?
+                    bw_common::nats::open_bucket(js, config).await.map_err(|e| OpsError::nats(&bucket, e))?
                 }
             };
             stores.insert(i, store);
@@ -225,7 +225,7 @@ pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Re
     }
     for (kind, stores) in [("ledger", &ledgers), ("wamid", &links)] {
         for (&i, store) in stores.iter().filter(|(i, _)| **i >= to) {
-            js.delete_key_value(&store.name).await.map_err(|e| nats_err(&store.name, e))?;
+            js.delete_key_value(&store.name).await.map_err(|e| OpsError::nats(&store.name, e))?;
             report.deleted.push(store.name.clone());
             tracing::info!(kind, partition = i, bucket = %store.name, "empty partition deleted");
         }
@@ -271,11 +271,7 @@ pub async fn repartition_send(js: &jetstream::Context, to: usize) -> Result<Send
     if !(1..=names::MAX_SEND_PARTITIONS).contains(&to) {
         return Err(SendRepartitionError::Count(to));
     }
-    let mut all = Vec::new();
-    let mut listing = js.stream_names();
-    while let Some(name) = listing.next().await {
-        all.push(name.map_err(|e| nats_err("stream names", e))?);
-    }
+    let all = stream_names(js).await?;
     let is_partition = |name: &str, base: &str| {
         name == base
             || name
@@ -290,13 +286,13 @@ pub async fn repartition_send(js: &jetstream::Context, to: usize) -> Result<Send
     let mut shapes: BTreeMap<&str, stream::Config> = BTreeMap::new();
     let mut from = 1;
     for name in &existing {
-        let mut handle = js.get_stream(name).await.map_err(|e| nats_err(name, e))?;
-        let info = handle.info().await.map_err(|e| nats_err(name, e))?.clone();
+        let handle = js.get_stream(name).await.map_err(|e| OpsError::nats(name, e))?;
+        let info = handle.cached_info();
         if info.state.messages > 0 {
             return Err(SendRepartitionError::NotEmpty(name.clone(), info.state.messages));
         }
         if name == names::SEND_STREAM {
-            from = bw_common::nats::send_partitions_of(&info).map(|p| p.count()).unwrap_or(1);
+            from = bw_common::nats::send_partitions_of(info).map(|p| p.count()).unwrap_or(1);
             shapes.insert(names::SEND_STREAM, info.config.clone());
         } else if name == names::DLQ_STREAM {
             shapes.insert(names::DLQ_STREAM, info.config.clone());
@@ -321,11 +317,11 @@ pub async fn repartition_send(js: &jetstream::Context, to: usize) -> Result<Send
         .collect();
     // Partition 0 of BW_SEND last: it records the count the services check.
     for name in existing.iter().rev() {
-        js.delete_stream(name).await.map_err(|e| nats_err(name, e))?;
+        js.delete_stream(name).await.map_err(|e| OpsError::nats(name, e))?;
         report.deleted.push(name.clone());
     }
     for config in wanted.iter().rev() {
-        js.create_stream(config.clone()).await.map_err(|e| nats_err(&config.name, e))?;
+        js.create_stream(config.clone()).await.map_err(|e| OpsError::nats(&config.name, e))?;
         report.created.push(config.name.clone());
     }
     report.deleted.sort();

@@ -91,10 +91,8 @@ pub async fn dlq_subject_counts(
 ) -> Result<BTreeMap<String, u64>, OpsError> {
     use bw_common::names::SendPartitions;
     let mut out = BTreeMap::new();
-    for partition in send.all() {
-        let counts =
-            subject_counts(js, &SendPartitions::dlq_stream(partition), &SendPartitions::dlq_all(partition)).await?;
-        out.extend(counts);
+    for (partition, stream) in send.dlq_streams().enumerate() {
+        out.extend(subject_counts(js, &stream, &SendPartitions::dlq_all(partition)).await?);
     }
     Ok(out)
 }
