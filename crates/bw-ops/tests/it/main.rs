@@ -225,3 +225,99 @@ async fn quarantine_replay_and_purge_end_in_one_place() {
     assert_eq!(report.per_state.get("expired"), Some(&2));
     assert_eq!(report.per_state.get("queued"), Some(&2));
 }
+
+/// The wamid link rides on the outcome write: the entry's update and the link are one atomic batch in the
+/// entry's partition, refused whole when the entry moved meanwhile (then retried on the current revision), and
+/// neither accounting nor the operation list takes the link for an operation. A link in the `BW_WAMID` bucket of
+/// an earlier version is still found.
+#[tokio::test]
+async fn the_wamid_link_rides_on_the_outcome_write() {
+    let (_nats, deps) = setup().await;
+    let ledger = Ledger::new(&deps.buckets);
+    let store = &deps.buckets.ledger[0];
+    let last_seq = || async { store.stream.get_info().await.expect("stream info").state.last_sequence };
+    assert!(store.stream.cached_info().config.allow_atomic_publish, "a new ledger bucket takes atomic batches");
+    let req = request("link-1");
+    set_ledger(&deps, &req, OperationState::Queued, 0).await;
+    let stale = ledger.get("link-1").await.expect("read").expect("entry");
+    // Another write lands after `stale` was read (as the on-the-wire mark does before the send).
+    ledger
+        .update("link-1", |cur| {
+            let mut e = cur.cloned().expect("entry");
+            e.in_flight_since_unix_ms = 7;
+            Some(e)
+        })
+        .await
+        .expect("mark");
+    let before = last_seq().await;
+    let wamid = "wamid.HBgL+/=A";
+    let mut calls = 0;
+    let stored = ledger
+        .update_linked("link-1", Some(stale), wamid, |cur| {
+            calls += 1;
+            let mut e = cur.cloned().expect("entry");
+            e.set_state(OperationState::Sent);
+            e.wamid = wamid.into();
+            Some(e)
+        })
+        .await
+        .expect("recorded")
+        .expect("entry");
+    // The batch on the stale revision was refused whole (no link stored alone), the second built on the mark.
+    assert_eq!(calls, 2, "one refused batch, then one on the current revision");
+    assert_eq!(stored.in_flight_since_unix_ms, 7, "built on the current entry");
+    assert_eq!(last_seq().await, before + 2, "exactly one batch of two messages stored");
+    let link = store.entry(bw_common::ledger::link_key(wamid)).await.expect("read").expect("link stored");
+    let entry = store.entry("link-1").await.expect("read").expect("entry");
+    assert_eq!((link.revision + 1, entry.revision), (before + 2, before + 2), "link and outcome stored together");
+    assert_eq!(ledger.operation_for_wamid(wamid).await.expect("read").as_deref(), Some("link-1"));
+    assert_eq!(ledger.get("link-1").await.expect("read").expect("entry").entry.state(), OperationState::Sent);
+    // The link is not an operation.
+    assert_eq!(ledger.operation_ids().await.expect("ids"), vec!["link-1".to_string()]);
+    let entries = bw_ops::account::ledger_entries(&deps.js, &deps.buckets).await.expect("entries");
+    assert_eq!(entries.iter().map(|e| e.operation_id.as_str()).collect::<Vec<_>>(), ["link-1"]);
+    // A link an earlier version wrote to BW_WAMID is still found; an unknown wamid is not.
+    let old = "wamid.OLD";
+    deps.buckets.wamid[0].put(bw_common::ledger::legacy_link_key(old), "link-old".into()).await.expect("legacy link");
+    assert_eq!(ledger.operation_for_wamid(old).await.expect("read").as_deref(), Some("link-old"));
+    assert_eq!(ledger.operation_for_wamid("wamid.NONE").await.expect("read"), None);
+}
+
+/// A ledger bucket created by an earlier version (no atomic batches) is switched on start-up; where a handle
+/// still sees it without them, the outcome and the link are two writes and both land.
+#[tokio::test]
+async fn a_ledger_bucket_of_an_earlier_version_takes_batches_after_start_up() {
+    let nats = NatsServer::start();
+    let client = async_nats::connect(nats.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    let old = async_nats::jetstream::kv::Config {
+        bucket: names::ledger_bucket(0),
+        history: 1,
+        description: "Breakwater ledger partition 0 of 1".into(),
+        ..Default::default()
+    };
+    let mut config = bw_common::nats::kv_stream_config(&old);
+    config.allow_atomic_publish = false;
+    js.create_stream(config).await.expect("old ledger stream");
+    let before = js.get_key_value(names::LEDGER_BUCKET).await.expect("old bucket");
+    assert!(!before.stream.cached_info().config.allow_atomic_publish);
+    let cfg = NatsConfig::single(nats.url(), "");
+    let deps = Deps::connect("ops-test", &cfg, None, Duration::from_secs(10)).await.expect("connect");
+    assert!(deps.buckets.ledger[0].stream.cached_info().config.allow_atomic_publish, "switched on start-up");
+    // A handle opened before the switch writes the link on its own, beside the entry.
+    let mut buckets = deps.buckets.clone();
+    buckets.ledger = vec![before];
+    let ledger = Ledger::new(&buckets);
+    set_ledger(&deps, &request("link-2"), OperationState::Queued, 0).await;
+    let stored = ledger
+        .update_linked("link-2", None, "wamid.TWO", |cur| {
+            let mut e = cur.cloned().expect("entry");
+            e.set_state(OperationState::Sent);
+            Some(e)
+        })
+        .await
+        .expect("recorded")
+        .expect("entry");
+    assert_eq!(stored.state(), OperationState::Sent);
+    assert_eq!(ledger.operation_for_wamid("wamid.TWO").await.expect("read").as_deref(), Some("link-2"));
+}
