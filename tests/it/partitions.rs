@@ -82,21 +82,20 @@ async fn an_outage_and_its_replay_run_unchanged_on_a_ledger_in_four_partitions()
     let names: Vec<&str> = h.buckets.ledger.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["BW_LEDGER", "BW_LEDGER_1", "BW_LEDGER_2", "BW_LEDGER_3"]);
 
-    // Each wamid link lives beside its operation's entry (stored with the outcome in one atomic batch); none goes
-    // to the BW_WAMID buckets of earlier versions.
+    // The wamid links are split the same way: each is found through its partition, and every partition has some.
     let names: Vec<&str> = h.buckets.wamid.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names, ["BW_WAMID", "BW_WAMID_1", "BW_WAMID_2", "BW_WAMID_3"]);
     for op in &ops {
         let wamid = h.ledger_entry(op).await.expect("entry").entry.wamid;
         assert_eq!(h.ledger.operation_for_wamid(&wamid).await.expect("link readable").as_deref(), Some(op.as_str()));
-        let home = &h.buckets.ledger[names::ledger_partition(op, PARTITIONS)];
-        let link = home.get(bw_common::ledger::link_key(&wamid)).await.expect("bucket readable");
-        assert_eq!(link.as_deref(), Some(op.as_bytes()), "{op}'s link beside its entry in {}", home.name);
     }
+    let mut links = Vec::new();
     for store in &h.buckets.wamid {
         let stream = h.js.get_stream(&store.stream_name).await.expect("stream info");
-        assert_eq!(stream.cached_info().state.messages, 0, "nothing written to {}", store.name);
+        links.push(stream.cached_info().state.messages);
     }
+    assert!(links.iter().all(|n| *n > 0), "wamid links per partition: {links:?}");
+    assert_eq!(links.iter().sum::<u64>(), N as u64, "one link per operation: {links:?}");
 
     // The outcome feed publishes the revisions of every partition: each operation's journey ends delivered.
     let producer = h.producer();
@@ -276,22 +275,13 @@ async fn keys_per_bucket(
 async fn bwctl_repartitions_a_stopped_ledger_and_the_services_follow_the_new_count() {
     const OPS: usize = 300;
     let h = Harness::start_partitioned(SimConfig::default(), 2).await;
-    // What a stopped deployment leaves: ledger entries in two partitions, half of them with their wamid link
-    // beside them, the other half with a link an earlier version wrote to BW_WAMID (partitioned by its own key).
+    // What a stopped deployment leaves: ledger entries and their wamid links in two partitions.
     let ops: Vec<String> = (0..OPS).map(|i| format!("repart-{i:04}")).collect();
     for (i, op) in ops.iter().enumerate() {
         let request = bw_e2e::order(PHONE, op, i);
         h.ledger.create(&bw_common::ledger::entry_for(&request, OperationState::Sent)).await.expect("create");
-        let wamid = format!("wamid.{op}");
-        if i % 2 == 0 {
-            h.ledger.link_wamid(&wamid, op).await.expect("link");
-        } else {
-            let key = bw_common::ledger::legacy_link_key(&wamid);
-            let legacy = &h.buckets.wamid[names::ledger_partition(&key, 2)];
-            legacy.put(key, op.clone().into()).await.expect("legacy link");
-        }
+        h.ledger.link_wamid(&format!("wamid.{op}"), op).await.expect("link");
     }
-    const BESIDE: usize = OPS / 2;
     let connect = |n: usize| {
         let mut cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-repartition");
         cfg.ledger_partitions = n;
@@ -323,21 +313,18 @@ async fn bwctl_repartitions_a_stopped_ledger_and_the_services_follow_the_new_cou
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("ledger partitions: 2 -> 3"), "{out}");
     assert!(out.contains("created: BW_LEDGER_2, BW_WAMID_2"), "{out}");
-    for (n, op) in ops.iter().enumerate() {
+    for op in &ops {
         let home = names::ledger_partition(op, 3);
-        let link = bw_common::ledger::link_key(&format!("wamid.{op}"));
         for i in 0..3 {
             let store = h.js.get_key_value(names::ledger_bucket(i)).await.expect("bucket");
             assert_eq!(store.get(op).await.expect("read").is_some(), i == home, "{op} in partition {i} (home {home})");
-            let beside = store.get(&link).await.expect("read").is_some();
-            assert_eq!(beside, n % 2 == 0 && i == home, "{op}'s link in partition {i} (home {home})");
         }
     }
     let entries = keys_per_bucket(&h.js, names::ledger_bucket, 3).await;
     let links = keys_per_bucket(&h.js, names::wamid_bucket, 3).await;
     assert!(entries.iter().all(|n| n.is_some_and(|n| n > 0)), "entries per partition: {entries:?}");
-    assert_eq!(entries.iter().flatten().sum::<usize>(), OPS + BESIDE, "entries and links: {entries:?}");
-    assert_eq!(links.iter().flatten().sum::<usize>(), OPS - BESIDE, "{links:?}");
+    assert_eq!(entries.iter().flatten().sum::<usize>(), OPS, "{entries:?}");
+    assert_eq!(links.iter().flatten().sum::<usize>(), OPS, "{links:?}");
     // The feed publisher starts afresh at the end of each stream: the moved entries are not published twice.
     let consumer: Result<async_nats::jetstream::consumer::PullConsumer, _> =
         stream.get_consumer(names::FEED_CONSUMER).await;
@@ -362,8 +349,8 @@ async fn bwctl_repartitions_a_stopped_ledger_and_the_services_follow_the_new_cou
     let (code, out) = crate::bwctl(&h.nats.url(), &["ledger", "repartition", "--to", "1", "--yes"]).await;
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("deleted (empty): BW_LEDGER_1, BW_LEDGER_2, BW_WAMID_1, BW_WAMID_2"), "{out}");
-    assert_eq!(keys_per_bucket(&h.js, names::ledger_bucket, 3).await, [Some(OPS + BESIDE), None, None]);
-    assert_eq!(keys_per_bucket(&h.js, names::wamid_bucket, 3).await, [Some(OPS - BESIDE), None, None]);
+    assert_eq!(keys_per_bucket(&h.js, names::ledger_bucket, 3).await, [Some(OPS), None, None]);
+    assert_eq!(keys_per_bucket(&h.js, names::wamid_bucket, 3).await, [Some(OPS), None, None]);
     let deps = connect(1).await.expect("one partition");
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     for op in &ops {

@@ -303,7 +303,6 @@ pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
         wamid.push(open(names::wamid_bucket(partition)).await?);
     }
     let buckets = Buckets {
-        js: js.clone(),
         send: bw_common::nats::send_partitions(&js).await?,
         ledger,
         wamid,

@@ -5,16 +5,9 @@
 //! accepted is never sent again. Every write is a compare-and-set on the entry's revision, and
 //! [`transition_allowed`] keeps the state machine monotonic (a late "sent" never overwrites "read", nothing
 //! Meta accepted goes back to a queue).
-//!
-//! The wamid links (wamid → operation id, for a status webhook that arrives without
-//! `biz_opaque_callback_data`) live in the same buckets, beside the entry of their operation, under keys
-//! [`link_key`] (`w/<hex sha256 of the wamid>`; `/` never occurs in an operation id). After a send the
-//! dispatcher writes the outcome and the link as one JetStream atomic batch ([`Ledger::update_linked`]): one
-//! commit, both or neither. Links written by earlier versions stay readable in the `BW_WAMID` buckets.
 
 use crate::nats::Buckets;
 use crate::proto::{LedgerEntry, OperationState, SendRequest};
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use prost::Message;
@@ -98,40 +91,24 @@ pub fn entry_for(request: &SendRequest, state: OperationState) -> LedgerEntry {
 pub struct Ledger {
     /// One bucket per partition ([`crate::names::ledger_partition`]).
     stores: std::sync::Arc<[kv::Store]>,
-    /// Per partition: its stream takes atomic batches (created so since the links moved into the ledger; a
-    /// bucket created earlier, where no one could update it, writes entry and link as two messages).
-    atomic: std::sync::Arc<[bool]>,
-    /// The `BW_WAMID` buckets where earlier versions wrote the links, by [`legacy_link_key`]: read, never written.
-    legacy_links: std::sync::Arc<[kv::Store]>,
-    js: async_nats::jetstream::Context,
-    client: async_nats::Client,
+    /// The wamid links, as many partitions as the ledger, by link key.
+    wamid: std::sync::Arc<[kv::Store]>,
 }
 
 impl Ledger {
     /// Wraps the buckets opened by [`crate::nats::ensure_topology`].
     pub fn new(buckets: &Buckets) -> Ledger {
-        let atomic: Vec<bool> = buckets
-            .ledger
-            .iter()
-            .map(|s| s.stream.cached_info().config.allow_atomic_publish && !s.use_jetstream_prefix)
-            .collect();
-        Ledger {
-            stores: buckets.ledger.clone().into(),
-            atomic: atomic.into(),
-            legacy_links: buckets.wamid.clone().into(),
-            client: buckets.js.client(),
-            js: buckets.js.clone(),
-        }
-    }
-
-    /// The partition holding `operation_id`.
-    fn partition(&self, operation_id: &str) -> usize {
-        crate::names::ledger_partition(operation_id, self.stores.len())
+        Ledger { stores: buckets.ledger.clone().into(), wamid: buckets.wamid.clone().into() }
     }
 
     /// The bucket of the partition holding `operation_id`.
     fn store(&self, operation_id: &str) -> &kv::Store {
-        &self.stores[self.partition(operation_id)]
+        partition_of(&self.stores, operation_id)
+    }
+
+    /// The bucket of the partition holding the link of `key` (a [`wamid_key`]).
+    fn wamid_store(&self, key: &str) -> &kv::Store {
+        partition_of(&self.wamid, key)
     }
 
     /// Reads an entry.
@@ -187,46 +164,6 @@ impl Ledger {
         &self,
         operation_id: &str,
         known: Option<Versioned>,
-        f: F,
-    ) -> Result<Option<Versioned>, LedgerError>
-    where
-        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
-    {
-        self.update_inner(operation_id, known, None, f).await
-    }
-
-    /// Like [`Ledger::update_from`], storing the link `wamid` → `operation_id` with the entry's new revision as
-    /// one JetStream atomic batch: one commit for both, and neither when the compare-and-set fails (the next
-    /// try carries the link again). Nothing is linked when `f` leaves the entry as is. On a partition whose
-    /// stream does not take atomic batches (created by an earlier version), the link is a second write made
-    /// alongside the update.
-    pub async fn update_linked<F>(
-        &self,
-        operation_id: &str,
-        known: Option<Versioned>,
-        wamid: &str,
-        f: F,
-    ) -> Result<Option<LedgerEntry>, LedgerError>
-    where
-        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
-    {
-        if self.atomic[self.partition(operation_id)] {
-            return Ok(self.update_inner(operation_id, known, Some(wamid), f).await?.map(|v| v.entry));
-        }
-        let (updated, linked) =
-            tokio::join!(self.update_inner(operation_id, known, None, f), self.link_wamid(wamid, operation_id));
-        if let Err(e) = linked {
-            // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
-            tracing::debug!(error = %e, "wamid link not stored");
-        }
-        Ok(updated?.map(|v| v.entry))
-    }
-
-    async fn update_inner<F>(
-        &self,
-        operation_id: &str,
-        known: Option<Versioned>,
-        link: Option<&str>,
         mut f: F,
     ) -> Result<Option<Versioned>, LedgerError>
     where
@@ -250,19 +187,15 @@ impl Ledger {
             next.operation_id = operation_id.to_string();
             next.updated_at_unix_ms = crate::time::now_ms();
             let bytes: bytes::Bytes = next.encode_to_vec().into();
-            let result = match (&current, link) {
-                (Some(cur), Some(wamid)) => self
-                    .update_with_link(operation_id, bytes, cur.revision, wamid)
-                    .await
-                    .map_err(|e| (e.kind() == PublishErrorKind::WrongLastSequence, e.to_string())),
-                (Some(cur), None) => self
+            let result = match &current {
+                Some(cur) => self
                     .store(operation_id)
                     .update(operation_id, bytes, cur.revision)
                     .await
                     .map_err(|e| (e.kind() == kv::UpdateErrorKind::WrongLastRevision, e.to_string())),
-                // No entry to update (never the case after a send): the link follows on its own.
-                (None, _) => self
-                    .create_then_link(operation_id, bytes, link)
+                None => self
+                    .store(operation_id)
+                    .create(operation_id, bytes)
                     .await
                     .map_err(|e| (e.kind() == kv::CreateErrorKind::AlreadyExists, e.to_string())),
             };
@@ -291,57 +224,11 @@ impl Ledger {
         .await
     }
 
-    /// Creates the entry (`bytes`) of `operation_id`, then, when asked, its wamid link.
-    async fn create_then_link(
-        &self,
-        operation_id: &str,
-        bytes: bytes::Bytes,
-        link: Option<&str>,
-    ) -> Result<u64, kv::CreateError> {
-        let revision = self.store(operation_id).create(operation_id, bytes).await?;
-        if let Some(wamid) = link
-            && let Err(e) = self.link_wamid(wamid, operation_id).await
-        {
-            tracing::debug!(error = %e, "wamid link not stored");
-        }
-        Ok(revision)
-    }
-
-    /// The entry's update at `revision` and the link of `wamid`, as one atomic batch in the entry's partition
-    /// (ADR-50: the link is staged with a core publish, the entry's update commits the batch and alone is
-    /// acknowledged; the server stores both or neither, and refuses both when the entry moved past
-    /// `revision`).
-    async fn update_with_link(
-        &self,
-        operation_id: &str,
-        bytes: bytes::Bytes,
-        revision: u64,
-        wamid: &str,
-    ) -> Result<u64, async_nats::jetstream::context::PublishError> {
-        use async_nats::jetstream::context::PublishError;
-        let store = self.store(operation_id);
-        let prefix = store.put_prefix.as_deref().unwrap_or(&store.prefix);
-        let batch = format!("{:032x}", rand::random::<u128>());
-        let mut staged = async_nats::HeaderMap::new();
-        staged.insert(BATCH_ID, batch.as_str());
-        staged.insert(BATCH_SEQUENCE, "1");
-        self.client
-            .publish_with_headers(format!("{prefix}{}", link_key(wamid)), staged, operation_id.to_string().into())
-            .await
-            .map_err(|e| PublishError::with_source(PublishErrorKind::BrokenPipe, e))?;
-        let mut commit = async_nats::HeaderMap::new();
-        commit.insert(BATCH_ID, batch.as_str());
-        commit.insert(BATCH_SEQUENCE, "2");
-        commit.insert(BATCH_COMMIT, "1");
-        commit.insert(async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, revision.to_string().as_str());
-        let ack = self.js.publish_with_headers(format!("{prefix}{operation_id}"), commit, bytes).await?.await?;
-        Ok(ack.sequence)
-    }
-
-    /// Remembers which operation a wamid belongs to: a link beside the operation's entry.
+    /// Remembers which operation a wamid belongs to.
     pub async fn link_wamid(&self, wamid: &str, operation_id: &str) -> Result<(), LedgerError> {
-        self.store(operation_id)
-            .put(link_key(wamid), operation_id.to_string().into())
+        let key = wamid_key(wamid);
+        self.wamid_store(&key)
+            .put(key.as_str(), operation_id.to_string().into())
             .await
             .map(|_| ())
             .map_err(|e| LedgerError::Unavailable(e.to_string()))
@@ -349,49 +236,31 @@ impl Ledger {
 
     /// Remembers which operation a wamid belongs to unless that is already known: a KV create, which the
     /// server refuses without storing anything when the key exists. Status webhooks call this for every
-    /// status, so the link costs at most one durable write per message, not one per status (none when the
-    /// dispatcher stored it with the outcome).
+    /// status, so the link costs one durable write per message, not one per status.
     pub async fn link_wamid_once(&self, wamid: &str, operation_id: &str) -> Result<(), LedgerError> {
-        match self.store(operation_id).create(link_key(wamid), operation_id.to_string().into()).await {
+        let key = wamid_key(wamid);
+        match self.wamid_store(&key).create(key.as_str(), operation_id.to_string().into()).await {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+            Err(e) if e.kind() == async_nats::jetstream::kv::CreateErrorKind::AlreadyExists => Ok(()),
             Err(e) => Err(LedgerError::Unavailable(e.to_string())),
         }
     }
 
-    /// The operation a wamid belongs to, if known. The link lives beside its operation's entry, which the
-    /// wamid does not name: every partition is asked (one with the default single partition), then the
-    /// `BW_WAMID` bucket where an earlier version may have written it. Only statuses without
-    /// `biz_opaque_callback_data` need this.
+    /// The operation a wamid belongs to, if known.
     pub async fn operation_for_wamid(&self, wamid: &str) -> Result<Option<String>, LedgerError> {
-        let key = link_key(wamid);
-        for store in self.stores.iter() {
-            if let Some(v) = store.get(&key).await.map_err(|e| LedgerError::Unavailable(e.to_string()))? {
-                return Ok(Some(String::from_utf8_lossy(&v).into_owned()));
-            }
-        }
-        if self.legacy_links.is_empty() {
-            return Ok(None);
-        }
-        let key = legacy_link_key(wamid);
-        let value = partition_of(&self.legacy_links, &key)
-            .get(key.as_str())
-            .await
-            .map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        let key = wamid_key(wamid);
+        let value =
+            self.wamid_store(&key).get(key.as_str()).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
         Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 
-    /// Every operation id in the ledger (for accounting; reads every partition's whole bucket; the wamid links
-    /// beside the entries are not operations).
+    /// Every operation id in the ledger (for accounting; reads every partition's whole bucket).
     pub async fn operation_ids(&self) -> Result<Vec<String>, LedgerError> {
         let mut out = Vec::new();
         for store in self.stores.iter() {
             let mut keys = store.keys().await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
             while let Some(key) = keys.next().await {
-                let key = key.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
-                if !is_link_key(&key) {
-                    out.push(key);
-                }
+                out.push(key.map_err(|e| LedgerError::Unavailable(e.to_string()))?);
             }
         }
         Ok(out)
@@ -414,29 +283,11 @@ fn partition_of<'a>(partitions: &'a [kv::Store], key: &str) -> &'a kv::Store {
     &partitions[crate::names::ledger_partition(key, partitions.len())]
 }
 
-/// The key of the link of `wamid` in the `BW_WAMID` buckets of earlier versions: its hex sha256 (wamids hold
-/// characters KV keys refuse: '+', '/', '=').
-pub fn legacy_link_key(wamid: &str) -> String {
+/// wamids hold characters KV keys refuse ('+', '/', '='): key them by their hex sha256.
+fn wamid_key(wamid: &str) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(wamid.as_bytes()))
 }
-
-/// The ledger key of the link of `wamid`: `w/` and the hex sha256 of the wamid. No operation id contains `/`
-/// ([`valid_operation_id`]), so a link key is never an operation's.
-pub fn link_key(wamid: &str) -> String {
-    format!("{LINK_PREFIX}{}", legacy_link_key(wamid))
-}
-
-/// True for a ledger key that holds a wamid link, not an operation's entry.
-pub fn is_link_key(key: &str) -> bool {
-    key.starts_with(LINK_PREFIX)
-}
-
-const LINK_PREFIX: &str = "w/";
-// The headers of a JetStream atomic batch (ADR-50).
-const BATCH_ID: &str = "Nats-Batch-Id";
-const BATCH_SEQUENCE: &str = "Nats-Batch-Sequence";
-const BATCH_COMMIT: &str = "Nats-Batch-Commit";
 
 #[cfg(test)]
 mod tests {

@@ -124,8 +124,7 @@ pub struct Buckets {
     /// Operation ledger, one bucket per partition (index = [`names::ledger_partition`]); read and write it
     /// through [`crate::ledger::Ledger`], which picks the partition.
     pub ledger: Vec<kv::Store>,
-    /// wamid → operation id as earlier versions wrote it, one bucket per ledger partition; read, never written,
-    /// by [`crate::ledger::Ledger`] (the links now live in the ledger's buckets).
+    /// wamid → operation id, one bucket per ledger partition (through [`crate::ledger::Ledger`]).
     pub wamid: Vec<kv::Store>,
     /// Scope states written by the coordinator.
     pub scopes: kv::Store,
@@ -134,8 +133,6 @@ pub struct Buckets {
     /// How BW_SEND is split, as its partition 0 records it (checked against `nats.send_partitions` by
     /// [`ensure_topology`]): every reader and writer of BW_SEND finds a sender's stream and subjects here.
     pub send: names::SendPartitions,
-    /// The JetStream context the buckets were opened with (the ledger's atomic batches publish through it).
-    pub js: jetstream::Context,
 }
 
 fn work_stream(name: &str, subjects: Vec<String>, max_msgs: i64, replicas: usize, dedup: Duration) -> stream::Config {
@@ -316,9 +313,6 @@ pub fn kv_stream_config(config: &kv::Config) -> stream::Config {
         allow_rollup: true,
         deny_delete: true,
         deny_purge: false,
-        // The ledger's partitions take the outcome and its wamid link as one atomic batch (`ledger`); no other
-        // bucket sends batches, and allowing them changes nothing else.
-        allow_atomic_publish: true,
         allow_direct: replicas == 1,
         num_replicas: replicas,
         discard: stream::DiscardPolicy::New,
@@ -363,33 +357,23 @@ pub async fn open_bucket_watched(
         }
     };
     let info = store.stream.cached_info();
-    let leader_reads = info.config.num_replicas > 1 && info.config.allow_direct;
-    // A ledger partition created before the wamid links moved into the ledger takes no atomic batches.
-    let batches = bucket.starts_with(names::LEDGER_BUCKET) && !info.config.allow_atomic_publish;
-    if leader_reads || batches {
-        let mut updated = info.config.clone();
-        updated.allow_direct &= !leader_reads;
-        updated.allow_atomic_publish = true;
-        match js.update_stream(updated).await {
+    if info.config.num_replicas > 1 && info.config.allow_direct {
+        let mut leader_reads = info.config.clone();
+        leader_reads.allow_direct = false;
+        match js.update_stream(leader_reads).await {
             Ok(_) => {
-                tracing::info!(bucket = %bucket, leader_reads, batches, "kv bucket's stream updated");
+                tracing::info!(bucket = %bucket, "replicated kv bucket switched to leader reads (direct gets off)");
                 return js
                     .get_key_value(&bucket)
                     .await
                     .map_err(|e| anyhow::anyhow!("cannot open kv bucket `{bucket}`: {e}"));
             }
-            Err(e) if leader_reads => tracing::warn!(
+            Err(e) => tracing::warn!(
                 bucket = %bucket,
                 error = %e,
                 "replicated kv bucket still answers reads from every replica (direct gets): a lagging replica can \
                  stall compare-and-set updates after a leader change; as an operator, set allow_direct to false on \
                  its stream once (deploy/runbooks/service-down.md)"),
-            Err(e) => tracing::warn!(
-                bucket = %bucket,
-                error = %e,
-                "ledger partition created by an earlier version takes no atomic batches: each send's wamid link \
-                 stays a write of its own; as an operator, set allow_atomic to true on its stream once \
-                 (deploy/runbooks/service-down.md)"),
         }
     }
     Ok(store)
@@ -452,7 +436,6 @@ pub async fn ensure_topology_watched(
         wamid.push(open_bucket(js, kv_config(&names::wamid_bucket(partition), max_age)).await?);
     }
     Ok(Buckets {
-        js: js.clone(),
         send,
         ledger,
         wamid,

@@ -147,8 +147,6 @@ pub(crate) enum Published {
     Deleted,
     /// Not a ledger entry (never written by Breakwater): skipped.
     Undecodable,
-    /// A wamid link stored beside the entries (`bw_common::ledger::link_key`): not an outcome.
-    Link,
     /// The feed stream did not take it: redelivered later.
     Retry,
 }
@@ -159,7 +157,6 @@ impl Label for Published {
             Published::Event => "published",
             Published::Deleted => "deleted",
             Published::Undecodable => "undecodable",
-            Published::Link => "link",
             Published::Retry => "retry",
         }
     }
@@ -186,9 +183,6 @@ impl Publisher {
             .is_some_and(|op| matches!(op.as_str(), "DEL" | "PURGE"));
         if deleted || msg.payload.is_empty() {
             return Settle::ack(Published::Deleted);
-        }
-        if msg.subject.rsplit('.').next().is_some_and(bw_common::ledger::is_link_key) {
-            return Settle::ack(Published::Link);
         }
         let Ok(entry) = LedgerEntry::decode(msg.payload.as_ref()) else {
             return Settle::ack(Published::Undecodable);

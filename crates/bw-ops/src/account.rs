@@ -212,7 +212,7 @@ pub fn operation_of(stream: &str, payload: &[u8]) -> Option<String> {
 }
 
 /// Every live ledger entry of every partition, read straight from each bucket's stream in parallel (deleted
-/// keys and the wamid links beside the entries skipped).
+/// keys skipped).
 pub async fn ledger_entries(js: &jetstream::Context, buckets: &Buckets) -> Result<Vec<LedgerEntry>, OpsError> {
     let mut out = Vec::new();
     for store in &buckets.ledger {
@@ -236,10 +236,6 @@ async fn partition_entries(
             continue;
         }
         let key = m.subject.strip_prefix(prefix.as_str()).unwrap_or_default().to_string();
-        if bw_common::ledger::is_link_key(&key) {
-            // A wamid link beside the entries, not an operation.
-            continue;
-        }
         match LedgerEntry::decode(m.payload.as_ref()) {
             Ok(mut entry) => {
                 if entry.operation_id.is_empty() {

@@ -4,9 +4,8 @@
 //!
 //! The ledger:
 //!
-//! An operation's ledger entry lives in partition FNV-1a(operation id) mod N, and so does its wamid link (stored
-//! beside it); a link in the `BW_WAMID` buckets of earlier versions lives in the partition of its own key
-//! (`bw_common::names::ledger_partition`). A new count moves most entries. Entries stay for
+//! An operation's ledger entry lives in partition FNV-1a(operation id) mod N, and a wamid link in that of its
+//! key (`bw_common::names::ledger_partition`), so a new count moves most entries. Entries stay for
 //! `ledger_max_age_days`, so the ledger cannot be drained like BW_SEND: they are copied into their new
 //! partition, then removed from the old one. Every service must be stopped first; the steps, each safe to run
 //! again after a crash:
@@ -105,18 +104,13 @@ async fn describe(js: &jetstream::Context, stream_name: &str, description: Strin
     Ok(())
 }
 
-/// Moves every entry of `stores` (index → bucket) whose partition under `to` differs; returns (entries moved,
-/// links moved, kept). A key's partition is that of the key itself, except for a wamid link inside the ledger
-/// (`bw_common::ledger::is_link_key`), which goes where its operation goes (its value): the dispatcher writes
-/// it in one atomic batch with the operation's entry, which needs both in one stream. `links` says that every
-/// key of `stores` is a link (the `BW_WAMID` buckets of earlier versions).
+/// Moves every entry of `stores` (index → bucket) whose partition under `to` differs; returns (moved, kept).
 async fn move_entries(
     js: &jetstream::Context,
     stores: &BTreeMap<usize, kv::Store>,
     to: usize,
-    links: bool,
-) -> Result<(u64, u64, u64), OpsError> {
-    let (mut moved, mut moved_links, mut kept) = (0, 0, 0);
+) -> Result<(u64, u64), OpsError> {
+    let (mut moved, mut kept) = (0, 0);
     for (&from, store) in stores {
         let mut keys = store.keys().await.map_err(|e| OpsError::nats(&store.name, e))?;
         let mut all = Vec::new();
@@ -125,25 +119,12 @@ async fn move_entries(
         }
         let stream = js.get_stream(&store.stream_name).await.map_err(|e| OpsError::nats(&store.stream_name, e))?;
         for key in all {
-            let beside = bw_common::ledger::is_link_key(&key);
-            let read = || async { store.get(&key).await.map_err(|e| OpsError::nats(&store.name, e)) };
-            let (target, known) = if beside {
-                let Some(value) = read().await? else { continue };
-                (names::ledger_partition(&String::from_utf8_lossy(&value), to), Some(value))
-            } else {
-                (names::ledger_partition(&key, to), None)
-            };
+            let target = names::ledger_partition(&key, to);
             if target == from {
                 kept += 1;
                 continue;
             }
-            let value = match known {
-                Some(value) => value,
-                None => match read().await? {
-                    Some(value) => value,
-                    None => continue,
-                },
-            };
+            let Some(value) = store.get(&key).await.map_err(|e| OpsError::nats(&store.name, e))? else { continue };
             let destination = &stores[&target];
             destination.put(&key, value).await.map_err(|e| OpsError::nats(&destination.name, e))?;
             // A purge of the subject, not a KV delete: no tombstone is left behind in the old partition.
@@ -152,14 +133,10 @@ async fn move_entries(
                 .filter(format!("$KV.{}.{key}", store.name))
                 .await
                 .map_err(|e| OpsError::nats(&store.stream_name, e))?;
-            if beside || links {
-                moved_links += 1;
-            } else {
-                moved += 1;
-            }
+            moved += 1;
         }
     }
-    Ok((moved, moved_links, kept))
+    Ok((moved, kept))
 }
 
 /// Repartitions the ledger and the wamid links of a stopped deployment to `to` partitions (module docs).
@@ -235,12 +212,11 @@ pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Re
         }
     }
     // 4. Every entry to its partition under the new count.
-    let (moved, linked, kept) = move_entries(js, &ledgers, to, false).await?;
+    let (moved, kept) = move_entries(js, &ledgers, to).await?;
     report.entries_moved = moved;
-    report.links_moved = linked;
     report.kept += kept;
-    let (_, linked, kept) = move_entries(js, &links, to, true).await?;
-    report.links_moved += linked;
+    let (moved, kept) = move_entries(js, &links, to).await?;
+    report.links_moved = moved;
     report.kept += kept;
     // 5. The new count in every remaining partition (partition 0 last: it unlocks the services), then the
     //    empty partitions past it go.
