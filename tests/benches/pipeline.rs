@@ -8,13 +8,16 @@
 //!   messages of 128 senders, one each), one dispatcher: msg/s and admissions per Redis script call.
 //!   Admission and outcome recording are one script call per sender per batch (a scope's keys share one hash
 //!   slot, so on Redis Cluster one call cannot span senders), so spreading a batch over many senders costs calls.
+//! - the ledger's write after Meta's 200 on a bare KV bucket: the outcome and the wamid link as two writes
+//!   made together (what the dispatcher does) against one JetStream atomic batch holding both (the only way
+//!   for the link to share the outcome's commit; `BW_BENCH_ONLY=link` runs this alone),
 //! - the 200 senders with BW_SEND in 4 partitions (`nats.send_partitions`), one dispatcher serving all and two
 //!   serving two each: a fetch from one partition holds only that partition's quarter of the senders, so a
 //!   batch holds more messages per sender.
 //!
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count;
-//! BW_BENCH_ONLY=pipeline, =spread or =partitions runs only the one-sender drain, the 200-sender drain or the
-//! 200-sender drains with BW_SEND in 4 partitions, for profiling).
+//! BW_BENCH_ONLY=pipeline, =spread, =partitions or =link runs only the one-sender drain, the 200-sender drain, the
+//! 200-sender drains with BW_SEND in 4 partitions or the outcome-and-link comparison, for profiling).
 //!
 //! The dispatchers run at the compiled default config except what lifts the limits (a rate and burst of 10^6 per
 //! sender, a pair burst of 1,000) and `dispatch.publish_outcomes = false` (nothing consumes the feed here). Batch size and in-flight
@@ -265,6 +268,72 @@ async fn latency(rate: f64, seconds: f64) -> ((f64, f64), (f64, f64)) {
     (percentiles(pipeline), percentiles(direct))
 }
 
+/// The ledger's write after Meta's 200, two ways, on one file-backed KV bucket of a fresh nats-server, `n`
+/// operations, 256 at a time: (a) what the dispatcher does, the outcome (a compare-and-set update) and the wamid
+/// link (a put) as two writes made together; (b) both as one JetStream atomic batch (ADR-50: the link staged,
+/// the update committing), the only way for the link to share the outcome's commit. Returns writes/s of
+/// operations for (a) and (b).
+async fn outcome_with_link(n: usize) -> (f64, f64) {
+    use async_nats::jetstream::kv;
+    use futures::StreamExt;
+    let server = bw_testkit::NatsServer::start();
+    let client = async_nats::connect(server.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client.clone());
+    let mut config = bw_common::nats::kv_stream_config(&kv::Config {
+        bucket: "BENCH".into(),
+        history: 1,
+        storage: async_nats::jetstream::stream::StorageType::File,
+        ..Default::default()
+    });
+    config.allow_atomic_publish = true;
+    js.create_stream(config).await.expect("bucket stream");
+    let store = js.get_key_value("BENCH").await.expect("bucket");
+    let entry = bytes::Bytes::from(vec![7u8; 160]);
+    let mut revisions = Vec::with_capacity(2 * n);
+    for i in 0..2 * n {
+        revisions.push(store.create(format!("op-{i}"), entry.clone()).await.expect("create"));
+    }
+    let two_writes = |i: usize| {
+        let (store, entry, revision) = (store.clone(), entry.clone(), revisions[i]);
+        async move {
+            let link = store.put(format!("w/{i}"), format!("op-{i}").into());
+            let (updated, linked) = tokio::join!(store.update(format!("op-{i}"), entry, revision), link);
+            updated.expect("update");
+            linked.expect("link");
+        }
+    };
+    let started = Instant::now();
+    futures::stream::iter(0..n).map(two_writes).buffer_unordered(256).collect::<Vec<_>>().await;
+    let separate = n as f64 / started.elapsed().as_secs_f64();
+    let batch = |i: usize| {
+        let (client, js, entry, revision) = (client.clone(), js.clone(), entry.clone(), revisions[i]);
+        async move {
+            let id = format!("b{i}");
+            let mut staged = async_nats::HeaderMap::new();
+            staged.insert("Nats-Batch-Id", id.as_str());
+            staged.insert("Nats-Batch-Sequence", "1");
+            client
+                .publish_with_headers(format!("$KV.BENCH.w/{i}"), staged, format!("op-{i}").into())
+                .await
+                .expect("stage");
+            let mut commit = async_nats::HeaderMap::new();
+            commit.insert("Nats-Batch-Id", id.as_str());
+            commit.insert("Nats-Batch-Sequence", "2");
+            commit.insert("Nats-Batch-Commit", "1");
+            commit.insert(async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, revision.to_string().as_str());
+            js.publish_with_headers(format!("$KV.BENCH.op-{i}"), commit, entry)
+                .await
+                .expect("commit")
+                .await
+                .expect("ack");
+        }
+    };
+    let started = Instant::now();
+    futures::stream::iter(n..2 * n).map(batch).buffer_unordered(256).collect::<Vec<_>>().await;
+    let atomic = n as f64 / started.elapsed().as_secs_f64();
+    (separate, atomic)
+}
+
 fn main() {
     bw_common::service::install_crypto();
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
@@ -282,6 +351,11 @@ fn main() {
                 println!("200 senders, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
                 return;
             }
+            Ok("link") => {
+                let (separate, atomic) = outcome_with_link(n / 4).await;
+                println!("outcome + wamid link, {} operations: two writes {separate:.0}/s, one atomic batch {atomic:.0}/s ({:.3}x)", n / 4, atomic / separate);
+                return;
+            }
             Ok("partitions") => {
                 let (unsplit, unsplit_per_call) = spread(n, 200).await;
                 let ((one, one_per_call), (two, two_per_call)) = partitioned(n).await;
@@ -291,6 +365,7 @@ fn main() {
             _ => {}
         }
         let raw = raw_jetstream(n * 5).await;
+        let (separate, atomic) = outcome_with_link(n / 4).await;
         let direct = direct_send(n, 256).await;
         let one = pipeline(n, 1).await.0;
         let two = pipeline(n, 2).await.0;
@@ -301,6 +376,7 @@ fn main() {
         println!("pipeline benchmark, {n} messages (raw JetStream: {} messages), one run, this machine", n * 5);
         println!("  raw JetStream consume+ack     {raw:>10.0} msg/s");
         println!("  naive direct send (no queue)  {direct:>10.0} msg/s");
+        println!("  outcome + wamid link ({} ops): two writes {separate:.0}/s, one atomic batch {atomic:.0}/s = {:.3}x (why the link stays a write of its own)", n / 4, atomic / separate);
         println!("  pipeline, 1 dispatcher        {one:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send", one / raw, one / direct);
         println!("  pipeline, 2 dispatchers       {two:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2}x one", two / raw, two / direct, two / one);
         println!("  latency at 500 msg/s: pipeline publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; direct POST p50 {d50:.1} ms p99 {d99:.1} ms");
