@@ -8,6 +8,10 @@
 //!   messages of 128 senders, one each), one dispatcher: msg/s and admissions per Redis script call.
 //!   Admission and outcome recording are one script call per sender per batch (a scope's keys share one hash
 //!   slot, so on Redis Cluster one call cannot span senders), so spreading a batch over many senders costs calls.
+//! - a minimal durable sender: the steps this design's promises need per message and nothing else (ledger read,
+//!   on-the-wire mark, POST, outcome with the wamid link alongside, ack; no breaker, limits, Redis, tracing or
+//!   metrics), with and without the link: the ceiling of any dispatcher of this design on this machine
+//!   (`BW_BENCH_ONLY=floor` runs it with the direct sender and one pipeline drain),
 //! - the ledger's write after Meta's 200 on a bare KV bucket: the outcome and the wamid link as two writes
 //!   made together (what the dispatcher does) against one JetStream atomic batch holding both (the only way
 //!   for the link to share the outcome's commit; `BW_BENCH_ONLY=link` runs this alone),
@@ -16,8 +20,9 @@
 //!   batch holds more messages per sender.
 //!
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count;
-//! BW_BENCH_ONLY=pipeline, =spread, =partitions or =link runs only the one-sender drain, the 200-sender drain, the
-//! 200-sender drains with BW_SEND in 4 partitions or the outcome-and-link comparison, for profiling).
+//! BW_BENCH_ONLY=pipeline, =spread, =partitions, =floor or =link runs only the one-sender drain, the 200-sender
+//! drain, the 200-sender drains with BW_SEND in 4 partitions, the minimal durable sender (with the direct sender
+//! and the one-sender drain) or the outcome-and-link comparison, for profiling).
 //!
 //! The dispatchers run at the compiled default config except what lifts the limits (a rate and burst of 10^6 per
 //! sender, a pair burst of 1,000) and `dispatch.publish_outcomes = false` (nothing consumes the feed here). Batch size and in-flight
@@ -268,6 +273,94 @@ async fn latency(rate: f64, seconds: f64) -> ((f64, f64), (f64, f64)) {
     (percentiles(pipeline), percentiles(direct))
 }
 
+/// The least any sender keeping this design's promises can do per message, and nothing else: from a work-queue
+/// stream, read the ledger entry, set the on-the-wire mark (compare-and-set), POST to the simulator, record the
+/// outcome (compare-and-set) with, when `link`, the wamid link written alongside, then ack; up to 1,024 at once
+/// (the dispatcher's in-flight bound). No breaker, no rate limits, no Redis, no tracing or metrics: the
+/// dispatcher adds those, so its drain cannot beat this one. msg/s.
+async fn minimal_durable(n: usize, link: bool) -> f64 {
+    use async_nats::jetstream::{consumer, kv, stream};
+    use futures::StreamExt;
+    let server = bw_testkit::NatsServer::start();
+    let client = async_nats::connect(server.url()).await.expect("connect");
+    let js = async_nats::jetstream::new(client);
+    js.create_stream(stream::Config {
+        name: "MIN".into(),
+        subjects: vec!["min.>".into()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let config =
+        kv::Config { bucket: "MIN".into(), history: 1, storage: stream::StorageType::File, ..Default::default() };
+    js.create_stream(bw_common::nats::kv_stream_config(&config)).await.expect("ledger stream");
+    let ledger = js.get_key_value("MIN").await.expect("ledger");
+    let sim = bw_meta_sim::MetaSim::start(unlimited_sim()).await.expect("sim");
+    let http = reqwest::Client::builder().pool_max_idle_per_host(1024).build().expect("client");
+    let url = format!("{}/v21.0/{PHONE}/messages", sim.base_url());
+    let mut acks = Vec::with_capacity(4096);
+    for i in 0..n {
+        let r = request(i, if link { "minl" } else { "min" });
+        let mut entry = LedgerEntry { operation_id: r.operation_id.clone(), ..Default::default() };
+        entry.set_state(OperationState::Queued);
+        ledger.create(&r.operation_id, entry.encode_to_vec().into()).await.expect("entry");
+        acks.push(js.publish("min.x", r.encode_to_vec().into()).await.expect("publish"));
+        if acks.len() == 4096 {
+            for a in acks.drain(..) {
+                a.await.expect("ack");
+            }
+        }
+    }
+    for a in acks.drain(..) {
+        a.await.expect("ack");
+    }
+    let stream = js.get_stream("MIN").await.expect("stream");
+    let config =
+        consumer::pull::Config { durable_name: Some("min".into()), max_ack_pending: 4096, ..Default::default() };
+    let consumer = stream.get_or_create_consumer("min", config).await.expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(1024));
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for _ in 0..n {
+        let msg = messages.next().await.expect("open").expect("message");
+        let permit = sem.clone().acquire_owned().await.expect("permit");
+        let (ledger, http, url) = (ledger.clone(), http.clone(), url.clone());
+        tasks.spawn(async move {
+            let r = SendRequest::decode(msg.payload.as_ref()).expect("request");
+            let op = r.operation_id.as_str();
+            let read = ledger.entry(op).await.expect("read").expect("entry");
+            let mut entry = LedgerEntry::decode(read.value.as_ref()).expect("entry");
+            assert_eq!(entry.state(), OperationState::Queued);
+            entry.in_flight_since_unix_ms = bw_common::time::now_ms();
+            let marked = ledger.update(op, entry.encode_to_vec().into(), read.revision).await.expect("mark");
+            let answer = http.post(url).bearer_auth("t").json(&bw_dispatcher::build_body(&r)).send().await;
+            let body: serde_json::Value = answer.expect("post").json().await.expect("json");
+            let wamid = body["messages"][0]["id"].as_str().expect("wamid").to_string();
+            entry.set_state(OperationState::Sent);
+            entry.in_flight_since_unix_ms = 0;
+            entry.wamid = wamid.clone();
+            let outcome = ledger.update(op, entry.encode_to_vec().into(), marked);
+            if link {
+                // The ledger's link key: the wamid's hex sha256.
+                use sha2::Digest;
+                let key = hex::encode(sha2::Sha256::digest(wamid.as_bytes()));
+                let (o, l) = tokio::join!(outcome, ledger.put(key, op.to_string().into()));
+                o.expect("outcome");
+                l.expect("link");
+            } else {
+                outcome.await.expect("outcome");
+            }
+            msg.ack().await.expect("ack");
+            drop(permit);
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
 /// The ledger's write after Meta's 200, two ways, on one file-backed KV bucket of a fresh nats-server, `n`
 /// operations, 256 at a time: (a) what the dispatcher does, the outcome (a compare-and-set update) and the wamid
 /// link (a put) as two writes made together; (b) both as one JetStream atomic batch (ADR-50: the link staged,
@@ -351,6 +444,14 @@ fn main() {
                 println!("200 senders, 1 dispatcher, {n} messages: {rate:.0} msg/s, {per_call:.2} messages per Redis script call");
                 return;
             }
+            Ok("floor") => {
+                let direct = direct_send(n, 256).await;
+                let with_link = minimal_durable(n, true).await;
+                let without = minimal_durable(n, false).await;
+                let one = pipeline(n, 1).await.0;
+                println!("{n} messages: naive direct send {direct:.0} msg/s; minimal durable sender {with_link:.0} msg/s ({:.2} of direct), without the wamid link {without:.0} ({:.2}); pipeline, 1 dispatcher {one:.0} ({:.2} of direct, {:.2} of the minimal durable sender)", with_link / direct, without / direct, one / direct, one / with_link);
+                return;
+            }
             Ok("link") => {
                 let (separate, atomic) = outcome_with_link(n / 4).await;
                 println!("outcome + wamid link, {} operations: two writes {separate:.0}/s, one atomic batch {atomic:.0}/s ({:.3}x)", n / 4, atomic / separate);
@@ -367,6 +468,8 @@ fn main() {
         let raw = raw_jetstream(n * 5).await;
         let (separate, atomic) = outcome_with_link(n / 4).await;
         let direct = direct_send(n, 256).await;
+        let floor = minimal_durable(n, true).await;
+        let floor_unlinked = minimal_durable(n, false).await;
         let one = pipeline(n, 1).await.0;
         let two = pipeline(n, 2).await.0;
         let ((p50, p99), (d50, d99)) = latency(500.0, 6.0).await;
@@ -377,7 +480,9 @@ fn main() {
         println!("  raw JetStream consume+ack     {raw:>10.0} msg/s");
         println!("  naive direct send (no queue)  {direct:>10.0} msg/s");
         println!("  outcome + wamid link ({} ops): two writes {separate:.0}/s, one atomic batch {atomic:.0}/s = {:.3}x (why the link stays a write of its own)", n / 4, atomic / separate);
-        println!("  pipeline, 1 dispatcher        {one:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send", one / raw, one / direct);
+        println!("  minimal durable sender        {floor:>10.0} msg/s   = {:.2} of direct send (ledger read, mark, POST, outcome + wamid link, ack; nothing else)", floor / direct);
+        println!("    without the wamid link      {floor_unlinked:>10.0} msg/s   = {:.2} of direct send", floor_unlinked / direct);
+        println!("  pipeline, 1 dispatcher        {one:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2} of the minimal durable sender", one / raw, one / direct, one / floor);
         println!("  pipeline, 2 dispatchers       {two:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2}x one", two / raw, two / direct, two / one);
         println!("  latency at 500 msg/s: pipeline publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; direct POST p50 {d50:.1} ms p99 {d99:.1} ms");
         println!("  latency the pipeline adds: p50 {:.1} ms, p99 {:.1} ms", p50 - d50, p99 - d99);
