@@ -247,7 +247,12 @@ impl Harness {
     /// Starts a dispatcher at the compiled default configuration: only where NATS, Redis and Meta are (and the
     /// token) is set, nothing relaxed for speed.
     pub async fn start_dispatcher_at_defaults(&mut self) -> usize {
-        let pairs = [
+        self.start_dispatcher_at_defaults_but(&[]).await
+    }
+
+    /// [`Harness::start_dispatcher_at_defaults`] with the given settings changed (and nothing else).
+    pub async fn start_dispatcher_at_defaults_but(&mut self, changed: &[(&str, String)]) -> usize {
+        let mut pairs = vec![
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("nats.send_partitions", self.send_partitions.to_string()),
@@ -256,6 +261,7 @@ impl Harness {
             ("meta.base_url", self.sim.base_url()),
             ("meta.access_token", ACCESS_TOKEN.to_string()),
         ];
+        pairs.extend(changed.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
         let deps = self.deps("dispatcher", bw_common::service::ServiceConfig::nats(&cfg), Some(&cfg.redis)).await;
         self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))

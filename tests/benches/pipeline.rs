@@ -8,6 +8,7 @@
 //!   messages of 128 senders, one each), one dispatcher: msg/s and admissions per Redis script call.
 //!   Admission and outcome recording are one script call per sender per batch (a scope's keys share one hash
 //!   slot, so on Redis Cluster one call cannot span senders), so spreading a batch over many senders costs calls.
+//! - the one-dispatcher drain with `dispatch.wamid_link = false` (the mark and the outcome only),
 //! - a minimal durable sender: the steps this design's promises need per message and nothing else (ledger read,
 //!   on-the-wire mark, POST, outcome with the wamid link alongside, ack; no breaker, limits, Redis, tracing or
 //!   metrics), with and without the link: the ceiling of any dispatcher of this design on this machine
@@ -66,12 +67,18 @@ fn dispatcher_overrides() -> Vec<(&'static str, String)> {
 /// The backlog `requests` preloaded, then `dispatchers` dispatchers started: msg/s until Meta accepted all of
 /// them, and messages per Redis script call (each message is admitted once: the limits are off).
 async fn drain(requests: &[SendRequest], dispatchers: usize) -> (f64, f64) {
-    drain_split(requests, 1, &vec![""; dispatchers]).await
+    drain_split(requests, 1, &vec![""; dispatchers], &[]).await
 }
 
 /// [`drain`] with BW_SEND (and the DLQ) in `send_partitions` partitions and one dispatcher per entry of
-/// `assigned` serving those partitions (`dispatch.partitions`, e.g. "[0, 1]"; empty: every partition).
-async fn drain_split(requests: &[SendRequest], send_partitions: usize, assigned: &[&str]) -> (f64, f64) {
+/// `assigned` serving those partitions (`dispatch.partitions`, e.g. "[0, 1]"; empty: every partition), each
+/// with the settings `changed` on top of [`dispatcher_overrides`].
+async fn drain_split(
+    requests: &[SendRequest],
+    send_partitions: usize,
+    assigned: &[&str],
+    changed: &[(&'static str, String)],
+) -> (f64, f64) {
     let n = requests.len();
     let dispatchers = assigned.len();
     let mut h = Harness::start_split(unlimited_sim(), 1, send_partitions).await;
@@ -82,6 +89,7 @@ async fn drain_split(requests: &[SendRequest], send_partitions: usize, assigned:
     let started = Instant::now();
     for partitions in assigned {
         let mut overrides = dispatcher_overrides();
+        overrides.extend(changed.iter().cloned());
         if !partitions.is_empty() {
             overrides.push(("dispatch.partitions", partitions.to_string()));
         }
@@ -98,6 +106,13 @@ async fn drain_split(requests: &[SendRequest], send_partitions: usize, assigned:
 async fn pipeline(n: usize, dispatchers: usize) -> (f64, f64) {
     let tag = format!("p{dispatchers}");
     drain(&(0..n).map(|i| request(i, &tag)).collect::<Vec<_>>(), dispatchers).await
+}
+
+/// [`pipeline`] with one dispatcher and `dispatch.wamid_link = false`: two ledger writes per send instead of
+/// three (msg/s).
+async fn pipeline_unlinked(n: usize) -> f64 {
+    let requests: Vec<SendRequest> = (0..n).map(|i| request(i, "pu")).collect();
+    drain_split(&requests, 1, &[""], &[("dispatch.wamid_link", "false".into())]).await.0
 }
 
 /// Script calls (EVALSHA) Redis has run so far.
@@ -128,8 +143,8 @@ fn spread_requests(n: usize, senders: usize) -> Vec<SendRequest> {
 /// messages per Redis script call of each).
 async fn partitioned(n: usize) -> ((f64, f64), (f64, f64)) {
     let requests = spread_requests(n, 200);
-    let one = drain_split(&requests, 4, &[""]).await;
-    let two = drain_split(&requests, 4, &["[0, 1]", "[2, 3]"]).await;
+    let one = drain_split(&requests, 4, &[""], &[]).await;
+    let two = drain_split(&requests, 4, &["[0, 1]", "[2, 3]"], &[]).await;
     (one, two)
 }
 
@@ -449,7 +464,8 @@ fn main() {
                 let with_link = minimal_durable(n, true).await;
                 let without = minimal_durable(n, false).await;
                 let one = pipeline(n, 1).await.0;
-                println!("{n} messages: naive direct send {direct:.0} msg/s; minimal durable sender {with_link:.0} msg/s ({:.2} of direct), without the wamid link {without:.0} ({:.2}); pipeline, 1 dispatcher {one:.0} ({:.2} of direct, {:.2} of the minimal durable sender)", with_link / direct, without / direct, one / direct, one / with_link);
+                let unlinked = pipeline_unlinked(n).await;
+                println!("{n} messages: naive direct send {direct:.0} msg/s; minimal durable sender {with_link:.0} msg/s ({:.2} of direct), without the wamid link {without:.0} ({:.2}); pipeline, 1 dispatcher {one:.0} ({:.2} of direct, {:.2} of the minimal durable sender), with dispatch.wamid_link = false {unlinked:.0} ({:.2} of direct, {:.2}x linked)", with_link / direct, without / direct, one / direct, one / with_link, unlinked / direct, unlinked / one);
                 return;
             }
             Ok("link") => {
@@ -471,6 +487,7 @@ fn main() {
         let floor = minimal_durable(n, true).await;
         let floor_unlinked = minimal_durable(n, false).await;
         let one = pipeline(n, 1).await.0;
+        let unlinked = pipeline_unlinked(n).await;
         let two = pipeline(n, 2).await.0;
         let ((p50, p99), (d50, d99)) = latency(500.0, 6.0).await;
         let (few, few_per_call) = spread(n, 4).await;
@@ -483,6 +500,7 @@ fn main() {
         println!("  minimal durable sender        {floor:>10.0} msg/s   = {:.2} of direct send (ledger read, mark, POST, outcome + wamid link, ack; nothing else)", floor / direct);
         println!("    without the wamid link      {floor_unlinked:>10.0} msg/s   = {:.2} of direct send", floor_unlinked / direct);
         println!("  pipeline, 1 dispatcher        {one:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2} of the minimal durable sender", one / raw, one / direct, one / floor);
+        println!("    with dispatch.wamid_link = false {unlinked:>7.0} msg/s   = {:.2} of direct send, {:.2}x the linked drain (two ledger writes per send)", unlinked / direct, unlinked / one);
         println!("  pipeline, 2 dispatchers       {two:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2}x one", two / raw, two / direct, two / one);
         println!("  latency at 500 msg/s: pipeline publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; direct POST p50 {d50:.1} ms p99 {d99:.1} ms");
         println!("  latency the pipeline adds: p50 {:.1} ms, p99 {:.1} ms", p50 - d50, p99 - d99);

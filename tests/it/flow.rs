@@ -46,3 +46,83 @@ async fn a_message_flows_from_producer_to_meta_and_back() {
     // The wamid leads back to the operation.
     assert_eq!(h.ledger.operation_for_wamid(&entry.wamid).await.expect("kv"), Some("e2e-order-1".to_string()));
 }
+
+/// The ledger writes of one send: at the compiled defaults the on-the-wire mark, the outcome and the wamid link
+/// (beside ingest's creation of the entry); with `dispatch.wamid_link = false` (and every other setting at its
+/// default) the mark and the outcome only. Without the dispatcher's link the first status carrying
+/// `biz_opaque_callback_data` stores it, so a later `failed` status without the callback data still settles
+/// the operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_writes_the_wamid_link_at_the_defaults_and_not_when_it_is_off() {
+    for link in [true, false] {
+        let mut sim = bw_meta_sim::SimConfig::default();
+        // Statuses come from the test, after the writes of the send are counted.
+        sim.webhook.sent_delay_ms = None;
+        sim.webhook.delivered_delay_ms = None;
+        sim.webhook.read_delay_ms = None;
+        let mut h = Harness::start(sim).await;
+        h.start_ingest(&[]).await;
+        if link {
+            h.start_dispatcher_at_defaults().await;
+        } else {
+            h.start_dispatcher_at_defaults_but(&[("dispatch.wamid_link", "false".into())]).await;
+        }
+        let op = format!("e2e-link-{link}");
+        let request = bw_client::Request::text(&op, WABA_ID, PHONE, "+5491155551234", "hi").build();
+        assert!(h.producer().send(&request).await.expect("ingest answers").accepted);
+        assert!(h.wait_state(&op, &[OperationState::Sent], Duration::from_secs(20)).await, "sent ({link})");
+        // Acked: the dispatcher is done with it (the link, when written, was written before the ack).
+        let send = h.js.get_stream(bw_common::names::SEND_STREAM).await.expect("BW_SEND");
+        let acked = bw_testkit::wait_until(Duration::from_secs(20), || async {
+            send.get_info().await.map(|i| i.state.messages == 0 && i.state.last_sequence == 1).unwrap_or(false)
+        })
+        .await;
+        assert!(acked, "the send was acknowledged ({link})");
+        let last = |stream: &'static str| {
+            let js = h.js.clone();
+            async move { js.get_stream(stream).await.expect("stream").get_info().await.expect("info").state.last_sequence }
+        };
+        // Ingest's create, the mark, the outcome; the link in its own bucket.
+        assert_eq!(last("KV_BW_LEDGER").await, 3, "ledger writes ({link})");
+        assert_eq!(last("KV_BW_WAMID").await, u64::from(link), "wamid links ({link})");
+        let wamid = h.ledger_entry(&op).await.expect("entry").entry.wamid;
+        let linked = h.ledger.operation_for_wamid(&wamid).await.expect("read");
+        assert_eq!(linked.is_some(), link, "link after the send ({link})");
+
+        // Meta's `sent` status names the operation; ingest stores the link if the dispatcher did not.
+        post_status(&h, &wamid, "sent", Some(&op)).await;
+        let stored = bw_testkit::wait_until(Duration::from_secs(20), || async {
+            h.ledger.operation_for_wamid(&wamid).await.ok().flatten().as_deref() == Some(op.as_str())
+        })
+        .await;
+        assert!(stored, "the link after the first status carrying the callback data ({link})");
+        // A failed status without the callback data finds the operation through it.
+        post_status(&h, &wamid, "failed", None).await;
+        assert!(h.wait_state(&op, &[OperationState::Failed], Duration::from_secs(20)).await, "failed ({link})");
+    }
+}
+
+/// Posts one signed status webhook for `wamid` to ingest, with `biz_opaque_callback_data` when given.
+async fn post_status(h: &Harness, wamid: &str, status: &str, callback_data: Option<&str>) {
+    let mut s =
+        serde_json::json!({"id": wamid, "status": status, "timestamp": "1750030073", "recipient_id": "5491155551234"});
+    if let Some(op) = callback_data {
+        s["biz_opaque_callback_data"] = op.into();
+    }
+    if status == "failed" {
+        s["errors"] = serde_json::json!([{"code": 131026, "title": "Message undeliverable"}]);
+    }
+    let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{
+        "field": "messages", "value": {"messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE}, "statuses": [s]}}]}]})
+    .to_string();
+    let answer = reqwest::Client::new()
+        .post(format!("http://{}/webhooks/meta", h.ingest_http))
+        .header("content-type", "application/json")
+        .header("X-Hub-Signature-256", bw_meta_sim::webhook::signature(bw_e2e::APP_SECRET, body.as_bytes()))
+        .body(body)
+        .send()
+        .await
+        .expect("ingest answers");
+    assert_eq!(answer.status().as_u16(), 200);
+}

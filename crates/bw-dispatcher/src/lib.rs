@@ -120,6 +120,12 @@ pub struct DispatchConfig {
     /// Older priority first: a live priority message waits while its sender's priority replays are in the rh
     /// lane, until it is this old (or its deadline is nearer); 0 switches the rule off (`priority.rs`, rule 3).
     pub live_priority_hold_max_ms: u64,
+    /// Write the wamid → operation link after each send (the third ledger write). Statuses carry
+    /// `biz_opaque_callback_data`, which names the operation; the link is the fallback for one without it, and
+    /// the reference leaves open whether Meta's `failed` statuses carry it, so the default keeps it (the safe
+    /// reading). Off saves a durable write per message: for deployments whose own traffic shows every failed
+    /// status carrying it (`bw_status_callback_data_total`, `deploy/runbooks/wamid-link.md`).
+    pub wamid_link: bool,
 }
 
 impl ServiceConfig for Config {

@@ -177,10 +177,11 @@ impl Worker {
         // Meta has the message: the ledger must say so before the ack. A short outage of the broker is ridden
         // out here; past it the message stays unacknowledged and its redelivery finds the on-the-wire mark,
         // so it is reconciled through status webhooks instead of being sent again.
-        // The wamid link is written alongside the outcome, not after it: one write's latency less per message
-        // (the pipeline bench's sends wait on it), and a link that lands while the outcome does not is what a
-        // status webhook without `biz_opaque_callback_data` needs to settle the operation (it moves forward from
-        // QUEUED, and a redelivery then finds it handled). It is written once per accepted answer either way.
+        // The wamid link (unless `dispatch.wamid_link` is off) is written alongside the outcome, not after it:
+        // one write's latency less per message (the pipeline bench's sends wait on it), and a link that lands
+        // while the outcome does not is what a status webhook without `biz_opaque_callback_data` needs to settle
+        // the operation (it moves forward from QUEUED, and a redelivery then finds it handled). It is written once
+        // per accepted answer either way.
         let (this, work, id) = (self, &w, wamid.as_str());
         let record = retry_after_pauses(
             &[200, 500, 1_000, 2_000],
@@ -189,7 +190,10 @@ impl Worker {
             },
             move || async move { if this.try_sent(work, id).await { Ok(()) } else { Err(()) } },
         );
-        let (recorded, linked) = tokio::join!(record, self.ledger.link_wamid(&wamid, &w.request.operation_id));
+        let link = async {
+            if self.cfg.wamid_link { self.ledger.link_wamid(&wamid, &w.request.operation_id).await } else { Ok(()) }
+        };
+        let (recorded, linked) = tokio::join!(record, link);
         if let Err(e) = linked {
             // Statuses carry biz_opaque_callback_data, so the link is only a fallback.
             tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");

@@ -20,6 +20,9 @@ pub(crate) struct Metrics {
     pub webhooks_processed: Family<Labels, Counter>,
     /// Statuses applied to the ledger by status word; `stale` counts out-of-order statuses kept out.
     pub statuses: Family<Labels, Counter>,
+    /// Statuses by status word and whether they carried `biz_opaque_callback_data` naming an operation
+    /// (`callback_data`: present, absent): the evidence for `dispatch.wamid_link`.
+    pub callback_data: Family<Labels, Counter>,
     /// Duplicate deliveries dropped, by kind (status, inbound).
     pub duplicates_dropped: Family<Labels, Counter>,
     /// Inbound customer messages forwarded to BW_INBOUND.
@@ -56,6 +59,7 @@ impl Metrics {
             webhooks_received: Family::default(),
             webhooks_processed: Family::default(),
             statuses: Family::default(),
+            callback_data: Family::default(),
             duplicates_dropped: Family::default(),
             inbound_forwarded: Counter::default(),
             reconciler: Family::default(),
@@ -75,6 +79,11 @@ impl Metrics {
             r.register("bw_webhooks_received", "Webhook POSTs by result", m.webhooks_received.clone());
             r.register("bw_webhooks_processed", "Stored webhooks processed by result", m.webhooks_processed.clone());
             r.register("bw_statuses_applied", "Status updates applied to the ledger by status", m.statuses.clone());
+            r.register(
+                "bw_status_callback_data",
+                "Status webhooks by status and whether they carried biz_opaque_callback_data",
+                m.callback_data.clone(),
+            );
             r.register("bw_duplicates_dropped", "Duplicate deliveries dropped by kind", m.duplicates_dropped.clone());
             r.register("bw_inbound_forwarded", "Inbound customer messages forwarded", m.inbound_forwarded.clone());
             r.register("bw_intake_refused", "HTTP requests refused before validation, by reason", m.refused.clone());
@@ -119,6 +128,13 @@ impl Metrics {
 
     pub(crate) fn status(&self, status: &str) {
         self.statuses.get_or_create(&vec![("status", status.to_string())]).inc();
+    }
+
+    pub(crate) fn callback_data(&self, status: &str, present: bool) {
+        let presence = if present { "present" } else { "absent" };
+        self.callback_data
+            .get_or_create(&vec![("status", status.to_string()), ("callback_data", presence.to_string())])
+            .inc();
     }
 
     pub(crate) fn duplicate(&self, kind: &str) {

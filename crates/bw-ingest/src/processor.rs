@@ -274,8 +274,14 @@ impl Processor {
         }
     }
 
+    /// True when the status names its operation (`biz_opaque_callback_data`, which the dispatcher sets to the
+    /// operation id); otherwise only the wamid link can.
+    fn names_operation(s: &StatusUpdate) -> bool {
+        !s.operation_id.is_empty() && bw_common::ledger::valid_operation_id(&s.operation_id)
+    }
+
     async fn operation_of(&self, s: &StatusUpdate) -> Result<Option<String>, Retry> {
-        if !s.operation_id.is_empty() && bw_common::ledger::valid_operation_id(&s.operation_id) {
+        if Self::names_operation(s) {
             self.ledger.link_wamid_once(&s.wamid, &s.operation_id).await?;
             return Ok(Some(s.operation_id.clone()));
         }
@@ -296,9 +302,22 @@ impl Processor {
             self.metrics.duplicate("status");
             return Ok(());
         }
+        let named = Self::names_operation(s);
+        self.metrics.callback_data(status_label(status), named);
         let Some(op) = self.operation_of(s).await? else {
-            // Not sent through Breakwater (or its ledger entry expired).
-            self.metrics.status("unmatched");
+            // Not sent through Breakwater (or its ledger entry expired), or, for a status without
+            // biz_opaque_callback_data, sent while `dispatch.wamid_link` was off.
+            if !named && status == DeliveryStatus::Failed {
+                tracing::warn!(
+                    wamid = %s.wamid,
+                    code = s.error_code,
+                    "a failed status without biz_opaque_callback_data matched no operation: if it was sent through \
+                     Breakwater, its entry stays SENT; keep dispatch.wamid_link on (deploy/runbooks/wamid-link.md)"
+                );
+                self.metrics.status("unmatched_failed");
+            } else {
+                self.metrics.status("unmatched");
+            }
             if let Some(key) = &key {
                 self.mark(key).await;
             }

@@ -327,3 +327,32 @@ async fn a_late_failed_never_overrides_read_and_the_first_terminal_fact_stays() 
     assert!(e.reason.contains("later delivered status was recorded"), "{}", e.reason);
     env.stop().await;
 }
+
+/// The evidence for `dispatch.wamid_link`: statuses are counted by whether they carried
+/// `biz_opaque_callback_data`; a failed status without it that matches no operation is told apart from other
+/// unmatched statuses (alert FailedStatusUnmatched), while one whose wamid is linked settles its operation.
+#[tokio::test]
+async fn statuses_are_counted_by_their_callback_data_and_an_unmatched_failure_is_told_apart() {
+    let env = start(|_| {}).await;
+    env.ledger.create(&entry_in("op-c", OperationState::Sent)).await.expect("ledger");
+    post_signed(&env, &status_body("wamid.C", "sent", Some("op-c"), None)).await;
+    // The link the sent status stored lets a failed one without callback data settle the operation.
+    post_signed(&env, &status_body("wamid.C", "failed", None, Some(131026))).await;
+    assert!(env.wait_state("op-c", OperationState::Failed).await);
+    // A failed status of no known operation, without callback data: its own label; a sent one: plain unmatched.
+    post_signed(&env, &status_body("wamid.Y", "failed", None, Some(131026))).await;
+    post_signed(&env, &status_body("wamid.X", "sent", None, None)).await;
+    assert!(
+        wait_metric(&env, r#"bw_statuses_applied_total{status="unmatched_failed"} 1"#).await,
+        "{}",
+        env.metrics_text()
+    );
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="unmatched"} 1"#).await, "{}", env.metrics_text());
+    let metrics = env.metrics_text();
+    for (status, presence, n) in [("sent", "present", 1), ("failed", "absent", 2), ("sent", "absent", 1)] {
+        let line = format!(r#"bw_status_callback_data_total{{status="{status}",callback_data="{presence}"}} {n}"#);
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+    assert!(!metrics.contains(r#"status="failed",callback_data="present""#), "{metrics}");
+    env.stop().await;
+}
