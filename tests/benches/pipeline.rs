@@ -500,7 +500,7 @@ fn main() {
         println!("  minimal durable sender        {floor:>10.0} msg/s   = {:.2} of direct send (ledger read, mark, POST, outcome + wamid link, ack; nothing else)", floor / direct);
         println!("    without the wamid link      {floor_unlinked:>10.0} msg/s   = {:.2} of direct send", floor_unlinked / direct);
         println!("  pipeline, 1 dispatcher        {one:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2} of the minimal durable sender", one / raw, one / direct, one / floor);
-        println!("    with dispatch.wamid_link = false {unlinked:>7.0} msg/s   = {:.2} of direct send, {:.2}x the linked drain (two ledger writes per send)", unlinked / direct, unlinked / one);
+        println!("    dispatch.wamid_link = false {unlinked:>10.0} msg/s   = {:.2} of direct send, {:.2}x the linked drain (two ledger writes per send)", unlinked / direct, unlinked / one);
         println!("  pipeline, 2 dispatchers       {two:>10.0} msg/s   = {:.3} of raw JetStream, {:.2} of direct send, {:.2}x one", two / raw, two / direct, two / one);
         println!("  latency at 500 msg/s: pipeline publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; direct POST p50 {d50:.1} ms p99 {d99:.1} ms");
         println!("  latency the pipeline adds: p50 {:.1} ms, p99 {:.1} ms", p50 - d50, p99 - d99);
