@@ -303,13 +303,16 @@ impl Processor {
             return Ok(());
         }
         let named = Self::names_operation(s);
+        let found = self.operation_of(s).await?;
+        // Counted once the status is handled (a retry after a ledger error is not counted twice).
         self.metrics.callback_data(status_label(status), named);
-        let Some(op) = self.operation_of(s).await? else {
+        let Some(op) = found else {
             // Not sent through Breakwater (or its ledger entry expired), or, for a status without
             // biz_opaque_callback_data, sent while `dispatch.wamid_link` was off.
             if !named && status == DeliveryStatus::Failed {
+                // A wamid encodes the recipient's number: only its hash is logged.
                 tracing::warn!(
-                    wamid = %s.wamid,
+                    wamid_sha256 = %webhook::body_sha256(s.wamid.as_bytes()),
                     code = s.error_code,
                     "a failed status without biz_opaque_callback_data matched no operation: if it was sent through \
                      Breakwater, its entry stays SENT; keep dispatch.wamid_link on (deploy/runbooks/wamid-link.md)"
