@@ -83,6 +83,25 @@ impl ErrorSplit {
 /// An error answer the drill observed in a dispatch outcome: (seconds since the scenario was set, code, sender).
 pub type ObservedAnswer = (f64, i64, String);
 
+/// Whether one answered call counts in the breaker's failure window, as the dispatcher tells the breaker
+/// (`outcome_kind` in bw-dispatcher, `lua/record_outcomes.lua`): `Some(false)` a success, `Some(true)` a
+/// transient failure (a transient Meta code; no answer; 5xx or 2xx without Meta's body: an unknown outcome),
+/// `None` when the window does not count it (rate limits, credentials, permanent and unclassified errors, a
+/// bodiless 4xx). It goes by Meta's answer, not by where the message went: a message held back by 130429 past
+/// its budget goes to the DLQ, but its answer was a rate limit, which never counts as a failure.
+pub fn breaker_failure(result: &str, meta_code: i64, http_status: u32) -> Option<bool> {
+    use bw_common::classify::{ErrorClass, classify_code};
+    if result == "sent" {
+        return Some(false);
+    }
+    if meta_code != 0 {
+        return (classify_code(meta_code) == ErrorClass::Transient).then_some(true);
+    }
+    // No Meta code: a refusal before processing (a bodiless 4xx, or Meta's body with code 0, credentials)
+    // never counts; no answer or a 5xx/2xx without Meta's body is an unknown outcome, a transient failure.
+    (!(400..500).contains(&http_status) && matches!(result, "retry" | "dlq" | "unknown")).then_some(true)
+}
+
 fn is_rate_limit(key: &str) -> bool {
     key.parse::<i64>().is_ok_and(|c| RATE_LIMIT_CODES.contains(&c))
 }
@@ -221,6 +240,26 @@ mod tests {
     fn flash() -> Scenario {
         // Outage 10 s .. 40 s injecting 503 (code 2) and 130429.
         Scenario::flash_sale_outage(Duration::from_secs(10), Duration::from_secs(30))
+    }
+
+    #[test]
+    fn the_breaker_window_counts_answers_as_the_dispatcher_reports_them() {
+        assert_eq!(breaker_failure("sent", 0, 200), Some(false));
+        // Transient: a transient code, a 5xx without Meta's body (unknown), no answer at all.
+        assert_eq!(breaker_failure("retry", 131000, 500), Some(true));
+        assert_eq!(breaker_failure("dlq", 2, 503), Some(true));
+        assert_eq!(breaker_failure("unknown", 0, 503), Some(true));
+        assert_eq!(breaker_failure("unknown", 0, 0), Some(true));
+        assert_eq!(breaker_failure("retry", 0, 0), Some(true));
+        // A 130429 held back past its budget goes to the DLQ, yet it is a rate limit: not in the window.
+        assert_eq!(breaker_failure("dlq", 130429, 400), None);
+        assert_eq!(breaker_failure("rate_limited", 130429, 400), None);
+        assert_eq!(breaker_failure("dlq", 131056, 400), None);
+        // Credentials, permanent and bodiless 4xx answers never count.
+        assert_eq!(breaker_failure("dlq", 190, 401), None);
+        assert_eq!(breaker_failure("dlq", 0, 401), None);
+        assert_eq!(breaker_failure("quarantined", 131026, 400), None);
+        assert_eq!(breaker_failure("dlq", 0, 429), None);
     }
 
     #[test]

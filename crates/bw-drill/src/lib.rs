@@ -779,15 +779,8 @@ async fn spawn_watchers(
                     o.answers.push((t, d.meta_code, d.phone_number_id.clone()));
                 }
                 if called {
-                    // What the breaker's window counts (lua/record_outcomes.lua): successes as calls, transient
-                    // errors as failures; rate limits (130429 included: it feeds the sender's limiter and its own
-                    // streak), permanent errors and pair limits not at all.
-                    let failure = match d.result.as_str() {
-                        "sent" => Some(false),
-                        "retry" | "dlq" | "unknown" => Some(true),
-                        _ => None,
-                    };
-                    if let Some(failure) = failure {
+                    // What the breaker's window counts, by Meta's answer (see errors::breaker_failure).
+                    if let Some(failure) = errors::breaker_failure(&d.result, d.meta_code, d.http_status) {
                         o.calls.entry(d.phone_number_id.clone()).or_default().push((t, failure));
                     }
                 }
