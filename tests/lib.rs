@@ -32,6 +32,29 @@ pub fn order(phone: &str, op: &str, i: usize) -> bw_common::proto::SendRequest {
 
 /// Settings of an ingest process of the benchmarks (the real binary, compiled defaults but for where things
 /// are): these servers, intake and Meta's webhooks on `http`, signed with `app_secret`.
+/// A status webhook delivery as Meta sends it: `statuses` of sender `phone` of [`WABA_ID`] (JSON text).
+pub fn status_webhook(phone: &str, statuses: Vec<serde_json::Value>) -> String {
+    serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{
+        "field": "messages", "value": {"messaging_product": "whatsapp",
+        "metadata": {"display_phone_number": "15550783881", "phone_number_id": phone}, "statuses": statuses}}]}]})
+    .to_string()
+}
+
+/// POSTs `body` to the webhook route of the ingest serving HTTP on `ingest_http`, signed with [`APP_SECRET`]:
+/// the HTTP status of its answer.
+pub async fn post_webhook(ingest_http: &str, body: String) -> u16 {
+    reqwest::Client::new()
+        .post(format!("http://{ingest_http}/webhooks/meta"))
+        .header("content-type", "application/json")
+        .header("X-Hub-Signature-256", bw_meta_sim::webhook::signature(APP_SECRET, body.as_bytes()))
+        .body(body)
+        .send()
+        .await
+        .expect("ingest answers")
+        .status()
+        .as_u16()
+}
+
 pub fn ingest_process(nats_url: &str, redis_url: &str, http: &str, app_secret: &str) -> Vec<(&'static str, String)> {
     vec![
         ("nats.url", nats_url.to_string()),

@@ -358,9 +358,7 @@ async fn minimal_durable(n: usize, link: bool) -> f64 {
             entry.wamid = wamid.clone();
             let outcome = ledger.update(op, entry.encode_to_vec().into(), marked);
             if link {
-                // The ledger's link key: the wamid's hex sha256.
-                use sha2::Digest;
-                let key = hex::encode(sha2::Sha256::digest(wamid.as_bytes()));
+                let key = bw_common::ledger::wamid_key(&wamid);
                 let (o, l) = tokio::join!(outcome, ledger.put(key, op.to_string().into()));
                 o.expect("outcome");
                 l.expect("link");

@@ -112,17 +112,5 @@ async fn post_status(h: &Harness, wamid: &str, status: &str, callback_data: Opti
     if status == "failed" {
         s["errors"] = serde_json::json!([{"code": 131026, "title": "Message undeliverable"}]);
     }
-    let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{
-        "field": "messages", "value": {"messaging_product": "whatsapp",
-        "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE}, "statuses": [s]}}]}]})
-    .to_string();
-    let answer = reqwest::Client::new()
-        .post(format!("http://{}/webhooks/meta", h.ingest_http))
-        .header("content-type", "application/json")
-        .header("X-Hub-Signature-256", bw_meta_sim::webhook::signature(bw_e2e::APP_SECRET, body.as_bytes()))
-        .body(body)
-        .send()
-        .await
-        .expect("ingest answers");
-    assert_eq!(answer.status().as_u16(), 200);
+    assert_eq!(bw_e2e::post_webhook(&h.ingest_http, bw_e2e::status_webhook(PHONE, vec![s])).await, 200);
 }

@@ -283,21 +283,9 @@ async fn services_and_operator_as_their_users() {
                 "biz_opaque_callback_data": "perm-live-2", "conversation": {"id": pad, "origin": {"type": "utility"}}})
         })
         .collect();
-    let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{
-        "field": "messages", "value": {"messaging_product": "whatsapp",
-        "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE}, "statuses": statuses}}]}]})
-    .to_string();
+    let body = bw_e2e::status_webhook(PHONE, statuses);
     assert!(body.len() > 1024 * 1024, "over the default max_payload of accounts.conf");
-    let status = reqwest::Client::new()
-        .post(format!("http://{ingest_http}/webhooks/meta"))
-        .header("content-type", "application/json")
-        .header("X-Hub-Signature-256", bw_meta_sim::webhook::signature(APP_SECRET, body.as_bytes()))
-        .body(body)
-        .send()
-        .await
-        .expect("ingest answers")
-        .status();
-    assert_eq!(status.as_u16(), 200, "the large delivery is stored");
+    assert_eq!(bw_e2e::post_webhook(&ingest_http, body).await, 200, "the large delivery is stored");
     let bodies = operator.js.get_object_store(bw_ingest::BODIES_BUCKET).await.expect("object store");
     let processed = bw_testkit::wait_until(WAIT, || async {
         use futures::StreamExt;

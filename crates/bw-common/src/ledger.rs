@@ -283,8 +283,10 @@ fn partition_of<'a>(partitions: &'a [kv::Store], key: &str) -> &'a kv::Store {
     &partitions[crate::names::ledger_partition(key, partitions.len())]
 }
 
-/// wamids hold characters KV keys refuse ('+', '/', '='): key them by their hex sha256.
-fn wamid_key(wamid: &str) -> String {
+/// The key of a wamid's link to its operation in the wamid bucket: wamids hold characters KV keys refuse ('+',
+/// '/', '='), so they are keyed by their hex sha256. Also what ingest logs in place of a wamid, which encodes
+/// the recipient's number.
+pub fn wamid_key(wamid: &str) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(wamid.as_bytes()))
 }

@@ -280,8 +280,10 @@ impl Processor {
         !s.operation_id.is_empty() && bw_common::ledger::valid_operation_id(&s.operation_id)
     }
 
-    async fn operation_of(&self, s: &StatusUpdate) -> Result<Option<String>, Retry> {
-        if Self::names_operation(s) {
+    /// The operation a status belongs to: the one its callback data `named` (see [`Self::names_operation`]),
+    /// else the one its wamid is linked to.
+    async fn operation_of(&self, s: &StatusUpdate, named: bool) -> Result<Option<String>, Retry> {
+        if named {
             self.ledger.link_wamid_once(&s.wamid, &s.operation_id).await?;
             return Ok(Some(s.operation_id.clone()));
         }
@@ -303,7 +305,7 @@ impl Processor {
             return Ok(());
         }
         let named = Self::names_operation(s);
-        let found = self.operation_of(s).await?;
+        let found = self.operation_of(s, named).await?;
         // Counted once the status is handled (a retry after a ledger error is not counted twice).
         self.metrics.callback_data(status_label(status), named);
         let Some(op) = found else {
@@ -312,7 +314,7 @@ impl Processor {
             if !named && status == DeliveryStatus::Failed {
                 // A wamid encodes the recipient's number: only its hash is logged.
                 tracing::warn!(
-                    wamid_sha256 = %webhook::body_sha256(s.wamid.as_bytes()),
+                    wamid_sha256 = %bw_common::ledger::wamid_key(&s.wamid),
                     code = s.error_code,
                     "a failed status without biz_opaque_callback_data matched no operation: if it was sent through \
                      Breakwater, its entry stays SENT; keep dispatch.wamid_link on (deploy/runbooks/wamid-link.md)"
