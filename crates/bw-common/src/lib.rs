@@ -19,9 +19,11 @@ pub mod moves;
 pub mod names;
 pub mod nats;
 pub mod redis_conn;
+pub mod registry;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tenancy;
 pub mod time;
 
 pub use bw_proto::v1 as proto;

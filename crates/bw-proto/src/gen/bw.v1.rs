@@ -261,7 +261,9 @@ pub struct Attempt {
 /// (request/reply) and stored by ingest in the BW_SEND stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct SendRequest {
-    /// Producer-chosen idempotency key: 1..=128 characters of \[A-Za-z0-9_=.-\]. The same id is never sent twice.
+    /// Producer-chosen idempotency key: 1..=128 characters of \[A-Za-z0-9_=.-\]. The same id of the same tenant is
+    /// never sent twice; two tenants never collide. Inside Breakwater (BW_SEND, the ledger, the DLQ) ingest replaces
+    /// it by the operation key `<tenant>/<id>` (the bare id for the tenant `default`: bw_common::tenancy).
     #[prost(string, tag = "1")]
     pub operation_id: ::prost::alloc::string::String,
     /// WhatsApp Business Account id of the sender.
@@ -405,6 +407,12 @@ pub enum RejectReason {
     SubjectMismatch = 9,
     /// Ingest could not store the request durably; the producer should retry with the same operation id.
     Unavailable = 10,
+    /// The sender (phone_number_id) is not in the sender registry (`bwctl senders add`).
+    SenderNotRegistered = 12,
+    /// The sender is registered to another tenant than the caller's (NATS subject's owner or HTTP key's tenant).
+    SenderNotOwned = 13,
+    /// The request's waba_id is not the WABA the registry records for its sender.
+    WabaMismatch = 14,
 }
 impl RejectReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -424,6 +432,9 @@ impl RejectReason {
             Self::BadPayload => "REJECT_REASON_BAD_PAYLOAD",
             Self::SubjectMismatch => "REJECT_REASON_SUBJECT_MISMATCH",
             Self::Unavailable => "REJECT_REASON_UNAVAILABLE",
+            Self::SenderNotRegistered => "REJECT_REASON_SENDER_NOT_REGISTERED",
+            Self::SenderNotOwned => "REJECT_REASON_SENDER_NOT_OWNED",
+            Self::WabaMismatch => "REJECT_REASON_WABA_MISMATCH",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -440,6 +451,9 @@ impl RejectReason {
             "REJECT_REASON_BAD_PAYLOAD" => Some(Self::BadPayload),
             "REJECT_REASON_SUBJECT_MISMATCH" => Some(Self::SubjectMismatch),
             "REJECT_REASON_UNAVAILABLE" => Some(Self::Unavailable),
+            "REJECT_REASON_SENDER_NOT_REGISTERED" => Some(Self::SenderNotRegistered),
+            "REJECT_REASON_SENDER_NOT_OWNED" => Some(Self::SenderNotOwned),
+            "REJECT_REASON_WABA_MISMATCH" => Some(Self::WabaMismatch),
             _ => None,
         }
     }
@@ -838,6 +852,9 @@ pub struct OutcomeEvent {
     /// Jaeger or any OTLP backend.
     #[prost(string, tag = "17")]
     pub trace_id: ::prost::alloc::string::String,
+    /// The tenant owning the operation; `operation_id` is the producer's own id within it.
+    #[prost(string, tag = "18")]
+    pub tenant: ::prost::alloc::string::String,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct StatusQuery {
@@ -1004,6 +1021,26 @@ pub struct IncidentReplayed {
     /// Whether an operator released it (held for manual release) rather than replay on close.
     #[prost(bool, tag = "11")]
     pub released_by_operator: bool,
+}
+/// One sender (a Meta phone number) and who owns it.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct SenderRecord {
+    /// Meta phone number id (digits); the registry's key.
+    #[prost(string, tag = "1")]
+    pub phone_number_id: ::prost::alloc::string::String,
+    /// The WhatsApp Business Account the number belongs to. A request naming another WABA for this number is refused.
+    #[prost(string, tag = "2")]
+    pub waba_id: ::prost::alloc::string::String,
+    /// The owning tenant: 1..=32 characters of \[a-z0-9-\], starting with a letter or digit
+    /// (bw_common::tenancy::valid_tenant). It scopes operation ids, feed subjects, inbox prefixes and NATS users.
+    #[prost(string, tag = "3")]
+    pub tenant: ::prost::alloc::string::String,
+    /// Meta business portfolio of the WABA, when known (messaging limits are per portfolio). Empty: unknown.
+    #[prost(string, tag = "4")]
+    pub portfolio_id: ::prost::alloc::string::String,
+    /// When the record was written, Unix ms.
+    #[prost(int64, tag = "5")]
+    pub updated_at_unix_ms: i64,
 }
 /// A raw webhook delivery as stored in BW_WEBHOOKS before answering 200.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
