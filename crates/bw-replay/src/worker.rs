@@ -303,7 +303,8 @@ async fn drain(
     for class in CLASSES {
         if active == Mode::Native && class.lane == names::Lane::Replay {
             let view = rx.borrow().clone();
-            if let Err(wait) = view.replayable(now_ms(), ctx.cfg.replay.soak_ms) {
+            let marketing_paused = view.paused_for(now_ms(), true).map(Err).unwrap_or(Ok(()));
+            if let Err(wait) = view.replayable(now_ms(), ctx.cfg.replay.soak_ms).and(marketing_paused) {
                 let left = wait.unwrap_or(Duration::from_millis(ctx.cfg.replay.idle_ms));
                 return (Ended::Soaking(left), Some(held), moved);
             }
@@ -380,7 +381,7 @@ async fn drain_class(
         }
         if rx.has_changed().unwrap_or(true) {
             let view = rx.borrow_and_update().clone();
-            if mode(ctx, scope, &view, not_closed_since) != active {
+            if stops(ctx, scope, &view, &active, class, not_closed_since) {
                 break 'session Ended::Interrupted;
             }
             let factor = if ramped { ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0) } else { 1.0 };
@@ -443,7 +444,7 @@ async fn drain_class(
             }
             if stop.is_none() && rx.has_changed().unwrap_or(true) {
                 let view = rx.borrow_and_update().clone();
-                if mode(ctx, scope, &view, not_closed_since) != active {
+                if stops(ctx, scope, &view, &active, class, not_closed_since) {
                     stop = Some(Ended::Interrupted);
                 }
             }
@@ -511,7 +512,8 @@ async fn drain_class(
                     stop.get_or_insert(Ended::Interrupted);
                 }
                 changed = rx.changed(), if gate.is_open() => {
-                    let differs = changed.is_err() || mode(ctx, scope, &rx.borrow_and_update().clone(), not_closed_since) != active;
+                    let differs = changed.is_err()
+                        || stops(ctx, scope, &rx.borrow_and_update().clone(), &active, class, not_closed_since);
                     if differs {
                         gate.close();
                         stop.get_or_insert(Ended::Interrupted);
@@ -532,6 +534,13 @@ async fn drain_class(
         Ended::LeaseLost => (ended, None, session.moved),
         other => (other, Some(held), session.moved),
     }
+}
+
+/// Whether a drain session must stop for this view of its scope: its mode changed (a breaker, a pause of every
+/// entry), or a marketing-only pause now holds the marketing entries it drains.
+fn stops(ctx: &Ctx, scope: &str, view: &ScopeView, active: &Mode, class: Class, not_closed_since: Option<i64>) -> bool {
+    mode(ctx, scope, view, not_closed_since) != *active
+        || (class.lane == names::Lane::Replay && view.paused_for(now_ms(), true).is_some())
 }
 
 /// Whether a marketing session should stop and let the scope's priority entries go first: new priority entries
