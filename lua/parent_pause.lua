@@ -19,9 +19,10 @@
 --
 -- Modes:
 --   read    nothing changes
---   pause   a timed pause of ARGV[2] ms (lift "time"), or with lift "probe" a pause that doubles the last one
---           (up to ARGV[8] ms) while the key lives; after it ends one send probes (admit_send.lua). Pauses never
---           shorten: a pause only extends the time already there, and an untimed hold stays.
+--   pause   a timed pause of ARGV[2] ms (lift "time"), or with lift "probe" a pause that, once the last one is
+--           over, doubles its length (up to ARGV[8] ms) while the key lives; after it ends one send probes
+--           (admit_send.lua). Pauses never shorten: a pause only extends the time already there, and an untimed
+--           hold stays.
 --   halt    until lifted (lift "operator" or "new_token"); the key expires after ARGV[2] ms (then the next send
 --           probes); ARGV[8] is the retry-after sends get meanwhile
 --   clear   an operator lifts it (the key goes)
@@ -57,7 +58,9 @@ if mode == 'pause' then
   local lift = ARGV[6] or 'time'
   local old = redis.call('HMGET', key, PF.paused_until, PF.halted, PF.lift, PF.length)
   if old[2] ~= '1' then
-    if lift == 'probe' and old[3] == 'probe' then
+    -- Doubles only once the last pause is over (the probe's answer, or later): the answers of sends already in
+    -- flight when it began extend it at most to its own length.
+    if lift == 'probe' and old[3] == 'probe' and num(old[1]) <= now then
       ms = math.min(math.max(ms, 2 * num(old[4])), math.max(ms, num(ARGV[8], ms)))
     end
     local until_ms = now + ms

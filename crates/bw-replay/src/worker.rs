@@ -186,6 +186,10 @@ fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>)
     }
 }
 
+/// How long replay waits after a pause of a scope was lifted: twice the dispatchers' `parent_refresh_ms` (1 s
+/// by default), the longest they may still hold a lifted pause above the number.
+const PAUSE_SETTLE: Duration = Duration::from_secs(2);
+
 pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Receiver<ScopeView>) {
     let idle = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));
     let mut not_closed_since: Option<i64> = None;
@@ -193,6 +197,8 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
     // An instance that died between an incident's last entry and its finish check left it unfinished: look
     // once when this worker first finds the scope replayable with nothing to drain.
     let mut finish_check_due = true;
+    // Whether the last view showed a pause of the scope, and when one was last seen lifted.
+    let (mut was_paused, mut lifted_at): (bool, Option<tokio::time::Instant>) = (false, None);
     loop {
         if ctx.shutdown.is_cancelled() {
             return;
@@ -204,8 +210,18 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
             not_closed_since = Some(if view.since_unix_ms > 0 { view.since_unix_ms } else { now_ms() });
         }
         let has_work = depths.borrow_and_update().get(&scope).copied().unwrap_or(0) > 0;
+        let paused = view.paused_for(now_ms(), false).is_some();
+        if was_paused && !paused {
+            lifted_at = Some(tokio::time::Instant::now());
+        }
+        was_paused = paused;
+        // A pause was just lifted: the dispatchers may still hold one above the number for parent_refresh_ms (they
+        // read it at most that often), and an entry replayed into that would go back to the DLQ for the hold's
+        // retry-after. Wait that out first.
+        let settling = lifted_at.map(|at| PAUSE_SETTLE.saturating_sub(at.elapsed())).filter(|d| !d.is_zero());
         let wait = match mode(&ctx, &scope, &view, not_closed_since) {
             Mode::Wait(wait) => wait,
+            _ if settling.is_some() => settling,
             // Nothing to replay: wait for the next depth poll (or a scope change) without touching the lease.
             Mode::Native if !has_work && finish_check_due => {
                 finish_check_due = false;

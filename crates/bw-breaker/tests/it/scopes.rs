@@ -244,6 +244,12 @@ async fn a_probing_pause_lets_one_send_through_after_it_and_doubles_on_a_repeat(
     // A bodiless 401 / 403: the number pauses briefly, never the token.
     breaker.record(&s, &[outcome(hold(PauseScope::PhoneNumber, 0, PauseEnd::Probe(300)))]).await;
     assert!(denied(first(&breaker, &s, TrafficClass::Priority).await, DenyReason::NumberPaused).is_some());
+    let mut conn = manager(&redis.url()).await;
+    let key = bw_breaker::scripts::number_pause_key(&s);
+    // The answers of sends already in flight do not compound it.
+    breaker.record(&s, &[outcome(hold(PauseScope::PhoneNumber, 0, PauseEnd::Probe(300)))]).await;
+    let length: u64 = redis::cmd("HGET").arg(&key).arg("n").query_async(&mut conn).await.expect("length");
+    assert_eq!(length, 300, "not doubled while the pause runs");
     // After the pause, one send goes as the probe; the others wait for its answer.
     let probed = bw_testkit::wait_until(WAIT, || async {
         let a = breaker.admit(&s, &[one("p1", TrafficClass::Priority), one("p2", TrafficClass::Priority)]).await;
@@ -256,13 +262,7 @@ async fn a_probing_pause_lets_one_send_through_after_it_and_doubles_on_a_repeat(
     breaker.record(&s, &[outcome(hold(PauseScope::PhoneNumber, 0, PauseEnd::Probe(300)))]).await;
     let status = breaker.parent_status(&Parent::Number(s.clone())).await.expect("read");
     assert_eq!(status.lift, "probe");
-    let mut conn = manager(&redis.url()).await;
-    let length: u64 = redis::cmd("HGET")
-        .arg(bw_breaker::scripts::number_pause_key(&s))
-        .arg("n")
-        .query_async(&mut conn)
-        .await
-        .expect("length");
+    let length: u64 = redis::cmd("HGET").arg(&key).arg("n").query_async(&mut conn).await.expect("length");
     assert_eq!(length, 600, "doubled");
 }
 
