@@ -138,8 +138,8 @@ pub enum DenyReason {
     /// A pause of the WABA (its budget, a restriction, billing, marketing disabled): every number of the WABA is
     /// paused (marketing only, for a marketing-only pause).
     WabaPaused,
-    /// A credentials error on the access token: every number on it is halted until the token changes or an
-    /// operator clears the halt.
+    /// The access token is halted (190, 0 with an auth subcode, permission codes): every number on it is halted
+    /// until the token changes or an operator lifts the halt.
     TokenHalted,
     /// The number's own pause (registration, display name, deleted number, maintenance, an authentication
     /// refusal that probes): this number alone.

@@ -308,7 +308,8 @@ pub fn classify(code: Option<i64>, subcode: Option<i64>, http_status: u16, chann
         4 | 17 | 32 | 613 => rate(RateScope::App),
         // ---- WABA and portfolio ----
         // "80007 | WABA reached its rate limit | WABA"; "80008 | Business Management API BUC limit | WABA". The
-        // hint `estimated_time_to_regain_access` sets the pause when present.
+        // hint `estimated_time_to_regain_access` sets the pause when present; without one, a minute (whether
+        // 80007 on /messages is a 24 h quota is unconfirmed: each repeat answer pauses again, at the WABA only).
         80007 | 80008 => rate(RateScope::Waba),
         // "368 | WABA restricted or disabled for a policy violation | WABA"; "131031 | WABA restricted/disabled
         // | WABA": a hard stop of that WABA's numbers until Meta lifts it (`account_update`) or a person does.
