@@ -97,6 +97,7 @@ pub fn event_of(entry: &LedgerEntry, revision: u64) -> OutcomeEvent {
         accepted_at_unix_ms: entry.accepted_at_unix_ms,
         at_unix_ms: entry.updated_at_unix_ms,
         trace_id: bw_common::telemetry::trace_id_of(&entry.traceparent),
+        tenant: bw_common::tenancy::split_operation_key(&entry.operation_id).0.to_string(),
     }
 }
 
