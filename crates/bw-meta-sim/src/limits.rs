@@ -271,6 +271,15 @@ impl Limiter {
         self.pairs.take(self.shard(&key), &key, self.now_ns(), t, tau, 0).map(|_| ())
     }
 
+    /// Takes a unit of the pair's quota whether or not it fits (a message the business sent outside the API),
+    /// up to one interval of debt.
+    pub fn pair_force(&self, phone_number_id: &str, wa_id: &str, limits: &Limits) {
+        let t = limits.pair_interval_ms.max(1).saturating_mul(1_000_000);
+        let tau = t.saturating_mul(u64::from(limits.pair_burst.max(1) - 1));
+        let key = (phone_number_id.to_string(), wa_id.to_string());
+        self.pairs.force(self.shard(&key), &key, self.now_ns(), t, tau);
+    }
+
     /// Counts one call against the app budget (`calls` per `window_ms`). Ok(percent of the budget in use).
     pub fn app_call(&self, calls: u64, window_ms: u64) -> Result<u32, Refused> {
         let (t, tau) = budget(calls, window_ms);

@@ -51,7 +51,9 @@
 //!
 //! A full outage is a window with `error_rate = 1.0`; recovery is the end of the window.
 
+use crate::events::Event;
 use crate::ids::Rng;
+use crate::inject::{Call, Injection};
 use crate::limits::Limits;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::sync::Mutex;
@@ -87,6 +89,12 @@ pub struct Scenario {
     /// seconds (in the format `limits.retry_after` picks; seconds when it is `none`). Meta sends none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
+    /// Error codes aimed at a number, WABA, token, template or recipient (see [`crate::inject`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injections: Vec<Injection>,
+    /// Account, template, user and inbound webhooks at offsets (see [`crate::events`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
 }
 
 /// From `at_ms` on, every request that carries `token` fails with `code` (190 or 0) on every number.
@@ -387,6 +395,10 @@ pub enum ScenarioError {
     StatusWindow { window: String, problem: String },
     #[error("token_events[{index}]: {problem}")]
     Token { index: usize, problem: String },
+    #[error("injection `{injection}`: {problem}")]
+    Injection { injection: String, problem: String },
+    #[error("event `{event}`: {problem}")]
+    Event { event: String, problem: String },
 }
 
 impl Scenario {
@@ -472,6 +484,13 @@ impl Scenario {
         if let Some(l) = &self.limits {
             l.validate().map_err(ScenarioError::Limits)?;
         }
+        for (i, inj) in self.injections.iter().enumerate() {
+            inj.validate()
+                .map_err(|problem| ScenarioError::Injection { injection: injection_name(inj, i), problem })?;
+        }
+        for (i, ev) in self.events.iter().enumerate() {
+            ev.kind.validate().map_err(|problem| ScenarioError::Event { event: event_name(ev, i), problem })?;
+        }
         for (i, t) in self.token_events.iter().enumerate() {
             if t.token.is_empty() {
                 return Err(ScenarioError::Token {
@@ -533,6 +552,16 @@ impl Scenario {
     }
 }
 
+/// The counter key of an injection: its name, or `#<index>`.
+pub fn injection_name(inj: &Injection, index: usize) -> String {
+    if inj.name.is_empty() { format!("#{index}") } else { inj.name.clone() }
+}
+
+/// The label of an event: its name, or `#<index> <kind>`.
+pub fn event_name(ev: &Event, index: usize) -> String {
+    if ev.name.is_empty() { format!("#{index} {}", ev.kind.kind_name()) } else { ev.name.clone() }
+}
+
 /// A scenario that is running: its clock and per-window counters.
 #[derive(Debug)]
 pub struct Active {
@@ -542,6 +571,16 @@ pub struct Active {
     windows: Vec<WindowState>,
     /// Accepted-message draws per status window (deterministic mode).
     status_seen: Vec<AtomicU64>,
+    /// Per injection: matching calls seen (deterministic draws), calls picked (for `max`).
+    injections: Vec<(AtomicU64, AtomicU64)>,
+}
+
+/// An injection picked for a call.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    pub injection: Injection,
+    /// Its counter key.
+    pub name: String,
 }
 
 #[derive(Debug)]
@@ -572,8 +611,39 @@ impl Active {
             .map(|w| WindowState { seen: AtomicU64::new(0), swrr: Mutex::new(vec![0; w.faults.len()]) })
             .collect();
         let status_seen = scenario.status_windows.iter().map(|_| AtomicU64::new(0)).collect();
+        let injections = scenario.injections.iter().map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect();
         let rng = Rng::new(scenario.seed.unwrap_or(1));
-        Active { scenario, started: Instant::now(), rng, windows, status_seen }
+        Active { scenario, started: Instant::now(), rng, windows, status_seen, injections }
+    }
+
+    /// Whether any injection could apply (the caller skips building a [`Call`] otherwise).
+    pub fn has_injections(&self) -> bool {
+        !self.scenario.injections.is_empty()
+    }
+
+    /// The first injection, in file order, that is active now, targets the call, is under its `max`, and fires
+    /// by its rate. Each injection that targets the call counts it as seen, so deterministic rates are exact per
+    /// injection.
+    pub fn pick_injection(&self, call: &Call<'_>) -> Option<Picked> {
+        let now = self.elapsed_ms();
+        for (i, (inj, (seen, picked))) in self.scenario.injections.iter().zip(&self.injections).enumerate() {
+            if !inj.active_at(now) || !inj.targets(call) {
+                continue;
+            }
+            if inj.max.is_some_and(|max| picked.load(Ordering::Relaxed) >= max) {
+                continue;
+            }
+            if !self.fires(seen, inj.rate) {
+                continue;
+            }
+            if let Some(max) = inj.max
+                && picked.fetch_add(1, Ordering::Relaxed) >= max
+            {
+                continue;
+            }
+            return Some(Picked { injection: inj.clone(), name: injection_name(inj, i) });
+        }
+        None
     }
 
     pub fn elapsed_ms(&self) -> u64 {
