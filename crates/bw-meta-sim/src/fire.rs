@@ -204,6 +204,7 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
                             st2.account.set_maintenance(&phone, None);
                             if let Some(mps) = upgrade {
                                 st2.account.set_number_mps(&phone, mps);
+                                st2.limiter.forget_number(&phone);
                             }
                             let waba = st2.cfg.waba_of(&phone).to_string();
                             st2.webhooks.change(&waba, "phone_number_quality_update", value);
@@ -213,6 +214,7 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
             } else {
                 if let Some(mps) = upgrade {
                     st.account.set_number_mps(phone_number_id, mps);
+                    st.limiter.forget_number(phone_number_id);
                 }
                 st.webhooks.change(&waba, "phone_number_quality_update", value);
             }

@@ -237,6 +237,12 @@ impl Limiter {
         self.wabas.clear();
     }
 
+    /// Forgets a number's throughput state (its limit changed: Meta upgraded it).
+    pub fn forget_number(&self, phone_number_id: &str) {
+        let key = phone_number_id.to_string();
+        lock(&self.numbers.shards[self.shard(&key)]).remove(&key);
+    }
+
     /// Takes one unit of the number's throughput. Ok(percent of the burst allowance in use after this message).
     pub fn throughput(&self, phone_number_id: &str, mps: f64, burst: u32) -> Result<u32, Refused> {
         let t = (1e9 / mps.max(0.001)) as u64;
