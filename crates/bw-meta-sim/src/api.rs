@@ -611,11 +611,9 @@ fn validate(st: &Inner, phone: &str, parsed: Result<Value, serde_json::Error>) -
             if !allowed || !(7..=15).contains(&wa_id.len()) {
                 return invalid(131009, "Parameter 'to' is not a valid phone number.");
             }
-            let user = match recipient {
-                Some(r) => Some(st.account.user_by_id(&st.cfg, r)),
-                None if st.cfg.user_ids => Some(st.account.user_by_phone(&st.cfg, st.cfg.portfolio_of(phone), &wa_id)),
-                None => None,
-            };
+            // The phone decides who the user is, whatever `recipient` says.
+            let user = (st.cfg.user_ids || recipient.is_some())
+                .then(|| st.account.user_by_phone(&st.cfg, st.cfg.portfolio_of(phone), &wa_id));
             (t.to_string(), Some(wa_id), user, false)
         }
         (None, Some(r)) => {

@@ -578,19 +578,25 @@ fn contacts_json(statuses: &[&StatusEvent]) -> Vec<Value> {
     let mut out: Vec<Value> = Vec::new();
     for s in statuses {
         let Some(user_id) = &s.recipient_user_id else { continue };
-        if matches!(s.kind, StatusKind::Failed(_)) || out.iter().any(|c| c["user_id"] == user_id.as_str()) {
+        if matches!(s.kind, StatusKind::Failed(_)) {
             continue;
         }
-        let mut c = json!({ "user_id": user_id });
-        if s.phone_shared && !s.recipient_id.is_empty() {
-            c["wa_id"] = json!(s.recipient_id);
-        }
+        let idx = match out.iter().position(|c| c["user_id"] == user_id.as_str()) {
+            Some(i) => i,
+            None => {
+                let mut c = json!({ "user_id": user_id });
+                if s.phone_shared && !s.recipient_id.is_empty() {
+                    c["wa_id"] = json!(s.recipient_id);
+                }
+                out.push(c);
+                out.len() - 1
+            }
+        };
         if let Some(u) = &s.username
             && matches!(s.kind, StatusKind::Delivered | StatusKind::Read)
         {
-            c["profile"] = json!({ "username": u });
+            out[idx]["profile"] = json!({ "username": u });
         }
-        out.push(c);
     }
     out
 }

@@ -9,5 +9,8 @@ mod common;
 mod faults;
 mod limits;
 mod oracle;
+mod portfolio;
 mod scopes;
+mod users;
+mod versions;
 mod webhooks;
