@@ -10,7 +10,7 @@
 //! | `POST /_sim/scenario` | body: scenario TOML, or JSON with `content-type: application/json`; or `?builtin=flash-sale-outage&start_ms=0&duration_ms=5000`; clock starts now |
 //! | `DELETE /_sim/scenario` | no faults |
 //! | `POST /_sim/scenario/restart` | restart the clock of the active scenario |
-//! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`](crate::Limits) (JSON; validated, unknown keys refused) |
+//! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`] (JSON; validated, unknown keys refused) |
 //! | `POST /_sim/tokens/expire` | `{"token": "...", "code": 190}` (code 190 expired, the default, or 0 invalidated; token `*` = all): every call with it fails on every number, counted as injected |
 //! | `POST /_sim/tokens/restore` | `{"token": "..."}`: valid again (`*` = all) |
 //! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (it takes a unit of the number's throughput and opens the user's 24 h window, as on Meta); optional `from_user_id`, `hide_phone` (a user-id-only webhook), `username`, `error_code` (an unsupported message with `errors[]`, e.g. 131052); `from` may be omitted when `from_user_id` is given; answers `{"wamid"}` |

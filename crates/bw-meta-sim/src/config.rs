@@ -475,6 +475,55 @@ mod tests {
         assert_eq!(cfg.waba_of("106540352242922"), "102290129340399");
         assert_eq!(cfg.waba_of("other"), cfg.waba_id);
 
+        let account = r#"
+            business_id = "506914307656634"
+            api_date = "2026-12-06"
+            user_ids = true
+            enforce_service_window = false
+            us_marketing_code = 131049
+            [portfolios."506914307656634"]
+            tier = "TIER_2K"
+            waba_ids = ["102290129340398"]
+            [portfolios."506914307656635"]
+            tier = 100000
+            [messaging_limit]
+            window_ms = 86400000
+            code = 131048
+            mode = "async"
+            [[templates]]
+            name = "otp_login"
+            language = "en_US"
+            category = "AUTHENTICATION"
+            status = "APPROVED"
+            otp_type = "copy_code"
+            [[users]]
+            phone = "+16505551234"
+            user_id = "US.13491208655302741918"
+            username = "@sheena"
+            share_phone = false
+            [phone_numbers."106540352242923"]
+            portfolio_id = "506914307656635"
+        "#;
+        let cfg = SimConfig::from_toml(account).expect("the documented account keys parse");
+        assert_eq!(cfg.portfolios["506914307656634"].tier, Tier(Some(2_000)));
+        assert_eq!(cfg.portfolios["506914307656635"].tier, Tier(Some(100_000)));
+        assert_eq!(cfg.portfolio_of("106540352242923"), "506914307656635", "the number's own portfolio");
+        assert_eq!(cfg.portfolio_of("106540352242922"), "506914307656634", "its WABA's portfolio");
+        assert_eq!(cfg.templates[0].otp_type, Some(OtpType::CopyCode));
+        for (text, want) in [
+            ("[portfolios.p]\ntier = \"TIER_3K\"\n", "TIER_3K"),
+            ("[[templates]]\nname = \"t\"\nstatus = \"PAUSD\"\n", "templates[0].status"),
+            ("[[users]]\nphone = \"+16505551234\"\nuser_id = \"16505551234\"\n", "users[0].user_id"),
+            ("api_date = \"2026-6-31x\"\n", "api_date"),
+            ("[messaging_limit]\nmode = \"later\"\n", "later"),
+        ] {
+            let err = SimConfig::from_toml(text).expect_err(text).to_string();
+            assert!(err.contains(want), "`{want}` in: {err}");
+        }
+        assert_eq!(Tier::parse("TIER_1K"), Ok(Tier(Some(2_000))), "the old 1K tier is now 2,000");
+        assert_eq!(Tier::from_json(&serde_json::json!(-1)), Ok(Tier::UNLIMITED));
+        assert_eq!(Tier(Some(10_000)).name(), "TIER_10K");
+
         let err = SimConfig::from_toml("[limits]\npair_burst_window_ms = 6000\n").expect_err("removed key");
         assert!(err.to_string().contains("pair_burst_window_ms"), "{err}");
         let err = SimConfig::from_toml("[phone_numbers.\"1\"]\nthroughput_mps = 0.0\n").expect_err("zero mps");

@@ -10,6 +10,14 @@
 //! duplicates, reordering and retries, and an [`OracleSnapshot`] of every message it accepted so tests can prove
 //! "none lost, none sent twice" and tell duplicates after an ambiguous answer from plain ones.
 //!
+//! It also fails the way Meta fails beyond one send (see the crate's README for every key):
+//! - every code of the reference's §2.3 table, aimed by a scenario's `[[injections]]` at a number, WABA, token,
+//!   template or recipient, synchronously or as a `failed` status ([`inject`], [`errors`]);
+//! - the account, template and user webhooks of §4.5 from a scenario's `[[events]]`, with the state they
+//!   announce enforced afterwards ([`events`], [`account`]);
+//! - the portfolio messaging limit (§3.3), throughput upgrades (§3.1), expired API versions (§0, [`versions`])
+//!   and business-scoped user ids (§6).
+//!
 //! In-process use (tests):
 //!
 //! ```ignore

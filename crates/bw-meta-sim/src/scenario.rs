@@ -1,7 +1,10 @@
 //! Fault scenarios: time windows (offsets from the moment the scenario is set) with an error rate, a weighted
 //! mix of faults, added latency, and an optional phone-number filter; status windows (webhooks delayed or
-//! dropped); token events (a token expires or is revoked at an offset) and optional limits that replace the configured
-//! ones while the scenario is active.
+//! dropped); token events (a token expires or is revoked at an offset); optional limits that replace the
+//! configured ones while the scenario is active; targeted error injections (`[[injections]]`: a code aimed at a
+//! number, WABA, token, template, recipient, type or category, sync or async; see [`crate::inject`] and
+//! `scenarios/error-codes.toml`); and account events (`[[events]]`: the webhooks of reference §4.5 and what they
+//! change; see [`crate::events`] and `scenarios/account-signals.toml`).
 //!
 //! Parsing is strict: an unknown key anywhere (scenario, window, fault, latency, limits, token event) is an
 //! error that names the key and the keys allowed there. TOML format (see `scenarios/flash-sale-outage.toml`
@@ -23,6 +26,18 @@
 //! code = 190                   # 190 (expired, the default) or 0 (AuthException: invalidated)
 //!
 //! retry_after_s = 2           # optional: injected throttling errors carry Retry-After (Meta sends none)
+//!
+//! [[injections]]               # optional: see `inject` for every key
+//! code = 368
+//! waba_ids = ["102290129340398"]
+//! start_ms = 10000
+//! duration_ms = 30000
+//!
+//! [[events]]                   # optional: see `events` for every kind
+//! at_ms = 20000
+//! kind = "message_template_status_update"
+//! template = "flash_sale"
+//! event = "PAUSED"
 //!
 //! [[status_windows]]           # optional: statuses of messages accepted in the window come late or never
 //! start_ms = 5000
@@ -387,7 +402,9 @@ pub enum ScenarioError {
     Io { path: String, source: std::io::Error },
     #[error("window `{window}`: {problem}")]
     Invalid { window: String, problem: String },
-    #[error("unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, normal)")]
+    #[error(
+        "unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, error-codes, account-signals, normal)"
+    )]
     UnknownBuiltin(String),
     #[error("scenario limits: {0}")]
     Limits(String),
@@ -447,12 +464,14 @@ impl Scenario {
         }
     }
 
-    /// A built-in scenario by name: `flash-sale-outage` (outage at 10 s for 30 s), `mixed-ambiguous` (the
-    /// shipped `scenarios/mixed-ambiguous.toml`), `normal`.
+    /// A built-in scenario by name: `flash-sale-outage` (outage at 10 s for 30 s), `mixed-ambiguous`,
+    /// `error-codes`, `account-signals` (the shipped `scenarios/<name>.toml`), `normal`.
     pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
         match name {
             "flash-sale-outage" => Ok(Scenario::flash_sale_outage(Duration::from_secs(10), Duration::from_secs(30))),
             "mixed-ambiguous" => Scenario::from_toml(include_str!("../scenarios/mixed-ambiguous.toml")),
+            "error-codes" => Scenario::from_toml(include_str!("../scenarios/error-codes.toml")),
+            "account-signals" => Scenario::from_toml(include_str!("../scenarios/account-signals.toml")),
             "normal" => Ok(Scenario::normal()),
             other => Err(ScenarioError::UnknownBuiltin(other.to_string())),
         }
