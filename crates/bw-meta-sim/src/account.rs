@@ -24,6 +24,7 @@
 
 use crate::config::{OtpType, SimConfig, Tier};
 use crate::ids;
+use crate::webhook::StatusEvent;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Mutex, RwLock};
@@ -86,6 +87,10 @@ pub struct TemplateState {
     pub quality: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub otp_type: Option<OtpType>,
+    /// Under pacing: sends are held until a release or a pause.
+    pub paced: bool,
+    /// Messages held now.
+    pub held: usize,
 }
 
 /// An active restriction of a WABA.
@@ -153,6 +158,8 @@ pub struct Account {
     windows: RwLock<HashMap<(String, String), u64>>,
     directory: RwLock<Directory>,
     fired: Mutex<Vec<FiredEvent>>,
+    /// (template name, normalised language) → statuses held by pacing, with the operation id for the oracle.
+    held: Mutex<HashMap<(String, String), Vec<StatusEvent>>>,
 }
 
 fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -198,6 +205,8 @@ impl Account {
                 category: t.category.to_ascii_uppercase(),
                 quality: "UNKNOWN".into(),
                 otp_type: t.otp_type,
+                paced: t.paced,
+                held: 0,
             };
             s.templates.entry(t.name.clone()).or_default().push((lang, state));
         }
@@ -206,6 +215,7 @@ impl Account {
         }
         *write(&self.announced) = s;
         lock(&self.fired).clear();
+        lock(&self.held).clear();
     }
 
     /// Clears the traffic state too.
@@ -246,6 +256,8 @@ impl Account {
                     category: "UTILITY".into(),
                     quality: "UNKNOWN".into(),
                     otp_type: None,
+                    paced: false,
+                    held: 0,
                 });
                 t.language = Some(lang.clone());
                 list.push((lang, t));
@@ -254,6 +266,23 @@ impl Account {
         };
         f(&mut list[idx].1);
         list[idx].1.clone()
+    }
+
+    /// Holds the statuses of a message sent with a paced template (reference §3.5).
+    pub fn hold(&self, name: &str, language: &str, status: StatusEvent) {
+        let key = (name.to_string(), norm_language(language));
+        lock(&self.held).entry(key).or_default().push(status);
+        self.update_template(name, language, |t| t.held += 1);
+    }
+
+    /// Takes every message held for a template (a release or a pause decides what happens to them).
+    pub fn take_held(&self, name: &str, language: &str) -> Vec<StatusEvent> {
+        let key = (name.to_string(), norm_language(language));
+        let held = lock(&self.held).remove(&key).unwrap_or_default();
+        if !held.is_empty() {
+            self.update_template(name, language, |t| t.held = 0);
+        }
+        held
     }
 
     // ----- WABA -----
@@ -342,6 +371,11 @@ impl Account {
             }
             None => UserInfo { user_id: user_id.to_string(), wa_id: None, username: None, share_phone: false },
         }
+    }
+
+    /// Records that `user_id` now names the user with phone digits `wa_id` (a `user_changed_*` system message).
+    pub fn link_user_id(&self, user_id: &str, wa_id: &str) {
+        write(&self.directory).derived.insert(user_id.to_string(), wa_id.to_string());
     }
 
     // ----- windows and the portfolio limit -----

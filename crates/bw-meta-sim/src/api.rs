@@ -185,30 +185,39 @@ async fn handle(st: &Arc<Inner>, kill: &ConnKill, phone: &str, headers: &HeaderM
         Some(u) => (Some(u.user_id.clone()), u.username.clone(), u.share_phone),
         None => (None, None, true),
     };
-    st.webhooks.message_accepted_failing(
-        StatusEvent {
-            phone_number_id: phone.to_string(),
-            kind: StatusKind::Sent,
-            wamid: wamid.clone(),
-            recipient_id: send.wa_id.clone().unwrap_or_default(),
-            biz_opaque_callback_data: send.biz_opaque.clone(),
-            category,
-            conversation_id: ids::hex_id(16),
-            timestamp: ids::now_ms() / 1000,
-            recipient_user_id: user_id,
-            phone_shared,
-            username,
-            by_user_id: send.by_user_id,
-            fail_details: None,
-        },
-        failure.map(|(f, _, _)| f),
-        decision.status_delay,
-        decision.drop_statuses,
-    );
+    // A paced template holds the message: no status until a release or a pause (reference §3.5).
+    let held = failure.is_none()
+        && send.template.as_ref().is_some_and(|(n, l)| st.account.template(n, l).is_some_and(|t| t.paced));
+    let status = StatusEvent {
+        phone_number_id: phone.to_string(),
+        kind: StatusKind::Sent,
+        wamid: wamid.clone(),
+        recipient_id: send.wa_id.clone().unwrap_or_default(),
+        biz_opaque_callback_data: send.biz_opaque.clone(),
+        category,
+        conversation_id: ids::hex_id(16),
+        timestamp: ids::now_ms() / 1000,
+        recipient_user_id: user_id,
+        phone_shared,
+        username,
+        by_user_id: send.by_user_id,
+        fail_details: None,
+    };
+    if let (true, Some((name, lang))) = (held, &send.template) {
+        st.oracle.count_held();
+        st.account.hold(name, lang, status);
+    } else {
+        st.webhooks.message_accepted_failing(
+            status,
+            failure.map(|(f, _, _)| f),
+            decision.status_delay,
+            decision.drop_statuses,
+        );
+    }
 
     let mut message = json!({ "id": wamid });
     if send.mtype == "template" {
-        message["message_status"] = json!("accepted");
+        message["message_status"] = json!(if held { "held_for_quality_assessment" } else { "accepted" });
     }
     let contact = if send.by_user_id {
         json!({ "input": send.input, "user_id": send.input })
@@ -362,7 +371,7 @@ impl Refusal {
 /// Minutes until an injection's span ends (at least 1; 60 for an open-ended one).
 fn remaining_minutes(active: &Active, inj: &crate::inject::Injection) -> u64 {
     match inj.duration_ms {
-        Some(len) => (inj.start_ms + len).saturating_sub(active.elapsed_ms()).div_ceil(60_000).max(1),
+        Some(len) => inj.start_ms.saturating_add(len).saturating_sub(active.elapsed_ms()).div_ceil(60_000).max(1),
         None => 60,
     }
 }

@@ -49,6 +49,7 @@
 //! category = "AUTHENTICATION"         # MARKETING | UTILITY | AUTHENTICATION (pricing, 131049/131050 rules)
 //! status = "APPROVED"                 # PAUSED → 132015, DISABLED → 132016, REJECTED, ... → 132001
 //! otp_type = "copy_code"              # copy_code | one_tap | zero_tap: user-id sends fail 131062
+//! paced = false                       # true: sends are held (held_for_quality_assessment) until released
 //!
 //! [[users]]                           # the user directory (reference §6); others get derived user ids
 //! phone = "+16505551234"
@@ -156,6 +157,10 @@ pub struct TemplateConfig {
     /// `message_template_id` in webhooks; default: derived from the name and language.
     #[serde(default)]
     pub id: Option<u64>,
+    /// Under template pacing from the start: sends are held (`held_for_quality_assessment`) until a
+    /// `template_pacing` release or a pause (reference §3.5).
+    #[serde(default)]
+    pub paced: bool,
 }
 
 fn utility() -> String {

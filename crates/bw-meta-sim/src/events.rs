@@ -81,6 +81,18 @@
 //! error_code = 131052                         # optional: an unsupported message with errors[]
 //!
 //! [[events]]
+//! kind = "template_pacing"                    # no webhook: sends answer held_for_quality_assessment
+//! template = "flash_sale"
+//! action = "hold"                             # or "release": the held messages' statuses follow
+//!
+//! [[events]]
+//! kind = "system"                             # user_changed_number / user_changed_user_id (§6)
+//! phone_number_id = "106540352242922"
+//! system_type = "user_changed_number"
+//! from = "+16505551234"
+//! new_phone = "+16505559999"                  # user_changed_number only
+//!
+//! [[events]]
 //! kind = "raw"
 //! field = "some_new_field"
 //! value = { anything = "goes" }
@@ -317,6 +329,31 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error_code: Option<i64>,
     },
+    /// Template pacing (reference §3.5), which Meta announces in the send answer, not by webhook: `hold` makes
+    /// sends of the template answer `message_status: "held_for_quality_assessment"` and withholds their
+    /// statuses; `release` sends the held messages' statuses (good feedback). A `PAUSED` status event drops the
+    /// held messages as `failed` 132015 (`DISABLED`: 132016).
+    TemplatePacing {
+        template: String,
+        #[serde(default = "en_us")]
+        language: String,
+        action: String,
+    },
+    /// A system message (reference §6): `user_changed_number` (with the new phone) or `user_changed_user_id`
+    /// (only the user id changed). No `contacts` array.
+    System {
+        phone_number_id: String,
+        system_type: String,
+        /// The user's phone before the change.
+        from: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        new_phone: Option<String>,
+        /// The new user id (default: derived for the new phone, or a fresh one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        body: Option<String>,
+    },
     Raw {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         waba_id: Option<String>,
@@ -389,7 +426,8 @@ impl EventKind {
             EventKind::TemplateCategoryUpdate { .. } => "template_category_update",
             EventKind::UserPreferences { .. } => "user_preferences",
             EventKind::SmbMessageEchoes { .. } => "smb_message_echoes",
-            EventKind::ValueErrors { .. } | EventKind::Inbound { .. } => "messages",
+            EventKind::ValueErrors { .. } | EventKind::Inbound { .. } | EventKind::System { .. } => "messages",
+            EventKind::TemplatePacing { .. } => "",
             EventKind::Raw { field, .. } => field,
         }
     }
@@ -408,6 +446,8 @@ impl EventKind {
             EventKind::SmbMessageEchoes { .. } => "smb_message_echoes",
             EventKind::ValueErrors { .. } => "value_errors",
             EventKind::Inbound { .. } => "inbound",
+            EventKind::TemplatePacing { .. } => "template_pacing",
+            EventKind::System { .. } => "system",
             EventKind::Raw { .. } => "raw",
         }
     }
@@ -541,6 +581,29 @@ impl EventKind {
                 }
                 if *hide_phone && from.is_none() {
                     return Err("hide_phone needs from (the phone to hide)".into());
+                }
+            }
+            EventKind::TemplatePacing { template, action, .. } => {
+                if template.is_empty() {
+                    return Err("template must not be empty".into());
+                }
+                one_of("action", action, &["hold", "release"])?;
+            }
+            EventKind::System { system_type, from, new_phone, user_id, .. } => {
+                one_of("system_type", system_type, &["user_changed_number", "user_changed_user_id"])?;
+                if !digits(from) {
+                    return Err("from is not a phone number".into());
+                }
+                match (system_type.as_str(), new_phone) {
+                    ("user_changed_number", None) => return Err("user_changed_number needs new_phone".into()),
+                    ("user_changed_user_id", Some(_)) => {
+                        return Err("user_changed_user_id keeps the phone: drop new_phone".into());
+                    }
+                    (_, Some(p)) if !digits(p) => return Err("new_phone is not a phone number".into()),
+                    _ => {}
+                }
+                if user_id.as_deref().is_some_and(|u| !crate::ids::is_user_id(u)) {
+                    return Err("user_id is not a business-scoped user id".into());
                 }
             }
             EventKind::Raw { field, .. } => {

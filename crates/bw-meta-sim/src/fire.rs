@@ -10,6 +10,7 @@ use crate::errors;
 use crate::events::{Event, EventKind};
 use crate::ids;
 use crate::scenario::event_name;
+use crate::webhook::{Failure, StatusEvent};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +29,16 @@ pub(crate) fn schedule(st: &Arc<Inner>, events: Vec<Event>, started: std::time::
         for (i, ev) in order {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep_until(base + Duration::from_millis(ev.at_ms)) => {}
+                () = tokio::time::sleep_until(at(base, ev.at_ms)) => {}
             }
             fire(&st, &ev, &event_name(&ev, i), &cancel);
         }
     });
+}
+
+/// `base + ms`, or a date decades away when that does not fit (a hostile offset must not panic).
+fn at(base: tokio::time::Instant, ms: u64) -> tokio::time::Instant {
+    base.checked_add(Duration::from_millis(ms)).unwrap_or_else(|| base + Duration::from_secs(30 * 365 * 86_400))
 }
 
 /// Fires `ev` `at_ms` from now (admin calls), unless the simulator stops first.
@@ -42,7 +48,7 @@ pub(crate) fn later(st: &Arc<Inner>, ev: Event, label: String) {
     tokio::spawn(async move {
         tokio::select! {
             () = cancel.cancelled() => {}
-            () = tokio::time::sleep(Duration::from_millis(ev.at_ms)) => fire(&st, &ev, &label, &cancel),
+            () = tokio::time::sleep_until(at(tokio::time::Instant::now(), ev.at_ms)) => fire(&st, &ev, &label, &cancel),
         }
     });
 }
@@ -107,7 +113,8 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
             match event.as_str() {
                 "ACCOUNT_RESTRICTION" => {
                     let rt = restriction_type.clone().unwrap_or_else(|| "RESTRICTED_BIZ_INITIATED_MESSAGING".into());
-                    let until_ms = expires_in_ms.map(|ms| now + ms).or(expiration.map(|s| s * 1000));
+                    let until_ms =
+                        expires_in_ms.map(|ms| now.saturating_add(ms)).or(expiration.map(|s| s.saturating_mul(1000)));
                     let mut info = json!({ "restriction_type": rt });
                     // Whole seconds, rounded up: a sender that waits until `expiration` never meets the block.
                     if let Some(u) = until_ms {
@@ -195,12 +202,12 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
             let wait = maintenance_ms.unwrap_or(0);
             if wait > 0 && upgrade.is_some() {
                 // The number is unusable (131057) during the upgrade; the webhook announces its end.
-                st.account.set_maintenance(phone_number_id, Some(now + wait));
+                st.account.set_maintenance(phone_number_id, Some(now.saturating_add(wait)));
                 let (st2, phone, cancel) = (st.clone(), phone_number_id.clone(), cancel.clone());
                 tokio::spawn(async move {
                     tokio::select! {
                         () = cancel.cancelled() => {}
-                        () = tokio::time::sleep(Duration::from_millis(wait)) => {
+                        () = tokio::time::sleep_until(at(tokio::time::Instant::now(), wait)) => {
                             st2.account.set_maintenance(&phone, None);
                             if let Some(mps) = upgrade {
                                 st2.account.set_number_mps(&phone, mps);
@@ -285,6 +292,30 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
                 value["disable_info"] = json!({ "disable_date": now_s });
             }
             st.webhooks.change(&waba, "message_template_status_update", value);
+            // Bad feedback during pacing drops every held message with 132015 (reference §3.5); a template
+            // disabled while messages are held drops them with 132016 (an inference).
+            let drop_code = match event.as_str() {
+                "PAUSED" => Some(132_015),
+                "DISABLED" => Some(132_016),
+                _ => None,
+            };
+            if *effect && let Some(code) = drop_code {
+                if event == "PAUSED" {
+                    st.account.update_template(template, language, |t| t.paced = false);
+                }
+                for held in st.account.take_held(template, language) {
+                    st.oracle.record_failure(crate::oracle::FailedMessage {
+                        operation_id: held.biz_opaque_callback_data.clone(),
+                        wamid: held.wamid.clone(),
+                        phone_number_id: held.phone_number_id.clone(),
+                        code,
+                        cause: crate::oracle::FailureCause::Account,
+                        injection: None,
+                    });
+                    let base = StatusEvent { timestamp: now_s, ..held };
+                    st.webhooks.message_accepted_failing(base, Some(Failure::code(code)), Duration::ZERO, false);
+                }
+            }
             (waba, *effect)
         }
         EventKind::MessageTemplateQualityUpdate {
@@ -336,7 +367,8 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
                 // The notice: `new_category` is still the current one; the change comes at the timestamp.
                 value["new_category"] = json!(current.category);
                 value["correct_category"] = json!(target);
-                value["category_update_timestamp"] = json!(now_s + notice_ms.unwrap_or(86_400_000) / 1000);
+                value["category_update_timestamp"] =
+                    json!(now_s.saturating_add(notice_ms.unwrap_or(86_400_000) / 1000));
                 false
             } else {
                 value["previous_category"] = json!(current.category);
@@ -434,6 +466,54 @@ pub(crate) fn fire(st: &Arc<Inner>, ev: &Event, label: &str, cancel: &Cancellati
                     error_code: *error_code,
                 },
             );
+            (waba, true)
+        }
+        EventKind::TemplatePacing { template, language, action } => {
+            let hold = action == "hold";
+            st.account.update_template(template, language, |t| t.paced = hold);
+            if !hold {
+                for held in st.account.take_held(template, language) {
+                    let base = StatusEvent { timestamp: now_s, ..held };
+                    st.webhooks.message_accepted_failing(base, None, Duration::ZERO, false);
+                }
+            }
+            (st.cfg.waba_id.clone(), true)
+        }
+        EventKind::System { phone_number_id, system_type, from, new_phone, user_id, body } => {
+            let waba = st.cfg.waba_of(phone_number_id).to_string();
+            let portfolio = st.cfg.portfolio_of(phone_number_id);
+            let old = st.account.user_by_phone(&st.cfg, portfolio, &ids::wa_id(from));
+            let new_wa_id =
+                new_phone.as_deref().map(ids::wa_id).unwrap_or_else(|| old.wa_id.clone().unwrap_or_default());
+            // A new phone gets a new user id (reference §6: "regenerated when the user changes phone number").
+            let new_id = user_id.clone().unwrap_or_else(|| {
+                let seed = if system_type == "user_changed_user_id" {
+                    format!("{portfolio}:{now}")
+                } else {
+                    portfolio.to_string()
+                };
+                ids::derive_user_id(&seed, &new_wa_id)
+            });
+            st.account.link_user_id(&new_id, &new_wa_id);
+            let mut system = json!({
+                "body": body.clone().unwrap_or_else(|| "The user's contact details changed.".into()),
+                "type": system_type,
+                "user_id": new_id,
+                "previous_user_id": old.user_id,
+            });
+            if system_type == "user_changed_number" {
+                system["wa_id"] = json!(new_wa_id);
+            }
+            let mut message = json!({
+                "id": ids::wamid(&new_wa_id),
+                "timestamp": now_s.to_string(),
+                "type": "system",
+                "system": system,
+            });
+            if old.share_phone {
+                message["from"] = json!(old.wa_id);
+            }
+            st.webhooks.messages_value(phone_number_id, json!({ "messages": [message] }), false, Duration::ZERO);
             (waba, true)
         }
         EventKind::Raw { waba_id, field, value } => {

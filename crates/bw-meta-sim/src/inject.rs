@@ -180,7 +180,7 @@ impl Injection {
 
     /// Whether `now` (ms since the scenario start) is in the injection's span.
     pub fn active_at(&self, now: u64) -> bool {
-        now >= self.start_ms && self.duration_ms.is_none_or(|len| now < self.start_ms + len)
+        now >= self.start_ms && self.duration_ms.is_none_or(|len| now < self.start_ms.saturating_add(len))
     }
 
     /// Whether the call is one of the injection's targets.

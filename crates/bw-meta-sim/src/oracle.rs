@@ -232,6 +232,9 @@ pub struct Counters {
     /// Messages failed (or refused) for the portfolio messaging limit, by portfolio.
     #[serde(default)]
     pub portfolio_limited: BTreeMap<String, u64>,
+    /// Template sends answered `held_for_quality_assessment` (template pacing).
+    #[serde(default)]
+    pub held_for_quality: u64,
     /// Messages accepted whose acceptance the client was not shown (reset, hang, bodiless 5xx, garbled 200).
     #[serde(default)]
     pub accepted_unacknowledged: u64,
@@ -499,6 +502,11 @@ impl Oracle {
     /// Counts one call by its API version key.
     pub fn count_version(&self, key: &str) {
         bump(&mut lock(&self.counters).api_versions, key);
+    }
+
+    /// Counts one template send held by pacing.
+    pub fn count_held(&self) {
+        lock(&self.counters).held_for_quality += 1;
     }
 
     /// Counts one message failed or refused for the messaging limit of `portfolio`.

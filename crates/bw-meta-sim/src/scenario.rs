@@ -189,7 +189,7 @@ fn is_zero(x: &f64) -> bool {
 }
 
 fn covers(start_ms: u64, duration_ms: Option<u64>, ids: &[String], now: u64, phone_number_id: &str) -> bool {
-    let active = now >= start_ms && duration_ms.is_none_or(|len| now < start_ms + len);
+    let active = now >= start_ms && duration_ms.is_none_or(|len| now < start_ms.saturating_add(len));
     active && (ids.is_empty() || ids.iter().any(|p| p == phone_number_id))
 }
 

@@ -281,7 +281,10 @@ impl Webhooks {
         let details = failure.and_then(|f| f.details);
         for (kind, delay_ms) in plan {
             let jitter = if cfg.jitter_ms > 0 { self.shared.rng.next_u64() % (cfg.jitter_ms + 1) } else { 0 };
-            let delay = Duration::from_millis(delay_ms + jitter) + extra_delay;
+            // Saturating: a hostile scenario delay must not panic (a due time decades away is never reached).
+            let delay = Duration::from_millis(delay_ms.saturating_add(jitter))
+                .saturating_add(extra_delay)
+                .min(Duration::from_secs(30 * 365 * 86_400));
             let mut ev = base.clone();
             ev.kind = kind;
             if matches!(kind, StatusKind::Failed(_)) {

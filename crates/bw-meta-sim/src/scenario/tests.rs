@@ -208,6 +208,8 @@ fn error_codes_and_account_signals_examples_parse_and_round_trip() {
         "smb_message_echoes",
         "value_errors",
         "inbound",
+        "template_pacing",
+        "system",
         "raw",
     ] {
         assert!(kinds.contains(&kind), "the example shows {kind}");

@@ -31,6 +31,7 @@ fn tpl(name: &str, lang: Option<&str>, category: &str) -> TemplateConfig {
         status: "APPROVED".into(),
         otp_type: None,
         id: None,
+        paced: false,
     }
 }
 
@@ -525,4 +526,131 @@ async fn events_fire_on_the_scenario_clock_and_through_the_admin_api() {
     sim.set_scenario(events(vec![(60_000, parse("kind = \"account_update\"\nevent = \"DISABLED_UPDATE\""))]));
     sim.clear_scenario();
     assert!(sim.account_state().portfolios.get("506914307656634").is_none_or(|p| p.tier == Tier::UNLIMITED));
+}
+
+#[tokio::test]
+async fn paced_templates_hold_messages_until_released_or_dropped_by_a_pause() {
+    let receiver = Receiver::start(0).await;
+    let sim = sim_with(&receiver, |cfg| cfg.templates.push(tpl("promo", None, "MARKETING"))).await;
+    let client = client(Duration::from_secs(5));
+    let pacing = |action: &str| {
+        let kind = parse(&format!("kind = \"template_pacing\"\ntemplate = \"promo\"\naction = \"{action}\""));
+        Event { name: action.into(), at_ms: 0, kind }
+    };
+    let send_tpl = |op: &'static str, n: u32| {
+        let (client, sim) = (&client, &sim);
+        async move { post_from(client, sim, PHONE, TOKEN, &template(&ar(n), "promo", "en_US", Some(op))).await.expect("ok") }
+    };
+    sim.fire_event(pacing("hold")).expect("valid");
+    let a = send_tpl("op-held-1", 1).await;
+    assert_eq!(a.body["messages"][0]["message_status"], "held_for_quality_assessment");
+    let b = send_tpl("op-held-2", 2).await;
+    assert_eq!(b.body["messages"][0]["message_status"], "held_for_quality_assessment");
+    assert_eq!(sim.counters().held_for_quality, 2);
+    let t = sim.account_state().templates.into_iter().find(|t| t.language.is_some()).expect("state");
+    assert_eq!((t.paced, t.held), (true, 2));
+    // Good feedback: the held messages are sent and delivered.
+    sim.fire_event(pacing("release")).expect("valid");
+    wait_until(Duration::from_secs(5), || async {
+        receiver.statuses().iter().filter(|s| s["status"] == "read").count() == 2
+    })
+    .await;
+    // Held again, then bad feedback: the template is paused and the held message fails with 132015.
+    sim.fire_event(pacing("hold")).expect("valid");
+    assert_eq!(send_tpl("op-held-3", 3).await.body["messages"][0]["message_status"], "held_for_quality_assessment");
+    let pause = parse("kind = \"message_template_status_update\"\ntemplate = \"promo\"\nevent = \"PAUSED\"");
+    sim.fire_event(Event { name: "pause".into(), at_ms: 0, kind: pause }).expect("valid");
+    wait_until(Duration::from_secs(5), || async {
+        receiver.statuses().iter().any(|s| s["biz_opaque_callback_data"] == "op-held-3")
+    })
+    .await;
+    let dropped: Vec<serde_json::Value> =
+        receiver.statuses().into_iter().filter(|s| s["biz_opaque_callback_data"] == "op-held-3").collect();
+    assert_eq!(dropped.len(), 1);
+    assert_eq!((&dropped[0]["status"], &dropped[0]["errors"][0]["code"]), (&json!("failed"), &json!(132015)));
+    assert_eq!(send_tpl("op-after-pause", 4).await.code(), 132015, "a paused template refuses sends");
+    assert_eq!(sim.counters().async_failed_for(FailureCause::Account, 132015), 1);
+    assert!(sim.oracle().failed.iter().any(|f| f.operation_id.as_deref() == Some("op-held-3")));
+}
+
+#[tokio::test]
+async fn system_messages_announce_a_changed_number_or_user_id() {
+    let receiver = Receiver::start(0).await;
+    let sim = sim_with(&receiver, |_| {}).await;
+    let client = client(Duration::from_secs(5));
+    let changed = parse(&format!(
+        "kind = \"system\"\nphone_number_id = \"{PHONE}\"\nsystem_type = \"user_changed_number\"\nfrom = \"{}\"\nnew_phone = \"{}\"",
+        ar(1),
+        ar(2)
+    ));
+    sim.fire_event(Event { name: "changed".into(), at_ms: 0, kind: changed }).expect("valid");
+    wait_until(Duration::from_secs(5), || async { !receiver.values("messages").is_empty() }).await;
+    let value = receiver.values("messages").remove(0);
+    assert!(value.get("contacts").is_none(), "system webhooks have no contacts array");
+    let m = &value["messages"][0];
+    assert_eq!((&m["type"], &m["system"]["type"]), (&json!("system"), &json!("user_changed_number")));
+    assert_eq!(m["system"]["wa_id"], "5491155500002");
+    let new_id = m["system"]["user_id"].as_str().expect("new user id").to_string();
+    assert!(bw_meta_sim::ids::is_user_id(&new_id) && m["system"]["previous_user_id"] != new_id.as_str());
+    // The new id addresses the new phone.
+    let body = json!({ "messaging_product": "whatsapp", "recipient": new_id, "type": "text", "text": { "body": "hi" },
+        "biz_opaque_callback_data": "op-new-id" });
+    assert_eq!(post(&client, &sim, &body, Some(TOKEN)).await.expect("answered").status, 200);
+    let entry = sim.oracle().get("op-new-id").cloned().expect("accepted");
+    assert_eq!(entry.recipient_key, bw_meta_sim::ids::recipient_key(&ar(2)));
+    let bad = parse(&format!(
+        "kind = \"system\"\nphone_number_id = \"{PHONE}\"\nsystem_type = \"user_changed_number\"\nfrom = \"{}\"",
+        ar(1)
+    ));
+    assert!(
+        sim.fire_event(Event { name: "bad".into(), at_ms: 0, kind: bad })
+            .expect_err("no new phone")
+            .contains("new_phone")
+    );
+}
+
+#[tokio::test]
+async fn hostile_offsets_and_delays_do_not_break_the_simulator() {
+    let receiver = Receiver::start(0).await;
+    let sim = sim_with(&receiver, |_| {}).await;
+    let client = client(Duration::from_secs(5));
+    let toml = format!(
+        r#"
+        [[events]]
+        at_ms = {max}
+        kind = "account_update"
+        event = "ACCOUNT_RESTRICTION"
+        expires_in_ms = {max}
+        [[events]]
+        kind = "phone_number_quality_update"
+        phone_number_id = "{PHONE}"
+        maintenance_ms = {max}
+        [[injections]]
+        code = 131000
+        mode = "async"
+        start_ms = 0
+        duration_ms = {max}
+        delay_ms = {max}
+        max = 1
+        [[injections]]
+        code = 80007
+        duration_ms = {max}
+        phone_number_ids = ["{OTHER_WABA_NUMBER}"]
+        "#,
+        max = i64::MAX
+    );
+    let r = client.post(format!("{}/_sim/scenario", sim.base_url())).body(toml).send().await.expect("answers");
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap_or_default());
+    let a = send_from(&client, &sim, OTHER_WABA_NUMBER, TOKEN, &recipient(1), Some("op-never")).await.expect("ok");
+    assert_eq!(a.status, 200, "accepted; its failure is decades away");
+    let a = send_from(&client, &sim, OTHER_WABA_NUMBER, TOKEN, &recipient(2), None).await.expect("answered");
+    assert_eq!(a.code(), 80007, "a span that ends decades from now");
+    wait_until(Duration::from_secs(5), || async {
+        sim.account_state().numbers.get(PHONE).is_some_and(|n| n.maintenance_until_unix_ms.is_some())
+    })
+    .await;
+    let a = send(&client, &sim, &recipient(3), None).await.expect("answered");
+    assert_eq!(a.code(), 131057, "maintenance that ends decades from now");
+    let health = client.get(format!("{}/_sim/health", sim.base_url())).send().await.expect("answers");
+    assert_eq!(health.status().as_u16(), 200);
 }

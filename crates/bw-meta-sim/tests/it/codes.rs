@@ -216,6 +216,7 @@ async fn injections_hit_only_their_number_waba_token_template_recipient_and_cate
         status: "APPROVED".into(),
         otp_type: None,
         id: None,
+        paced: false,
     });
     let sim = start(cfg).await;
     let client = client(Duration::from_secs(5));

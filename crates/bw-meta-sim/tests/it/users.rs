@@ -24,6 +24,7 @@ fn cfg(receiver: &Receiver) -> SimConfig {
         status: "APPROVED".into(),
         otp_type: Some(OtpType::CopyCode),
         id: None,
+        paced: false,
     });
     cfg
 }
