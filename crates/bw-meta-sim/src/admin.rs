@@ -13,12 +13,19 @@
 //! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`] (JSON; validated, unknown keys refused) |
 //! | `POST /_sim/tokens/expire` | `{"token": "...", "code": 190}` (code 190 expired, the default, or 0 invalidated; token `*` = all): every call with it fails on every number, counted as injected |
 //! | `POST /_sim/tokens/restore` | `{"token": "..."}`: valid again (`*` = all) |
-//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (it takes a unit of the number's throughput and opens the user's 24 h window, as on Meta); optional `from_user_id`, `hide_phone` (a user-id-only webhook), `username`, `error_code` (an unsupported message with `errors[]`, e.g. 131052); `from` may be omitted when `from_user_id` is given; answers `{"wamid"}` |
-//! | `POST /_sim/events` | one event (JSON object), a JSON array of events, or TOML with `[[events]]`: each fires `at_ms` after the call (see [`events`](crate::events)); answers `{"scheduled": n}` |
-//! | `GET /_sim/state` | [`AccountSnapshot`](crate::AccountSnapshot): restricted or banned WABAs, template states, portfolio tiers and users reached, upgraded numbers, users who stopped marketing (masked), events fired |
+//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (see below); answers `{"wamid"}` |
+//! | `POST /_sim/events` | fire account, template and user webhooks (see below) |
+//! | `GET /_sim/state` | the account state (see below) |
 //! | `POST /_sim/dump` | `?path=...` or the configured `dump_path`: write the oracle as JSON |
 //!
-//! `GET /_sim/scenario` shows tokens (token events, injection targets) as `<redacted>`; `*` stays.
+//! - `POST /_sim/inbound` takes a unit of the number's throughput and opens the user's 24 h window, as on Meta.
+//!   Optional: `from_user_id`, `hide_phone` (a user-id-only webhook), `username`, `error_code` (an unsupported
+//!   message with `errors[]`, e.g. 131052); `from` may be omitted when `from_user_id` is given.
+//! - `POST /_sim/events`: one event (JSON object), a JSON array of events, or TOML with `[[events]]`; each fires
+//!   `at_ms` after the call (see [`events`](crate::events)); answers `{"scheduled": n}`.
+//! - `GET /_sim/state`: [`AccountSnapshot`](crate::AccountSnapshot): restricted or banned WABAs, template
+//!   states, portfolio tiers and users reached, upgraded numbers, users who stopped marketing (masked), events.
+//! - `GET /_sim/scenario` shows tokens (token events, injection targets) as `<redacted>`; `*` stays.
 
 //!
 //! ## `GET /_sim/counters` (also `counters` in `GET /_sim/oracle` and the dump)

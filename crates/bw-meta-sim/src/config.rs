@@ -223,7 +223,8 @@ impl Tier {
                 Ok(n) if n > 0 => Some(n),
                 _ => {
                     return Err(format!(
-                        "tier `{t}` is not one of TIER_250, TIER_2K, TIER_10K, TIER_100K, TIER_UNLIMITED or a positive count"
+                        "tier `{t}` is not one of TIER_250, TIER_2K, TIER_10K, TIER_100K, TIER_UNLIMITED \
+                         or a positive count"
                     ));
                 }
             },

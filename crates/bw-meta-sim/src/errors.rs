@@ -125,7 +125,8 @@ pub fn info(code: i64) -> CodeInfo {
         ),
         368 => row(
             "Temporarily blocked for policies violations",
-            "The WhatsApp Business Account associated with the app has been restricted or disabled for violating a platform policy.",
+            "The WhatsApp Business Account associated with the app has been restricted or disabled for \
+                 violating a platform policy.",
             403,
             Sync,
         ),
@@ -146,7 +147,8 @@ pub fn info(code: i64) -> CodeInfo {
         }
         131063 => row(
             "Marketing messages disabled on Cloud API",
-            "Marketing template messages are disabled on Cloud API for this WhatsApp Business Account (disable_marketing_messages_on_cloud_api).",
+            "Marketing template messages are disabled on Cloud API for this WhatsApp Business Account \
+                 (disable_marketing_messages_on_cloud_api).",
             400,
             Sync,
         ),
@@ -176,7 +178,8 @@ pub fn info(code: i64) -> CodeInfo {
         ),
         133016 => row(
             "Account register deregister rate limit exceeded",
-            "Registration or deregistration failed because there were too many attempts for this phone number in a short period of time.",
+            "Registration or deregistration failed because there were too many attempts for this phone number \
+                 in a short period of time.",
             400,
             Sync,
         ),
@@ -192,11 +195,13 @@ pub fn info(code: i64) -> CodeInfo {
         },
         131048 => throttle(
             "Spam rate limit hit",
-            "Message failed to send because there are restrictions on how many messages can be sent from this phone number.",
+            "Message failed to send because there are restrictions on how many messages can be sent from this \
+                 phone number.",
         ),
         131057 => row(
             "Account in maintenance mode",
-            "Business Account is in maintenance mode (for example during a throughput upgrade); it lasts up to about a minute.",
+            "Business Account is in maintenance mode (for example during a throughput upgrade); it lasts up to \
+                 about a minute.",
             503,
             Sync,
         ),
@@ -209,11 +214,13 @@ pub fn info(code: i64) -> CodeInfo {
         // Pair, template and Flow.
         131056 => throttle(
             "(Business Account, Consumer Account) pair rate limit hit",
-            "Message failed to send because there were too many messages sent from this phone number to the same phone number in a short period of time.",
+            "Message failed to send because there were too many messages sent from this phone number to the \
+                 same phone number in a short period of time.",
         ),
         132000 => row(
             "Number of parameters does not match the expected number of params",
-            "The number of variable parameter values included in the request did not match the number of variable parameters defined in the template.",
+            "The number of variable parameter values included in the request did not match the number of \
+                 variable parameters defined in the template.",
             400,
             Sync,
         ),
@@ -255,7 +262,8 @@ pub fn info(code: i64) -> CodeInfo {
         // Recipient and message.
         131026 => row(
             "Message undeliverable",
-            "Unable to deliver message. Reasons can include: the recipient phone number is not a WhatsApp phone number.",
+            "Unable to deliver message. Reasons can include: the recipient phone number is not a WhatsApp \
+                 phone number.",
             400,
             Async,
         ),
@@ -272,7 +280,8 @@ pub fn info(code: i64) -> CodeInfo {
             Async,
         ),
         131050 => row(
-            "Unable to deliver the message. This recipient has chosen to stop receiving marketing messages on WhatsApp from your business.",
+            "Unable to deliver the message. This recipient has chosen to stop receiving marketing messages on \
+                 WhatsApp from your business.",
             "The user stopped marketing messages from this business.",
             400,
             Async,
@@ -289,7 +298,8 @@ pub fn info(code: i64) -> CodeInfo {
         131021 => row("Recipient cannot be sender", "Sender and recipient phone number is the same.", 400, Sync),
         131062 => row(
             "Business-scoped user ID recipients are not supported for this message",
-            "This message type cannot be sent to a business-scoped user ID (one-tap, zero-tap and copy-code authentication templates); send it to the phone number.",
+            "This message type cannot be sent to a business-scoped user ID (one-tap, zero-tap and copy-code \
+                 authentication templates); send it to the phone number.",
             400,
             Sync,
         ),

@@ -40,7 +40,8 @@
 //! template = "order_confirmation"
 //! language = "en_US"                          # sent as "en-US", as Meta's webhooks spell it
 //! event = "PAUSED"                            # APPROVED, REJECTED, DISABLED, REINSTATED, ARCHIVED, ...
-//! title = "FIRST_PAUSE"                       # other_info.title: FIRST_PAUSE, SECOND_PAUSE, RATE_LIMITING_PAUSE, UNPAUSE, DISABLED
+//! title = "FIRST_PAUSE"                       # other_info.title: FIRST_PAUSE, SECOND_PAUSE,
+//!                                             # RATE_LIMITING_PAUSE, UNPAUSE, DISABLED
 //!
 //! [[events]]
 //! kind = "message_template_quality_update"

@@ -28,7 +28,8 @@
 //! user_msg = "..."
 //! regain_minutes = 15               # estimated_time_to_regain_access in X-Business-Use-Case-Usage
 //! retry_after_s = 30                # Retry-After (Meta documents none for WhatsApp errors)
-//! delay_ms = 200                    # async: the failed status this long after acceptance (default: webhook.sent_delay_ms)
+//! delay_ms = 200                    # async: the failed status this long after acceptance
+//!                                   # (default: webhook.sent_delay_ms)
 //! after_sent = true                 # async: a `sent` status first, then `failed` (a failure can follow sent)
 //! ```
 

@@ -403,7 +403,8 @@ pub enum ScenarioError {
     #[error("window `{window}`: {problem}")]
     Invalid { window: String, problem: String },
     #[error(
-        "unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, error-codes, account-signals, normal)"
+        "unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, error-codes, \
+         account-signals, normal)"
     )]
     UnknownBuiltin(String),
     #[error("scenario limits: {0}")]

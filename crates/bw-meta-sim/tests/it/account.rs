@@ -93,41 +93,72 @@ async fn each_account_and_template_field_has_the_reference_shape() {
     let cases: Vec<(&str, &str, Value, Vec<&str>)> = vec![
         (
             "account_update",
-            "kind = \"account_update\"\nevent = \"ACCOUNT_RESTRICTION\"\nexpiration = 1641330498\nremediation = \"<optional>\"",
-            json!({"event":"ACCOUNT_RESTRICTION","restriction_info":[{"restriction_type":"RESTRICTED_BIZ_INITIATED_MESSAGING",
+            r#"
+                kind = "account_update"
+                event = "ACCOUNT_RESTRICTION"
+                expiration = 1641330498
+                remediation = "<optional>"
+            "#,
+            json!({"event":"ACCOUNT_RESTRICTION",
+                "restriction_info":[{"restriction_type":"RESTRICTED_BIZ_INITIATED_MESSAGING",
                 "expiration":1641330498,"remediation":"<optional>"}]}),
             vec!["event", "restriction_info"],
         ),
         (
             "account_update",
-            "kind = \"account_update\"\nevent = \"DISABLED_UPDATE\"\nban_state = \"DISABLE\"\nban_date = \"April 17, 2025\"",
+            r#"
+                kind = "account_update"
+                event = "DISABLED_UPDATE"
+                ban_state = "DISABLE"
+                ban_date = "April 17, 2025"
+            "#,
             json!({"event":"DISABLED_UPDATE","ban_info":{"waba_ban_state":"DISABLE","waba_ban_date":"April 17, 2025"}}),
             vec!["event", "ban_info"],
         ),
         (
             "business_capability_update",
-            "kind = \"business_capability_update\"\nmax_daily_conversations_per_business = \"TIER_2K\"",
+            r#"
+                kind = "business_capability_update"
+                max_daily_conversations_per_business = "TIER_2K"
+            "#,
             json!({"max_daily_conversations_per_business":"TIER_2K","max_phone_numbers_per_waba":25}),
             vec!["max_daily_conversations_per_business", "max_phone_numbers_per_waba"],
         ),
         (
             "phone_number_quality_update",
-            "kind = \"phone_number_quality_update\"\nphone_number_id = \"106540352242922\"\nevent = \"THROUGHPUT_UPGRADE\"\ncurrent_limit = \"TIER_UNLIMITED\"\nmax_daily_conversations_per_business = \"TIER_UNLIMITED\"",
+            r#"
+                kind = "phone_number_quality_update"
+                phone_number_id = "106540352242922"
+                event = "THROUGHPUT_UPGRADE"
+                current_limit = "TIER_UNLIMITED"
+                max_daily_conversations_per_business = "TIER_UNLIMITED"
+            "#,
             json!({"display_phone_number":"15550783881","event":"THROUGHPUT_UPGRADE",
                 "current_limit":"TIER_UNLIMITED","max_daily_conversations_per_business":"TIER_UNLIMITED"}),
             vec!["display_phone_number", "event", "current_limit", "max_daily_conversations_per_business"],
         ),
         (
             "account_alerts",
-            "kind = \"account_alerts\"\nalert_type = \"INCREASED_CAPABILITIES_ELIGIBILITY_DEFERRED\"\nalert_description = \"...\"",
+            r#"
+                kind = "account_alerts"
+                alert_type = "INCREASED_CAPABILITIES_ELIGIBILITY_DEFERRED"
+                alert_description = "..."
+            "#,
             json!({"entity_type":"BUSINESS","entity_id":"506914307656634","alert_info":{"alert_severity":"WARNING",
-                "alert_status":"ACTIVE","alert_type":"INCREASED_CAPABILITIES_ELIGIBILITY_DEFERRED","alert_description":"..."}}),
+                "alert_status":"ACTIVE","alert_type":"INCREASED_CAPABILITIES_ELIGIBILITY_DEFERRED",
+                "alert_description":"..."}}),
             vec!["entity_type", "entity_id", "alert_info"],
         ),
         (
             "message_template_status_update",
-            "kind = \"message_template_status_update\"\ntemplate = \"order_confirmation\"\nevent = \"PAUSED\"\ndescription = \"...\"",
-            json!({"event":"PAUSED","message_template_id":1689556908129832u64,"message_template_name":"order_confirmation",
+            r#"
+                kind = "message_template_status_update"
+                template = "order_confirmation"
+                event = "PAUSED"
+                description = "..."
+            "#,
+            json!({"event":"PAUSED","message_template_id":1689556908129832u64,
+                "message_template_name":"order_confirmation",
                 "message_template_language":"en-US","reason":"NONE","message_template_category":"MARKETING",
                 "other_info":{"title":"FIRST_PAUSE","description":"..."}}),
             vec![
@@ -142,9 +173,15 @@ async fn each_account_and_template_field_has_the_reference_shape() {
         ),
         (
             "message_template_quality_update",
-            "kind = \"message_template_quality_update\"\ntemplate = \"welcome_template\"\nprevious_quality_score = \"GREEN\"\nnew_quality_score = \"YELLOW\"",
+            r#"
+                kind = "message_template_quality_update"
+                template = "welcome_template"
+                previous_quality_score = "GREEN"
+                new_quality_score = "YELLOW"
+            "#,
             json!({"previous_quality_score":"GREEN","new_quality_score":"YELLOW",
-                "message_template_id":806312974732579u64,"message_template_name":"welcome_template","message_template_language":"en-US"}),
+                "message_template_id":806312974732579u64,"message_template_name":"welcome_template",
+                "message_template_language":"en-US"}),
             vec![
                 "previous_quality_score",
                 "new_quality_score",
@@ -155,32 +192,58 @@ async fn each_account_and_template_field_has_the_reference_shape() {
         ),
         (
             "template_category_update",
-            "kind = \"template_category_update\"\ntemplate = \"welcome_template\"\nnew_category = \"MARKETING\"\nnotice = true",
-            json!({"message_template_id":278077987957091u64,"message_template_name":"welcome_template","message_template_language":"en-US",
+            r#"
+                kind = "template_category_update"
+                template = "welcome_template"
+                new_category = "MARKETING"
+                notice = true
+            "#,
+            json!({"message_template_id":278077987957091u64,"message_template_name":"welcome_template",
+                "message_template_language":"en-US",
                 "new_category":"UTILITY","correct_category":"MARKETING","category_update_timestamp":1746169200}),
             vec!["message_template_name", "message_template_language", "new_category", "correct_category"],
         ),
         (
             "template_category_update",
-            "kind = \"template_category_update\"\ntemplate = \"welcome_template\"\nnew_category = \"MARKETING\"",
-            json!({"message_template_id":278077987957091u64,"message_template_name":"welcome_template","message_template_language":"en-US",
+            r#"
+                kind = "template_category_update"
+                template = "welcome_template"
+                new_category = "MARKETING"
+            "#,
+            json!({"message_template_id":278077987957091u64,"message_template_name":"welcome_template",
+                "message_template_language":"en-US",
                 "previous_category":"UTILITY","new_category":"MARKETING"}),
             vec!["message_template_name", "message_template_language", "previous_category", "new_category"],
         ),
         (
             "user_preferences",
-            "kind = \"user_preferences\"\nphone_number_id = \"106540352242922\"\nuser = \"+16505551234\"\nuser_id = \"US.13491208655302741918\"\nvalue = \"stop\"",
-            json!({"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},
+            r#"
+                kind = "user_preferences"
+                phone_number_id = "106540352242922"
+                user = "+16505551234"
+                user_id = "US.13491208655302741918"
+                value = "stop"
+            "#,
+            json!({"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881",
+                "phone_number_id":"106540352242922"},
                 "contacts":[{"wa_id":"16505551234","user_id":"US.13491208655302741918"}],
-                "user_preferences":[{"wa_id":"16505551234","user_id":"US.13491208655302741918","category":"marketing_messages",
+                "user_preferences":[{"wa_id":"16505551234","user_id":"US.13491208655302741918",
+                "category":"marketing_messages",
                 "detail":"User requested to stop marketing messages","value":"stop","timestamp":1731705721}]}),
             vec!["messaging_product", "metadata", "contacts"],
         ),
         (
             "smb_message_echoes",
-            "kind = \"smb_message_echoes\"\nphone_number_id = \"106540352242922\"\nto = \"+16505551234\"\ntext = \"Here's the info you requested!\"",
-            json!({"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},
-                "message_echoes":[{"from":"15550783881","to":"+16505551234","id":"wamid.HBgL...","timestamp":"1739321024",
+            r#"
+                kind = "smb_message_echoes"
+                phone_number_id = "106540352242922"
+                to = "+16505551234"
+                text = "Here's the info you requested!"
+            "#,
+            json!({"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881",
+                "phone_number_id":"106540352242922"},
+                "message_echoes":[{"from":"15550783881","to":"+16505551234","id":"wamid.HBgL...",
+                "timestamp":"1739321024",
                 "type":"text","text":{"body":"Here's the info you requested!"}}]}),
             vec!["messaging_product", "metadata"],
         ),
@@ -218,15 +281,44 @@ async fn value_errors_inbound_errors_and_raw_fields_are_delivered() {
     let receiver = Receiver::start(0).await;
     let sim = sim_with(&receiver, |_| {}).await;
     sim.set_scenario(events(vec![
-        (0, parse("kind = \"value_errors\"\nphone_number_id = \"106540352242922\"\nerrors = [{ code = 130429, details = \"Message failed to send because there were too many messages sent from this phone number in a short period of time\" }]")),
-        (0, parse("kind = \"inbound\"\nphone_number_id = \"106540352242922\"\nfrom = \"+16505551234\"\nerror_code = 131052")),
-        (0, parse("kind = \"raw\"\nfield = \"business_username_update\"\nvalue = { status = \"approved\", username = \"@shop\" }")),
+        (
+            0,
+            parse(
+                r#"
+            kind = "value_errors"
+            phone_number_id = "106540352242922"
+            errors = [{ code = 130429, details = "Too many messages in a short time" }]
+        "#,
+            ),
+        ),
+        (
+            0,
+            parse(
+                r#"
+            kind = "inbound"
+            phone_number_id = "106540352242922"
+            from = "+16505551234"
+            error_code = 131052
+        "#,
+            ),
+        ),
+        (
+            0,
+            parse(
+                r#"
+            kind = "raw"
+            field = "business_username_update"
+            value = { status = "approved", username = "@shop" }
+        "#,
+            ),
+        ),
     ]));
     wait_until(Duration::from_secs(5), || async { receiver.accepted().len() >= 3 }).await;
     // §2.1: system, app or account errors in entry[].changes[].value.errors[] (Meta's example).
-    let example = json!({"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},
+    let example = json!({"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881",
+        "phone_number_id":"106540352242922"},
         "errors":[{"code":130429,"title":"Rate limit hit","message":"Rate limit hit",
-        "error_data":{"details":"Message failed to send because there were too many messages sent from this phone number in a short period of time"},
+        "error_data":{"details":"Too many messages in a short time"},
         "href":"/documentation/business-messaging/whatsapp/support/error-codes"}]});
     let values = receiver.values("messages");
     let errors = values.iter().find(|v| v.get("errors").is_some()).expect("value-level errors");
@@ -280,13 +372,25 @@ async fn a_ban_stops_the_waba_and_a_reinstatement_resumes_it() {
     let receiver = Receiver::start(0).await;
     let sim = sim_with(&receiver, |_| {}).await;
     let client = client(Duration::from_secs(5));
-    let ban = parse("kind = \"account_update\"\nevent = \"DISABLED_UPDATE\"\nban_state = \"DISABLE\"");
+    let ban = parse(
+        r#"
+        kind = "account_update"
+        event = "DISABLED_UPDATE"
+        ban_state = "DISABLE"
+    "#,
+    );
     sim.fire_event(Event { name: "ban".into(), at_ms: 0, kind: ban }).expect("valid");
     assert_eq!(send(&client, &sim, &recipient(1), None).await.expect("answered").code(), 131031);
     assert!(sim.inject_inbound(PHONE, &recipient(2), "Ana", "hi").is_some());
     assert_eq!(send(&client, &sim, &recipient(2), None).await.expect("answered").code(), 131031, "replies too");
     assert_eq!(send_from(&client, &sim, OTHER_WABA_NUMBER, TOKEN, &recipient(1), None).await.expect("ok").code(), 0);
-    let back = parse("kind = \"account_update\"\nevent = \"DISABLED_UPDATE\"\nban_state = \"REINSTATE\"");
+    let back = parse(
+        r#"
+        kind = "account_update"
+        event = "DISABLED_UPDATE"
+        ban_state = "REINSTATE"
+    "#,
+    );
     sim.fire_event(Event { name: "reinstate".into(), at_ms: 0, kind: back }).expect("valid");
     assert_eq!(send(&client, &sim, &recipient(3), None).await.expect("answered").code(), 0, "reinstated");
     wait_until(Duration::from_secs(5), || async { receiver.envelopes("account_update").len() == 2 }).await;
@@ -310,11 +414,19 @@ async fn template_status_events_pause_and_release_only_that_template() {
     let client = client(Duration::from_secs(5));
     let send_tpl = |name: &'static str, lang: &'static str, n: u32| {
         let (client, sim) = (&client, &sim);
-        async move { post_from(client, sim, PHONE, TOKEN, &template(&recipient(n), name, lang, None)).await.expect("ok") }
+        async move {
+            let body = template(&recipient(n), name, lang, None);
+            post_from(client, sim, PHONE, TOKEN, &body).await.expect("ok")
+        }
     };
     let status = |event: &str| {
-        let kind =
-            parse(&format!("kind = \"message_template_status_update\"\ntemplate = \"promo\"\nevent = \"{event}\""));
+        let kind = parse(&format!(
+            r#"
+                kind = "message_template_status_update"
+                template = "promo"
+                event = "{event}"
+            "#
+        ));
         Event { name: event.into(), at_ms: 0, kind }
     };
     sim.fire_event(status("PAUSED")).expect("valid");
@@ -352,7 +464,12 @@ async fn a_stop_fails_marketing_to_that_user_with_131050_until_resume() {
     let user = "+5491155550001";
     let pref = |value: &str| {
         let kind = parse(&format!(
-            "kind = \"user_preferences\"\nphone_number_id = \"{PHONE}\"\nuser = \"{user}\"\nvalue = \"{value}\""
+            r#"
+                kind = "user_preferences"
+                phone_number_id = "{PHONE}"
+                user = "{user}"
+                value = "{value}"
+            "#
         ));
         Event { name: value.into(), at_ms: 0, kind }
     };
@@ -393,7 +510,12 @@ async fn a_throughput_upgrade_raises_the_numbers_limit_after_its_maintenance() {
     assert_eq!(send(&client, &sim, &recipient(1), None).await.expect("answered").code(), 0);
     assert_eq!(send(&client, &sim, &recipient(2), None).await.expect("answered").code(), 130429, "0.01 mps");
     let upgrade = parse(&format!(
-        "kind = \"phone_number_quality_update\"\nphone_number_id = \"{PHONE}\"\nthroughput_mps = 1000.0\nmaintenance_ms = 300"
+        r#"
+            kind = "phone_number_quality_update"
+            phone_number_id = "{PHONE}"
+            throughput_mps = 1000.0
+            maintenance_ms = 300
+        "#
     ));
     sim.fire_event(Event { name: "upgrade".into(), at_ms: 0, kind: upgrade }).expect("valid");
     let a = send(&client, &sim, &recipient(3), None).await.expect("answered");
@@ -420,8 +542,14 @@ async fn echoes_use_the_pair_limit_of_a_coexistence_number() {
     })
     .await;
     let client = client(Duration::from_secs(5));
-    let echo =
-        parse(&format!("kind = \"smb_message_echoes\"\nphone_number_id = \"{PHONE}\"\nto = \"{}\"", recipient(1)));
+    let echo = parse(&format!(
+        r#"
+            kind = "smb_message_echoes"
+            phone_number_id = "{PHONE}"
+            to = "{}"
+        "#,
+        recipient(1)
+    ));
     sim.fire_event(Event { name: "echo".into(), at_ms: 0, kind: echo }).expect("valid");
     assert_eq!(
         send(&client, &sim, &recipient(1), None).await.expect("answered").code(),
@@ -440,14 +568,24 @@ async fn a_category_change_applies_marketing_rules_to_the_template() {
     let client = client(Duration::from_secs(5));
     // A utility template moved to marketing: a user's stop now applies to it, and statuses price it as marketing.
     let stop = parse(&format!(
-        "kind = \"user_preferences\"\nphone_number_id = \"{PHONE}\"\nuser = \"{}\"\nvalue = \"stop\"",
+        r#"
+            kind = "user_preferences"
+            phone_number_id = "{PHONE}"
+            user = "{}"
+            value = "stop"
+        "#,
         ar(3)
     ));
     sim.fire_event(Event { name: "stop".into(), at_ms: 0, kind: stop }).expect("valid");
     let body = template(&ar(3), "welcome_template", "en_US", Some("op-before"));
     assert_eq!(post_from(&client, &sim, PHONE, TOKEN, &body).await.expect("ok").code(), 0);
-    let change =
-        parse("kind = \"template_category_update\"\ntemplate = \"welcome_template\"\nnew_category = \"MARKETING\"");
+    let change = parse(
+        r#"
+            kind = "template_category_update"
+            template = "welcome_template"
+            new_category = "MARKETING"
+        "#,
+    );
     sim.fire_event(Event { name: "recategorised".into(), at_ms: 0, kind: change }).expect("valid");
     let body = template(&ar(4), "welcome_template", "en_US", Some("op-marketing"));
     assert_eq!(post_from(&client, &sim, PHONE, TOKEN, &body).await.expect("ok").code(), 0);
@@ -523,7 +661,15 @@ async fn events_fire_on_the_scenario_clock_and_through_the_admin_api() {
         client.get(format!("{}/_sim/state", sim.base_url())).send().await.expect("answers").json().await.expect("json");
     assert_eq!(state["portfolios"]["506914307656634"]["tier"], "TIER_10K");
     // Replacing the scenario cancels its pending events and resets the announced state.
-    sim.set_scenario(events(vec![(60_000, parse("kind = \"account_update\"\nevent = \"DISABLED_UPDATE\""))]));
+    sim.set_scenario(events(vec![(
+        60_000,
+        parse(
+            r#"
+        kind = "account_update"
+        event = "DISABLED_UPDATE"
+    "#,
+        ),
+    )]));
     sim.clear_scenario();
     assert!(sim.account_state().portfolios.get("506914307656634").is_none_or(|p| p.tier == Tier::UNLIMITED));
 }
@@ -534,12 +680,21 @@ async fn paced_templates_hold_messages_until_released_or_dropped_by_a_pause() {
     let sim = sim_with(&receiver, |cfg| cfg.templates.push(tpl("promo", None, "MARKETING"))).await;
     let client = client(Duration::from_secs(5));
     let pacing = |action: &str| {
-        let kind = parse(&format!("kind = \"template_pacing\"\ntemplate = \"promo\"\naction = \"{action}\""));
+        let kind = parse(&format!(
+            r#"
+            kind = "template_pacing"
+            template = "promo"
+            action = "{action}"
+        "#
+        ));
         Event { name: action.into(), at_ms: 0, kind }
     };
     let send_tpl = |op: &'static str, n: u32| {
         let (client, sim) = (&client, &sim);
-        async move { post_from(client, sim, PHONE, TOKEN, &template(&ar(n), "promo", "en_US", Some(op))).await.expect("ok") }
+        async move {
+            let body = template(&ar(n), "promo", "en_US", Some(op));
+            post_from(client, sim, PHONE, TOKEN, &body).await.expect("ok")
+        }
     };
     sim.fire_event(pacing("hold")).expect("valid");
     let a = send_tpl("op-held-1", 1).await;
@@ -558,7 +713,13 @@ async fn paced_templates_hold_messages_until_released_or_dropped_by_a_pause() {
     // Held again, then bad feedback: the template is paused and the held message fails with 132015.
     sim.fire_event(pacing("hold")).expect("valid");
     assert_eq!(send_tpl("op-held-3", 3).await.body["messages"][0]["message_status"], "held_for_quality_assessment");
-    let pause = parse("kind = \"message_template_status_update\"\ntemplate = \"promo\"\nevent = \"PAUSED\"");
+    let pause = parse(
+        r#"
+        kind = "message_template_status_update"
+        template = "promo"
+        event = "PAUSED"
+    "#,
+    );
     sim.fire_event(Event { name: "pause".into(), at_ms: 0, kind: pause }).expect("valid");
     wait_until(Duration::from_secs(5), || async {
         receiver.statuses().iter().any(|s| s["biz_opaque_callback_data"] == "op-held-3")
@@ -579,7 +740,13 @@ async fn system_messages_announce_a_changed_number_or_user_id() {
     let sim = sim_with(&receiver, |_| {}).await;
     let client = client(Duration::from_secs(5));
     let changed = parse(&format!(
-        "kind = \"system\"\nphone_number_id = \"{PHONE}\"\nsystem_type = \"user_changed_number\"\nfrom = \"{}\"\nnew_phone = \"{}\"",
+        r#"
+            kind = "system"
+            phone_number_id = "{PHONE}"
+            system_type = "user_changed_number"
+            from = "{}"
+            new_phone = "{}"
+        "#,
         ar(1),
         ar(2)
     ));
@@ -599,7 +766,12 @@ async fn system_messages_announce_a_changed_number_or_user_id() {
     let entry = sim.oracle().get("op-new-id").cloned().expect("accepted");
     assert_eq!(entry.recipient_key, bw_meta_sim::ids::recipient_key(&ar(2)));
     let bad = parse(&format!(
-        "kind = \"system\"\nphone_number_id = \"{PHONE}\"\nsystem_type = \"user_changed_number\"\nfrom = \"{}\"",
+        r#"
+            kind = "system"
+            phone_number_id = "{PHONE}"
+            system_type = "user_changed_number"
+            from = "{}"
+        "#,
         ar(1)
     ));
     assert!(

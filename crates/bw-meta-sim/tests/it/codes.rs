@@ -155,7 +155,8 @@ async fn a_sample_of_codes_fails_asynchronously_in_the_status_shape() {
     let reference = json!({
         "id": "wamid...", "status": "failed", "timestamp": "1750030073", "recipient_id": "16505551234",
         "biz_opaque_callback_data": "op",
-        "errors": [{ "code": 131049, "title": "...", "message": "...", "error_data": { "details": "..." }, "href": "..." }],
+        "errors": [{ "code": 131049, "title": "...", "message": "...", "error_data": { "details": "..." },
+            "href": "..." }],
     });
     let statuses = receiver.statuses();
     for code in codes {
@@ -187,7 +188,7 @@ async fn an_async_failure_can_follow_sent_after_a_delay() {
     let inj = Injection {
         after_sent: true,
         delay_ms: Some(200),
-        details: Some("Message failed to send because there were too many messages sent from this phone number in a short period of time".into()),
+        details: Some("Message failed to send because of too many messages in a short time".into()),
         mode: Some(Mode::Async),
         ..Injection::new(130429)
     };

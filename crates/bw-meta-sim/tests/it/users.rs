@@ -142,7 +142,8 @@ async fn inbound_webhooks_can_carry_only_the_user_id_and_open_the_window_for_it(
     let client = client(Duration::from_secs(5));
     // A configured user whose phone cannot be shared, and a phone hidden on request.
     for body in [
-        json!({ "phone_number_id": PHONE, "from": HIDDEN_PHONE, "name": "Sheena", "text": "Does it come in another color?" }),
+        json!({ "phone_number_id": PHONE, "from": HIDDEN_PHONE, "name": "Sheena",
+            "text": "Does it come in another color?" }),
         json!({ "phone_number_id": PHONE, "from": recipient(3), "hide_phone": true, "text": "hi" }),
     ] {
         let r = client.post(format!("{}/_sim/inbound", sim.base_url())).json(&body).send().await.expect("answers");
@@ -150,8 +151,10 @@ async fn inbound_webhooks_can_carry_only_the_user_id_and_open_the_window_for_it(
     }
     wait_until(Duration::from_secs(5), || async { receiver.values("messages").len() >= 2 }).await;
     // §4.4 example with the phone fields absent (§6: wa_id and from may be absent).
-    let example = json!({ "messaging_product": "whatsapp", "metadata": { "display_phone_number": "15550001234", "phone_number_id": PHONE },
-        "contacts": [{ "profile": { "name": "Sheena Nelson", "username": "@sheena" }, "user_id": "US.13491208655302741918" }],
+    let example = json!({ "messaging_product": "whatsapp",
+        "metadata": { "display_phone_number": "15550001234", "phone_number_id": PHONE },
+        "contacts": [{ "profile": { "name": "Sheena Nelson", "username": "@sheena" },
+            "user_id": "US.13491208655302741918" }],
         "messages": [{ "from_user_id": "US.13491208655302741918", "id": "wamid.HBgL...", "timestamp": "1749416383",
             "type": "text", "text": { "body": "Does it come in another color?" } }] });
     let values = receiver.values("messages");
