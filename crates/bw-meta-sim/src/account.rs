@@ -5,8 +5,9 @@
 //!
 //! Two lifetimes: the *announced* state (what events set: restrictions, bans, templates, stops, tiers,
 //! upgrades) goes back to the configuration whenever a scenario is set or restarted and on `/_sim/reset`,
-//! because a scenario's events are its timeline; the *traffic* state (users reached, open windows, derived
-//! user ids) is cleared only on `/_sim/reset`, like the limiter.
+//! because a scenario's events are its timeline (messages held by template pacing are discarded with it:
+//! accepted in the oracle, never reported); the *traffic* state (users reached, open windows, derived user ids)
+//! is cleared only on `/_sim/reset`, like the limiter.
 //!
 //! Effects on sends, in the order `api` checks them (codes are the reference's, choices are inferences):
 //! - a WABA stopped by `DISABLED_UPDATE` `DISABLE` (or deleted, offboarded, partner removed): 131031, sync;
