@@ -13,6 +13,7 @@ mod partitions;
 mod permissions;
 mod priority;
 mod redaction;
+mod redis_auth;
 mod resilience;
 mod skeleton;
 mod tracing;
