@@ -175,6 +175,11 @@ pub struct NatsConfig {
     /// created, like `ledger_partitions`: a service given another number refuses to start. 1 on one machine.
     #[serde(default = "one")]
     pub send_partitions: usize,
+    /// PEM file of the CA that signed the NATS servers' certificates. Set: every connection requires TLS and
+    /// trusts this CA (the Kubernetes NATS cluster: `deploy/k8s/nats.yaml`). Empty: the system's roots, and TLS
+    /// only when the server or a `tls://` URL asks for it.
+    #[serde(default)]
+    pub tls_ca_file: String,
     /// Stream limits used when the streams are first created.
     #[serde(default)]
     pub limits: StreamLimits,
@@ -191,6 +196,7 @@ impl NatsConfig {
             replicas: 1,
             ledger_partitions: 1,
             send_partitions: 1,
+            tls_ca_file: String::new(),
             limits: StreamLimits::default(),
         }
     }
