@@ -175,6 +175,11 @@ pub struct NatsConfig {
     /// created, like `ledger_partitions`: a service given another number refuses to start. 1 on one machine.
     #[serde(default = "one")]
     pub send_partitions: usize,
+    /// PEM file of the CA that signed the NATS servers' certificates. Set: every connection requires TLS and
+    /// trusts this CA (the Kubernetes NATS cluster: `deploy/k8s/nats.yaml`). Empty: the system's roots, and TLS
+    /// only when the server or a `tls://` URL asks for it.
+    #[serde(default)]
+    pub tls_ca_file: String,
     /// Stream limits used when the streams are first created.
     #[serde(default)]
     pub limits: StreamLimits,
@@ -191,6 +196,7 @@ impl NatsConfig {
             replicas: 1,
             ledger_partitions: 1,
             send_partitions: 1,
+            tls_ca_file: String::new(),
             limits: StreamLimits::default(),
         }
     }
@@ -232,8 +238,9 @@ fn one() -> usize {
     1
 }
 
-/// Redis connection settings.
-#[derive(Debug, Clone, Deserialize)]
+/// Redis connection settings, of every Redis user (each service, the drill) through
+/// [`crate::redis_conn::connect_config`].
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://host:port/db` of a single node; unused when `cluster_nodes` is set.
@@ -242,9 +249,43 @@ pub struct RedisConfig {
     /// connect to the cluster instead of `url`. Env: `BW_<SERVICE>__REDIS__CLUSTER_NODES` as a TOML array.
     #[serde(default)]
     pub cluster_nodes: Vec<String>,
+    /// ACL user (Redis 6+) sent with `AUTH`; empty: Redis's `default` user.
+    #[serde(default, deserialize_with = "text")]
+    pub username: String,
+    /// Password sent with `AUTH` on every connection (the single node, or every node of the cluster); empty:
+    /// no `AUTH`. A secret: set it from the environment (`BW_<SERVICE>__REDIS__PASSWORD`), never in a file;
+    /// it never appears in `Debug`, logs or errors.
+    #[serde(default, deserialize_with = "text")]
+    pub password: String,
     /// Per-command timeout in milliseconds; past it a call counts as Redis unreachable.
     #[serde(default = "default_redis_timeout")]
     pub timeout_ms: u64,
+}
+
+impl RedisConfig {
+    /// One node at `url`, no credentials, the default timeout: what tools and tests connect with.
+    pub fn single(url: impl Into<String>) -> RedisConfig {
+        RedisConfig {
+            url: url.into(),
+            cluster_nodes: Vec::new(),
+            username: String::new(),
+            password: String::new(),
+            timeout_ms: default_redis_timeout(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.cluster_nodes.iter().map(|n| crate::nats::redact_url(n)).collect();
+        f.debug_struct("RedisConfig")
+            .field("url", &crate::nats::redact_url(&self.url))
+            .field("cluster_nodes", &nodes)
+            .field("username", &self.username)
+            .field("password", &if self.password.is_empty() { "<none>" } else { "<redacted>" })
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
 }
 
 fn default_redis_timeout() -> u64 {
@@ -346,6 +387,26 @@ mod tests {
         let msg = err.to_string();
         assert!(!msg.contains("5491155550099"), "the value leaked: {msg}");
         assert!(msg.contains("invalid type: integer"), "{msg}");
+    }
+
+    #[test]
+    fn the_redis_password_comes_from_the_environment_and_never_shows_in_debug() {
+        #[derive(Debug, Deserialize)]
+        struct WithRedis {
+            redis: RedisConfig,
+        }
+        let defaults = "[redis]\nurl = \"redis://u:url-secret@10.0.0.7:6379/\"\n";
+        let env = HashMap::from([
+            ("BW_DISPATCHER__REDIS__PASSWORD".to_string(), "86753091234".to_string()),
+            ("BW_DISPATCHER__REDIS__USERNAME".to_string(), "bw-dispatcher".to_string()),
+        ]);
+        let cfg: WithRedis = load("dispatcher", defaults, None, &env).expect("loads");
+        assert_eq!((cfg.redis.username.as_str(), cfg.redis.password.as_str()), ("bw-dispatcher", "86753091234"));
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("86753091234") && !shown.contains("url-secret"), "{shown}");
+        assert!(shown.contains("<redacted>") && shown.contains("10.0.0.7:6379") && shown.contains("bw-dispatcher"));
+        let unset: WithRedis = load("dispatcher", defaults, None, &HashMap::new()).expect("loads");
+        assert!(unset.redis.password.is_empty() && format!("{unset:?}").contains("<none>"));
     }
 
     #[test]

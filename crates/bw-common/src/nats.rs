@@ -66,6 +66,11 @@ pub async fn connect_watched(
     // their own: pass them explicitly. Errors show the URL without them.
     let credentials = urls.iter().find(|u| u.has_user_pass()).and_then(|u| Some((u.username()?, u.password()?)));
     let shown = redact_url(&cfg.url);
+    // A CA file that cannot be read is a deployment error: say so now instead of retrying through the budget.
+    if !cfg.tls_ca_file.is_empty() {
+        std::fs::metadata(&cfg.tls_ca_file)
+            .map_err(|e| anyhow::anyhow!("nats.tls_ca_file `{}` cannot be read: {e}", cfg.tls_ca_file))?;
+    }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let options = match credentials {
@@ -74,6 +79,11 @@ pub async fn connect_watched(
         };
         let options =
             if cfg.inbox_prefix.is_empty() { options } else { options.custom_inbox_prefix(cfg.inbox_prefix.as_str()) };
+        let options = if cfg.tls_ca_file.is_empty() {
+            options
+        } else {
+            options.add_root_certificates(cfg.tls_ca_file.clone().into()).require_tls(true)
+        };
         let watch = refusals.clone();
         let attempt = options
             .event_callback(move |event| {
@@ -106,6 +116,21 @@ pub fn redact_url(urls: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+#[cfg(test)]
+mod tls_tests {
+    /// A CA file that cannot be read fails the connection at once, naming the setting.
+    #[tokio::test]
+    async fn an_unreadable_ca_file_is_named_at_once() {
+        let cfg = crate::config::NatsConfig {
+            tls_ca_file: "/nonexistent/bw-nats-ca.crt".into(),
+            ..crate::config::NatsConfig::single("nats://127.0.0.1:1", "test")
+        };
+        let error =
+            super::connect(&cfg, "test", std::time::Duration::from_secs(600)).await.err().map(|e| e.to_string());
+        assert!(error.is_some_and(|e| e.contains("nats.tls_ca_file `/nonexistent/bw-nats-ca.crt` cannot be read")));
+    }
 }
 
 #[cfg(test)]
