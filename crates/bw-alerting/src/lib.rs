@@ -90,6 +90,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         engine,
         deps.js.clone(),
         deps.buckets.send,
+        deps.buckets.ledger.iter().map(|s| s.stream_name.clone()).collect(),
         deps.buckets.scopes.clone(),
         cfg.rules.clone(),
         cfg.alerting.clone(),
