@@ -17,6 +17,8 @@
 mod auth;
 mod bodies;
 pub mod callback;
+mod cidr;
+pub mod egress;
 pub mod feed;
 mod http;
 mod intake;
@@ -69,6 +71,17 @@ pub struct Config {
     /// Signed HTTP callbacks to producers, by name (none by default).
     #[serde(default)]
     pub callbacks: std::collections::BTreeMap<String, CallbackConfig>,
+    /// Where outgoing requests (callbacks) may connect.
+    pub egress: EgressConfig,
+}
+
+/// Destinations of outgoing requests ([`egress`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// Ranges (CIDR, or single addresses) callbacks may reach although they are loopback, private, link-local
+    /// and the like. Empty: only global addresses.
+    pub allow_cidrs: Vec<String>,
 }
 
 /// Per-recipient order (see `bw_breaker::order`).
@@ -258,6 +271,7 @@ impl Config {
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
+        let egress = egress::Policy::from_config(&self.egress.allow_cidrs)?;
         use bw_common::proto::Category;
         let known = [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
         if let Some(bad) = self.order.keep.iter().find(|k| !known.iter().any(|c| c.label() == k.as_str())) {
@@ -270,9 +284,24 @@ impl Config {
         }
         for (name, c) in &self.callbacks {
             callback::validate(name, c)?;
+            let url = reqwest::Url::parse(&c.url).map_err(|_| format!("callbacks.{name}.url is not a URL"))?;
+            if let Err(refused) = egress.check_literal(&url) {
+                return Err(refused_destination(name, refused));
+            }
         }
         Ok(())
     }
+}
+
+/// The configuration error of a callback whose destination the egress policy refuses. It names the callback
+/// and the kind of address, never the address or the URL (which may hold credentials).
+fn refused_destination(name: &str, refused: egress::Refused) -> String {
+    format!(
+        "callbacks.{name}.url: its host is or resolves to a {} address, which callbacks may not reach (it could \
+         reach this machine, the cloud's metadata service or a private network); if the receiver really lives \
+         there, list its range in egress.allow_cidrs",
+        refused.range
+    )
 }
 
 /// `v` as a TOML basic string.
@@ -442,6 +471,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         })
         .await?;
     deps.startup_step("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
+    let egress = Arc::new(egress::Policy::from_config(&cfg.egress.allow_cidrs).map_err(|e| anyhow::anyhow!(e))?);
     let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let order = match (&deps.redis, cfg.order.keep.is_empty()) {
         (_, true) => None,
@@ -516,9 +546,22 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             .startup_step("callback retry-state bucket", budget, || callback::open_state(&deps.js, cfg.nats.replicas))
             .await?;
         for (name, c) in &cfg.callbacks {
+            // The destination is resolved now and at each connection (egress).
+            let url = reqwest::Url::parse(&c.url).map_err(|_| anyhow::anyhow!("callbacks.{name}.url is not a URL"))?;
+            match egress.check_destination(&url).await {
+                Ok(egress::Destination::Allowed) => {}
+                Ok(egress::Destination::Unresolved(e)) => tracing::warn!(
+                    callback = %name,
+                    error = %e,
+                    "callback host does not resolve now; each delivery resolves and checks it again"
+                ),
+                Err(refused) => {
+                    return Err(anyhow::anyhow!("invalid configuration: {}", refused_destination(name, refused)));
+                }
+            }
             let messages =
                 deps.startup_step("callback consumer", budget, || callback::consumer(&deps.js, name, c)).await?;
-            let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone())?;
+            let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone(), egress.clone())?;
             callbacks.push((Arc::new(cb), messages, c.max_in_flight, callback::consumer_name(name)));
         }
     }

@@ -41,6 +41,8 @@ pub(crate) struct Metrics {
     pub callback_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     /// Time from an event's ledger revision to its receiver's 2xx, by callback.
     pub callback_delivery_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Callback attempts that failed because the host resolved only to addresses the egress policy refuses.
+    pub callback_egress_refused: Family<Labels, Counter>,
 }
 
 fn request_buckets() -> Histogram {
@@ -68,6 +70,7 @@ impl Metrics {
             callbacks: Family::default(),
             callback_request_seconds: Family::new_with_constructor(request_buckets),
             callback_delivery_seconds: Family::new_with_constructor(delivery_buckets),
+            callback_egress_refused: Family::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
@@ -98,6 +101,11 @@ impl Metrics {
                 "bw_callback_request_seconds",
                 "Duration of HTTP callback requests, by callback",
                 m.callback_request_seconds.clone(),
+            );
+            r.register(
+                "bw_callback_egress_refused",
+                "Callback attempts refused because the host resolved only to addresses callbacks may not reach",
+                m.callback_egress_refused.clone(),
             );
             r.register(
                 "bw_callback_delivery_seconds",
@@ -151,6 +159,10 @@ impl Metrics {
 
     pub(crate) fn callback(&self, callback: &str, result: &str) {
         self.callbacks.get_or_create(&vec![("callback", callback.to_string()), ("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn callback_egress_refused(&self, callback: &str) {
+        self.callback_egress_refused.get_or_create(&vec![("callback", callback.to_string())]).inc();
     }
 
     pub(crate) fn callback_request(&self, callback: &str, seconds: f64) {
