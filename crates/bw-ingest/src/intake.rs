@@ -7,6 +7,8 @@
 //! `Nats-Msg-Id = operation id` (a retry inside the window is dropped by JetStream) → ledger create (QUEUED).
 //! A crash between the publish and the ledger create is healed by the producer's retry (duplicate publish,
 //! then the create) or by the dispatcher, which creates a missing entry.
+//!
+//! A NATS payload over `intake.max_request_bytes` is refused as OVERSIZE before it is decoded.
 
 use crate::metrics::Metrics;
 use crate::validate::{self, Limits, Rejection};
@@ -51,6 +53,9 @@ impl Source<'_> {
 }
 
 static INTAKE_PREFIX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| names::intake_subject(""));
+
+/// Bytes of a rejected input kept in its BW_REJECTED record when the whole input does not fit in one.
+pub(crate) const KEPT_PREFIX: usize = 4096;
 
 /// Per-recipient order: the order book and which categories keep order.
 pub(crate) struct Order {
@@ -97,8 +102,13 @@ fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
 }
 
 impl Intake {
-    /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body).
+    /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body). Input over the size limit is refused
+    /// before it is decoded (decoding is the costly part, and its operation id is not needed to refuse it).
     pub(crate) async fn handle_bytes(&self, raw: &[u8], source: Source<'_>, span: &tracing::Span) -> IntakeReply {
+        if raw.len() > self.limits.max_request_bytes {
+            let r = validate::oversize(raw.len(), &self.limits);
+            return self.reject(raw, source, "", r).await;
+        }
         match decode(raw) {
             Ok(request) => self.handle(request, raw, raw.len(), source, span).await,
             Err(r) => self.reject(raw, source, "", r).await,
@@ -128,8 +138,10 @@ impl Intake {
         }
     }
 
-    /// Keeps the input in BW_REJECTED and answers the rejection.
+    /// Keeps the input in BW_REJECTED (whole when it fits in one record, else its first [`KEPT_PREFIX`] bytes,
+    /// with its size) and answers the rejection.
     pub(crate) async fn reject(&self, raw: &[u8], source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
+        let size = raw.len() as u64;
         let reason = r.reason.as_str_name();
         self.metrics.intake(source.label(), "rejected", reason);
         tracing::info!(reason, error = %r.error, source = source.label(), "request rejected");
@@ -140,29 +152,21 @@ impl Intake {
             }
             Source::Http => ("http".to_string(), "http".to_string()),
         };
-        let mut headers = HeaderMap::new();
-        // Input too large for one record goes to the object store; the record names it.
-        let raw = if self.bodies.fits_inline(raw.len()) {
-            raw.to_vec()
-        } else {
-            let name = crate::bodies::rejected_object(&crate::webhook::body_sha256(raw));
-            match self.bodies.put(&name, raw).await {
-                Ok(()) => headers.insert(crate::bodies::OBJECT_HEADER, name.as_str()),
-                Err(e) => tracing::warn!(error = %e, "large rejected input not kept"),
-            }
-            Vec::new()
-        };
+        // Input too large for one record keeps its first bytes and its size. It never goes to the large-body
+        // store: a producer's flood of oversized input must not fill the bucket Meta's deliveries need.
+        let raw = if self.bodies.fits_inline(raw.len()) { raw } else { &raw[..raw.len().min(KEPT_PREFIX)] };
         let record = RejectedRequest {
-            raw,
+            raw: raw.to_vec(),
             source: origin,
             reason: r.reason as i32,
             error: r.error.clone(),
             at_unix_ms: now_ms(),
+            raw_size: size,
         };
         let stored = bw_common::nats::publish_durable(
             &self.js,
             names::rejected_subject(&stream_source),
-            headers,
+            HeaderMap::new(),
             record.encode_to_vec().into(),
         )
         .await;

@@ -335,7 +335,8 @@ pub struct IntakeReply {
 /// A rejected request kept in BW_REJECTED for inspection.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RejectedRequest {
-    /// The bytes as received (may be undecodable).
+    /// The bytes as received (may be undecodable), or only their first bytes (4 KiB) when raw_size is larger:
+    /// input too large to keep in one record, or a body refused before it was read (then raw may be empty).
     #[prost(bytes = "vec", tag = "1")]
     pub raw: ::prost::alloc::vec::Vec<u8>,
     /// Subject it arrived on, or "http".
@@ -347,6 +348,10 @@ pub struct RejectedRequest {
     pub error: ::prost::alloc::string::String,
     #[prost(int64, tag = "5")]
     pub at_unix_ms: i64,
+    /// Size of the input as received, bytes (the declared Content-Length for an HTTP body refused unread, the
+    /// bytes read so far for one cut off at the limit). 0 in records written before this field existed.
+    #[prost(uint64, tag = "6")]
+    pub raw_size: u64,
 }
 /// Why a message is sent. Decides its priority lane: AUTHENTICATION, TRANSACTIONAL and SUPPORT go before
 /// MARKETING when both wait, and MARKETING can never consume the transactional reserve.
@@ -405,6 +410,9 @@ pub enum RejectReason {
     SubjectMismatch = 9,
     /// Ingest could not store the request durably; the producer should retry with the same operation id.
     Unavailable = 10,
+    /// BW_SEND or the ledger is near its byte or message limit: new work is refused before it could be dropped.
+    /// Nothing was stored; retry later with the same operation id (the operator has been alerted).
+    StorageFull = 11,
 }
 impl RejectReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -424,6 +432,7 @@ impl RejectReason {
             Self::BadPayload => "REJECT_REASON_BAD_PAYLOAD",
             Self::SubjectMismatch => "REJECT_REASON_SUBJECT_MISMATCH",
             Self::Unavailable => "REJECT_REASON_UNAVAILABLE",
+            Self::StorageFull => "REJECT_REASON_STORAGE_FULL",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -440,6 +449,7 @@ impl RejectReason {
             "REJECT_REASON_BAD_PAYLOAD" => Some(Self::BadPayload),
             "REJECT_REASON_SUBJECT_MISMATCH" => Some(Self::SubjectMismatch),
             "REJECT_REASON_UNAVAILABLE" => Some(Self::Unavailable),
+            "REJECT_REASON_STORAGE_FULL" => Some(Self::StorageFull),
             _ => None,
         }
     }
