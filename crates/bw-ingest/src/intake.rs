@@ -138,10 +138,20 @@ impl Intake {
         }
     }
 
+    /// Keeps the input in BW_REJECTED and answers the rejection.
+    pub(crate) async fn reject(&self, raw: &[u8], source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
+        self.keep_rejected(raw, raw.len() as u64, source, op, r).await
+    }
+
+    /// Rejects input that was not read whole (an HTTP body over the cap): `prefix` is what was kept of it,
+    /// `size` its size as declared or as read so far.
+    pub(crate) async fn reject_cut(&self, prefix: &[u8], size: u64, source: Source<'_>, r: Rejection) -> IntakeReply {
+        self.keep_rejected(prefix, size, source, "", r).await
+    }
+
     /// Keeps the input in BW_REJECTED (whole when it fits in one record, else its first [`KEPT_PREFIX`] bytes,
     /// with its size) and answers the rejection.
-    pub(crate) async fn reject(&self, raw: &[u8], source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
-        let size = raw.len() as u64;
+    async fn keep_rejected(&self, raw: &[u8], size: u64, source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
         let reason = r.reason.as_str_name();
         self.metrics.intake(source.label(), "rejected", reason);
         tracing::info!(reason, error = %r.error, source = source.label(), "request rejected");

@@ -20,6 +20,7 @@ pub mod callback;
 mod cidr;
 pub mod egress;
 pub mod feed;
+mod guard;
 mod http;
 mod intake;
 mod metrics;
@@ -131,6 +132,8 @@ pub struct HttpConfig {
 #[serde(deny_unknown_fields)]
 pub struct IntakeConfig {
     pub nats_enabled: bool,
+    /// Requests handled at once per instance, by the NATS and the HTTP intake each; the HTTP intake answers
+    /// 429 with Retry-After past it, the NATS intake waits.
     pub max_in_flight: usize,
     pub max_request_bytes: usize,
     pub max_text_chars: usize,
@@ -169,6 +172,17 @@ pub struct WebhookConfig {
     #[serde(deserialize_with = "secret::string")]
     pub app_secret: String,
     pub max_body_bytes: usize,
+    /// Delivery bodies being read and stored at once per instance; past it 503 with Retry-After.
+    pub max_bodies_in_flight: usize,
+    /// A body not received whole within this long gets 408.
+    pub body_read_timeout_ms: u64,
+    /// Badly signed (or unsigned) requests a source may send at once, and how many more per minute.
+    pub bad_signature_burst: u32,
+    pub bad_signature_per_minute: u32,
+    /// Sources whose bad signatures are counted at most (bounded memory).
+    pub bad_signature_sources: usize,
+    /// Proxies (CIDR) whose `X-Forwarded-For` names the source of a request.
+    pub trusted_proxies: Vec<String>,
     pub process: bool,
     pub max_in_flight: usize,
     pub ack_wait_ms: u64,
@@ -182,6 +196,12 @@ impl std::fmt::Debug for WebhookConfig {
             .field("verify_token", &"<redacted>")
             .field("app_secret", &"<redacted>")
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_bodies_in_flight", &self.max_bodies_in_flight)
+            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
+            .field("bad_signature_burst", &self.bad_signature_burst)
+            .field("bad_signature_per_minute", &self.bad_signature_per_minute)
+            .field("bad_signature_sources", &self.bad_signature_sources)
+            .field("trusted_proxies", &self.trusted_proxies)
             .field("process", &self.process)
             .finish_non_exhaustive()
     }
@@ -271,6 +291,16 @@ impl Config {
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
+        let w = &self.webhook;
+        if w.max_bodies_in_flight == 0 || w.body_read_timeout_ms == 0 {
+            return invalid("webhook.max_bodies_in_flight and webhook.body_read_timeout_ms must be > 0");
+        }
+        if w.bad_signature_burst == 0 || w.bad_signature_per_minute == 0 || w.bad_signature_sources == 0 {
+            return invalid(
+                "webhook.bad_signature_burst, bad_signature_per_minute and bad_signature_sources must be > 0",
+            );
+        }
+        cidr::parse_all("webhook.trusted_proxies", &w.trusted_proxies)?;
         let egress = egress::Policy::from_config(&self.egress.allow_cidrs)?;
         use bw_common::proto::Category;
         let known = [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
@@ -507,7 +537,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         verify_token: Arc::from(cfg.webhook.verify_token.as_str()),
         app_secret: Arc::from(cfg.webhook.app_secret.as_bytes()),
         max_webhook_bytes: cfg.webhook.max_body_bytes,
+        webhook_guard: Arc::new(guard::WebhookGuard::new(&cfg.webhook).map_err(|e| anyhow::anyhow!(e))?),
         max_intake_body_bytes: cfg.intake.max_request_bytes.saturating_mul(4),
+        intake_slots: Arc::new(tokio::sync::Semaphore::new(cfg.intake.max_in_flight)),
         keys: Arc::new(keys),
         ledger: ledger.clone(),
         display_tz,
@@ -675,7 +707,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
 }
 
 async fn serve_http(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
-    if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+    // The peer address is what the webhook guard limits bad signatures by.
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    if let Err(e) = axum::serve(listener, service).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "http server stopped");
     }
 }
