@@ -438,21 +438,25 @@ pub(crate) fn plan(state: Option<RetryState>, delivered: i64, now_ms: i64) -> Pl
     }
 }
 
-/// Opens (or creates) the retry-state bucket.
-pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize) -> anyhow::Result<kv::Store> {
-    bw_common::nats::open_bucket(
-        js,
-        kv::Config {
-            bucket: STATE_BUCKET.to_string(),
-            description: "Breakwater ingest: retry state of producer callbacks".into(),
-            history: 1,
-            max_age: STATE_MAX_AGE,
-            num_replicas: replicas.max(1),
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        },
-    )
-    .await
+/// Opens (or creates) the retry-state bucket, with a byte limit of `max_bytes` (applied to an existing bucket
+/// too). A full bucket refuses a state write: the retry then comes early (a warning), nothing is lost.
+pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize, max_bytes: i64) -> anyhow::Result<kv::Store> {
+    let config = kv::Config {
+        bucket: STATE_BUCKET.to_string(),
+        description: "Breakwater ingest: retry state of producer callbacks".into(),
+        history: 1,
+        max_age: STATE_MAX_AGE,
+        max_bytes,
+        num_replicas: replicas.max(1),
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    let store = bw_common::nats::open_bucket(js, config.clone()).await?;
+    let wanted = bw_common::nats::kv_stream_config(&config);
+    if let Err(e) = bw_common::nats::apply_stream_limits(js, store.stream.cached_info(), &wanted).await {
+        crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+    }
+    Ok(store)
 }
 
 /// Creates (or updates, when its senders changed) the durable consumer of a callback on BW_FEED.
@@ -843,7 +847,7 @@ mod tests {
         let server = bw_testkit::NatsServer::start();
         let nats = async_nats::connect(server.url()).await.expect("nats");
         let js = jetstream::new(nats);
-        let state = open_state(&js, 1).await.expect("state bucket");
+        let state = open_state(&js, 1, 1 << 20).await.expect("state bucket");
         let registry = bw_common::admin::new_registry();
         let metrics = Metrics::register(&registry);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");

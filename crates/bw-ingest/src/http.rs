@@ -356,7 +356,7 @@ fn http_status(reply: &IntakeReply) -> StatusCode {
         return if reply.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
     }
     match reply.reason() {
-        RejectReason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        RejectReason::Unavailable | RejectReason::StorageFull => StatusCode::SERVICE_UNAVAILABLE,
         RejectReason::Oversize => StatusCode::PAYLOAD_TOO_LARGE,
         _ => StatusCode::BAD_REQUEST,
     }

@@ -8,7 +8,9 @@
 //! A crash between the publish and the ledger create is healed by the producer's retry (duplicate publish,
 //! then the create) or by the dispatcher, which creates a missing entry.
 //!
-//! A NATS payload over `intake.max_request_bytes` is refused as OVERSIZE before it is decoded.
+//! Limits before work: a NATS payload over `intake.max_request_bytes` is refused as OVERSIZE before it is
+//! decoded; a new operation is refused with STORAGE_FULL while BW_SEND or the ledger is near full
+//! ([`crate::capacity`]).
 
 use crate::metrics::Metrics;
 use crate::validate::{self, Limits, Rejection};
@@ -74,6 +76,8 @@ pub(crate) struct Intake {
     pub limits: Limits,
     pub metrics: Metrics,
     pub bodies: crate::bodies::Bodies,
+    /// How full BW_SEND and the ledger are.
+    pub capacity: Arc<crate::capacity::Capacity>,
 }
 
 /// Decodes a protobuf `SendRequest`. A body carrying both `text` and `template` is refused like the JSON
@@ -187,6 +191,13 @@ impl Intake {
         reply_rejected(op, &r)
     }
 
+    /// Refuses a new operation while its storage is near full (nothing is stored, not even in BW_REJECTED).
+    fn storage_full(&self, source: Source<'_>, op: &str, why: String) -> IntakeReply {
+        self.metrics.intake(source.label(), "rejected", RejectReason::StorageFull.as_str_name());
+        tracing::warn!(reason = %why, "request refused: storage near full");
+        reply_rejected(op, &Rejection::new(RejectReason::StorageFull, why))
+    }
+
     fn unavailable(&self, source: Source<'_>, op: &str, what: &str) -> IntakeReply {
         self.metrics.intake(source.label(), "rejected", RejectReason::Unavailable.as_str_name());
         let r = Rejection::new(RejectReason::Unavailable, format!("{what}; retry with the same operation_id"));
@@ -212,6 +223,10 @@ impl Intake {
                 return self.unavailable(source, &op, "ledger unavailable");
             }
         }
+        // A retry of an accepted operation was answered above; a new one waits while storage is near full.
+        if let Some(why) = self.capacity.refusal(&self.send.stream_of(&request.phone_number_id)) {
+            return self.storage_full(source, &op, why);
+        }
         // Registered before it is stored, so no dispatcher can see a later message of the recipient before this
         // one is in the set. Never the producer's word: only ingest sets keeps_order.
         request.keeps_order = false;
@@ -233,6 +248,10 @@ impl Intake {
         let duplicate =
             match bw_common::nats::publish_durable(&self.js, subject, headers, request.encode_to_vec().into()).await {
                 Ok(d) => d,
+                Err(e) if e.stream_full() => {
+                    let why = format!("BW_SEND refused the request ({e}); retry later with the same operation_id");
+                    return self.storage_full(source, &op, why);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "send request not stored");
                     return self.unavailable(source, &op, "request could not be stored");

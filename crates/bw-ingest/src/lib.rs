@@ -17,6 +17,7 @@
 mod auth;
 mod bodies;
 pub mod callback;
+mod capacity;
 mod cidr;
 pub mod egress;
 pub mod feed;
@@ -135,6 +136,9 @@ pub struct IntakeConfig {
     /// Requests handled at once per instance, by the NATS and the HTTP intake each; the HTTP intake answers
     /// 429 with Retry-After past it, the NATS intake waits.
     pub max_in_flight: usize,
+    /// Fill of BW_SEND or the ledger (bytes or messages, of its limit) from which new requests are refused
+    /// with REJECT_REASON_STORAGE_FULL.
+    pub storage_full_ratio: f64,
     pub max_request_bytes: usize,
     pub max_text_chars: usize,
     pub max_template_params: usize,
@@ -291,6 +295,9 @@ impl Config {
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
+        if !(self.intake.storage_full_ratio > 0.0 && self.intake.storage_full_ratio <= 1.0) {
+            return invalid("intake.storage_full_ratio must be > 0 and at most 1");
+        }
         let w = &self.webhook;
         if w.max_bodies_in_flight == 0 || w.body_read_timeout_ms == 0 {
             return invalid("webhook.max_bodies_in_flight and webhook.body_read_timeout_ms must be > 0");
@@ -332,6 +339,16 @@ fn refused_destination(name: &str, refused: egress::Refused) -> String {
          there, list its range in egress.allow_cidrs",
         refused.range
     )
+}
+
+/// Reports a stream whose byte limit could not be applied: it keeps working as before, without the disk bound.
+pub(crate) fn limits_not_applied(stream: &str, error: &str) {
+    tracing::error!(
+        stream,
+        error,
+        "stream byte limit not applied: it can fill the disk; give ingest's NATS user $JS.API.STREAM.UPDATE on it \
+         (deploy/nats/accounts.conf) and restart ingest, or set max_bytes on the stream as a NATS administrator"
+    );
 }
 
 /// `v` as a TOML basic string.
@@ -495,12 +512,35 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let budget = Duration::from_secs(30);
     let max_payload = deps.nats.server_info().max_payload;
+    let limits = &cfg.nats.limits;
+    // Streams and buckets created before they had byte limits (or whose limits changed) get them now.
+    let started = std::time::Instant::now();
+    let refused = || deps.refusals.since(started).is_some();
+    let applied = deps
+        .startup_step("stream limits", budget, || bw_common::nats::apply_limits(&deps.js, &cfg.nats, &refused))
+        .await?;
+    if !applied.updated.is_empty() {
+        tracing::info!(streams = ?applied.updated, "byte limits and discard policies applied to existing streams");
+    }
+    for (stream, error) in &applied.failed {
+        limits_not_applied(stream, error);
+    }
     let bodies = deps
         .startup_step("large-body object store", budget, || {
-            bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
+            bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload, limits.bodies_max_bytes)
         })
         .await?;
-    deps.startup_step("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
+    deps.startup_step("feed stream", budget, || {
+        feed::ensure_stream(&deps.js, cfg.nats.replicas, limits.feed_max_bytes)
+    })
+    .await?;
+    let capacity = Arc::new(capacity::Capacity::new(
+        deps.buckets.send,
+        deps.buckets.ledger.len(),
+        cfg.intake.storage_full_ratio,
+        &deps.metrics,
+    ));
+    capacity.refresh(&deps.js).await;
     let egress = Arc::new(egress::Policy::from_config(&cfg.egress.allow_cidrs).map_err(|e| anyhow::anyhow!(e))?);
     let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let order = match (&deps.redis, cfg.order.keep.is_empty()) {
@@ -527,6 +567,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         ledger: ledger.clone(),
         limits: cfg.intake.limits(),
         metrics: metrics.clone(),
+        capacity: capacity.clone(),
     });
     let keys = auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys).map_err(|e| anyhow::anyhow!(e))?;
     warn_about(&cfg, &keys);
@@ -575,7 +616,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let mut callbacks = Vec::new();
     if !cfg.callbacks.is_empty() {
         let retry_state = deps
-            .startup_step("callback retry-state bucket", budget, || callback::open_state(&deps.js, cfg.nats.replicas))
+            .startup_step("callback retry-state bucket", budget, || {
+                callback::open_state(&deps.js, cfg.nats.replicas, limits.service_bucket_max_bytes)
+            })
             .await?;
         for (name, c) in &cfg.callbacks {
             // The destination is resolved now and at each connection (egress).
@@ -604,6 +647,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         Some(l) => (intake_router, Some((l, webhook_router))),
         None => (intake_router.merge(webhook_router), None),
     };
+    tracker.spawn(capacity.clone().run(deps.js.clone(), Duration::from_secs(1), shutdown.clone()));
     let http_addr = listeners.http.local_addr()?;
     tracker.spawn(serve_http(listeners.http, main_router, shutdown.clone()));
     if let Some((listener, router)) = separate {

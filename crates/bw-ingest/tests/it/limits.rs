@@ -1,6 +1,7 @@
 //! Limits before work: the webhook endpoint refuses what needs no body before reading one, bounds the bodies
 //! read at once and the bad signatures per source; the HTTP intake bounds its requests in flight; the NATS
-//! intake refuses oversized payloads before decoding them.
+//! intake refuses oversized payloads before decoding them; every stream has a byte limit, and intake refuses new
+//! work near the limit of BW_SEND or the ledger.
 //!
 //! Requests are held in flight for real: a client sends a request's head and never its body, so the server
 //! waits in the body read. Where the compiled default would need many such connections (32 webhook bodies,
@@ -74,15 +75,32 @@ fn client_from(local: &str) -> reqwest::Client {
     reqwest::Client::builder().no_proxy().local_address(ip).build().expect("client")
 }
 
+fn metric(text: &str, line_start: &str) -> Option<f64> {
+    text.lines().find(|l| l.starts_with(line_start)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok())
+}
+
 #[test]
 fn the_compiled_defaults_set_every_limit() {
     let cfg = bw_ingest::Config::load(None, &Default::default()).expect("defaults");
     assert_eq!(cfg.intake.max_in_flight, 512);
+    assert_eq!(cfg.intake.storage_full_ratio, 0.9);
     let w = &cfg.webhook;
     assert_eq!((w.max_body_bytes, w.max_bodies_in_flight, w.body_read_timeout_ms), (3_145_728, 32, 10_000));
     assert_eq!((w.bad_signature_burst, w.bad_signature_per_minute, w.bad_signature_sources), (20, 60, 10_000));
     assert!(w.trusted_proxies.is_empty(), "the TCP peer is the source unless proxies are configured");
     assert!(cfg.egress.allow_cidrs.is_empty(), "callbacks reach only global addresses by default");
+    let limits = &cfg.nats.limits;
+    assert!(limits.byte_limits().iter().all(|(_, v)| *v > 0), "{limits:?}");
+    let send = names::SendPartitions::new(1);
+    let streams = bw_common::nats::stream_configs(limits, 1, send);
+    let buckets = bw_common::nats::bucket_configs(&cfg.nats);
+    assert!(streams.iter().all(|s| s.max_bytes > 0), "every stream has a byte limit");
+    assert!(buckets.iter().all(|b| b.max_bytes > 0), "every bucket has a byte limit");
+    // default.toml documents each byte limit with its compiled value.
+    for (key, value) in limits.byte_limits() {
+        let line = format!("# {key} = {value}");
+        assert!(bw_ingest::DEFAULT_CONFIG.lines().any(|l| l.starts_with(&line)), "default.toml lacks `{line}`");
+    }
 }
 
 #[tokio::test]
@@ -268,5 +286,126 @@ async fn a_nats_payload_over_the_limit_is_refused_before_decoding() {
     assert_eq!((record.raw.len(), record.raw_size), (70_000, 70_000), "kept whole: it fits in one record");
     let text = env.metrics_text();
     assert!(text.contains(r#"reason="REJECT_REASON_OVERSIZE"} 1"#), "{text}");
+    env.stop().await;
+}
+
+/// The fill ingest last read for `stream` (its gauge).
+fn fill(env: &support::Env, stream: &str) -> f64 {
+    metric(&env.metrics_text(), &format!("bw_ingest_storage_fill_ratio{{stream=\"{stream}\"}}")).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn near_full_send_stream_or_ledger_refuses_new_work_with_storage_full() {
+    // Small byte limits, beside the compiled defaults asserted above.
+    let env = start(|cfg| {
+        cfg.nats.limits.send_max_bytes = 256 * 1024;
+        cfg.nats.limits.ledger_max_bytes = 256 * 1024;
+    })
+    .await;
+    let client = Client::new(env.nats.clone());
+    let send = |op: &str| {
+        let request = Request::text(op, WABA, PHONE, TO, "hi").build();
+        let client = client.clone();
+        async move { client.send(&request).await }
+    };
+    assert!(send("full-0").await.expect("reply").accepted);
+    // Fill BW_SEND to 90% of its limit with another sender's messages, without reaching the limit.
+    let stream = env.js.get_stream(names::SEND_STREAM).await.expect("stream");
+    let max = stream.cached_info().config.max_bytes;
+    assert_eq!(max, 256 * 1024);
+    let mut bytes = 0;
+    while (bytes as f64) < 0.9 * max as f64 {
+        let ack = env.js.publish(names::outbox_subject(names::Lane::Low, "9999"), vec![b'f'; 4_096].into());
+        ack.await.expect("publish").await.expect("stored");
+        bytes = env.js.get_stream(names::SEND_STREAM).await.expect("stream").cached_info().state.bytes;
+    }
+    assert!((bytes as i64) < max, "below the limit: the stream itself still takes publishes");
+    assert!(bw_testkit::wait_until(WAIT, || async { fill(&env, "BW_SEND") >= 0.9 }).await, "ingest read the fill");
+    let reply = send("full-1").await.expect("reply");
+    assert_eq!(reply.reason(), RejectReason::StorageFull, "{}", reply.error);
+    assert!(reply.error.contains("BW_SEND (BW_SEND) is") && reply.error.contains("full (bytes)"), "{}", reply.error);
+    assert!(env.entry("full-1").await.is_none(), "nothing stored");
+    let after = env.js.get_stream(names::SEND_STREAM).await.expect("stream").cached_info().state.bytes;
+    assert_eq!(after, bytes, "the refusal stored nothing in BW_SEND");
+    // A retry of an operation accepted before is still answered as such.
+    let retry = send("full-0").await.expect("reply");
+    assert!(retry.accepted && retry.duplicate);
+    // Over HTTP: 503 with the reason.
+    let json = serde_json::json!({"operation_id": "full-http", "waba_id": WABA, "phone_number_id": PHONE,
+        "recipient": TO, "category": "transactional", "text": {"body": "hi"}});
+    let res = support::http_client().post(env.url("/v1/messages")).json(&json).send().await.expect("post");
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.json::<serde_json::Value>().await.expect("json")["reason"], "REJECT_REASON_STORAGE_FULL");
+    // Drained, new work is taken again.
+    stream.purge().filter(names::outbox_subject(names::Lane::Low, "9999")).await.expect("purge");
+    assert!(bw_testkit::wait_until(WAIT, || async { fill(&env, "BW_SEND") < 0.9 }).await);
+    assert!(send("full-2").await.expect("reply").accepted);
+
+    // The ledger the same way: filled by other entries to 90% of its limit.
+    let ledger = &env.deps.buckets.ledger[0];
+    let mut i = 0;
+    while fill_of(&env, "KV_BW_LEDGER").await < 0.9 {
+        ledger.put(format!("filler-{i}"), vec![b'l'; 4_096].into()).await.expect("put");
+        i += 1;
+    }
+    assert!(bw_testkit::wait_until(WAIT, || async { fill(&env, "KV_BW_LEDGER") >= 0.9 }).await);
+    let reply = send("full-3").await.expect("reply");
+    assert_eq!(reply.reason(), RejectReason::StorageFull, "{}", reply.error);
+    assert!(reply.error.contains("the ledger (KV_BW_LEDGER) is"), "{}", reply.error);
+    let text = env.metrics_text();
+    assert!(text.contains(r#"reason="REJECT_REASON_STORAGE_FULL"} 2"#), "{text}");
+    env.stop().await;
+}
+
+/// A stream's byte fill as the server has it now.
+async fn fill_of(env: &support::Env, stream: &str) -> f64 {
+    let info = env.js.get_stream(stream).await.expect("stream");
+    let info = info.cached_info();
+    info.state.bytes as f64 / info.config.max_bytes as f64
+}
+
+#[tokio::test]
+async fn every_stream_has_a_byte_limit_and_ingest_gives_one_to_streams_made_without() {
+    use async_nats::jetstream::stream::DiscardPolicy::{New, Old};
+    use futures::StreamExt as _;
+    let env = start(|_| {}).await;
+    let mut names_of = env.js.stream_names();
+    let mut seen = Vec::new();
+    while let Some(name) = names_of.next().await {
+        let name = name.expect("name");
+        let info = env.js.get_stream(&name).await.expect("stream").cached_info().clone();
+        assert!(info.config.max_bytes > 0, "{name} has no byte limit");
+        let kept_for_readers = ["BW_REJECTED", "BW_INBOUND", "BW_EVENTS", "BW_FEED"].contains(&name.as_str());
+        assert_eq!(info.config.discard, if kept_for_readers { Old } else { New }, "{name}");
+        seen.push(name);
+    }
+    for expected in ["BW_SEND", "BW_DLQ", "KV_BW_LEDGER", "BW_FEED", "OBJ_BW_INGEST_BODIES", "BW_WEBHOOKS"] {
+        assert!(seen.iter().any(|s| s == expected), "{expected} in {seen:?}");
+    }
+    // Streams of an older deployment, made without byte limits.
+    for name in ["BW_SEND", "KV_BW_LEDGER", "BW_FEED", "OBJ_BW_INGEST_BODIES"] {
+        let mut config = env.js.get_stream(name).await.expect("stream").cached_info().config.clone();
+        config.max_bytes = -1;
+        env.js.update_stream(config).await.expect("update");
+    }
+    // The next ingest to start applies the configured limits to them.
+    let cfg = support::test_config(&env.server.url());
+    let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
+    let token = tokio_util::sync::CancellationToken::new();
+    let second = tokio::spawn(bw_ingest::run(cfg.clone(), deps.clone(), token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "second ready");
+    let limits = &cfg.nats.limits;
+    for (name, want) in [
+        ("BW_SEND", limits.send_max_bytes),
+        ("KV_BW_LEDGER", limits.ledger_max_bytes),
+        ("BW_FEED", limits.feed_max_bytes),
+        ("OBJ_BW_INGEST_BODIES", limits.bodies_max_bytes),
+    ] {
+        let info = env.js.get_stream(name).await.expect("stream").cached_info().clone();
+        assert_eq!(info.config.max_bytes, want, "{name}");
+    }
+    token.cancel();
+    tokio::time::timeout(WAIT, second).await.expect("stops").expect("joins").expect("ok");
     env.stop().await;
 }
