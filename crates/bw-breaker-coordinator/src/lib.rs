@@ -662,6 +662,7 @@ impl Coordinator {
             self.inner.instance.clone(),
             Duration::from_millis(c.leader_lease_ms),
             self.inner.cfg.nats.replicas,
+            self.inner.cfg.nats.limits.service_bucket_max_bytes,
         )
         .await?;
         if self.inner.leader.set(leadership).is_err() {

@@ -202,8 +202,19 @@ impl NatsConfig {
     }
 }
 
-/// Limits of the JetStream streams. When a work stream is full, publishes are refused (DiscardNew), never
-/// silently dropped; the alerting service warns well before that.
+/// Limits of the JetStream streams and buckets, applied when they are created and, by ingest, to existing ones
+/// at its start (`bw_common::nats::apply_limits`): give every service the same values. Every stream and bucket
+/// has a byte limit, so a flood cannot fill the disk. What happens at a limit is chosen per stream (its
+/// discard policy, in [`crate::nats::stream_configs`]): where losing a message would break a promise (BW_SEND,
+/// the ledger, the DLQ, BW_UNKNOWN, BW_WEBHOOKS, BW_QUARANTINE, every KV bucket, the large-body store) a full
+/// stream refuses the publish (DiscardNew) and the writer reports it; streams that are a time-bounded record for
+/// readers (BW_REJECTED, BW_INBOUND, BW_EVENTS, BW_FEED) drop their oldest messages (DiscardOld), as their
+/// `max_age` already does. The alerting service warns well before a refusing stream is full, and ingest refuses
+/// new requests near the limit of BW_SEND or the ledger (`intake.storage_full_ratio`).
+///
+/// The server reserves each stream's `max_bytes` on disk when it creates the stream, and refuses one that would
+/// take the sum past its `max_file_store` ("insufficient storage resources"): the sum of these limits (the
+/// per-partition ones once per partition) must fit the NATS store.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StreamLimits {
@@ -219,7 +230,42 @@ pub struct StreamLimits {
     pub ledger_max_age_days: u64,
     /// How long webhook dedup keys are kept, hours (Meta retries for up to 7 days).
     pub webhook_dedup_hours: u64,
+    /// Bytes of each BW_SEND partition (DiscardNew).
+    pub send_max_bytes: i64,
+    /// Bytes of each BW_DLQ partition (DiscardNew).
+    pub dlq_max_bytes: i64,
+    /// Bytes of BW_UNKNOWN (DiscardNew).
+    pub unknown_max_bytes: i64,
+    /// Bytes of BW_WEBHOOKS, stored deliveries waiting to be processed (DiscardNew: Meta is answered 503 and
+    /// retries for up to 7 days).
+    pub webhook_max_bytes: i64,
+    /// Bytes of BW_QUARANTINE (DiscardNew).
+    pub quarantine_max_bytes: i64,
+    /// Bytes of BW_REJECTED, the inspection copies of rejected requests (DiscardOld).
+    pub rejected_max_bytes: i64,
+    /// Bytes of BW_INBOUND, customers' messages for the business's readers (DiscardOld).
+    pub inbound_max_bytes: i64,
+    /// Bytes of BW_EVENTS, breaker, signal and alert events (DiscardOld).
+    pub events_max_bytes: i64,
+    /// Bytes of the outcome feed BW_FEED (DiscardOld; the ledger stays the record).
+    pub feed_max_bytes: i64,
+    /// Bytes of each ledger partition's bucket (DiscardNew, like every bucket).
+    pub ledger_max_bytes: i64,
+    /// Bytes of each wamid link partition's bucket.
+    pub wamid_max_bytes: i64,
+    /// Bytes of BW_SCOPES (scope snapshots).
+    pub scopes_max_bytes: i64,
+    /// Bytes of BW_WEBHOOK_DEDUP.
+    pub webhook_dedup_max_bytes: i64,
+    /// Bytes of the object store BW_INGEST_BODIES (webhook bodies over the server's max_payload).
+    pub bodies_max_bytes: i64,
+    /// Bytes of each small bucket a service keeps for itself: BW_CALLBACK_RETRIES, BW_REPLAY_LEASES,
+    /// BW_INCIDENTS, BW_COORDINATOR_LEADER, BW_ALERTS.
+    pub service_bucket_max_bytes: i64,
 }
+
+const MIB: i64 = 1024 * 1024;
+const GIB: i64 = 1024 * MIB;
 
 impl Default for StreamLimits {
     fn default() -> Self {
@@ -230,6 +276,53 @@ impl Default for StreamLimits {
             dedup_window_s: 600,
             ledger_max_age_days: 35,
             webhook_dedup_hours: 7 * 24,
+            send_max_bytes: GIB,
+            dlq_max_bytes: GIB,
+            unknown_max_bytes: 256 * MIB,
+            webhook_max_bytes: GIB,
+            quarantine_max_bytes: 256 * MIB,
+            rejected_max_bytes: 256 * MIB,
+            inbound_max_bytes: 512 * MIB,
+            events_max_bytes: 256 * MIB,
+            feed_max_bytes: GIB,
+            ledger_max_bytes: 2 * GIB,
+            wamid_max_bytes: 512 * MIB,
+            scopes_max_bytes: 64 * MIB,
+            webhook_dedup_max_bytes: 256 * MIB,
+            bodies_max_bytes: GIB,
+            service_bucket_max_bytes: 64 * MIB,
+        }
+    }
+}
+
+impl StreamLimits {
+    /// Every byte limit by key, for validation and documentation.
+    pub fn byte_limits(&self) -> [(&'static str, i64); 15] {
+        [
+            ("send_max_bytes", self.send_max_bytes),
+            ("dlq_max_bytes", self.dlq_max_bytes),
+            ("unknown_max_bytes", self.unknown_max_bytes),
+            ("webhook_max_bytes", self.webhook_max_bytes),
+            ("quarantine_max_bytes", self.quarantine_max_bytes),
+            ("rejected_max_bytes", self.rejected_max_bytes),
+            ("inbound_max_bytes", self.inbound_max_bytes),
+            ("events_max_bytes", self.events_max_bytes),
+            ("feed_max_bytes", self.feed_max_bytes),
+            ("ledger_max_bytes", self.ledger_max_bytes),
+            ("wamid_max_bytes", self.wamid_max_bytes),
+            ("scopes_max_bytes", self.scopes_max_bytes),
+            ("webhook_dedup_max_bytes", self.webhook_dedup_max_bytes),
+            ("bodies_max_bytes", self.bodies_max_bytes),
+            ("service_bucket_max_bytes", self.service_bucket_max_bytes),
+        ]
+    }
+
+    /// Refuses a byte limit that is not positive: JetStream reads 0 and -1 as "no limit", and every stream
+    /// must have one.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.byte_limits().into_iter().find(|(_, v)| *v <= 0) {
+            Some((key, _)) => Err(format!("nats.limits.{key} must be > 0 (bytes; every stream has a byte limit)")),
+            None => Ok(()),
         }
     }
 }
