@@ -149,6 +149,30 @@ pub struct NatsServer {
     envs: Vec<(String, String)>,
 }
 
+/// JetStream reserves every stream's `max_bytes` against `max_file_store` when it creates the stream, and the
+/// server's own default is a share of the disk that is free when it starts: the same topology would start or not
+/// depending on what else the machine holds. Test servers get a fixed 1 TB budget (an accounting figure; nothing
+/// is allocated), wrapped around the caller's `-c` file where there is one (included first, so this wins).
+fn with_store_reservation(dir: &Path, mut args: Vec<String>) -> Vec<String> {
+    let mut text = String::new();
+    if let Some(at) = args.iter().position(|a| a == "-c")
+        && let Some(file) = args.get(at + 1).cloned()
+    {
+        let file = std::fs::canonicalize(&file).unwrap_or_else(|_| Path::new(&file).to_path_buf());
+        // nats-server resolves includes relative to the including file only.
+        let up = "../".repeat(dir.components().count().saturating_sub(1));
+        let relative = file.strip_prefix("/").unwrap_or(&file).display().to_string();
+        text.push_str(&format!("include \"{up}{relative}\"\n"));
+        args.drain(at..at + 2);
+    }
+    text.push_str("jetstream { max_file_store: 1TB }\n");
+    let wrapper = dir.join("bw-testkit.conf");
+    std::fs::write(&wrapper, text).expect("write the test server's config");
+    let mut out = vec!["-c".to_string(), wrapper.display().to_string()];
+    out.extend(args);
+    out
+}
+
 impl NatsServer {
     /// Starts a server with a config file (`-c`, e.g. `deploy/nats/accounts.conf`) and environment variables
     /// the file refers to (passwords). Port, store and log stay the testkit's.
@@ -174,6 +198,7 @@ impl NatsServer {
 
     fn start_prepared(extra_args: Vec<String>, envs: &[(&str, &str)]) -> NatsServer {
         let dir = tempfile::Builder::new().prefix("bw-nats-").tempdir().expect("temp dir");
+        let extra_args = with_store_reservation(dir.path(), extra_args);
         let envs = envs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let mut server = NatsServer { child: None, port: 0, dir, extra_args, envs };
         for _ in 0..5 {
