@@ -104,6 +104,7 @@ fn callback(url: &str) -> CallbackConfig {
     CallbackConfig {
         url: url.to_string(),
         secret: SECRET.into(),
+        tenant: Some(bw_common::tenancy::DEFAULT_TENANT.into()),
         phone_number_ids: vec![PHONE.into()],
         kinds: vec![],
         timeout_ms: 5_000,
@@ -322,10 +323,12 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 const URL_KEY: &str = "BW_INGEST__CALLBACKS__CRM__URL";
 const SECRET_KEY: &str = "BW_INGEST__CALLBACKS__CRM__SECRET";
 const PHONES_KEY: &str = "BW_INGEST__CALLBACKS__CRM__PHONE_NUMBER_IDS";
+const TENANT_KEY: &str = "BW_INGEST__CALLBACKS__CRM__TENANT";
 
 #[test]
 fn callback_configs_that_cannot_work_are_refused_without_the_secret() {
-    let ok = [(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "[\"2002\"]")];
+    let ok =
+        [(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "[\"2002\"]"), (TENANT_KEY, "crm")];
     let load = |over: &[(&str, &str)]| {
         let mut pairs: Vec<(&str, &str)> =
             ok.iter().filter(|(k, _)| !over.iter().any(|(o, _)| o == k)).copied().collect();
@@ -339,6 +342,8 @@ fn callback_configs_that_cannot_work_are_refused_without_the_secret() {
         (&[(SECRET_KEY, "")], "callbacks.crm.secret is empty"),
         (&[(PHONES_KEY, "")], "callbacks.crm.phone_number_ids is empty"),
         (&[(PHONES_KEY, "[]")], "callbacks.crm.phone_number_ids is empty"),
+        (&[(TENANT_KEY, "")], "callbacks.crm.tenant is required"),
+        (&[(TENANT_KEY, "CRM")], "callbacks.crm.tenant must be"),
         (&[("BW_INGEST__CALLBACKS__CRM__TIMEOUT_MS", "0")], "callbacks.crm.timeout_ms must be > 0"),
         (&[("BW_INGEST__CALLBACKS__CRM__KINDS", "[\"deliverd\"]")], "callbacks.crm.kinds: unknown kind `deliverd`"),
         (&[("BW_INGEST__CALLBACKS__CRM__RETRY_MS", "[]")], "callbacks.crm.retry_ms"),
@@ -361,6 +366,7 @@ fn the_binary_exits_64_on_an_invalid_callback_without_printing_the_secret() {
         .env(URL_KEY, "ftp://crm.example/hooks")
         .env(SECRET_KEY, SECRET)
         .env(PHONES_KEY, "*")
+        .env(TENANT_KEY, "crm")
         .env("BW_INGEST__NATS__URL", format!("nats://127.0.0.1:{}", bw_testkit::free_port()))
         .output()
         .expect("binary runs");
@@ -375,16 +381,19 @@ fn compiled_defaults_run_no_callback_and_fill_a_configured_one_with_the_document
     let cfg = Config::load(None, &HashMap::new()).expect("defaults load");
     assert!(cfg.callbacks.is_empty(), "no callback by default");
     // Configured through the environment only, with every optional key at its compiled default.
-    let cfg =
-        Config::load(None, &env(&[(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "*")]))
-            .expect("a minimal callback loads and validates");
+    let cfg = Config::load(
+        None,
+        &env(&[(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "*"), (TENANT_KEY, "crm")]),
+    )
+    .expect("a minimal callback loads and validates");
     let c = &cfg.callbacks["crm"];
     assert_eq!(c.phone_number_ids, vec!["*".to_string()]);
     assert_eq!(c.retry_ms, vec![1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000]);
     assert_eq!((c.timeout_ms, c.max_in_flight), (5_000, 16));
     assert_eq!((c.retry_after_max_ms, c.max_age_ms), (3_600_000, 86_400_000));
     assert!(c.kinds.is_empty());
-    assert_eq!(bw_ingest::callback::filters(&c.phone_number_ids), vec!["bw.feed.v1.>".to_string()]);
+    assert_eq!(c.tenant.as_deref(), Some("crm"));
+    assert_eq!(bw_ingest::callback::filters("crm", &c.phone_number_ids), vec!["bw.feed.v1.crm.>".to_string()]);
     // The commented example in default.toml, uncommented, is valid and states the same defaults.
     let mut example = String::new();
     let mut inside = false;
@@ -426,6 +435,9 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
     let port = server.port();
     let mut cfg = support::test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
+    // Dev mode: this file's producer user takes its replies on `_INBOX_producer-crm`, the inbox of no registered
+    // tenant; what is checked here is that callbacks need nothing the ingest user lacks.
+    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
     with(&url, |_| {})(&mut cfg);
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
     let token = tokio_util::sync::CancellationToken::new();

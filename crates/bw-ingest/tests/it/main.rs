@@ -10,4 +10,5 @@ mod intake;
 mod reconcile;
 mod shared;
 mod support;
+mod tenancy;
 mod webhooks;
