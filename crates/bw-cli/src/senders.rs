@@ -159,6 +159,10 @@ async fn rm(js: &jetstream::Context, phone: &str, out: &mut (dyn Write + Send)) 
 
 /// `<stream> (<n>)` of each work stream holding messages of `phone`.
 async fn queued(js: &jetstream::Context, phone: &str) -> anyhow::Result<Vec<String>> {
+    if js.get_stream(names::SEND_STREAM).await.is_err() {
+        // No topology yet (no service ever started): nothing can be queued.
+        return Ok(Vec::new());
+    }
     let send = bw_common::nats::send_partitions(js).await?;
     let mut checks: Vec<(String, String)> =
         names::Lane::ALL.iter().map(|lane| (send.stream_of(phone), send.outbox_subject(*lane, phone))).collect();
