@@ -249,7 +249,7 @@ pub struct ScopeArg {
 pub struct QuarantineSelect {
     #[arg(long)]
     pub scope: Option<String>,
-    /// permanent_error, poison, unknown_review, window_closed, operator.
+    /// permanent_error, poison, unknown_review, window_closed, operator, sender_revoked.
     #[arg(long)]
     pub reason: Option<String>,
     /// Operation ids, comma-separated.
