@@ -2,7 +2,7 @@
 --
 -- Checks, per message and in this order: per-recipient order (order_wait: the recipient's order set holds an
 -- earlier accepted operation still waiting; see order_register.lua), scope pause (its kind picks the code: paused, spam_paused,
--- registration_paused), breaker (OPEN / FORCED_OPEN deny; HALF_OPEN admits a bounded number of canaries per
+-- registration_paused), the number's own pause (number_paused; below), breaker (OPEN / FORCED_OPEN deny; HALF_OPEN admits a bounded number of canaries per
 -- second), Meta usage throttle, 131049 marketing deferral of the recipient, 131056 back-off of the pair, pair
 -- rate (GCRA: emission interval pair_interval_ms, burst pair_burst; Meta's model is 6 s / 45, the default burst
 -- is stricter), sender rate (token bucket at the effective rate, with a reserve only priority traffic may take;
@@ -37,8 +37,15 @@
 -- call are judged against the set as it is: the second message to a recipient in one batch waits for the
 -- first's release (record_outcomes.lua), never overtakes it.
 --
+-- Number pause (parent_pause.lua on bw:{<waba>:<phone>}:pause; a registration, display-name or authentication
+-- problem of this number alone): every message is refused with number_paused while it lasts (an untimed hold
+-- with the hold's retry-after). After a probe pause ends, the first message that passes every check goes as the
+-- probe (PF.probe_at) and the others wait PROBE_WINDOW_MS for its answer: another refusal pauses the number
+-- again for twice as long, anything else lets it go on. The ramp after a number pause starts where it ended.
+--
 -- KEYS[2+i]    pair hash of message i (bw:{<waba>:<phone>}:pair:<recipient_key>; fields P)
 -- KEYS[2+n+i]  order set of message i (bw:{<waba>:<phone>}:ord:<recipient_key>)
+-- KEYS[3+2n]   the number's pause hash (bw:{<waba>:<phone>}:pause; fields PF)
 -- ARGV[1]      compiled defaults "name=value;..."
 -- ARGV[2]      tag used in minted incident ids (the phone_number_id)
 -- ARGV[3]      random number in [0, 1) for cooldown jitter
@@ -67,6 +74,26 @@ local f = rate_factor(S, c, now)
 local tokens, cap, rate, reserve = refill(S, c, now, f)
 local usage = usage_level(S, c, now)
 local pu = num(S[F.paused_until])
+-- The number's own pause. The probe window covers the probe's answer (the dispatcher's request timeout is 10 s).
+local PROBE_WINDOW_MS = 10000
+local NP = KEYS[3 + 2 * n]
+local np_retry, probe_open, probe_taken = 0, false, false
+do
+  local h = redis.call('HMGET', NP, PF.paused_until, PF.halted, PF.lift, PF.probe_at, PF.retry)
+  local npu, pa = num(h[1]), num(h[4])
+  if h[2] == '1' then
+    np_retry = math.max(1, num(h[5], 600000))
+  elseif npu > now then
+    np_retry = npu - now
+  elseif npu > 0 and h[3] == 'probe' then
+    if pa >= npu and now < pa + PROBE_WINDOW_MS then
+      np_retry = pa + PROBE_WINDOW_MS - now
+    elseif pa < npu then
+      probe_open = true
+    end
+  end
+  if npu > 0 and npu <= now then start_ramp(S, npu, num(c.pause_ramp_ms)) end
+end
 local pause_code = PAUSE_CODE[num(S[F.pause_kind], PAUSE.rate_limit)] or CODE.paused
 local sec = math.floor(now / 1000)
 local cc = num(S[F.canary_count])
@@ -129,6 +156,10 @@ for i = 1, n do
     code = CODE.order_wait
   elseif pu > now then
     code, retry = pause_code, pu - now
+  elseif np_retry > 0 then
+    code, retry = CODE.number_paused, np_retry
+  elseif probe_taken then
+    code, retry = CODE.number_paused, PROBE_WINDOW_MS
   elseif st == FORCED_OPEN then
     code, retry = CODE.forced_open, math.max(1000, num(c.cooldown_ms))
   elseif st == OPEN then
@@ -193,6 +224,10 @@ for i = 1, n do
     end
   end
   if code == CODE.allow then
+    if probe_open and not probe_taken then
+      probe_taken = true
+      redis.call('HSET', NP, PF.probe_at, now)
+    end
     tokens = tokens - 1
     took = true
     p.tat = new_tat

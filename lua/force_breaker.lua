@@ -6,6 +6,7 @@
 --
 -- KEYS[1]  cfg hash of the scope
 -- KEYS[2]  state hash of the scope
+-- KEYS[3]  the number's pause hash (bw:{<waba>:<phone>}:pause; parent_pause.lua)
 -- ARGV[1]  compiled defaults "name=value;..."
 -- ARGV[2]  tag used in minted incident ids (the phone_number_id)
 -- ARGV[3]  mode: "open", "closed", "clear" or "reset"
@@ -39,4 +40,4 @@ elseif mode == 'reset' then
 else
   return redis.error_reply('bad mode')
 end
-return finish(S, snapshot(S, c, now), T)
+return finish(S, append_number_pause(snapshot(S, c, now), KEYS[3]), T)

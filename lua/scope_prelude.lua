@@ -13,7 +13,8 @@
 --   KEYS[2]  bw:{<waba>:<phone>}:state  hash holding breaker state, sliding window, sender bucket, pause, usage
 --   ARGV[1]  compiled defaults "name=value;name=value;..." overlaid by the cfg hash field by field
 -- Clock: Redis server time (TIME), never the caller's.
--- Keys of other scopes (app, WABA, token) live in their own hash slot and are only touched by parent_pause.lua.
+-- Keys of other scopes (app, WABA, token) live in their own hash slot and are only touched by parent_pause.lua;
+-- the number's own pause key shares the scope's tag, so admit_send.lua and the snapshot scripts read it too.
 
 -- Breaker states (bw.v1.BreakerState numbers).
 local CLOSED, OPEN, HALF_OPEN, FORCED_OPEN, FORCED_CLOSED = 1, 2, 3, 4, 5
@@ -22,7 +23,7 @@ local CLOSED, OPEN, HALF_OPEN, FORCED_OPEN, FORCED_CLOSED = 1, 2, 3, 4, 5
 local CODE = {
   allow = 0, canary = 1, breaker_open = 2, forced_open = 3, paused = 4, sender_rate = 5, pair_rate = 6,
   reserve = 7, throttled = 8, canary_budget = 9, spam_paused = 10, recipient_deferred = 11,
-  registration_paused = 12, order_wait = 13,
+  registration_paused = 12, order_wait = 13, number_paused = 14,
 }
 
 -- Outcome kinds accepted by record_outcomes.lua (bw_breaker::scripts::Out).
@@ -54,8 +55,17 @@ local F = {
 -- Fields of a pair hash (bw:{<waba>:<phone>}:pair:<recipient_key>).
 local P = { tat = 't', backoffs = 'x', backoff_until = 'b', marketing_deferred = 'md' }
 
--- Fields of a parent pause hash (bw:{app:<id>}:pause, bw:{waba:<id>}:pause, bw:{tok:<hash>}:halt).
-local PF = { paused_until = 'pu', reason = 'pr', halted = 'h' }
+-- Fields of a pause hash (parent_pause.lua): the number's own (bw:{<waba>:<phone>}:pause), its WABA's
+-- (bw:{waba:<id>}:pause), app's (bw:{app:<id>}:pause) and access token's (bw:{tok:<hash>}:halt).
+--   paused_until  end of a timed pause (ms; 0 or past: none)   halted     1: until lifted (no end)
+--   reason, code  why (text, Meta code)                        since      start of the pause (ms)
+--   source        answer, webhook or operator                  lift       time, probe, operator or new_token
+--   length        last pause length (ms): a probe pause doubles it   probe_at  when the probe after it went
+--   marketing     1: holds marketing messages only             retry      retry-after of an untimed hold (ms)
+local PF = {
+  paused_until = 'pu', reason = 'pr', halted = 'h', code = 'c', since = 's', source = 'o', lift = 'l',
+  length = 'n', probe_at = 'pa', marketing = 'm', retry = 'rt',
+}
 
 
 local function now_ms()
@@ -330,4 +340,21 @@ end
 local function finish(S, out, T)
   save_state(S, KEYS[2])
   return append_transitions(out, T)
+end
+
+-- Appends the number's pause (hash KEYS[key_index], fields PF) to `out`: paused_until, halted (1 / 0), reason,
+-- code, since, source, lift, marketing (1 / 0). A pause that ended is still reported while its key lives (a
+-- probe pending, or the memory of its length); readers compare paused_until with now.
+local function append_number_pause(out, key)
+  local h = redis.call('HMGET', key, PF.paused_until, PF.halted, PF.reason, PF.code, PF.since, PF.source, PF.lift,
+    PF.marketing)
+  out[#out + 1] = num(h[1])
+  out[#out + 1] = num(h[2])
+  out[#out + 1] = h[3] or ''
+  out[#out + 1] = num(h[4])
+  out[#out + 1] = num(h[5])
+  out[#out + 1] = h[6] or ''
+  out[#out + 1] = h[7] or ''
+  out[#out + 1] = num(h[8])
+  return out
 end

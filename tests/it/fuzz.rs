@@ -304,10 +304,15 @@ proptest! {
             "error_data": {"details": message}, "fbtrace_id": fbtrace, "extra": noise}});
         let parsed = bw_common::classify::parse_error_body(&serde_json::to_vec(&body).expect("json"));
         let parsed = parsed.expect("a Meta error envelope parses");
-        prop_assert_eq!(parsed.code, code);
+        prop_assert_eq!(parsed.code, Some(code));
         prop_assert_eq!(parsed.fbtrace_id, fbtrace);
-        // Classification is total.
+        // Classification is total, whatever the code, subcode and status.
         let _ = bw_common::classify::classify_code(code);
+        let status = (bytes.first().copied().unwrap_or(0) as u16) * 3;
+        for channel in [bw_common::classify::Channel::Sync, bw_common::classify::Channel::Async] {
+            let _ = bw_common::classify::classify(Some(code), Some(code / 7), status, channel);
+            let _ = bw_common::classify::classify(None, None, status, channel);
+        }
     }
 }
 

@@ -10,6 +10,7 @@ mod incident;
 mod order;
 mod outage;
 mod partitions;
+mod pauses;
 mod permissions;
 mod priority;
 mod redaction;

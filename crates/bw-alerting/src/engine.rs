@@ -203,7 +203,10 @@ impl Engine {
             "credentials" => (
                 Rule::CredentialsInvalid,
                 Severity::Critical,
-                format!("Meta rejected the credentials for {shown} (code {}); sending is paused", s.meta_code),
+                format!(
+                    "Meta refused {shown} for its token, WABA or number (code {}); that scope is paused",
+                    s.meta_code
+                ),
             ),
             "poison" => (
                 Rule::PoisonMessages,

@@ -4,6 +4,9 @@
 //! - `GET  /admin/breakers/{phone_number_id}` — one scope;
 //! - `POST /admin/breakers/{phone_number_id}/{force-open|force-closed|clear|reset}` — operator overrides, with
 //!   an optional JSON body `{"reason": "..."}` that is logged;
+//! - `POST /admin/pauses/{number|waba|app|token}/{id}/{pause|lift}` — an operator's pause of one scope (body
+//!   `{"for_ms": N, "reason": "..."}`; without `for_ms` until lifted), or the lift of any pause of it (an answer's,
+//!   a webhook's or an operator's); `id` is the phone_number_id, WABA id, app id or the token's fingerprint;
 //! - `POST /admin/reload` — re-read the limits (also done on SIGHUP and when the limits file changes);
 //! - `GET  /admin/leader` — this instance's id, whether it leads, and the lease holder.
 //!
@@ -26,7 +29,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bw_breaker::{Forced, Scope, ScopeLimits, ScopeStatus};
+use bw_breaker::{Forced, Parent, PauseEnd, PauseSource, PauseSpec, Scope, ScopeLimits, ScopeStatus};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -38,6 +41,7 @@ const MAX_TOKEN_LEN: usize = 1024;
 pub fn router(coordinator: Coordinator) -> Router {
     let operator = Router::new()
         .route("/admin/breakers/{phone}/{action}", post(act))
+        .route("/admin/pauses/{level}/{id}/{action}", post(pause_action))
         .route("/admin/reload", post(reload))
         .route_layer(middleware::from_fn_with_state(coordinator.clone(), require_operator));
     Router::new()
@@ -233,6 +237,95 @@ async fn act(State(c): State<Coordinator>, Path((phone, action)): Path<(String, 
             let mut body = status_json(&c, &scope, &status);
             body["transitions"] = json!(transitions.len());
             axum::Json(body).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}")),
+    }
+}
+
+/// The scope `level`/`id` names, or why not (ids are Meta's ids or a token fingerprint: short, plain ASCII).
+fn parent_of(c: &Coordinator, level: &str, id: &str) -> Result<Parent, (StatusCode, String)> {
+    let plain =
+        !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+    if !plain {
+        return Err((StatusCode::BAD_REQUEST, "id must be 1 to 64 letters, digits, '-', '_' or '.'".into()));
+    }
+    match level {
+        "number" => match c.scope(id) {
+            Some(scope) => Ok(Parent::Number(scope)),
+            None => Err((StatusCode::NOT_FOUND, format!("scope `{id}` not found"))),
+        },
+        "waba" => Ok(Parent::Waba(id.to_string())),
+        "app" => Ok(Parent::App(id.to_string())),
+        "token" if id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(Parent::Token(id.to_ascii_lowercase()))
+        }
+        "token" => Err((StatusCode::BAD_REQUEST, "a token is named by its fingerprint: 16 hex digits".into())),
+        other => Err((StatusCode::NOT_FOUND, format!("unknown level `{other}` (number, waba, app, token)"))),
+    }
+}
+
+fn pause_json(parent: &Parent, status: &bw_breaker::ParentStatus) -> Value {
+    let p = status.to_proto(parent);
+    json!({
+        "level": p.level,
+        "id": p.id,
+        "code": p.code,
+        "reason": p.reason,
+        "since_unix_ms": p.since_unix_ms,
+        "until_unix_ms": p.until_unix_ms,
+        "halted": status.halted,
+        "lift": p.lift,
+        "source": p.source,
+        "marketing_only": p.marketing_only,
+    })
+}
+
+/// An operator pauses one scope (number, WABA, app or token), or lifts whatever pause it has.
+async fn pause_action(
+    State(c): State<Coordinator>,
+    Path((level, id, action)): Path<(String, String, String)>,
+    body: Bytes,
+) -> Response {
+    let parent = match parent_of(&c, &level, &id) {
+        Ok(p) => p,
+        Err((status, message)) => return error(status, message),
+    };
+    let body: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
+        }
+    };
+    let reason: String = body.get("reason").and_then(|r| r.as_str()).unwrap_or_default().chars().take(200).collect();
+    let result = match action.as_str() {
+        "lift" => c.breaker().clear_parent(&parent).await,
+        "pause" => {
+            let end = match body.get("for_ms") {
+                None | Some(Value::Null) => PauseEnd::Lifted,
+                Some(v) => match v.as_u64().filter(|ms| *ms > 0) {
+                    Some(ms) => PauseEnd::For(ms),
+                    None => return error(StatusCode::BAD_REQUEST, "for_ms must be a positive number of milliseconds"),
+                },
+            };
+            let spec =
+                PauseSpec { scope: parent.level(), code: 0, end, marketing_only: false, source: PauseSource::Operator };
+            c.breaker().pause(&parent, spec).await
+        }
+        other => return error(StatusCode::NOT_FOUND, format!("unknown action `{other}` (pause, lift)")),
+    };
+    match result {
+        Ok(status) => {
+            c.metrics().operator_actions.get_or_create(&vec![("action".into(), format!("{action}-{level}"))]).inc();
+            tracing::info!(level = %level, id = %id, action = %action, reason = %reason, "operator pause action");
+            c.forget_parent(&parent);
+            // The snapshots show it at once on the leader; another instance's change reaches them within the
+            // leader's parent_refresh_ms.
+            if c.is_leader() {
+                c.tick_all(true).await;
+            }
+            axum::Json(pause_json(&parent, &status)).into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}")),
     }

@@ -3,7 +3,8 @@
 //!
 //! It writes each scope's config hash into Redis (from its config or a hot-reloaded limits file), ticks every
 //! known scope so an OPEN breaker moves to HALF_OPEN when its cooldown ends even without traffic, keeps the
-//! current `ScopeSnapshot` of every scope in the KV bucket BW_SCOPES, counts trips from the transition events
+//! current `ScopeSnapshot` of every scope in the KV bucket BW_SCOPES (with every pause that holds the scope: its
+//! number's own, its WABA's, and its app's and token's as the dispatchers recorded them), counts trips from the transition events
 //! every instance publishes on `bw.breaker.v1.*`, and serves the admin API (list, force open/closed, clear,
 //! reset, reload) on the admin port; its state-changing routes need an operator token ([`admin`]).
 //!
@@ -29,7 +30,7 @@ mod metrics;
 pub use config::Config;
 
 use anyhow::Context as _;
-use bw_breaker::{Breaker, Scope, ScopeStatus};
+use bw_breaker::{Breaker, Parent, ParentStatus, Scope, ScopeAccount, ScopeStatus};
 use bw_common::proto::{BreakerState, BreakerTransition};
 use bw_common::service::Deps;
 use config::Limits;
@@ -56,7 +57,7 @@ pub const REDIS_EPOCH_KEY: &str = "bw:coordinator:epoch";
 const EVENTS_QUEUE_GROUP: &str = "bw-breaker-coordinator";
 
 /// Fields of a snapshot whose change is written to BW_SCOPES at once.
-type SnapshotKey = (i32, String, i64, i64, String, u32, i64);
+type SnapshotKey = (i32, String, i64, i64, String, u32, i64, Vec<(String, String, i64, i64, String)>);
 
 fn snapshot_key(s: &ScopeStatus) -> SnapshotKey {
     let snap = &s.snapshot;
@@ -68,6 +69,7 @@ fn snapshot_key(s: &ScopeStatus) -> SnapshotKey {
         snap.pause_reason.clone(),
         snap.trips,
         (snap.ramp_fraction * 20.0).round() as i64,
+        snap.pauses.iter().map(|p| (p.level.clone(), p.id.clone(), p.code, p.until_unix_ms, p.lift.clone())).collect(),
     )
 }
 
@@ -96,6 +98,10 @@ struct Inner {
     /// phone_number_id → scope, for every scope known (configured, indexed in Redis, or seen in an event).
     known: RwLock<HashMap<String, Scope>>,
     written: Mutex<HashMap<String, (SnapshotKey, Instant)>>,
+    /// The account (app, token) each scope is sent with, as the dispatchers recorded it (`waba:phone` keys).
+    accounts: RwLock<HashMap<String, ScopeAccount>>,
+    /// The pauses above the numbers (WABA, app, token) by key, read at most once per `parent_refresh_ms`.
+    parents: Mutex<HashMap<String, (Instant, Parent, ParentStatus)>>,
     limits_mtime: Mutex<Option<SystemTime>>,
     metrics: metrics::Metrics,
 }
@@ -134,6 +140,8 @@ impl Coordinator {
                 limits: RwLock::new(Arc::new(limits)),
                 known: RwLock::new(known),
                 written: Mutex::new(HashMap::new()),
+                accounts: RwLock::new(HashMap::new()),
+                parents: Mutex::new(HashMap::new()),
                 limits_mtime,
                 metrics,
                 cfg,
@@ -245,12 +253,105 @@ impl Coordinator {
         }
     }
 
+    /// The pauses above the number that cover `scope`: its WABA's, and the app's and token's of the account its
+    /// dispatchers recorded (none recorded yet: the WABA's alone).
+    fn parents_of(&self, scope: &Scope) -> Vec<Parent> {
+        let accounts = self.inner.accounts.read().unwrap_or_else(|p| p.into_inner());
+        match accounts.get(&scope.index_member()) {
+            Some(account) => account.parents(scope),
+            None => vec![Parent::Waba(scope.waba_id.clone())],
+        }
+    }
+
+    /// Reads the pauses above the numbers of `scopes` that were not read within `parent_refresh_ms`
+    /// (concurrently, one call per key). A failed read keeps what was known.
+    async fn refresh_parents(&self, scopes: &[Scope]) {
+        let refresh = Duration::from_millis(self.inner.breaker.config().parent_refresh_ms);
+        let stale: HashMap<String, Parent> = {
+            let cache = lock(&self.inner.parents);
+            scopes
+                .iter()
+                .flat_map(|s| self.parents_of(s))
+                .filter(|p| cache.get(&p.key()).is_none_or(|(at, _, _)| at.elapsed() >= refresh))
+                .map(|p| (p.key(), p))
+                .collect()
+        };
+        let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
+        let read: Vec<(String, Parent, Option<ParentStatus>)> = futures::stream::iter(stale)
+            .map(|(key, parent)| async move {
+                let status = self.inner.breaker.parent_status(&parent).await;
+                if let Err(e) = &status {
+                    tracing::debug!(parent = %key, error = %e, "pause read failed");
+                }
+                (key, parent, status.ok())
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let mut cache = lock(&self.inner.parents);
+        for (key, parent, status) in read {
+            if let Some(status) = status {
+                cache.insert(key, (Instant::now(), parent, status));
+            }
+        }
+    }
+
+    /// The pauses above the number in force for `scope`, from what [`Coordinator::refresh_parents`] read.
+    fn parent_pauses(&self, scope: &Scope, now_ms: i64) -> Vec<bw_common::proto::ScopePause> {
+        let cache = lock(&self.inner.parents);
+        self.parents_of(scope)
+            .iter()
+            .filter_map(|p| cache.get(&p.key()))
+            .filter(|(_, _, status)| status.active(now_ms))
+            .map(|(_, parent, status)| status.to_proto(parent))
+            .collect()
+    }
+
+    /// Forgets what was read of a pause (an operator lifted or set it here): the next store reads it again.
+    pub(crate) fn forget_parent(&self, parent: &Parent) {
+        lock(&self.inner.parents).remove(&parent.key());
+    }
+
+    /// Sets the pause gauge from the pauses in force over `statuses` and above their numbers (each pause counted
+    /// once, from what the last store read).
+    fn count_pauses(&self, statuses: Vec<ScopeStatus>) {
+        let now = bw_common::time::now_ms();
+        let mut seen: HashMap<(String, String), (String, i64, String)> = HashMap::new();
+        for status in statuses {
+            let Some(s) = status.snapshot.scope.as_ref() else { continue };
+            let scope = Scope::new(s.waba_id.clone(), s.phone_number_id.clone());
+            for p in status.snapshot.pauses.iter().chain(self.parent_pauses(&scope, now).iter()) {
+                seen.insert((p.level.clone(), p.id.clone()), (p.level.clone(), p.code, p.lift.clone()));
+            }
+        }
+        let metric = &self.inner.metrics.pauses;
+        metric.clear();
+        let mut counts: HashMap<(String, i64, String), i64> = HashMap::new();
+        for v in seen.into_values() {
+            *counts.entry(v).or_default() += 1;
+        }
+        for ((level, code, lift), n) in counts {
+            metric
+                .get_or_create(&vec![("level".into(), level), ("code".into(), code.to_string()), ("lift".into(), lift)])
+                .set(n);
+        }
+    }
+
     /// Records the state of a scope: gauge, and BW_SCOPES when something significant changed or it is old.
-    /// Only the leader records; on other instances this does nothing.
+    /// The snapshot carries every pause that holds the scope. Only the leader records; on other instances this
+    /// does nothing.
     async fn store(&self, status: &ScopeStatus, force: bool) {
         if !self.is_leader() {
             return;
         }
+        let Some(s) = status.snapshot.scope.as_ref() else {
+            return;
+        };
+        let scope = Scope::new(s.waba_id.clone(), s.phone_number_id.clone());
+        self.refresh_parents(std::slice::from_ref(&scope)).await;
+        let mut status = status.clone();
+        status.snapshot.pauses.extend(self.parent_pauses(&scope, bw_common::time::now_ms()));
+        let status = &status;
         let Some(scope) = status.snapshot.scope.as_ref() else {
             return;
         };
@@ -300,7 +401,7 @@ impl Coordinator {
         }
     }
 
-    async fn tick_all(&self, force_store: bool) {
+    pub(crate) async fn tick_all(&self, force_store: bool) {
         let scopes = self.known_scopes();
         let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
         let ticked: Vec<(ScopeStatus, bool)> = futures::stream::iter(scopes)
@@ -309,7 +410,13 @@ impl Coordinator {
             .filter_map(std::future::ready)
             .collect()
             .await;
+        let gauge_due = self.is_leader();
+        let statuses: Vec<ScopeStatus> =
+            if gauge_due { ticked.iter().map(|(s, _)| s.clone()).collect() } else { vec![] };
         self.store_checked(ticked, force_store).await;
+        if gauge_due {
+            self.count_pauses(statuses);
+        }
         self.inner.metrics.ticks.inc();
     }
 
@@ -323,6 +430,12 @@ impl Coordinator {
         }
         match self.redis_epoch().await {
             Some(true) => {
+                let scopes: Vec<Scope> = ticked
+                    .iter()
+                    .filter_map(|(s, _)| s.snapshot.scope.as_ref())
+                    .map(|s| Scope::new(s.waba_id.clone(), s.phone_number_id.clone()))
+                    .collect();
+                self.refresh_parents(&scopes).await;
                 let concurrency = self.inner.cfg.coordinator.tick_concurrency.max(1);
                 futures::stream::iter(ticked)
                     .for_each_concurrent(concurrency, |(status, changed)| async move {
@@ -469,9 +582,14 @@ impl Coordinator {
         }
     }
 
-    /// Reads the scope index other services fill; writes the config of newly seen scopes.
+    /// Reads the scope index other services fill (and the account each scope is sent with); writes the config of
+    /// newly seen scopes.
     async fn discover(&self) {
         self.discover_dlq().await;
+        match self.inner.breaker.scope_accounts().await {
+            Ok(accounts) => *self.inner.accounts.write().unwrap_or_else(|p| p.into_inner()) = accounts,
+            Err(e) => tracing::debug!(error = %e, "cannot read the scope accounts"),
+        }
         let mut conn = self.inner.redis.clone();
         let members: Vec<String> =
             match redis::cmd("SMEMBERS").arg(bw_common::names::SCOPES_INDEX_KEY).query_async(&mut conn).await {

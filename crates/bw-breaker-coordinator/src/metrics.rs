@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     pub redis_epoch_missing: Counter,
     /// FORCED_OPEN overrides re-applied after Redis lost them.
     pub overrides_restored: Counter,
+    /// Pauses in force over the known scopes, by level (number, waba, app, token), Meta code and lift.
+    pub pauses: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -68,6 +70,11 @@ impl Metrics {
                 "bw_breaker_coordinator_overrides_restored",
                 "FORCED_OPEN overrides re-applied after Redis lost them",
                 m.overrides_restored.clone(),
+            );
+            r.register(
+                "bw_breaker_pauses",
+                "Pauses in force over the known scopes, by level (number, waba, app, token), Meta code and lift",
+                m.pauses.clone(),
             );
             r.register(
                 "bw_breaker_coordinator_operator_actions",

@@ -234,12 +234,14 @@ pub struct BreakerConfig {
     /// Retry-after given to replay while degraded (replay does not run without Redis), ms.
     pub fallback_replay_retry_ms: u64,
     /// How long a read of the app / WABA / token pause keys is trusted before admission reads them again, ms.
-    /// A pause recorded by this process is known here at once; one recorded elsewhere within this bound.
+    /// A pause recorded by this process is known here at once; one recorded elsewhere within this bound. (The
+    /// number's own pause is read by the admission script itself, at once everywhere.)
     pub parent_refresh_ms: u64,
-    /// Lifetime of a token halt key, ms: the halt lasts until an operator clears it or the token changes; the
-    /// key of a token no longer used expires after this.
+    /// Lifetime of the key of a pause held until lifted (a token halt, a WABA restriction, a number's
+    /// registration), ms: the pause lasts until an operator lifts it (or, for a token, the token changes); after
+    /// this the key expires and the next send probes.
     pub token_halt_ttl_ms: u64,
-    /// Retry-after given to sends while their token is halted, ms.
+    /// Retry-after given to sends held by a pause until lifted (token, WABA, number), ms.
     pub token_halt_retry_ms: u64,
     /// Limits used when a scope has no config hash in Redis (the coordinator normally writes one).
     pub defaults: ScopeLimits,

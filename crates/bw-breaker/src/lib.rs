@@ -7,12 +7,16 @@
 //! batch of outcomes back in one round trip and reports the transitions it caused, which the library also
 //! publishes on `bw.breaker.v1.<phone>`.
 //!
-//! Limits above the number (app: code 4 and friends; WABA: 80007 / 80008; token: credentials codes) live in
-//! their own keys with their own hash tag (`lua/parent_pause.lua`). Admission reads them (concurrently, at most
-//! once per `parent_refresh_ms` per key and process; a pause this process records is known at once) and refuses
-//! every send under them with [`DenyReason::AppPaused`], [`DenyReason::WabaPaused`] or
-//! [`DenyReason::TokenHalted`]. A token halt is keyed by a fingerprint of the token ([`token_fingerprint`]), so it
-//! lifts by itself when the token changes ([`Breaker::set_account`]). State changes only inside the scripts, on Redis server time. When
+//! Pauses hold exactly their scope ([`OutcomeKind::Pause`], [`Breaker::pause`]; `lua/parent_pause.lua`): the
+//! number's own pause key shares the number's hash tag and `admit_send.lua` reads it in the admission call
+//! ([`DenyReason::NumberPaused`]); the pauses above the number (app: code 4 and friends; WABA: 80007 / 80008,
+//! 368, 131031, 131042, 131063, 131064; token: 190, 0 with an auth subcode, permission codes) live in their own
+//! keys with their own hash tag. Admission reads those (concurrently, at most once per `parent_refresh_ms` per key
+//! and process; a pause this process records is known at once) and refuses every send under them (marketing
+//! only, for a marketing-only pause) with [`DenyReason::AppPaused`], [`DenyReason::WabaPaused`] or
+//! [`DenyReason::TokenHalted`]. Each pause records its code and reason, its start, its end or what lifts it, and
+//! who set it ([`ParentStatus`]). A token halt is keyed by a fingerprint of the token ([`token_fingerprint`]), so
+//! it lifts by itself when the token changes ([`Breaker::set_account`]). State changes only inside the scripts, on Redis server time. When
 //! Redis is unreachable the library never errors on the send path: it answers from a local conservative
 //! fallback ([`BreakerConfig`] `fallback_*`) with `degraded = true`, and goes back to Redis on its own.
 //!
@@ -27,7 +31,7 @@ pub mod scripts;
 pub use config::{BreakerConfig, ScopeLimits};
 pub use order::{Blocker, OrderBook, OrderRelease, Registration};
 
-use bw_common::classify::RateScope;
+use bw_common::classify::{PauseScope, RateScope};
 use bw_common::proto::{self, BreakerState, BreakerTransition};
 use prost::Message as _;
 use rand::RngExt;
@@ -126,15 +130,20 @@ pub enum DenyReason {
     SpamPaused,
     /// 131049: marketing to this recipient is deferred (at least 24 h); other classes are not.
     RecipientDeferred,
-    /// 133016: register / deregister attempts of the number are limited.
+    /// A pause of kind registration in the number's state hash (`PAUSE.registration` of the prelude; 133016 now
+    /// pauses the number's own pause key, [`DenyReason::NumberPaused`]).
     RegistrationPaused,
     /// Code 4 (17, 32, 613): the app's call budget; every number on the app is paused.
     AppPaused,
-    /// 80007 / 80008: the WABA's budget; every number of the WABA is paused.
+    /// A pause of the WABA (its budget, a restriction, billing, marketing disabled): every number of the WABA is
+    /// paused (marketing only, for a marketing-only pause).
     WabaPaused,
-    /// A credentials error on the access token: every number on it is halted until the token changes or an
-    /// operator clears the halt.
+    /// The access token is halted (190, 0 with an auth subcode, permission codes): every number on it is halted
+    /// until the token changes or an operator lifts the halt.
     TokenHalted,
+    /// The number's own pause (registration, display name, deleted number, maintenance, an authentication
+    /// refusal that probes): this number alone.
+    NumberPaused,
     /// An earlier accepted message to the same recipient (same sender, a category that keeps order) is still
     /// waiting: this one may not reach Meta before it ([`Admission::blockers`] names it).
     OrderWait,
@@ -160,11 +169,12 @@ impl DenyReason {
             DenyReason::WabaPaused => "waba_paused",
             DenyReason::TokenHalted => "token_halted",
             DenyReason::OrderWait => "order_wait",
+            DenyReason::NumberPaused => "number_paused",
         }
     }
 
     /// Every reason.
-    pub const ALL: [DenyReason; 16] = [
+    pub const ALL: [DenyReason; 17] = [
         DenyReason::BreakerOpen,
         DenyReason::ForcedOpen,
         DenyReason::Paused,
@@ -181,6 +191,7 @@ impl DenyReason {
         DenyReason::WabaPaused,
         DenyReason::TokenHalted,
         DenyReason::OrderWait,
+        DenyReason::NumberPaused,
     ];
 
     /// The `admit_send.lua` code of this reason; None for the reasons decided in Rust (the local fallback and
@@ -220,10 +231,9 @@ pub enum OutcomeKind {
     /// - [`RateScope::PhoneNumber`] (130429): pauses the number for `pause_ms`, cuts its adaptive rate;
     /// - [`RateScope::Pair`] (131056): the pair backs off 4^X s (`pause_ms` is ignored);
     /// - [`RateScope::Spam`] (131048): pauses the number for `pause_ms` ([`DenyReason::SpamPaused`]);
-    /// - [`RateScope::Registration`] (133016): pauses the number for `pause_ms`
-    ///   ([`DenyReason::RegistrationPaused`]);
     /// - [`RateScope::Recipient`] (131049): defers marketing to the recipient for max(`pause_ms`, 24 h);
-    /// - [`RateScope::App`] / [`RateScope::Waba`]: pauses the app / WABA key for `pause_ms` (every number);
+    /// - [`RateScope::App`] / [`RateScope::Waba`]: pauses the app / WABA key for `pause_ms` (every number; the
+    ///   dispatcher records these as [`OutcomeKind::Pause`] with Meta's code);
     /// - [`RateScope::Flow`] (132069): recorded nowhere (admission does not know Flows; the dispatcher parks the
     ///   message for the hour).
     RateLimited {
@@ -232,12 +242,56 @@ pub enum OutcomeKind {
     },
     /// Permanent client error: never counts.
     Permanent,
-    /// Credentials or account error (0, 190 and the other credentials codes): halts the access token set with
-    /// [`Breaker::set_account`] (every number on it) until the token changes or an operator clears it; without a
-    /// token set, pauses the scope for `pause_ms`. Never a health failure.
-    Credentials {
-        pause_ms: u64,
-    },
+    /// A pause of the number, its WABA, its app or its access token (set with [`Breaker::set_account`]), and of
+    /// nothing else ([`PauseSpec`]). Never a health failure: the window does not see it.
+    Pause(PauseSpec),
+}
+
+/// A pause to record: its scope (token, app, WABA or phone number; other scopes have no pause key here), the
+/// Meta code behind it, how it ends, and who asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PauseSpec {
+    pub scope: PauseScope,
+    pub code: i64,
+    pub end: PauseEnd,
+    /// Only marketing sends are held (WABA scope).
+    pub marketing_only: bool,
+    pub source: PauseSource,
+}
+
+/// How a pause ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseEnd {
+    /// After this many ms.
+    For(u64),
+    /// After this many ms (or twice the last such pause of the key, up to
+    /// [`bw_common::classify::PROBE_PAUSE_MAX_MS`]); then one send probes (number scope; a pause above the
+    /// number simply ends and the next answer tells).
+    Probe(u64),
+    /// When a person lifts it ([`Breaker::clear_parent`]), or, for a token, when the token changes. The key
+    /// expires after `token_halt_ttl_ms`; the next send then probes.
+    Lifted,
+}
+
+/// Who set a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PauseSource {
+    /// Meta's answer to a send.
+    Answer,
+    /// A webhook of Meta (a failed status, an account update).
+    Webhook,
+    /// An operator.
+    Operator,
+}
+
+impl PauseSource {
+    pub fn label(self) -> &'static str {
+        match self {
+            PauseSource::Answer => "answer",
+            PauseSource::Webhook => "webhook",
+            PauseSource::Operator => "operator",
+        }
+    }
 }
 
 /// One outcome to record.
@@ -298,9 +352,11 @@ pub enum QuotaVisibility {
     Unknown,
 }
 
-/// A scope above the sender whose pause covers many numbers.
+/// A scope with a pause key: the number itself, or a scope above it whose pause covers many numbers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Parent {
+    /// The number alone (its own pause key, in its hash tag).
+    Number(Scope),
     /// An app, by app id.
     App(String),
     /// A WABA, by id.
@@ -313,14 +369,34 @@ impl Parent {
     /// Its Redis key.
     pub fn key(&self) -> String {
         match self {
+            Parent::Number(scope) => scripts::number_pause_key(scope),
             Parent::App(id) => scripts::app_pause_key(id),
             Parent::Waba(id) => scripts::waba_pause_key(id),
             Parent::Token(fp) => scripts::token_halt_key(fp),
         }
     }
 
+    /// Its level: number, WABA, app or token.
+    pub fn level(&self) -> PauseScope {
+        match self {
+            Parent::Number(_) => PauseScope::PhoneNumber,
+            Parent::App(_) => PauseScope::App,
+            Parent::Waba(_) => PauseScope::Waba,
+            Parent::Token(_) => PauseScope::Token,
+        }
+    }
+
+    /// The paused scope's id (phone_number_id, WABA id, app id, token fingerprint).
+    pub fn id(&self) -> &str {
+        match self {
+            Parent::Number(scope) => &scope.phone_number_id,
+            Parent::App(id) | Parent::Waba(id) | Parent::Token(id) => id,
+        }
+    }
+
     fn deny_reason(&self) -> DenyReason {
         match self {
+            Parent::Number(_) => DenyReason::NumberPaused,
             Parent::App(_) => DenyReason::AppPaused,
             Parent::Waba(_) => DenyReason::WabaPaused,
             Parent::Token(_) => DenyReason::TokenHalted,
@@ -328,14 +404,59 @@ impl Parent {
     }
 }
 
-/// State of a parent pause.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// State of a pause (of a number, WABA, app or token).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ParentStatus {
-    /// Unix ms until which it is paused (0: not paused).
+    /// Unix ms until which it is paused (0: not paused, or paused until lifted: see `halted`).
     pub paused_until_unix_ms: i64,
     pub reason: String,
-    /// Token halt in force (lifts only by an operator's clear or a new token).
+    /// Paused until lifted (an operator, a new token; a token halt, a WABA restriction, a number's registration).
     pub halted: bool,
+    /// Meta code behind it (0: none).
+    pub code: i64,
+    /// Start of the pause in force, Unix ms (0: none).
+    pub since_unix_ms: i64,
+    /// Who set it: "answer", "webhook" or "operator" (empty: none).
+    pub source: String,
+    /// What ends it: "time", "probe", "operator" or "new_token" (empty: none).
+    pub lift: String,
+    /// Holds marketing sends only.
+    pub marketing_only: bool,
+}
+
+impl ParentStatus {
+    /// In force now: halted, or paused past `now_ms`.
+    pub fn active(&self, now_ms: i64) -> bool {
+        self.halted || self.paused_until_unix_ms > now_ms
+    }
+
+    /// The pause as the scope snapshot shows it.
+    pub fn to_proto(&self, parent: &Parent) -> proto::ScopePause {
+        proto::ScopePause {
+            level: parent.level().label().to_string(),
+            id: parent.id().to_string(),
+            code: self.code,
+            reason: self.reason.clone(),
+            since_unix_ms: self.since_unix_ms,
+            until_unix_ms: if self.halted { 0 } else { self.paused_until_unix_ms },
+            lift: self.lift.clone(),
+            source: self.source.clone(),
+            marketing_only: self.marketing_only,
+        }
+    }
+
+    fn from_reply(reply: &scripts::ParentReply) -> ParentStatus {
+        ParentStatus {
+            paused_until_unix_ms: reply.paused_until_ms,
+            reason: reply.reason.clone(),
+            halted: reply.halted,
+            code: reply.code,
+            since_unix_ms: reply.since_ms,
+            source: reply.source.clone(),
+            lift: reply.lift.clone(),
+            marketing_only: reply.marketing,
+        }
+    }
 }
 
 /// Fingerprint of an access token used in Redis keys: the first 16 hex digits of its SHA-256. The token itself
@@ -346,6 +467,39 @@ pub fn token_fingerprint(access_token: &str) -> String {
     hex::encode(&digest[..8])
 }
 
+/// The app and token a scope's sends use, as the dispatchers record them for the coordinator
+/// ([`Breaker::scope_accounts`]): the pauses above the number that cover it are these and its WABA's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScopeAccount {
+    /// The app key of its app pause (the app id; `tok-<fingerprint>` or `default` when none is configured).
+    pub app: String,
+    /// The token's fingerprint, if a token is set.
+    pub token_fp: Option<String>,
+}
+
+impl ScopeAccount {
+    fn encode(&self) -> String {
+        format!("{}\t{}", self.app, self.token_fp.as_deref().unwrap_or(""))
+    }
+
+    fn decode(value: &str) -> Option<ScopeAccount> {
+        let (app, fp) = value.split_once('\t')?;
+        Some(ScopeAccount { app: app.to_string(), token_fp: (!fp.is_empty()).then(|| fp.to_string()) })
+    }
+
+    /// The pauses above the number that cover `scope` under this account: its WABA, the app and the token.
+    pub fn parents(&self, scope: &Scope) -> Vec<Parent> {
+        let mut out = vec![Parent::Waba(scope.waba_id.clone())];
+        if !self.app.is_empty() {
+            out.push(Parent::App(self.app.clone()));
+        }
+        if let Some(fp) = &self.token_fp {
+            out.push(Parent::Token(fp.clone()));
+        }
+        out
+    }
+}
+
 /// The app and token this breaker's sends use.
 #[derive(Debug, Clone, Default)]
 struct Account {
@@ -353,7 +507,7 @@ struct Account {
     token_fp: Option<String>,
 }
 
-/// What this process knows of a parent pause.
+/// What this process knows of a pause above the number.
 #[derive(Debug, Clone)]
 struct ParentEntry {
     fetched: tokio::time::Instant,
@@ -361,6 +515,9 @@ struct ParentEntry {
     server_now_ms: i64,
     paused_until_ms: i64,
     halted: bool,
+    marketing_only: bool,
+    /// Retry-after of an untimed hold, ms (0: the configured `token_halt_retry_ms`).
+    retry_ms: u64,
     /// End of the last pause seen (Redis ms), kept after it ended so the ramp can start there.
     last_end_ms: i64,
 }
@@ -536,6 +693,8 @@ impl Breaker {
         }
     }
 
+    /// Adds the scope to the index of scopes (once per process), and records the account this process sends it
+    /// with, so the coordinator knows which app and token pauses cover it.
     async fn register_scope(&self, scope: &Scope) {
         let member = scope.index_member();
         if lock(&self.inner.registered).contains(&member) {
@@ -543,9 +702,21 @@ impl Breaker {
         }
         if let Some(redis) = &self.inner.redis {
             let timeout = Duration::from_millis(self.inner.cfg.command_timeout_ms);
-            if let Ok(Ok(())) =
-                tokio::time::timeout(timeout, sadd(redis, bw_common::names::SCOPES_INDEX_KEY, &member)).await
-            {
+            let account = self.account();
+            let registered = async {
+                sadd(redis, bw_common::names::SCOPES_INDEX_KEY, &member).await?;
+                if let Some(account) = &account {
+                    let mut conn = redis.clone();
+                    redis::cmd("HSET")
+                        .arg(scripts::SCOPE_ACCOUNTS_KEY)
+                        .arg(&member)
+                        .arg(account.encode())
+                        .query_async::<()>(&mut conn)
+                        .await?;
+                }
+                Ok::<(), redis::RedisError>(())
+            };
+            if let Ok(Ok(())) = tokio::time::timeout(timeout, registered).await {
                 lock(&self.inner.registered).insert(member);
             }
         }
@@ -652,53 +823,95 @@ impl Breaker {
                 }
                 admission
             } else {
-                let (state, incident_id) = self.last_known(scope).unwrap_or((BreakerState::Closed, String::new()));
-                Admission {
-                    decisions: vec![deny; items.len()],
-                    state,
-                    incident_id,
-                    degraded: false,
-                    server_now_ms: bw_common::time::now_ms(),
-                    blockers: Vec::new(),
-                    slot_gap_ms: 0.0,
-                }
+                self.refused_here(scope, vec![deny; items.len()])
             };
             self.count_decisions(&admission);
             return admission;
         }
-        let admission = self.admit_uncached(scope, items, operation_ids, parents.ended_ms).await;
+        let admission = match parents.marketing_block {
+            Some((reason, retry_after_ms)) => {
+                let deny = Decision::Deny { reason, retry_after_ms: retry_after_ms.max(1) };
+                self.admit_without_marketing(scope, items, operation_ids, parents.ended_ms, deny).await
+            }
+            None => self.admit_uncached(scope, items, operation_ids, parents.ended_ms).await,
+        };
         self.count_decisions(&admission);
         admission
     }
 
+    /// An admission decided here without the scope script (a pause above the number refuses every item).
+    fn refused_here(&self, scope: &Scope, decisions: Vec<Decision>) -> Admission {
+        let (state, incident_id) = self.last_known(scope).unwrap_or((BreakerState::Closed, String::new()));
+        Admission {
+            decisions,
+            state,
+            incident_id,
+            degraded: false,
+            server_now_ms: bw_common::time::now_ms(),
+            blockers: Vec::new(),
+            slot_gap_ms: 0.0,
+        }
+    }
+
+    /// Under a marketing-only pause (131063 on the WABA): marketing and marketing replays are refused with
+    /// `deny` without taking tokens or slots; the others are admitted as usual.
+    async fn admit_without_marketing(
+        &self,
+        scope: &Scope,
+        items: &[AdmitItem],
+        operation_ids: &[String],
+        parent_ended_ms: i64,
+        deny: Decision,
+    ) -> Admission {
+        let held = |item: &AdmitItem| matches!(item.class, TrafficClass::Marketing | TrafficClass::Replay);
+        let rest: Vec<usize> = (0..items.len()).filter(|&i| !held(&items[i])).collect();
+        if rest.is_empty() {
+            return self.refused_here(scope, vec![deny; items.len()]);
+        }
+        let sub_items: Vec<AdmitItem> = rest.iter().map(|&i| items[i].clone()).collect();
+        let sub_ops: Vec<String> = rest.iter().map(|&i| operation_ids.get(i).cloned().unwrap_or_default()).collect();
+        let sub = self.admit_uncached(scope, &sub_items, &sub_ops, parent_ended_ms).await;
+        let mut decisions = vec![deny; items.len()];
+        let mut blockers = if sub.blockers.is_empty() { Vec::new() } else { vec![None; items.len()] };
+        for (j, &i) in rest.iter().enumerate() {
+            if let Some(d) = sub.decisions.get(j) {
+                decisions[i] = *d;
+            }
+            if let Some(b) = sub.blockers.get(j) {
+                blockers[i] = b.clone();
+            }
+        }
+        Admission { decisions, blockers, ..sub }
+    }
+
     /// Sets the app and the access token this breaker's sends use (call at start-up and whenever the token
     /// changes). App pauses are keyed by `app_id` (by the token's fingerprint when it is empty), token halts by
-    /// the token's fingerprint: a new token is not under the old token's halt. The token is not kept.
+    /// the token's fingerprint: a new token is not under the old token's halt. The token is not kept. The scopes
+    /// this process sends for are recorded with it for the coordinator ([`Breaker::scope_accounts`]).
     pub fn set_account(&self, app_id: &str, access_token: &str) {
         let token_fp = (!access_token.is_empty()).then(|| token_fingerprint(access_token));
         *lock(&self.inner.account) = Account { app_id: app_id.to_string(), token_fp };
+        lock(&self.inner.registered).clear();
+    }
+
+    /// The account of this process's sends (app key and token fingerprint), None before [`Breaker::set_account`].
+    fn account(&self) -> Option<ScopeAccount> {
+        let account = lock(&self.inner.account).clone();
+        if account.app_id.is_empty() && account.token_fp.is_none() {
+            return None;
+        }
+        Some(ScopeAccount { app: app_key(&account), token_fp: account.token_fp })
     }
 
     /// The parents whose pauses cover `scope`: its WABA, the app and the token (when set).
     fn parents_of(&self, scope: &Scope) -> Vec<Parent> {
         let account = lock(&self.inner.account).clone();
-        let mut out = vec![Parent::Waba(scope.waba_id.clone())];
-        let app = if !account.app_id.is_empty() {
-            account.app_id.clone()
-        } else if let Some(fp) = &account.token_fp {
-            format!("tok-{fp}")
-        } else {
-            "default".to_string()
-        };
-        out.push(Parent::App(app));
-        if let Some(fp) = account.token_fp {
-            out.push(Parent::Token(fp));
-        }
-        out
+        ScopeAccount { app: app_key(&account), token_fp: account.token_fp }.parents(scope)
     }
 
-    /// Reads (or takes from the cache) the pauses of the scope's parents: the first refusal, and the end of a
-    /// parent pause that ended within `pause_ramp_ms` (0 if none) for the ramp.
+    /// Reads (or takes from the cache) the pauses of the scope's parents: the first refusal (for every send, and
+    /// for marketing sends only), and the end of a parent pause that ended within `pause_ramp_ms` (0 if none)
+    /// for the ramp.
     async fn parent_check(&self, scope: &Scope) -> ParentCheck {
         let parents = self.parents_of(scope);
         let refresh = Duration::from_millis(self.inner.cfg.parent_refresh_ms);
@@ -709,7 +922,7 @@ impl Breaker {
         if !stale.is_empty() && !self.redis_skipped() {
             let reads = futures::future::join_all(stale.iter().map(|p| async move {
                 let key = p.key();
-                let inv = scripts::parent_invocation(&key, "read", 0, "");
+                let inv = scripts::parent_invocation(&key, "read", &scripts::PauseArgs::default());
                 (key, self.call("parent_pause", inv).await.and_then(scripts::parent_reply))
             }))
             .await;
@@ -728,12 +941,17 @@ impl Breaker {
         for parent in &parents {
             let Some(e) = cache.get(&parent.key()) else { continue };
             let server_now = e.server_now_ms + e.fetched.elapsed().as_millis() as i64;
-            if check.block.is_none() {
-                if e.halted {
-                    check.block = Some((parent.deny_reason(), self.inner.cfg.token_halt_retry_ms));
-                } else if e.paused_until_ms > server_now {
-                    check.block = Some((parent.deny_reason(), (e.paused_until_ms - server_now) as u64));
-                }
+            let block = if e.halted {
+                let retry = if e.retry_ms > 0 { e.retry_ms } else { self.inner.cfg.token_halt_retry_ms };
+                Some((parent.deny_reason(), retry))
+            } else if e.paused_until_ms > server_now {
+                Some((parent.deny_reason(), (e.paused_until_ms - server_now) as u64))
+            } else {
+                None
+            };
+            let slot = if e.marketing_only { &mut check.marketing_block } else { &mut check.block };
+            if slot.is_none() {
+                *slot = block;
             }
             if e.last_end_ms > 0 && e.last_end_ms <= server_now && e.last_end_ms + ramp > server_now {
                 check.ended_ms = check.ended_ms.max(e.last_end_ms);
@@ -755,78 +973,175 @@ impl Breaker {
                 server_now_ms: reply.now_ms,
                 paused_until_ms: reply.paused_until_ms,
                 halted: reply.halted,
+                marketing_only: reply.marketing,
+                retry_ms: reply.retry_ms,
                 last_end_ms,
             },
         );
     }
 
-    /// Reads a parent pause (no change). Fails without Redis.
+    /// Reads a pause (no change). Fails without Redis.
     pub async fn parent_status(&self, parent: &Parent) -> Result<ParentStatus, BreakerError> {
         let key = parent.key();
-        let value = self.call("parent_pause", scripts::parent_invocation(&key, "read", 0, "")).await?;
-        let reply = scripts::parent_reply(value)?;
+        let inv = scripts::parent_invocation(&key, "read", &scripts::PauseArgs::default());
+        let reply = scripts::parent_reply(self.call("parent_pause", inv).await?)?;
         self.remember_parent(key, &reply);
-        Ok(ParentStatus { paused_until_unix_ms: reply.paused_until_ms, reason: reply.reason, halted: reply.halted })
+        Ok(ParentStatus::from_reply(&reply))
     }
 
-    /// Operator: lifts a parent pause or a token halt at once (for every dispatcher within
-    /// `parent_refresh_ms`).
+    /// Operator: lifts a pause or a token halt at once (a number's at once everywhere, the others for every
+    /// dispatcher within `parent_refresh_ms`).
     pub async fn clear_parent(&self, parent: &Parent) -> Result<ParentStatus, BreakerError> {
         let key = parent.key();
-        let value = self.call("parent_pause", scripts::parent_invocation(&key, "clear", 0, "")).await?;
-        let reply = scripts::parent_reply(value)?;
-        tracing::info!(parent = %key, "parent pause cleared by an operator");
+        let inv = scripts::parent_invocation(&key, "clear", &scripts::PauseArgs::default());
+        let reply = scripts::parent_reply(self.call("parent_pause", inv).await?)?;
+        tracing::info!(level = parent.level().label(), id = %parent.id(), "pause lifted by an operator");
         self.remember_parent(key, &reply);
-        Ok(ParentStatus { paused_until_unix_ms: reply.paused_until_ms, reason: reply.reason, halted: reply.halted })
+        Ok(ParentStatus::from_reply(&reply))
     }
 
-    /// Records the parent pauses a batch of outcomes calls for (app and WABA rate limits, credentials on the
-    /// token): one script call per parent, the longest pause of the batch. Errors leave the scope's own
-    /// fallback to act.
-    async fn record_parents(&self, scope: &Scope, outcomes: &[OutcomeItem]) {
-        let parents = self.parents_of(scope);
-        let mut ops: HashMap<String, (&'static str, u64, &'static str)> = HashMap::new();
+    /// Pauses `parent` as `spec` says (an operator's or a webhook's pause; answers' pauses come through
+    /// [`Breaker::record`]). The scope of `spec` is ignored: `parent` names it. Fails without Redis.
+    pub async fn pause(&self, parent: &Parent, spec: PauseSpec) -> Result<ParentStatus, BreakerError> {
+        let key = parent.key();
+        let (mode, args) = self.pause_args(spec);
+        let reply =
+            scripts::parent_reply(self.call("parent_pause", scripts::parent_invocation(&key, mode, &args)).await?)?;
+        self.noted_pause(parent, &reply);
+        self.remember_parent(key, &reply);
+        Ok(ParentStatus::from_reply(&reply))
+    }
+
+    /// The mode and arguments of `parent_pause.lua` for a pause.
+    fn pause_args(&self, spec: PauseSpec) -> (&'static str, scripts::PauseArgs) {
+        let lifted_by = if spec.scope == PauseScope::Token { "new_token" } else { "operator" };
+        let reason = pause_reason(spec.code, spec.scope);
+        let base = scripts::PauseArgs {
+            reason,
+            code: spec.code,
+            source: spec.source.label(),
+            marketing: spec.marketing_only,
+            ..Default::default()
+        };
+        match spec.end {
+            PauseEnd::For(ms) => ("pause", scripts::PauseArgs { ms: ms.max(1), lift: "time", ..base }),
+            PauseEnd::Probe(ms) => (
+                "pause",
+                scripts::PauseArgs {
+                    ms: ms.max(1),
+                    lift: "probe",
+                    extra_ms: bw_common::classify::PROBE_PAUSE_MAX_MS.max(ms),
+                    ..base
+                },
+            ),
+            PauseEnd::Lifted => (
+                "halt",
+                scripts::PauseArgs {
+                    ms: self.inner.cfg.token_halt_ttl_ms,
+                    lift: lifted_by,
+                    extra_ms: self.inner.cfg.token_halt_retry_ms,
+                    ..base
+                },
+            ),
+        }
+    }
+
+    /// Logs and counts a pause just written.
+    fn noted_pause(&self, parent: &Parent, reply: &scripts::ParentReply) {
+        tracing::warn!(
+            level = parent.level().label(),
+            id = %parent.id(),
+            code = reply.code,
+            paused_until_unix_ms = reply.paused_until_ms,
+            halted = reply.halted,
+            lift = %reply.lift,
+            source = %reply.source,
+            reason = %reply.reason,
+            "scope paused"
+        );
+        self.inner
+            .metrics
+            .pauses
+            .get_or_create(&vec![
+                ("level".to_string(), parent.level().label().to_string()),
+                ("code".to_string(), reply.code.to_string()),
+            ])
+            .inc();
+    }
+
+    /// Records the pauses a batch of outcomes calls for, each on its scope's key: the number's own, its WABA's,
+    /// the app's, the token's (a token pause without a token set falls to the number: never wider than known).
+    /// One script call per key, the longest pause of the batch. Errors leave the scope's own fallback to act.
+    async fn record_pauses(&self, scope: &Scope, outcomes: &[OutcomeItem]) {
+        let account = lock(&self.inner.account).clone();
+        let mut specs: HashMap<String, (Parent, PauseSpec)> = HashMap::new();
         for item in outcomes {
-            let (parent, op) = match item.kind {
-                OutcomeKind::RateLimited { scope: RateScope::App, pause_ms } => {
-                    (parents.iter().find(|p| matches!(p, Parent::App(_))), ("pause", pause_ms, "app rate limit"))
-                }
-                OutcomeKind::RateLimited { scope: RateScope::Waba, pause_ms } => {
-                    (parents.iter().find(|p| matches!(p, Parent::Waba(_))), ("pause", pause_ms, "waba rate limit"))
-                }
-                OutcomeKind::Credentials { .. } => (
-                    parents.iter().find(|p| matches!(p, Parent::Token(_))),
-                    ("halt", self.inner.cfg.token_halt_ttl_ms, "credentials"),
-                ),
+            let spec = match item.kind {
+                OutcomeKind::Pause(spec) => spec,
+                OutcomeKind::RateLimited { scope: s @ (RateScope::App | RateScope::Waba), pause_ms } => PauseSpec {
+                    scope: s.scope(),
+                    code: 0,
+                    end: PauseEnd::For(pause_ms),
+                    marketing_only: false,
+                    source: PauseSource::Answer,
+                },
                 _ => continue,
             };
-            let Some(parent) = parent else { continue };
-            let entry = ops.entry(parent.key()).or_insert(op);
-            entry.1 = entry.1.max(op.1);
+            let parent = match spec.scope {
+                PauseScope::PhoneNumber => Parent::Number(scope.clone()),
+                PauseScope::Waba => Parent::Waba(scope.waba_id.clone()),
+                PauseScope::App => Parent::App(app_key(&account)),
+                PauseScope::Token => match &account.token_fp {
+                    Some(fp) => Parent::Token(fp.clone()),
+                    None => Parent::Number(scope.clone()),
+                },
+                _ => continue,
+            };
+            match specs.get_mut(&parent.key()) {
+                Some((_, kept)) => *kept = longer(*kept, spec),
+                None => {
+                    specs.insert(parent.key(), (parent, spec));
+                }
+            }
         }
-        if ops.is_empty() || self.redis_skipped() {
+        if specs.is_empty() || self.redis_skipped() {
             return;
         }
-        let calls = futures::future::join_all(ops.into_iter().map(|(key, (mode, ms, reason))| async move {
-            let inv = scripts::parent_invocation(&key, mode, ms, reason);
-            (key, self.call("parent_pause", inv).await.and_then(scripts::parent_reply))
+        let calls = futures::future::join_all(specs.into_values().map(|(parent, spec)| async move {
+            let (mode, args) = self.pause_args(spec);
+            let reply = self.call("parent_pause", scripts::parent_invocation(&parent.key(), mode, &args)).await;
+            (parent, reply.and_then(scripts::parent_reply))
         }))
         .await;
-        for (key, reply) in calls {
+        for (parent, reply) in calls {
             match reply {
                 Ok(reply) => {
-                    tracing::warn!(
-                        parent = %key,
-                        paused_until_unix_ms = reply.paused_until_ms,
-                        halted = reply.halted,
-                        reason = %reply.reason,
-                        "parent scope paused"
-                    );
-                    self.remember_parent(key, &reply);
+                    self.noted_pause(&parent, &reply);
+                    self.remember_parent(parent.key(), &reply);
                 }
                 Err(e) => self.mark_down("parent_pause", &e),
             }
         }
+    }
+
+    /// The account (app key, token fingerprint) each scope's dispatchers send with, as they recorded it: scopes
+    /// by `waba:phone` ([`Scope::index_member`]). Fails without Redis.
+    pub async fn scope_accounts(&self) -> Result<HashMap<String, ScopeAccount>, BreakerError> {
+        let redis = self.inner.redis.as_ref().ok_or(BreakerError::NoRedis)?;
+        let mut conn = redis.clone();
+        let timeout = Duration::from_millis(self.inner.cfg.command_timeout_ms.max(1_000));
+        let all: HashMap<String, String> = match tokio::time::timeout(
+            timeout,
+            redis::cmd("HGETALL").arg(scripts::SCOPE_ACCOUNTS_KEY).query_async(&mut conn),
+        )
+        .await
+        {
+            Ok(result) => result?,
+            Err(_) => {
+                return Err(BreakerError::Timeout { script: "scope_accounts", timeout_ms: timeout.as_millis() as u64 });
+            }
+        };
+        Ok(all.into_iter().filter_map(|(k, v)| ScopeAccount::decode(&v).map(|a| (k, a))).collect())
     }
 
     /// Refuses `n` sends of a scope known to be OPEN, at once and without I/O; None when the scope is not known
@@ -913,11 +1228,10 @@ impl Breaker {
         outcomes: &[OutcomeItem],
         releases: &[OrderRelease],
     ) -> RecordResult {
-        self.record_parents(scope, outcomes).await;
+        self.record_pauses(scope, outcomes).await;
         if !self.redis_skipped() {
             let rand: f64 = rand::rng().random();
-            let token_known = lock(&self.inner.account).token_fp.is_some();
-            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes, token_known, releases);
+            let inv = scripts::record_invocation(scope, &self.inner.defaults, rand, outcomes, releases);
             let parsed = match self.call("record_outcomes", inv).await {
                 Ok(value) => parse_record(value),
                 Err(e) => Err(e),
@@ -1181,8 +1495,35 @@ impl Breaker {
 struct ParentCheck {
     /// The refusal every send of the scope gets now, with its retry-after.
     block: Option<(DenyReason, u64)>,
+    /// The refusal marketing sends (and marketing replays) get now (a marketing-only pause), with its retry-after.
+    marketing_block: Option<(DenyReason, u64)>,
     /// End (Redis ms) of a parent pause that ended less than `pause_ramp_ms` ago, or 0.
     ended_ms: i64,
+}
+
+/// The app key of an account: the app id, else the token's fingerprint, else `default`.
+fn app_key(account: &Account) -> String {
+    if !account.app_id.is_empty() {
+        account.app_id.clone()
+    } else if let Some(fp) = &account.token_fp {
+        format!("tok-{fp}")
+    } else {
+        "default".to_string()
+    }
+}
+
+/// The reason text of a pause.
+fn pause_reason(code: i64, scope: PauseScope) -> String {
+    if code == 0 { format!("{} paused", scope.label()) } else { format!("{} paused: Meta code {code}", scope.label()) }
+}
+
+/// Of two pauses of one key in one batch, the one that lasts longer (until lifted beats any time).
+fn longer(a: PauseSpec, b: PauseSpec) -> PauseSpec {
+    let rank = |s: &PauseSpec| match s.end {
+        PauseEnd::Lifted => u64::MAX,
+        PauseEnd::For(ms) | PauseEnd::Probe(ms) => ms,
+    };
+    if rank(&b) > rank(&a) { b } else { a }
 }
 
 fn failure_rate(calls: u64, failures: u64) -> f64 {
@@ -1238,7 +1579,26 @@ fn parse_status(scope: &Scope, value: redis::Value) -> Parsed<(ScopeStatus, Vec<
     let mut reply = scripts::Reply::new(value)?;
     let head = scripts::head(&mut reply)?;
     let tail = scripts::snapshot_tail(&mut reply)?;
+    let number = scripts::number_pause_tail(&mut reply)?;
     let transitions = scripts::transitions(&mut reply)?;
+    let number_pause = ParentStatus {
+        paused_until_unix_ms: if number.paused_until_ms > head.now_ms { number.paused_until_ms } else { 0 },
+        reason: number.reason,
+        halted: number.halted,
+        code: number.code,
+        since_unix_ms: number.since_ms,
+        source: number.source,
+        lift: number.lift,
+        marketing_only: number.marketing,
+    };
+    // A number pause that ended is still reported while a probe is due (its key lives): replay then waits too,
+    // and sends go only once the probe let them.
+    let pending_probe = number_pause.lift == "probe" && number.paused_until_ms > 0;
+    let pauses = if number_pause.active(head.now_ms) || pending_probe {
+        vec![number_pause.to_proto(&Parent::Number(scope.clone()))]
+    } else {
+        Vec::new()
+    };
     let snapshot = proto::ScopeSnapshot {
         scope: Some(scope.to_proto()),
         state: head.state as i32,
@@ -1252,6 +1612,7 @@ fn parse_status(scope: &Scope, value: redis::Value) -> Parsed<(ScopeStatus, Vec<
         ramp_fraction: tail.ramp_fraction,
         trips: tail.trips,
         updated_at_unix_ms: head.now_ms,
+        pauses,
     };
     let status = ScopeStatus {
         snapshot,

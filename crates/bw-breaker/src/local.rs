@@ -228,8 +228,16 @@ impl LocalBreakers {
                     scope: bw_common::classify::RateScope::Recipient | bw_common::classify::RateScope::Flow,
                     ..
                 } => {}
-                OutcomeKind::RateLimited { pause_ms, .. } | OutcomeKind::Credentials { pause_ms } => {
+                OutcomeKind::RateLimited { pause_ms, .. } => {
                     s.paused_until = s.paused_until.max(now + Duration::from_millis(pause_ms));
+                }
+                // Redis holds the pause keys; without it the number alone pauses here, whatever the scope.
+                OutcomeKind::Pause(spec) => {
+                    let ms = match spec.end {
+                        crate::PauseEnd::For(ms) | crate::PauseEnd::Probe(ms) => ms,
+                        crate::PauseEnd::Lifted => cfg.token_halt_retry_ms,
+                    };
+                    s.paused_until = s.paused_until.max(now + Duration::from_millis(ms));
                 }
                 OutcomeKind::Permanent => {}
             }

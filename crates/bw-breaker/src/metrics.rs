@@ -22,6 +22,8 @@ pub(crate) struct Metrics {
     pub known_open: Family<Labels, Counter>,
     /// Per scope: 1 when Meta's last answer carried usage headers, 0 when it carried none (quota blind).
     pub visibility: Family<Labels, Gauge>,
+    /// Pauses written by this process, by level (number, waba, app, token) and Meta code.
+    pub pauses: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -56,6 +58,11 @@ impl Metrics {
             "1 when Meta's last answer for the scope carried usage headers, 0 when it carried none (conservative \
              limits apply)",
             self.visibility.clone(),
+        );
+        registry.register(
+            "bw_breaker_pauses_recorded",
+            "Pauses of a number, WABA, app or token written by this process, by level and Meta code",
+            self.pauses.clone(),
         );
     }
 

@@ -69,11 +69,12 @@ pub enum Code {
     RecipientDeferred = 11,
     RegistrationPaused = 12,
     OrderWait = 13,
+    NumberPaused = 14,
 }
 
 impl Code {
     /// Every code.
-    pub const ALL: [Code; 14] = [
+    pub const ALL: [Code; 15] = [
         Code::Allow,
         Code::Canary,
         Code::BreakerOpen,
@@ -88,6 +89,7 @@ impl Code {
         Code::RecipientDeferred,
         Code::RegistrationPaused,
         Code::OrderWait,
+        Code::NumberPaused,
     ];
 
     /// Its name in the prelude's CODE table.
@@ -107,6 +109,7 @@ impl Code {
             Code::RecipientDeferred => "recipient_deferred",
             Code::RegistrationPaused => "registration_paused",
             Code::OrderWait => "order_wait",
+            Code::NumberPaused => "number_paused",
         }
     }
 
@@ -130,6 +133,7 @@ impl Code {
             Code::RecipientDeferred => DenyReason::RecipientDeferred,
             Code::RegistrationPaused => DenyReason::RegistrationPaused,
             Code::OrderWait => DenyReason::OrderWait,
+            Code::NumberPaused => DenyReason::NumberPaused,
         })
     }
 }
@@ -201,8 +205,20 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
 pub const PAIR_FIELDS: &[(&str, &str)] =
     &[("tat", "t"), ("backoffs", "x"), ("backoff_until", "b"), ("marketing_deferred", "md")];
 
-/// Fields of a parent pause hash (table PF of the prelude).
-pub const PARENT_FIELDS: &[(&str, &str)] = &[("paused_until", "pu"), ("reason", "pr"), ("halted", "h")];
+/// Fields of a pause hash (table PF of the prelude).
+pub const PARENT_FIELDS: &[(&str, &str)] = &[
+    ("paused_until", "pu"),
+    ("reason", "pr"),
+    ("halted", "h"),
+    ("code", "c"),
+    ("since", "s"),
+    ("source", "o"),
+    ("lift", "l"),
+    ("length", "n"),
+    ("probe_at", "pa"),
+    ("marketing", "m"),
+    ("retry", "rt"),
+];
 
 /// The field of one of the tables above by name (panics in tests only: the names are constants).
 pub fn field(table: &[(&'static str, &'static str)], name: &str) -> Option<&'static str> {
@@ -233,17 +249,29 @@ pub fn order_key(scope: &Scope, recipient_key: &str) -> String {
     bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("ord:{recipient_key}"))
 }
 
+/// Redis hash of the account each scope is sent with: field `waba:phone` ([`Scope::index_member`]), value
+/// `<app key>\t<token fingerprint>` (written by the dispatchers' breakers, read by the coordinator). Not
+/// scope-tagged: one key, never touched by the scripts.
+pub const SCOPE_ACCOUNTS_KEY: &str = "bw:scope-accounts";
+
+/// Key of a number's own pause (registration, display name, authentication probe...): the scope's hash tag, so
+/// `admit_send.lua` reads it in the admission call.
+pub fn number_pause_key(scope: &Scope) -> String {
+    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, "pause")
+}
+
 /// Key of an app's pause (codes 4, 17, 32, 613), own hash tag.
 pub fn app_pause_key(app_id: &str) -> String {
     format!("bw:{{app:{app_id}}}:pause")
 }
 
-/// Key of a WABA's pause (80007 / 80008), own hash tag.
+/// Key of a WABA's pause (80007 / 80008, 368, 131031, 131042, 131063, 131064), own hash tag.
 pub fn waba_pause_key(waba_id: &str) -> String {
     format!("bw:{{waba:{waba_id}}}:pause")
 }
 
-/// Key of a token's halt (credentials codes), own hash tag; `fingerprint` is [`crate::token_fingerprint`].
+/// Key of a token's halt (190, 0 with an auth subcode, permission codes), own hash tag; `fingerprint` is
+/// [`crate::token_fingerprint`].
 pub fn token_halt_key(fingerprint: &str) -> String {
     format!("bw:{{tok:{fingerprint}}}:halt")
 }
@@ -276,21 +304,21 @@ pub(crate) fn admit_invocation(
         inv.key(order_key(scope, &item.recipient_key));
         inv.arg(operation_ids.get(i).map(String::as_str).unwrap_or(""));
     }
+    inv.key(number_pause_key(scope));
     inv
 }
 
-/// The kind and pause the scope script records for an outcome. `token_known`: a token halt covers credentials.
-pub(crate) fn outcome_arg(kind: OutcomeKind, token_known: bool) -> (&'static str, u64) {
+/// The kind and pause the scope script records for an outcome. Pauses of a scope (number, WABA, app, token) are
+/// recorded on their own keys (`parent_pause.lua`), never in the scope's breaker window.
+pub(crate) fn outcome_arg(kind: OutcomeKind) -> (&'static str, u64) {
     match kind {
         OutcomeKind::Success => (out("success"), 0),
         OutcomeKind::Transient => (out("transient"), 0),
         OutcomeKind::Permanent => (out("permanent"), 0),
-        OutcomeKind::Credentials { .. } if token_known => (out("permanent"), 0),
-        OutcomeKind::Credentials { pause_ms } => (out("credentials"), pause_ms),
+        OutcomeKind::Pause(_) => (out("neutral"), 0),
         OutcomeKind::RateLimited { scope: RateScope::Pair, .. } => (out("pair"), 0),
         OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms } => (out("throughput"), pause_ms),
         OutcomeKind::RateLimited { scope: RateScope::Spam, pause_ms } => (out("spam"), pause_ms),
-        OutcomeKind::RateLimited { scope: RateScope::Registration, pause_ms } => (out("registration"), pause_ms),
         OutcomeKind::RateLimited { scope: RateScope::Recipient, pause_ms } => (out("deferred"), pause_ms),
         OutcomeKind::RateLimited { scope: RateScope::Waba | RateScope::App | RateScope::Flow, .. } => {
             (out("neutral"), 0)
@@ -303,7 +331,6 @@ pub(crate) fn record_invocation(
     defaults: &str,
     rand: f64,
     outcomes: &[OutcomeItem],
-    token_known: bool,
     releases: &[crate::OrderRelease],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = RECORD_OUTCOMES.prepare_invoke();
@@ -311,7 +338,7 @@ pub(crate) fn record_invocation(
     inv.arg(defaults).arg(&scope.phone_number_id).arg(rand);
     for item in outcomes {
         inv.key(pair_key(scope, &item.recipient_key));
-        let (kind, pause_ms) = outcome_arg(item.kind, token_known);
+        let (kind, pause_ms) = outcome_arg(item.kind);
         inv.arg(kind).arg(pause_ms).arg(if item.canary { "1" } else { "0" });
     }
     for r in releases {
@@ -347,14 +374,36 @@ pub(crate) fn scope_invocation(
     defaults: &str,
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = script.prepare_invoke();
-    inv.key(cfg_key(scope)).key(state_key(scope));
+    inv.key(cfg_key(scope)).key(state_key(scope)).key(number_pause_key(scope));
     inv.arg(defaults).arg(&scope.phone_number_id);
     inv
 }
 
-pub(crate) fn parent_invocation(key: &str, mode: &str, ms: u64, reason: &str) -> redis::ScriptInvocation<'static> {
+/// What `parent_pause.lua` is asked to write (modes "pause" and "halt"; "read" and "clear" take none of it).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PauseArgs {
+    /// pause: its length; halt: the key's lifetime.
+    pub ms: u64,
+    pub reason: String,
+    pub code: i64,
+    pub source: &'static str,
+    pub lift: &'static str,
+    pub marketing: bool,
+    /// pause with lift "probe": the longest pause; halt: the retry-after of held sends.
+    pub extra_ms: u64,
+}
+
+pub(crate) fn parent_invocation(key: &str, mode: &str, args: &PauseArgs) -> redis::ScriptInvocation<'static> {
     let mut inv = PARENT_PAUSE.prepare_invoke();
-    inv.key(key).arg(mode).arg(ms).arg(reason);
+    inv.key(key)
+        .arg(mode)
+        .arg(args.ms)
+        .arg(&args.reason)
+        .arg(args.code)
+        .arg(if args.source.is_empty() { "answer" } else { args.source })
+        .arg(if args.lift.is_empty() { "time" } else { args.lift })
+        .arg(u8::from(args.marketing))
+        .arg(args.extra_ms);
     inv
 }
 
@@ -500,6 +549,12 @@ pub(crate) struct ParentReply {
     pub paused_until_ms: i64,
     pub reason: String,
     pub halted: bool,
+    pub code: i64,
+    pub since_ms: i64,
+    pub source: String,
+    pub lift: String,
+    pub marketing: bool,
+    pub retry_ms: u64,
 }
 
 pub(crate) fn parent_reply(value: Value) -> Result<ParentReply, BreakerError> {
@@ -509,5 +564,37 @@ pub(crate) fn parent_reply(value: Value) -> Result<ParentReply, BreakerError> {
         paused_until_ms: reply.int()?,
         reason: reply.string()?,
         halted: reply.int()? == 1,
+        code: reply.int()?,
+        since_ms: reply.int()?,
+        source: reply.string()?,
+        lift: reply.string()?,
+        marketing: reply.int()? == 1,
+        retry_ms: reply.int()?.max(0) as u64,
+    })
+}
+
+/// The number's pause as `append_number_pause` (prelude) reports it after a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct NumberPauseTail {
+    pub paused_until_ms: i64,
+    pub halted: bool,
+    pub reason: String,
+    pub code: i64,
+    pub since_ms: i64,
+    pub source: String,
+    pub lift: String,
+    pub marketing: bool,
+}
+
+pub(crate) fn number_pause_tail(reply: &mut Reply) -> Result<NumberPauseTail, BreakerError> {
+    Ok(NumberPauseTail {
+        paused_until_ms: reply.int()?,
+        halted: reply.int()? == 1,
+        reason: reply.string()?,
+        code: reply.int()?,
+        since_ms: reply.int()?,
+        source: reply.string()?,
+        lift: reply.string()?,
+        marketing: reply.int()? == 1,
     })
 }

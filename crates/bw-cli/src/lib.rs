@@ -47,7 +47,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List scopes and their breaker states (from BW_SCOPES).
+    /// List scopes and their breaker states (from BW_SCOPES), then every pause that holds a scope: its number's,
+    /// its WABA's, its app's, its token's (code, since, until or what lifts it, who set it).
     Scopes,
     /// Dead-letter queue.
     #[command(subcommand)]
@@ -58,6 +59,9 @@ pub enum Command {
     /// Breaker overrides (through the breaker-coordinator admin API).
     #[command(subcommand)]
     Breaker(BreakerCommand),
+    /// Pauses of a number, WABA, app or token (through the breaker-coordinator admin API).
+    #[command(subcommand)]
+    Pause(PauseCommand),
     /// Print the sha256 (hex) of an operator token read from standard input, for the coordinator's
     /// `operator.token_sha256` (the token itself is never printed).
     OperatorTokenHash,
@@ -241,6 +245,30 @@ pub fn operator_token_hash(token: &str) -> String {
     hex::encode(sha2::Sha256::digest(token.trim().as_bytes()))
 }
 
+#[derive(Debug, Subcommand)]
+pub enum PauseCommand {
+    /// Pause one scope (every message it covers waits; replay too) for `--for-ms`, or until lifted.
+    Set(PauseArgs),
+    /// Lift the pause of one scope, whoever set it (Meta's answer, a webhook, an operator).
+    Lift(PauseArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// number, waba, app or token.
+    #[arg(long)]
+    pub level: String,
+    /// The phone_number_id, WABA id, app id, or the token's fingerprint (as `bwctl scopes` shows it).
+    #[arg(long)]
+    pub id: String,
+    /// `set`: pause this many milliseconds (default: until lifted).
+    #[arg(long)]
+    pub for_ms: Option<u64>,
+    /// Why (logged by the coordinator).
+    #[arg(long, default_value = "operator")]
+    pub reason: String,
+}
+
 #[derive(Debug, Args)]
 pub struct BreakerArgs {
     /// phone_number_id of the scope.
@@ -262,7 +290,7 @@ pub struct ScopeArg {
 pub struct QuarantineSelect {
     #[arg(long)]
     pub scope: Option<String>,
-    /// permanent_error, poison, unknown_review, window_closed, operator.
+    /// permanent_error, poison, unknown_review, window_closed, operator, sender_revoked.
     #[arg(long)]
     pub reason: Option<String>,
     /// Operation ids, comma-separated.
@@ -332,6 +360,9 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     }
     if let Command::Senders(cmd) = &cli.command {
         return senders::run(&cli.nats_url, cmd, out).await;
+    }
+    if let Command::Pause(cmd) = &cli.command {
+        return pause(&cli.coordinator_url, cli.operator_token.as_ref(), cmd, out).await;
     }
     if let Command::Ledger(LedgerCommand::Repartition(RepartitionArgs { to, yes })) = &cli.command {
         // Not through `connect`: while a repartition is under way the ledger does not say its partition count.
@@ -540,6 +571,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
         Command::Op(args) => op::run(js, buckets, &args, out).await,
         Command::Ledger(LedgerCommand::MigrateTenants { yes }) => migrate_tenants(js, buckets, yes, out).await,
         Command::Breaker(_)
+        | Command::Pause(_)
         | Command::OperatorTokenHash
         | Command::Ledger(LedgerCommand::Repartition(_))
         | Command::Send(_)
@@ -549,10 +581,17 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
 
 async fn scopes(buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
     let now = now_ms();
-    let rows: Vec<Vec<String>> = ops::scope_snapshots(buckets)
-        .await?
+    let snapshots = ops::scope_snapshots(buckets).await?;
+    let pauses: Vec<Vec<String>> =
+        snapshots.iter().flat_map(|(phone, s)| s.pauses.iter().map(move |p| pause_row(phone, p))).collect();
+    let rows: Vec<Vec<String>> = snapshots
         .into_iter()
         .map(|(phone, s)| {
+            let held: Vec<String> = s
+                .pauses
+                .iter()
+                .map(|p| if p.code == 0 { p.level.clone() } else { format!("{}:{}", p.level, p.code) })
+                .collect();
             let state = format!("{:?}", s.state()).to_ascii_uppercase();
             let paused = if s.paused_until_unix_ms > now { fmt::utc(s.paused_until_unix_ms) } else { "-".into() };
             vec![
@@ -566,12 +605,34 @@ async fn scopes(buckets: &Buckets, out: &mut (dyn Write + Send)) -> anyhow::Resu
                 format!("{:.2}", if s.ramp_fraction > 0.0 { s.ramp_fraction } else { 1.0 }),
                 if s.incident_id.is_empty() { "-".into() } else { s.incident_id },
                 paused,
+                if held.is_empty() { "-".into() } else { held.join(",") },
             ]
         })
         .collect();
-    let header = ["SCOPE", "WABA", "STATE", "SINCE", "FOR", "FAIL-RATE", "CALLS", "RAMP", "INCIDENT", "PAUSED-UNTIL"];
+    let header =
+        ["SCOPE", "WABA", "STATE", "SINCE", "FOR", "FAIL-RATE", "CALLS", "RAMP", "INCIDENT", "PAUSED-UNTIL", "PAUSES"];
     write!(out, "{}", fmt::table(&header, &rows))?;
+    if !pauses.is_empty() {
+        writeln!(out)?;
+        let header = ["SCOPE", "LEVEL", "ID", "CODE", "SINCE", "UNTIL", "LIFT", "SOURCE", "REASON"];
+        write!(out, "{}", fmt::table(&header, &pauses))?;
+    }
     Ok(0)
+}
+
+/// One row of the pause table of `bwctl scopes`.
+fn pause_row(phone: &str, p: &bw_common::proto::ScopePause) -> Vec<String> {
+    vec![
+        phone.to_string(),
+        p.level.clone(),
+        p.id.clone(),
+        if p.code == 0 { "-".into() } else { p.code.to_string() },
+        fmt::utc(p.since_unix_ms),
+        if p.until_unix_ms > 0 { fmt::utc(p.until_unix_ms) } else { "until lifted".into() },
+        p.lift.clone() + if p.marketing_only { " (marketing only)" } else { "" },
+        p.source.clone(),
+        p.reason.clone(),
+    ]
 }
 
 /// After the operator confirmed `what` (or gave --yes): a JetStream context on `nats_url` without opening the
@@ -789,9 +850,54 @@ async fn breaker(
         !args.scope.is_empty() && args.scope.bytes().all(|b| b.is_ascii_digit()),
         "--scope must be a phone_number_id (digits)"
     );
-    bw_common::service::install_crypto();
-    let url = format!("{}/admin/breakers/{}/{action}", base.trim_end_matches('/'), args.scope);
+    let path = format!("/admin/breakers/{}/{action}", args.scope);
     let body = format!("{{\"reason\":{}}}", json_string(&args.reason));
+    operator_post(base, token, &path, body, &format!("scope {}: {action}", args.scope), out).await
+}
+
+/// Calls the coordinator admin API: `POST {base}/admin/pauses/{level}/{id}/{pause|lift}` with
+/// `{"for_ms": N, "reason": "..."}` and the operator token as `Authorization: Bearer`.
+async fn pause(
+    base: &str,
+    token: Option<&OperatorToken>,
+    cmd: &PauseCommand,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    let (action, args) = match cmd {
+        PauseCommand::Set(a) => ("pause", a),
+        PauseCommand::Lift(a) => ("lift", a),
+    };
+    anyhow::ensure!(
+        matches!(args.level.as_str(), "number" | "waba" | "app" | "token"),
+        "--level must be number, waba, app or token"
+    );
+    anyhow::ensure!(
+        !args.id.is_empty()
+            && args.id.len() <= 64
+            && args.id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)),
+        "--id must be 1 to 64 letters, digits, '-', '_' or '.'"
+    );
+    let for_ms = match (action, args.for_ms) {
+        ("pause", Some(0)) => anyhow::bail!("--for-ms must be positive (leave it out to pause until lifted)"),
+        ("pause", Some(ms)) => format!("\"for_ms\":{ms},"),
+        _ => String::new(),
+    };
+    let path = format!("/admin/pauses/{}/{}/{action}", args.level, args.id);
+    let body = format!("{{{for_ms}\"reason\":{}}}", json_string(&args.reason));
+    operator_post(base, token, &path, body, &format!("{} {}: {action}", args.level, args.id), out).await
+}
+
+/// POSTs an operator action to the coordinator and reports its answer under `what`.
+async fn operator_post(
+    base: &str,
+    token: Option<&OperatorToken>,
+    path: &str,
+    body: String,
+    what: &str,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    bw_common::service::install_crypto();
+    let url = format!("{}{path}", base.trim_end_matches('/'));
     let mut request = reqwest::Client::new()
         .post(&url)
         .header("content-type", "application/json")
@@ -808,10 +914,10 @@ async fn breaker(
         text = text.replace(token.expose(), "<redacted>");
     }
     if status.is_success() {
-        writeln!(out, "scope {}: {action} ok {}", args.scope, text.trim())?;
+        writeln!(out, "{what} ok {}", text.trim())?;
         Ok(0)
     } else {
-        writeln!(out, "scope {}: {action} failed: HTTP {status} {}", args.scope, text.trim())?;
+        writeln!(out, "{what} failed: HTTP {status} {}", text.trim())?;
         if status.as_u16() == 401 || status.as_u16() == 403 {
             let hint = if token.is_none() {
                 "set BW_OPERATOR_TOKEN (or --operator-token) to the operator token"

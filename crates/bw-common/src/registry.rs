@@ -173,6 +173,18 @@ impl SenderRefusal {
     }
 }
 
+impl SenderRefusal {
+    /// Why an accepted operation was not sent (its quarantine detail): names the number, never a tenant.
+    pub fn revoked_detail(self, phone_number_id: &str) -> String {
+        let why = match self {
+            SenderRefusal::NotRegistered => "is no longer in the sender registry",
+            SenderRefusal::NotOwned => "is now registered to another tenant than the operation's",
+            SenderRefusal::WabaMismatch => "is now registered under another WABA than the request's",
+        };
+        format!("not sent: phone_number_id {phone_number_id} {why}")
+    }
+}
+
 impl Owner {
     /// Whether a request naming `waba_id` may use this owner's number on behalf of `tenant` (None: whoever owns
     /// it, as on NATS, where the subject's number decides the tenant). Ok holds the owning tenant.
@@ -244,6 +256,18 @@ impl RegistryView {
             }
         });
         Ok(RegistryView { inner: Some(inner) })
+    }
+
+    /// Whether an accepted request (its `operation_id` holds the operation key) may still be sent from its
+    /// number: the registry must still assign the number to the key's tenant, under the request's WABA. Always
+    /// Ok(None) in dev mode.
+    pub async fn revoked(&self, request: &crate::proto::SendRequest) -> Result<Option<SenderRefusal>, RegistryError> {
+        if self.is_dev() {
+            return Ok(None);
+        }
+        let (tenant, _) = tenancy::split_operation_key(&request.operation_id);
+        let owner = self.owner(&request.phone_number_id, &request.waba_id).await?;
+        Ok(owner.admit(Some(tenant), &request.waba_id).err())
     }
 
     /// True in dev mode.

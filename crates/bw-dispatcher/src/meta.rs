@@ -3,7 +3,7 @@
 //! `biz_opaque_callback_data` so a status webhook can prove a send whose answer was lost.
 
 use crate::MetaConfig;
-use bw_common::classify::{self, ErrorClass};
+use bw_common::classify::{self, Channel, Classification, Retry};
 use bw_common::proto::{SendRequest, send_request::Payload};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -15,17 +15,31 @@ pub enum MetaAnswer {
     Accepted { wamid: String, usage_percent: Option<u32>, http_status: u16 },
     /// Meta (or something in front of it) refused the message; it was not created.
     Rejected {
-        class: ErrorClass,
+        /// What the answer means ([`classify::classify`]).
+        meaning: Classification,
+        /// Meta's code (0 when no Meta error body came).
         code: i64,
         http_status: u16,
         details: String,
         fbtrace_id: String,
+        /// `Retry-After`, ms.
         retry_after_ms: Option<u64>,
+        /// The longest `estimated_time_to_regain_access` of `X-Business-Use-Case-Usage` (minutes there), ms;
+        /// None when absent or zero.
+        regain_ms: Option<u64>,
     },
     /// The request never left (connect error): safe to retry, counts as transient.
     NotSent { details: String },
     /// The request may have reached Meta but no answer came (timeout, reset): never resend blindly.
     Unknown { details: String, http_status: u16 },
+}
+
+/// The hints of a refusal, as [`read_response`] found them in its headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Hints {
+    pub usage_percent: Option<u32>,
+    pub retry_after_ms: Option<u64>,
+    pub regain_ms: Option<u64>,
 }
 
 impl MetaAnswer {
@@ -105,12 +119,15 @@ fn transport_error(e: &reqwest::Error) -> MetaAnswer {
 
 async fn read_response(response: reqwest::Response) -> MetaAnswer {
     let status = response.status().as_u16();
-    let usage_percent = usage_percent(response.headers());
-    let retry_after_ms = response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
+    let hints = Hints {
+        usage_percent: usage_percent(response.headers()),
+        retry_after_ms: response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| parse_retry_after(v, std::time::SystemTime::now())),
+        regain_ms: regain_ms(response.headers()),
+    };
     let body = match response.bytes().await {
         Ok(b) => b,
         Err(e) => {
@@ -121,46 +138,81 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
             };
         }
     };
-    answer_from(status, &body, usage_percent, retry_after_ms)
+    answer_from(status, &body, hints)
 }
 
-/// What a complete HTTP answer means. Only Meta's own error body, or a status that says the request was refused
-/// before processing (401, 403, 429, other 4xx), proves the message was not created. A 2xx without a message
-/// id and a 5xx without Meta's body may come after Meta accepted it (meta-cloud-api.md §2.2, §5): unknown
-/// outcome, reconciled through status webhooks, never resent blindly.
-pub(crate) fn answer_from(
-    status: u16,
-    body: &[u8],
-    usage_percent: Option<u32>,
-    retry_after_ms: Option<u64>,
-) -> MetaAnswer {
+/// What a complete HTTP answer means ([`classify::classify`]). Only Meta's own error body, or a status that says
+/// the request was refused before processing (401, 403, 429, other 4xx), proves the message was not created. A
+/// 2xx without a message id and a 5xx without Meta's body may come after Meta accepted it (meta-cloud-api.md
+/// §2.2, §5): unknown outcome, reconciled through status webhooks, never resent blindly.
+pub(crate) fn answer_from(status: u16, body: &[u8], hints: Hints) -> MetaAnswer {
     if (200..300).contains(&status) {
         if let Some(wamid) = parse_wamid(body) {
-            return MetaAnswer::Accepted { wamid, usage_percent, http_status: status };
+            return MetaAnswer::Accepted { wamid, usage_percent: hints.usage_percent, http_status: status };
         }
         return MetaAnswer::Unknown { details: format!("{status} without a message id"), http_status: status };
     }
+    let Hints { retry_after_ms, regain_ms, .. } = hints;
     match classify::parse_error_body(body) {
-        Some(err) => MetaAnswer::Rejected {
-            class: classify::classify_code(err.code),
-            code: err.code,
-            http_status: status,
-            details: err.error_data.map(|d| d.details).filter(|d| !d.is_empty()).unwrap_or(err.message),
-            fbtrace_id: err.fbtrace_id,
-            retry_after_ms,
-        },
-        None if status >= 500 => {
-            MetaAnswer::Unknown { details: format!("HTTP {status} without a Meta error body"), http_status: status }
+        Some(err) => {
+            let code = err.code.unwrap_or_default();
+            MetaAnswer::Rejected {
+                meaning: classify::classify(Some(code), err.error_subcode, status, Channel::Sync),
+                code,
+                http_status: status,
+                details: err.error_data.map(|d| d.details).filter(|d| !d.is_empty()).unwrap_or(err.message),
+                fbtrace_id: err.fbtrace_id,
+                retry_after_ms,
+                regain_ms,
+            }
         }
-        None => MetaAnswer::Rejected {
-            class: classify::classify_http_status(status),
-            code: 0,
-            http_status: status,
-            details: format!("HTTP {status} without a Meta error body"),
-            fbtrace_id: String::new(),
-            retry_after_ms,
-        },
+        None => {
+            let meaning = classify::classify(None, None, status, Channel::Sync);
+            let details = format!("HTTP {status} without a Meta error body");
+            if meaning.retry == Retry::Ambiguous {
+                return MetaAnswer::Unknown { details, http_status: status };
+            }
+            MetaAnswer::Rejected {
+                meaning,
+                code: 0,
+                http_status: status,
+                details,
+                fbtrace_id: String::new(),
+                retry_after_ms,
+                regain_ms,
+            }
+        }
     }
+}
+
+impl MetaAnswer {
+    /// For a refusal: how long Meta asks to wait, from the answer's own hints (the longer of `Retry-After` and
+    /// `estimated_time_to_regain_access`; both say "not before"). None when it gave none.
+    pub(crate) fn pause_hint_ms(&self) -> Option<u64> {
+        match self {
+            MetaAnswer::Rejected { retry_after_ms, regain_ms, .. } => match (retry_after_ms, regain_ms) {
+                (Some(a), Some(b)) => Some((*a).max(*b)),
+                (a, b) => a.or(*b),
+            },
+            _ => None,
+        }
+    }
+}
+
+/// The longest `estimated_time_to_regain_access` (minutes) of `X-Business-Use-Case-Usage`, in ms; None when the
+/// header or the field is absent or every value is 0 (a 0 is "no wait", sent on ordinary answers too).
+pub(crate) fn regain_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    let raw = headers.get("x-business-use-case-usage")?.to_str().ok()?;
+    let serde_json::Value::Object(map) = serde_json::from_str::<serde_json::Value>(raw).ok()? else {
+        return None;
+    };
+    map.values()
+        .filter_map(|entries| entries.as_array())
+        .flatten()
+        .filter_map(|e| e.get("estimated_time_to_regain_access").and_then(|m| m.as_u64()))
+        .max()
+        .filter(|m| *m > 0)
+        .map(|minutes| minutes.saturating_mul(60_000))
 }
 
 /// `Retry-After` as a wait in milliseconds: delta seconds, or an HTTP-date (a date in the past is no wait).
@@ -278,6 +330,31 @@ mod tests {
         let earlier = httpdate::fmt_http_date(now - Duration::from_secs(5));
         assert_eq!(parse_retry_after(&earlier, now), Some(0));
         assert_eq!(parse_retry_after("soon", now), None);
+    }
+
+    #[test]
+    fn regain_access_hint_is_the_longest_estimate_in_ms() {
+        let mut h = reqwest::header::HeaderMap::new();
+        assert_eq!(regain_ms(&h), None);
+        h.insert(
+            "x-business-use-case-usage",
+            r#"{"102290129340398":[{"type":"whatsapp","call_count":100,"estimated_time_to_regain_access":0}]}"#
+                .parse()
+                .expect("header"),
+        );
+        assert_eq!(regain_ms(&h), None, "0 minutes is no wait");
+        let two = concat!(
+            r#"{"1":[{"type":"whatsapp_business_management","estimated_time_to_regain_access":7}],"#,
+            r#""2":[{"type":"whatsapp","estimated_time_to_regain_access":3}]}"#
+        );
+        h.insert("x-business-use-case-usage", two.parse().expect("header"));
+        assert_eq!(regain_ms(&h), Some(7 * 60_000));
+        let answer = answer_from(
+            429,
+            br#"{"error":{"code":80007,"message":"(#80007) Rate limit issues"}}"#,
+            Hints { retry_after_ms: Some(30_000), regain_ms: regain_ms(&h), usage_percent: None },
+        );
+        assert_eq!(answer.pause_hint_ms(), Some(7 * 60_000), "the longer of the two hints");
     }
 
     #[test]

@@ -83,7 +83,7 @@ pub(crate) fn answer_releases(answer: &crate::meta::MetaAnswer) -> bool {
     use crate::meta::MetaAnswer;
     match answer {
         MetaAnswer::Accepted { .. } | MetaAnswer::Unknown { .. } => true,
-        MetaAnswer::Rejected { class, .. } => matches!(class, bw_common::classify::ErrorClass::Permanent),
+        MetaAnswer::Rejected { meaning, .. } => meaning.class == bw_common::classify::ErrorClass::Permanent,
         MetaAnswer::NotSent { .. } => false,
     }
 }

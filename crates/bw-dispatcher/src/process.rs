@@ -7,12 +7,15 @@ use crate::metrics::Metrics;
 use crate::moves::{Outcome, RETRY_LATER};
 use crate::route::{self, Next, Policy};
 use async_nats::jetstream;
-use bw_breaker::{AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
-use bw_common::classify::ErrorClass;
+use bw_breaker::{
+    AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeKind, PauseEnd, PauseSource, PauseSpec, Scope,
+    TrafficClass,
+};
+use bw_common::classify::{ErrorClass, Only, Pause, RateScope};
 use bw_common::disposition::Settle;
 use bw_common::ledger::{Ledger, Versioned};
 use bw_common::names::Lane;
-use bw_common::proto::{DispatchOutcome, ErrorInfo, OperationState, SendRequest};
+use bw_common::proto::{DispatchOutcome, ErrorInfo, OperationState, QuarantineReason, SendRequest};
 use bw_common::time::now_ms;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -28,6 +31,8 @@ pub(crate) struct Worker {
     pub send: bw_common::names::SendPartitions,
     pub nats: async_nats::Client,
     pub ledger: Ledger,
+    /// Who owns which sender (checked before each send in registry mode).
+    pub registry: bw_common::registry::RegistryView,
     pub breaker: Breaker,
     pub meta: MetaClient,
     pub cfg: DispatchConfig,
@@ -255,7 +260,9 @@ impl Worker {
                         Flown::Done => continue,
                     };
                     self.metrics.meta_seconds.observe(took.as_secs_f64());
-                    outcomes.push(&w, outcome_kind(&answer, &self.cfg), canary);
+                    for kind in outcome_kinds(&answer) {
+                        outcomes.push(&w, kind, canary);
+                    }
                     if w.request.keeps_order && crate::order::answer_releases(&answer) {
                         outcomes.release(&w);
                     }
@@ -788,6 +795,21 @@ impl Worker {
             self.to_unknown(work, err).await;
             return None;
         }
+        // Not sent from a number its tenant no longer holds (removed, moved to another tenant, another WABA).
+        match self.registry.revoked(&work.request).await {
+            Ok(None) => {}
+            Ok(Some(refusal)) => {
+                let detail = refusal.revoked_detail(&work.request.phone_number_id);
+                tracing::warn!(parent: &work.span, reason = refusal.label(), "{detail}; quarantined");
+                self.quarantine_unsent(work, QuarantineReason::SenderRevoked, detail).await;
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(parent: &work.span, error = %e, "sender registry unavailable; redelivered");
+                self.settle(&work, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
+                return None;
+            }
+        }
         if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
             self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
@@ -912,20 +934,57 @@ impl Worker {
     }
 }
 
-/// What the breaker learns from an answer. Unknown outcomes count as transient failures (Meta is not answering
-/// as it should), rate limits pause their own scope, permanent and unclassified errors never count.
-fn outcome_kind(answer: &MetaAnswer, cfg: &DispatchConfig) -> OutcomeKind {
-    match answer {
-        MetaAnswer::Accepted { .. } => OutcomeKind::Success,
-        MetaAnswer::NotSent { .. } | MetaAnswer::Unknown { .. } => OutcomeKind::Transient,
-        MetaAnswer::Rejected { class, retry_after_ms, .. } => match class {
-            ErrorClass::Transient => OutcomeKind::Transient,
-            ErrorClass::RateLimit(scope) => {
-                OutcomeKind::RateLimited { scope: *scope, pause_ms: retry_after_ms.unwrap_or(scope.default_pause_ms()) }
+/// What the breaker learns from an answer (one or two items). Unknown outcomes count as transient failures
+/// (Meta is not answering as it should); rate limits feed their limiter (the app's and the WABA's as pauses of
+/// those scopes, with Meta's code); holds pause exactly their scope (token, app, WABA or number) for the
+/// answer's hint or the default pause, or until lifted; a transient code with a pause of its own (maintenance)
+/// counts as a failure and pauses the number; permanent and unclassified errors never count.
+fn outcome_kinds(answer: &MetaAnswer) -> Vec<OutcomeKind> {
+    let MetaAnswer::Rejected { meaning, code, retry_after_ms, .. } = answer else {
+        return vec![match answer {
+            MetaAnswer::Accepted { .. } => OutcomeKind::Success,
+            _ => OutcomeKind::Transient,
+        }];
+    };
+    let hint = answer.pause_hint_ms();
+    let pause = |end: PauseEnd| {
+        OutcomeKind::Pause(PauseSpec {
+            scope: meaning.scope,
+            code: *code,
+            end,
+            marketing_only: meaning.only == Only::Marketing,
+            source: PauseSource::Answer,
+        })
+    };
+    let end = match (meaning.pause, meaning.pause_ms(hint)) {
+        (Pause::Probe(_), Some(ms)) => Some(PauseEnd::Probe(ms)),
+        (_, Some(ms)) => Some(PauseEnd::For(ms)),
+        (Pause::UntilLifted, None) => Some(PauseEnd::Lifted),
+        _ => None,
+    };
+    match meaning.class {
+        ErrorClass::Transient => {
+            let mut kinds = vec![OutcomeKind::Transient];
+            if meaning.paused_scope().is_some()
+                && let Some(end) = end
+            {
+                kinds.push(pause(end));
             }
-            ErrorClass::Permanent | ErrorClass::Unclassified => OutcomeKind::Permanent,
-            ErrorClass::Credentials => OutcomeKind::Credentials { pause_ms: cfg.long_pause_ms.max(60_000) * 5 },
+            kinds
+        }
+        ErrorClass::RateLimit(scope @ (RateScope::App | RateScope::Waba)) => {
+            vec![pause(PauseEnd::For(meaning.pause_ms(hint).unwrap_or(scope.default_pause_ms())))]
+        }
+        // The limiters of the number, the pair, the recipient and the Flow take Retry-After alone, as
+        // `route::rate_hint` does (the AIMD on 130429 is tuned to it).
+        ErrorClass::RateLimit(scope) => {
+            vec![OutcomeKind::RateLimited { scope, pause_ms: retry_after_ms.unwrap_or(scope.default_pause_ms()) }]
+        }
+        ErrorClass::Hold => match end {
+            Some(end) if meaning.paused_scope().is_some() => vec![pause(end)],
+            _ => vec![OutcomeKind::Permanent],
         },
+        ErrorClass::Permanent | ErrorClass::Unclassified => vec![OutcomeKind::Permanent],
     }
 }
 

@@ -9,12 +9,13 @@
 //! | 2xx with a message id | SENT |
 //! | 2xx without a parseable body, 5xx without Meta's body, timeout or reset after the request was written | UNKNOWN (may have been accepted: reconciled through status webhooks, never resent blindly) |
 //! | request never left (connect refused, DNS, TLS, connect timeout) | retry (transient) |
-//! | transient code (1, 2, 131000, 131016, 131057, 133004, 2494100) | retry with decorrelated jitter, never sooner than Retry-After; past 1 + `max_retries` tries or the retry budget → DLQ "retries_exhausted" |
-//! | 130429, 131056, 4, 80007/80008, 133016 | hold back (nak) for Retry-After or the scope's default pause; a wait past the budget → DLQ "rate_limited" with a not-before time |
+//! | transient code (1, 2, 131000, 131016, 133004; 131057, 2494100 with their 60 s number pause) | retry with decorrelated jitter, never sooner than Retry-After or the number's pause; past 1 + `max_retries` tries or the retry budget → DLQ "retries_exhausted" |
+//! | 130429, 131056, 4, 80007/80008 | hold back (nak) for the answer's hint (Retry-After, `estimated_time_to_regain_access`) or the scope's default pause; a wait past the budget → DLQ "rate_limited" with a not-before time |
 //! | 131048 spam limit | DLQ "spam_limited" for at least the pause (minutes), alert `spam_limited` |
 //! | 131049 per-user marketing limit | DLQ "recipient_deferred", not before 24 h (not a sender failure) |
 //! | 132069 per-Flow hourly limit | DLQ "rate_limited", not before 1 h |
-//! | credentials / account code (0, 190, 10, 200–299, 368 …), HTTP 401/403 | DLQ "credentials", alert `credentials` |
+//! | hold of the token (190, 0 with an auth subcode, 3, 10, 200–299, 131005) | DLQ "credentials", alert `credentials` (the token is halted) |
+//! | hold of a WABA (368, 131031, 131042, 131063, 131064) or a number (33, 131037, 131045, 133000, 133010, 133015, 133016; a bodiless 401/403 or code 0 without an auth subcode probes) | the hint's or default pause up to `long_pause_ms`: hold back for it; longer or until lifted: DLQ "sender_paused" with the pause's end as not-before; alert `credentials` |
 //! | permanent code (100, 131026, 132000 …) | quarantine, alert `quarantined` |
 //! | any other code, any other 4xx without Meta's body | DLQ "unclassified", alert `unclassified` (a person looks) |
 //!
@@ -26,7 +27,7 @@
 
 use crate::meta::MetaAnswer;
 use bw_breaker::DenyReason;
-use bw_common::classify::{ErrorClass, RateScope};
+use bw_common::classify::{ErrorClass, PauseScope, RateScope};
 use bw_common::names::Lane;
 use bw_common::proto::{DlqReason, QuarantineReason};
 
@@ -76,19 +77,44 @@ pub(crate) fn after_answer(answer: &MetaAnswer, tries: &Tries, policy: &Policy) 
         MetaAnswer::Accepted { wamid, .. } => Next::Sent { wamid: wamid.clone() },
         MetaAnswer::Unknown { .. } => Next::Unknown,
         MetaAnswer::NotSent { .. } => transient(tries, policy, 0),
-        MetaAnswer::Rejected { class, retry_after_ms, .. } => match class {
-            ErrorClass::Transient => transient(tries, policy, retry_after_ms.unwrap_or(0)),
-            ErrorClass::RateLimit(scope) => rate_limited(*scope, *retry_after_ms, policy),
+        MetaAnswer::Rejected { meaning, retry_after_ms, .. } => match meaning.class {
+            // A transient code with a pause of its own (maintenance: the number, ~60 s) waits at least that long.
+            ErrorClass::Transient => {
+                let paused = meaning.pause_ms(answer.pause_hint_ms()).unwrap_or(0);
+                transient(tries, policy, retry_after_ms.unwrap_or(0).max(paused))
+            }
+            ErrorClass::RateLimit(scope) => rate_limited(scope, rate_hint(scope, answer), policy),
             ErrorClass::Permanent => {
                 Next::Quarantine { reason: QuarantineReason::PermanentError, signal: Some("quarantined") }
             }
-            ErrorClass::Credentials => {
-                Next::Dlq { reason: DlqReason::Credentials, not_before_ms: 0, signal: Some("credentials") }
-            }
+            ErrorClass::Hold => held(meaning.scope, meaning.pause_ms(answer.pause_hint_ms()), policy),
             ErrorClass::Unclassified => {
                 Next::Dlq { reason: DlqReason::Unclassified, not_before_ms: 0, signal: Some("unclassified") }
             }
         },
+    }
+}
+
+/// The hint a rate limit of `scope` waits for: the number's and the pair's limiters take `Retry-After` only
+/// (their AIMD and back-off are tuned to it); the WABA's and the app's take the longer of it and
+/// `estimated_time_to_regain_access`.
+fn rate_hint(scope: RateScope, answer: &MetaAnswer) -> Option<u64> {
+    match (scope, answer) {
+        (RateScope::Waba | RateScope::App, _) => answer.pause_hint_ms(),
+        (_, MetaAnswer::Rejected { retry_after_ms, .. }) => *retry_after_ms,
+        _ => None,
+    }
+}
+
+/// A hold of `scope` (the breaker records the pause): a pause up to `long_pause_ms` is waited out as a
+/// redelivery (the send after it probes); a longer one, or one until lifted, keeps the message in the DLQ with
+/// the pause's end as its not-before time (replay also waits while the snapshot shows the pause).
+fn held(scope: PauseScope, pause_ms: Option<u64>, policy: &Policy) -> Next {
+    let reason = if scope == PauseScope::Token { DlqReason::Credentials } else { DlqReason::SenderPaused };
+    match pause_ms {
+        Some(ms) if ms <= policy.long_pause_ms => Next::HoldBack { delay_ms: ms },
+        Some(ms) => Next::Dlq { reason, not_before_ms: ms, signal: Some("credentials") },
+        None => Next::Dlq { reason, not_before_ms: 0, signal: Some("credentials") },
     }
 }
 
@@ -104,8 +130,8 @@ fn transient(tries: &Tries, policy: &Policy, retry_after_ms: u64) -> Next {
     Next::Retry { delay_ms }
 }
 
-fn rate_limited(scope: RateScope, retry_after_ms: Option<u64>, policy: &Policy) -> Next {
-    let wait = retry_after_ms.unwrap_or(scope.default_pause_ms());
+fn rate_limited(scope: RateScope, hint_ms: Option<u64>, policy: &Policy) -> Next {
+    let wait = hint_ms.filter(|h| *h > 0).unwrap_or(scope.default_pause_ms());
     match scope {
         RateScope::Spam => Next::Dlq {
             reason: DlqReason::SpamLimited,
@@ -122,7 +148,7 @@ fn rate_limited(scope: RateScope, retry_after_ms: Option<u64>, policy: &Policy) 
             not_before_ms: wait.max(RateScope::Flow.default_pause_ms()),
             signal: None,
         },
-        RateScope::PhoneNumber | RateScope::Pair | RateScope::App | RateScope::Waba | RateScope::Registration => {
+        RateScope::PhoneNumber | RateScope::Pair | RateScope::App | RateScope::Waba => {
             if wait > policy.retry_budget_ms {
                 Next::Dlq { reason: DlqReason::RateLimited, not_before_ms: wait, signal: None }
             } else {
@@ -138,15 +164,16 @@ pub(crate) fn after_denial(reason: DenyReason, retry_after_ms: u64, policy: &Pol
         DenyReason::BreakerOpen | DenyReason::ForcedOpen => {
             Next::Dlq { reason: DlqReason::BreakerOpen, not_before_ms: 0, signal: None }
         }
-        // A long pause (the sender's app, WABA or token, a spam restriction, a deferred recipient): keep the
-        // message in the DLQ until it lifts rather than cycling it through redeliveries, under a reason that
-        // says what happened (the on-call person's runbook follows the reason).
+        // A long pause (the number's own, the sender's app, WABA or token, a spam restriction, a deferred
+        // recipient): keep the message in the DLQ until it lifts rather than cycling it through redeliveries,
+        // under a reason that says what happened (the on-call person's runbook follows the reason).
         DenyReason::Paused
         | DenyReason::SpamPaused
         | DenyReason::RegistrationPaused
         | DenyReason::AppPaused
         | DenyReason::WabaPaused
         | DenyReason::TokenHalted
+        | DenyReason::NumberPaused
         | DenyReason::RecipientDeferred
             if retry_after_ms > policy.long_pause_ms =>
         {
@@ -165,6 +192,7 @@ pub(crate) fn after_denial(reason: DenyReason, retry_after_ms: u64, policy: &Pol
         | DenyReason::AppPaused
         | DenyReason::WabaPaused
         | DenyReason::TokenHalted
+        | DenyReason::NumberPaused
         | DenyReason::RecipientDeferred
         | DenyReason::SenderRate
         | DenyReason::PairRate
@@ -187,19 +215,24 @@ pub(crate) fn holdable(reason: DenyReason) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::classify::classify_code;
+    use bw_common::classify::{Channel, classify};
 
     const POLICY: Policy = Policy { max_retries: 3, retry_budget_ms: 300_000, long_pause_ms: 60_000 };
     const FIRST: Tries = Tries { lane: Lane::High, failures: 0, since_first_failure_ms: 0, jitter_ms: 1_500 };
 
     fn rejected(code: i64, retry_after_ms: Option<u64>) -> MetaAnswer {
+        hinted(code, retry_after_ms, None)
+    }
+
+    fn hinted(code: i64, retry_after_ms: Option<u64>, regain_ms: Option<u64>) -> MetaAnswer {
         MetaAnswer::Rejected {
-            class: classify_code(code),
+            meaning: classify(Some(code), None, 400, Channel::Sync),
             code,
             http_status: 400,
             details: String::new(),
             fbtrace_id: String::new(),
             retry_after_ms,
+            regain_ms,
         }
     }
 
@@ -268,10 +301,35 @@ mod tests {
             ("80007 WABA limit", rejected(80007, None), FIRST, Next::HoldBack { delay_ms: 60_000 }),
             ("80008 WABA BUC limit", rejected(80008, None), FIRST, Next::HoldBack { delay_ms: 60_000 }),
             (
-                "133016 registration limit, 10 min: past the budget",
+                "80007 with estimated_time_to_regain_access 2 min",
+                hinted(80007, None, Some(120_000)),
+                FIRST,
+                Next::HoldBack { delay_ms: 120_000 },
+            ),
+            (
+                "80007 with a 30 min estimate: past the budget",
+                hinted(80007, Some(5_000), Some(1_800_000)),
+                FIRST,
+                dlq(DlqReason::RateLimited, 1_800_000, None),
+            ),
+            ("4 app limit with Retry-After", rejected(4, Some(90_000)), FIRST, Next::HoldBack { delay_ms: 90_000 }),
+            (
+                "133016 registration limit, 10 min: the number waits in the DLQ",
                 rejected(133016, None),
                 FIRST,
-                dlq(DlqReason::RateLimited, 600_000, None),
+                dlq(DlqReason::SenderPaused, 600_000, Some("credentials")),
+            ),
+            (
+                "133015 deletion not complete, 5 min",
+                rejected(133015, None),
+                FIRST,
+                dlq(DlqReason::SenderPaused, 300_000, Some("credentials")),
+            ),
+            (
+                "131057 maintenance: retried after the number's 60 s pause",
+                rejected(131057, None),
+                FIRST,
+                Next::Retry { delay_ms: 60_000 },
             ),
             ("131048 spam", rejected(131048, None), FIRST, dlq(DlqReason::SpamLimited, 600_000, Some("spam_limited"))),
             (
@@ -282,8 +340,27 @@ mod tests {
             ),
             ("132069 Flow hourly limit", rejected(132069, None), FIRST, dlq(DlqReason::RateLimited, 3_600_000, None)),
             ("190 token expired", rejected(190, None), FIRST, dlq(DlqReason::Credentials, 0, Some("credentials"))),
-            ("0 auth exception", rejected(0, None), FIRST, dlq(DlqReason::Credentials, 0, Some("credentials"))),
-            ("368 WABA restricted", rejected(368, None), FIRST, dlq(DlqReason::Credentials, 0, Some("credentials"))),
+            ("10 permission removed", rejected(10, None), FIRST, dlq(DlqReason::Credentials, 0, Some("credentials"))),
+            (
+                "0 without an auth subcode: the number probes after 30 s",
+                rejected(0, None),
+                FIRST,
+                Next::HoldBack { delay_ms: 30_000 },
+            ),
+            ("368 WABA restricted", rejected(368, None), FIRST, dlq(DlqReason::SenderPaused, 0, Some("credentials"))),
+            ("131042 billing", rejected(131042, None), FIRST, dlq(DlqReason::SenderPaused, 0, Some("credentials"))),
+            (
+                "131064 WABA limited: probed hourly",
+                rejected(131064, None),
+                FIRST,
+                dlq(DlqReason::SenderPaused, 3_600_000, Some("credentials")),
+            ),
+            (
+                "133010 number not registered",
+                rejected(133010, None),
+                FIRST,
+                dlq(DlqReason::SenderPaused, 0, Some("credentials")),
+            ),
             (
                 "100 invalid parameter",
                 rejected(100, None),
@@ -306,7 +383,9 @@ mod tests {
     #[test]
     fn ambiguous_http_answers_are_unknown_and_refusals_are_classified() {
         use crate::meta::answer_from;
-        let route = |status: u16, body: &[u8]| after_answer(&answer_from(status, body, None, None), &FIRST, &POLICY);
+        let route = |status: u16, body: &[u8]| {
+            after_answer(&answer_from(status, body, crate::meta::Hints::default()), &FIRST, &POLICY)
+        };
         for status in [500, 502, 503, 504] {
             assert_eq!(route(status, b"<html>Bad Gateway</html>"), Next::Unknown, "bodiless {status}");
             assert_eq!(route(status, b""), Next::Unknown, "empty {status}");
@@ -321,7 +400,11 @@ mod tests {
         let meta_500 = br#"{"error":{"message":"(#131000) Something went wrong","code":131000}}"#;
         assert_eq!(route(500, meta_500), Next::Retry { delay_ms: 1_500 }, "Meta's own 131000 body says try again");
         assert_eq!(route(429, b""), Next::HoldBack { delay_ms: 1_000 }, "a bodiless 429 was refused");
-        assert_eq!(route(401, b""), dlq(DlqReason::Credentials, 0, Some("credentials")));
+        // A bodiless 401/403 pauses the number briefly (then a probe); it never halts the token.
+        assert_eq!(route(401, b""), Next::HoldBack { delay_ms: 30_000 });
+        assert_eq!(route(403, b"<html>Forbidden</html>"), Next::HoldBack { delay_ms: 30_000 });
+        let no_code = br#"{"error":{"message":"forbidden"}}"#;
+        assert_eq!(route(403, no_code), Next::HoldBack { delay_ms: 30_000 }, "an error body without a code");
         assert_eq!(route(404, b"no such route"), dlq(DlqReason::Unclassified, 0, Some("unclassified")));
     }
 
@@ -345,6 +428,8 @@ mod tests {
             (DenyReason::AppPaused, 120_000, dlq(DlqReason::SenderPaused, 120_000, None)),
             (DenyReason::WabaPaused, 120_000, dlq(DlqReason::SenderPaused, 120_000, None)),
             (DenyReason::TokenHalted, 300_000, dlq(DlqReason::Credentials, 300_000, None)),
+            (DenyReason::NumberPaused, 30_000, Next::HoldBack { delay_ms: 30_000 }),
+            (DenyReason::NumberPaused, 600_000, dlq(DlqReason::SenderPaused, 600_000, None)),
             (DenyReason::RecipientDeferred, 86_400_000, dlq(DlqReason::RecipientDeferred, 86_400_000, None)),
             (DenyReason::OrderWait, 250, Next::HoldBack { delay_ms: 250 }),
             // However long the wait (the earlier message sits in the DLQ), never the DLQ itself.

@@ -445,10 +445,10 @@ impl Processor {
         self.signals(&e.waba_id, &e.phone_number_id, e.code, &e.title, "").await;
     }
 
-    /// Publishes `status_error` (always) and `credentials` (for credential-class codes) signals.
+    /// Publishes `status_error` (always) and `credentials` (for codes that hold a token, WABA or number) signals.
     async fn signals(&self, waba: &str, phone: &str, code: i64, title: &str, op: &str) {
         let mut kinds = vec!["status_error"];
-        if classify_code(code) == ErrorClass::Credentials {
+        if classify_code(code) == ErrorClass::Hold {
             kinds.push("credentials");
         }
         for kind in kinds {

@@ -5,7 +5,9 @@
 //! the soak onto the `rp` lane, paced so they only ever use a sender's spare rate.
 //!
 //! How: a KV watch on BW_SCOPES (no per-message polling) keeps one worker task per scope. A worker starts
-//! draining once its breaker has been CLOSED for the (priority) soak time and it holds the scope's lease (one
+//! draining once its breaker has been CLOSED for the (priority) soak time, no pause holds the scope (its number's,
+//! its WABA's, its app's or its token's: the snapshot lists each, `ScopeSnapshot.pauses`; a marketing-only pause
+//! holds the marketing entries alone), and it holds the scope's lease (one
 //! instance drains a scope at a time; N instances share the scopes). It pulls the scope's DLQ through the
 //! durable consumers `replay-p-<phone>` then `replay-m-<phone>`, paces with a token bucket that starts empty and
 //! a bound on the lane's depth, and hands each entry to `bw_ops::moves::Mover`, which checks deadline, ledger,
@@ -15,6 +17,10 @@
 //! Incidents (`incident`): entries of a breaker incident whose category is in `replay.hold_categories` stay in
 //! the DLQ until an operator releases the incident; each drain counts what it did per incident in BW_INCIDENTS,
 //! and after a drain of a CLOSED scope an incident with nothing left gets its "replayed" event, once.
+//!
+//! Tenancy: in registry mode (the compiled default) an entry is replayed only while the sender registry still
+//! assigns its number (or its failover target's) to the operation's tenant under the request's WABA; otherwise
+//! it goes to the quarantine (`SENDER_REVOKED`), never back to a lane.
 //!
 //! What it must not do: talk to Meta, or send anything whose ledger entry says Meta accepted it.
 //! Entry point: [`run`].
@@ -29,7 +35,7 @@ mod worker;
 pub use config::Config;
 
 use anyhow::Context as _;
-use bw_common::proto::{BreakerState, ScopeSnapshot};
+use bw_common::proto::{BreakerState, ScopePause, ScopeSnapshot};
 use bw_common::service::Deps;
 use bw_ops::moves::{Mover, Rules};
 use futures::StreamExt;
@@ -54,6 +60,8 @@ pub struct ScopeView {
     pub paused_until_unix_ms: i64,
     /// Share of the sender rate allowed while the breaker ramps up after a close (0 or 1: full).
     pub ramp_fraction: f64,
+    /// Every pause that holds the scope's sends (number, WABA, app, token), as the coordinator last saw them.
+    pub pauses: Vec<ScopePause>,
 }
 
 impl ScopeView {
@@ -64,7 +72,33 @@ impl ScopeView {
             since_unix_ms: s.since_unix_ms,
             paused_until_unix_ms: s.paused_until_unix_ms,
             ramp_fraction: s.ramp_fraction,
+            pauses: s.pauses.clone(),
         }
+    }
+
+    /// How long the pauses that hold `marketing` (true) or every (false) entry of the scope still last at
+    /// `now_ms`: None when none holds, `Some(None)` while one lasts until lifted, else the longest time left. A
+    /// pause whose time passed but whose number still waits for a probe holds for a second more: the probe's
+    /// answer decides (the snapshot drops the pause once it has).
+    pub fn paused_for(&self, now_ms: i64, marketing: bool) -> Option<Option<Duration>> {
+        let mut longest: Option<Option<Duration>> = None;
+        for p in self.pauses.iter().filter(|p| marketing || !p.marketing_only) {
+            let left = if p.until_unix_ms == 0 {
+                None
+            } else if p.until_unix_ms > now_ms {
+                Some(Duration::from_millis((p.until_unix_ms - now_ms) as u64))
+            } else if p.lift == "probe" {
+                Some(Duration::from_secs(1))
+            } else {
+                continue;
+            };
+            longest = Some(match (longest, left) {
+                (Some(None), _) | (_, None) => None,
+                (Some(Some(a)), Some(b)) => Some(a.max(b)),
+                (None, b) => b,
+            });
+        }
+        longest
     }
 
     /// Ok when the scope may be replayed at `now_ms`; else how long until it may (None: not foreseeable).
@@ -76,6 +110,9 @@ impl ScopeView {
         if self.paused_until_unix_ms > now_ms {
             return Err(Some(Duration::from_millis((self.paused_until_unix_ms - now_ms) as u64)));
         }
+        if let Some(left) = self.paused_for(now_ms, false) {
+            return Err(left);
+        }
         let soaked_at = self.since_unix_ms.max(0) + soak_ms as i64;
         if soaked_at > now_ms {
             return Err(Some(Duration::from_millis((soaked_at - now_ms) as u64)));
@@ -85,7 +122,9 @@ impl ScopeView {
 
     /// True when the breaker is HALF_OPEN and not paused: canaries may be replayed.
     pub fn probing(&self, now_ms: i64) -> bool {
-        self.state == BreakerState::HalfOpen && self.paused_until_unix_ms <= now_ms
+        self.state == BreakerState::HalfOpen
+            && self.paused_until_unix_ms <= now_ms
+            && self.paused_for(now_ms, false).is_none()
     }
 
     /// The rate multiplier while the breaker ramps up after a close.
@@ -137,8 +176,16 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         via: "replay".into(),
     };
     let grace = Duration::from_millis(cfg.replay.shutdown_grace_ms);
+    let registry = bw_common::registry::view_for(cfg.tenancy.mode, &deps, cfg.nats.replicas, shutdown.clone()).await?;
+    let mover = Mover::new(deps.js.clone(), &deps.buckets, rules);
+    let mover = if registry.is_dev() {
+        tracing::info!("tenancy.mode = \"dev\": DLQ entries' senders are not checked against the sender registry");
+        mover
+    } else {
+        mover.with_registry(registry)
+    };
     let ctx = Arc::new(Ctx {
-        mover: Mover::new(deps.js.clone(), &deps.buckets, rules),
+        mover,
         js: deps.js.clone(),
         leases,
         incidents,
@@ -241,5 +288,41 @@ mod tests {
         for s in [BreakerState::Open, BreakerState::HalfOpen, BreakerState::ForcedOpen, BreakerState::Unspecified] {
             assert_eq!(view(s, 0, 0).replayable(now, 0), Err(None), "{s:?}");
         }
+    }
+
+    #[test]
+    fn every_pause_that_holds_the_scope_holds_its_replay() {
+        let now = 1_000_000;
+        let pause = |level: &str, until: i64, lift: &str, marketing_only: bool| ScopePause {
+            level: level.into(),
+            until_unix_ms: until,
+            lift: lift.into(),
+            marketing_only,
+            ..Default::default()
+        };
+        let view = |pauses: Vec<ScopePause>| ScopeView {
+            state: BreakerState::Closed,
+            since_unix_ms: now - 60_000,
+            pauses,
+            ..Default::default()
+        };
+        assert_eq!(view(vec![]).replayable(now, 0), Ok(()));
+        // A WABA restriction until lifted: nothing is replayed, and no end is foreseeable.
+        assert_eq!(view(vec![pause("waba", 0, "operator", false)]).replayable(now, 0), Err(None));
+        // Timed pauses of the number and the app: the longest.
+        let timed = view(vec![pause("number", now + 5_000, "time", false), pause("app", now + 9_000, "time", false)]);
+        assert_eq!(timed.replayable(now, 0), Err(Some(Duration::from_millis(9_000))));
+        assert!(!ScopeView { state: BreakerState::HalfOpen, ..timed.clone() }.probing(now));
+        // Ended: a timed pause no longer holds; a probing one holds until its probe answered.
+        assert_eq!(view(vec![pause("number", now - 1, "time", false)]).replayable(now, 0), Ok(()));
+        assert_eq!(
+            view(vec![pause("number", now - 1, "probe", false)]).replayable(now, 0),
+            Err(Some(Duration::from_secs(1)))
+        );
+        // A marketing-only pause holds the marketing entries alone.
+        let marketing = view(vec![pause("waba", 0, "operator", true)]);
+        assert_eq!(marketing.replayable(now, 0), Ok(()));
+        assert_eq!(marketing.paused_for(now, true), Some(None));
+        assert_eq!(marketing.paused_for(now, false), None);
     }
 }

@@ -186,6 +186,10 @@ fn mode(ctx: &Ctx, scope: &str, view: &ScopeView, not_closed_since: Option<i64>)
     }
 }
 
+/// How long replay waits after a pause of a scope was lifted: twice the dispatchers' `parent_refresh_ms` (1 s
+/// by default), the longest they may still hold a lifted pause above the number.
+const PAUSE_SETTLE: Duration = Duration::from_secs(2);
+
 pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Receiver<ScopeView>) {
     let idle = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));
     let mut not_closed_since: Option<i64> = None;
@@ -193,6 +197,8 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
     // An instance that died between an incident's last entry and its finish check left it unfinished: look
     // once when this worker first finds the scope replayable with nothing to drain.
     let mut finish_check_due = true;
+    // Whether the last view showed a pause of the scope, and when one was last seen lifted.
+    let (mut was_paused, mut lifted_at): (bool, Option<tokio::time::Instant>) = (false, None);
     loop {
         if ctx.shutdown.is_cancelled() {
             return;
@@ -204,8 +210,18 @@ pub(crate) async fn scope_worker(ctx: Arc<Ctx>, scope: String, mut rx: watch::Re
             not_closed_since = Some(if view.since_unix_ms > 0 { view.since_unix_ms } else { now_ms() });
         }
         let has_work = depths.borrow_and_update().get(&scope).copied().unwrap_or(0) > 0;
+        let paused = view.paused_for(now_ms(), false).is_some();
+        if was_paused && !paused {
+            lifted_at = Some(tokio::time::Instant::now());
+        }
+        was_paused = paused;
+        // A pause was just lifted: the dispatchers may still hold one above the number for parent_refresh_ms (they
+        // read it at most that often), and an entry replayed into that would go back to the DLQ for the hold's
+        // retry-after. Wait that out first.
+        let settling = lifted_at.map(|at| PAUSE_SETTLE.saturating_sub(at.elapsed())).filter(|d| !d.is_zero());
         let wait = match mode(&ctx, &scope, &view, not_closed_since) {
             Mode::Wait(wait) => wait,
+            _ if settling.is_some() => settling,
             // Nothing to replay: wait for the next depth poll (or a scope change) without touching the lease.
             Mode::Native if !has_work && finish_check_due => {
                 finish_check_due = false;
@@ -303,7 +319,8 @@ async fn drain(
     for class in CLASSES {
         if active == Mode::Native && class.lane == names::Lane::Replay {
             let view = rx.borrow().clone();
-            if let Err(wait) = view.replayable(now_ms(), ctx.cfg.replay.soak_ms) {
+            let marketing_paused = view.paused_for(now_ms(), true).map(Err).unwrap_or(Ok(()));
+            if let Err(wait) = view.replayable(now_ms(), ctx.cfg.replay.soak_ms).and(marketing_paused) {
                 let left = wait.unwrap_or(Duration::from_millis(ctx.cfg.replay.idle_ms));
                 return (Ended::Soaking(left), Some(held), moved);
             }
@@ -380,7 +397,7 @@ async fn drain_class(
         }
         if rx.has_changed().unwrap_or(true) {
             let view = rx.borrow_and_update().clone();
-            if mode(ctx, scope, &view, not_closed_since) != active {
+            if stops(ctx, scope, &view, &active, class, not_closed_since) {
                 break 'session Ended::Interrupted;
             }
             let factor = if ramped { ctx.view(&lane_phone).map(|v| v.rate_factor()).unwrap_or(1.0) } else { 1.0 };
@@ -443,7 +460,7 @@ async fn drain_class(
             }
             if stop.is_none() && rx.has_changed().unwrap_or(true) {
                 let view = rx.borrow_and_update().clone();
-                if mode(ctx, scope, &view, not_closed_since) != active {
+                if stops(ctx, scope, &view, &active, class, not_closed_since) {
                     stop = Some(Ended::Interrupted);
                 }
             }
@@ -511,7 +528,8 @@ async fn drain_class(
                     stop.get_or_insert(Ended::Interrupted);
                 }
                 changed = rx.changed(), if gate.is_open() => {
-                    let differs = changed.is_err() || mode(ctx, scope, &rx.borrow_and_update().clone(), not_closed_since) != active;
+                    let differs = changed.is_err()
+                        || stops(ctx, scope, &rx.borrow_and_update().clone(), &active, class, not_closed_since);
                     if differs {
                         gate.close();
                         stop.get_or_insert(Ended::Interrupted);
@@ -532,6 +550,13 @@ async fn drain_class(
         Ended::LeaseLost => (ended, None, session.moved),
         other => (other, Some(held), session.moved),
     }
+}
+
+/// Whether a drain session must stop for this view of its scope: its mode changed (a breaker, a pause of every
+/// entry), or a marketing-only pause now holds the marketing entries it drains.
+fn stops(ctx: &Ctx, scope: &str, view: &ScopeView, active: &Mode, class: Class, not_closed_since: Option<i64>) -> bool {
+    mode(ctx, scope, view, not_closed_since) != *active
+        || (class.lane == names::Lane::Replay && view.paused_for(now_ms(), true).is_some())
 }
 
 /// Whether a marketing session should stop and let the scope's priority entries go first: new priority entries

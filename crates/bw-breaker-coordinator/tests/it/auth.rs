@@ -4,17 +4,21 @@
 
 use super::*;
 
-const ACTIONS: [&str; 5] = [
+const ACTIONS: [&str; 7] = [
     "/admin/breakers/5551/force-open",
     "/admin/breakers/5551/force-closed",
     "/admin/breakers/5551/clear",
     "/admin/breakers/5551/reset",
     "/admin/reload",
+    "/admin/pauses/waba/w1/pause",
+    "/admin/pauses/waba/w1/lift",
 ];
 
 async fn assert_untouched(i: &Instance) {
     let status = client(&i.deps).status(&Scope::new("w1", "5551")).await.expect("status");
     assert_eq!(status.snapshot.state(), BreakerState::Closed, "a refused action changes nothing");
+    let waba = client(&i.deps).parent_status(&bw_breaker::Parent::Waba("w1".into())).await.expect("read");
+    assert!(!waba.active(0), "a refused pause pauses nothing: {waba:?}");
 }
 
 #[tokio::test]
@@ -37,7 +41,7 @@ async fn at_the_compiled_default_operator_actions_are_refused_and_reads_stay_ope
         assert_eq!(r.status().as_u16(), 200, "{path}");
     }
     assert!(
-        i.metrics_text().contains("bw_breaker_coordinator_admin_refusals_total{reason=\"disabled\"} 10"),
+        i.metrics_text().contains("bw_breaker_coordinator_admin_refusals_total{reason=\"disabled\"} 14"),
         "{}",
         i.metrics_text()
     );
@@ -71,7 +75,7 @@ async fn with_a_token_hash_each_denied_action_is_refused_and_the_operator_is_obe
     }
     assert_untouched(&i).await;
     let text = i.metrics_text();
-    for (reason, n) in [("missing", 5), ("malformed", 5), ("invalid", 5)] {
+    for (reason, n) in [("missing", 7), ("malformed", 7), ("invalid", 7)] {
         assert!(
             text.contains(&format!("bw_breaker_coordinator_admin_refusals_total{{reason=\"{reason}\"}} {n}")),
             "{text}"

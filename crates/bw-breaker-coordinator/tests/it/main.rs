@@ -21,6 +21,7 @@ pub(crate) fn limits_text(rate: f64) -> String {
 
 mod auth;
 mod fleet;
+mod pauses;
 mod redis_loss;
 
 /// The operator token the harness configures (its sha256 goes in the config; the token is sent by tests).

@@ -61,11 +61,34 @@ async fn parent_pauses_work_on_a_redis_cluster() {
         assert!(matches!(d, Decision::Deny { reason: DenyReason::AppPaused, .. }), "{d:?}");
     }
     breaker.clear_parent(&Parent::App("app-c".into())).await.expect("clear on the cluster");
-    breaker.record(&scopes[1], &outcomes(1, OutcomeKind::Credentials { pause_ms: 1_000 }, false)).await;
+    let token = bw_breaker::PauseSpec {
+        scope: bw_common::classify::PauseScope::Token,
+        code: 190,
+        end: bw_breaker::PauseEnd::Lifted,
+        marketing_only: false,
+        source: bw_breaker::PauseSource::Answer,
+    };
+    breaker.record(&scopes[1], &outcomes(1, OutcomeKind::Pause(token), false)).await;
     let d = first(
         breaker.admit(&scopes[2], &[AdmitItem { recipient_key: "r".into(), class: TrafficClass::Priority }]).await,
     );
     assert!(matches!(d, Decision::Deny { reason: DenyReason::TokenHalted, .. }), "{d:?}");
     let status = breaker.parent_status(&Parent::Token(bw_breaker::token_fingerprint("token-c"))).await.expect("read");
     assert!(status.halted);
+    // A number's own pause lives in the number's slot, read by the admission script itself.
+    let number = bw_breaker::PauseSpec { scope: bw_common::classify::PauseScope::PhoneNumber, code: 133010, ..token };
+    breaker.clear_parent(&Parent::Token(bw_breaker::token_fingerprint("token-c"))).await.expect("clear");
+    breaker.record(&scopes[3], &outcomes(1, OutcomeKind::Pause(number), false)).await;
+    for (i, s) in scopes.iter().enumerate() {
+        let d =
+            first(breaker.admit(s, &[AdmitItem { recipient_key: "r".into(), class: TrafficClass::Priority }]).await);
+        if i == 3 {
+            assert!(matches!(d, Decision::Deny { reason: DenyReason::NumberPaused, .. }), "{d:?}");
+        } else {
+            assert!(matches!(d, Decision::Allow { .. }), "scope {i}: {d:?}");
+        }
+    }
+    let snap = breaker.snapshot(&scopes[3]).await.expect("snapshot on the cluster");
+    assert_eq!(snap.pauses.len(), 1, "{snap:?}");
+    assert_eq!(snap.pauses[0].code, 133010);
 }

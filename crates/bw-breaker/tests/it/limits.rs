@@ -103,18 +103,32 @@ async fn usage_levels_slow_then_pause_low_priority_only() {
 }
 
 #[tokio::test]
-async fn credentials_pause_every_class() {
+async fn a_number_hold_pauses_every_class_of_the_number() {
     let redis = bw_testkit::RedisServer::start();
     let breaker = breaker(&redis.url(), limits()).await;
     let scope = scope();
-    breaker.record(&scope, &outcomes(1, OutcomeKind::Credentials { pause_ms: 300_000 }, false)).await;
-    let a = breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
-    assert!(
-        matches!(a.decisions[0], Decision::Deny { reason: DenyReason::Paused, retry_after_ms } if retry_after_ms > 290_000)
-    );
+    let hold = bw_breaker::PauseSpec {
+        scope: bw_common::classify::PauseScope::PhoneNumber,
+        code: 131045,
+        end: bw_breaker::PauseEnd::For(300_000),
+        marketing_only: false,
+        source: bw_breaker::PauseSource::Answer,
+    };
+    breaker.record(&scope, &outcomes(1, OutcomeKind::Pause(hold), false)).await;
+    for class in [TrafficClass::Priority, TrafficClass::OlderPriority, TrafficClass::Marketing, TrafficClass::Replay] {
+        let a = breaker.admit(&scope, &items(1, class)).await;
+        assert!(
+            matches!(a.decisions[0], Decision::Deny { reason: DenyReason::NumberPaused, retry_after_ms } if retry_after_ms > 290_000),
+            "{class:?}: {:?}",
+            a.decisions
+        );
+    }
     let snap = breaker.snapshot(&scope).await.expect("read");
-    assert_eq!(snap.pause_reason, "credentials");
-    assert!(snap.paused_until_unix_ms > snap.updated_at_unix_ms);
+    assert_eq!(snap.pauses.len(), 1);
+    let p = &snap.pauses[0];
+    assert_eq!((p.level.as_str(), p.code, p.lift.as_str(), p.source.as_str()), ("number", 131045, "time", "answer"));
+    assert!(p.until_unix_ms > snap.updated_at_unix_ms && p.since_unix_ms <= snap.updated_at_unix_ms, "{p:?}");
+    assert_eq!(snap.paused_until_unix_ms, 0, "the breaker's own (rate-limit) pause is another thing");
 }
 
 #[tokio::test]

@@ -7,9 +7,10 @@
 
 use crate::support;
 use bw_breaker::{
-    AdmitItem, Breaker, Decision, DenyReason, Forced, OutcomeItem, OutcomeKind, ScopeLimits, TrafficClass,
+    AdmitItem, Breaker, Decision, DenyReason, Forced, OutcomeItem, OutcomeKind, PauseEnd, PauseSource, PauseSpec,
+    ScopeLimits, TrafficClass,
 };
-use bw_common::classify::RateScope;
+use bw_common::classify::{PauseScope, RateScope};
 use bw_common::proto::BreakerState as St;
 use proptest::prelude::*;
 use std::collections::HashMap;
@@ -79,6 +80,8 @@ struct Model {
     tokens: f64,
     pairs: HashMap<u8, u32>,
     paused: bool,
+    /// The number's own pause (its own key: an operator's reset of the breaker leaves it).
+    number_paused: bool,
 }
 
 impl Model {
@@ -95,6 +98,7 @@ impl Model {
             tokens,
             pairs: HashMap::new(),
             paused: false,
+            number_paused: false,
         }
     }
 
@@ -131,6 +135,9 @@ impl Model {
                 let deny = |reason| Decision::Deny { reason, retry_after_ms: 0 };
                 if self.paused {
                     return deny(DenyReason::Paused);
+                }
+                if self.number_paused {
+                    return deny(DenyReason::NumberPaused);
                 }
                 match self.state {
                     St::ForcedOpen => return deny(DenyReason::ForcedOpen),
@@ -193,10 +200,8 @@ impl Model {
                     }
                 }
                 3 => self.rl = 0,
-                _ => {
-                    self.rl = 0;
-                    self.paused = true;
-                }
+                // A hold of the number (its own key): not a call, not a failure, no rate-limit episode.
+                _ => self.number_paused = true,
             }
         }
     }
@@ -228,7 +233,13 @@ fn outcome_kind(k: u8) -> OutcomeKind {
         1 => OutcomeKind::Transient,
         2 => OutcomeKind::RateLimited { scope: RateScope::PhoneNumber, pause_ms: HOUR },
         3 => OutcomeKind::Permanent,
-        _ => OutcomeKind::Credentials { pause_ms: HOUR },
+        _ => OutcomeKind::Pause(PauseSpec {
+            scope: PauseScope::PhoneNumber,
+            code: 133010,
+            end: PauseEnd::For(HOUR),
+            marketing_only: false,
+            source: PauseSource::Answer,
+        }),
     }
 }
 
@@ -239,7 +250,7 @@ fn class() -> impl Strategy<Value = TrafficClass> {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => prop::collection::vec((class(), 0u8..4), 1..5).prop_map(Op::Admit),
-        // Mostly successes and failures; rate limits, permanent and credential errors now and then.
+        // Mostly successes and failures; rate limits, permanent errors and number holds now and then.
         6 => prop::collection::vec((prop_oneof![8 => 0u8..2, 1 => 2u8..3, 1 => 3u8..4, 1 => Just(4u8)], any::<bool>()), 1..6)
             .prop_map(Op::Record),
         1 => prop_oneof![Just(Forced::Open), Just(Forced::Closed), Just(Forced::Clear)].prop_map(Op::Force),
@@ -315,6 +326,7 @@ async fn run_case(url: &str, p: Params, ops: Vec<Op>) -> Result<(), TestCaseErro
         prop_assert_eq!(status.failures_in_window, model.fails, "failures after op {} {:?}", i, op);
         prop_assert_eq!(status.snapshot.trips, model.trips, "trips after op {} {:?}", i, op);
         prop_assert_eq!(status.snapshot.paused_until_unix_ms > 0, model.paused, "pause after op {} {:?}", i, op);
+        prop_assert_eq!(!status.snapshot.pauses.is_empty(), model.number_paused, "number pause after op {}", i);
         prop_assert!((status.tokens - model.tokens).abs() < 0.01, "tokens {} vs {}", status.tokens, model.tokens);
     }
     Ok(())

@@ -115,3 +115,56 @@ fn the_token_hash_matches_sha256sum() {
     // printf %s test | sha256sum
     assert_eq!(operator_token_hash("test"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
 }
+
+async fn bwctl_args(args: &[&str]) -> (i32, String) {
+    let mut argv = vec!["bwctl"];
+    argv.extend_from_slice(args);
+    let cli = Cli::try_parse_from(argv).expect("parse");
+    let mut out = Vec::new();
+    match run(cli, &mut out).await {
+        Ok(code) => (code, String::from_utf8(out).expect("utf8")),
+        Err(e) => (-1, format!("{e:#}")),
+    }
+}
+
+#[tokio::test]
+async fn bwctl_pauses_a_number_scopes_shows_the_pause_and_bwctl_lifts_it() {
+    let r = coordinator().await;
+    let nats = r._nats.url();
+    let set = ["pause", "set", "--level", "number", "--id", "1001", "--for-ms", "600000", "--reason", "display name"];
+    let (code, out) = bwctl_args(&[&["--coordinator-url", &r.base][..], &set[..]].concat()).await;
+    assert_eq!(code, 1, "refused without the operator token: {out}");
+    let with_token = [&["--coordinator-url", &r.base, "--operator-token", TOKEN][..], &set[..]].concat();
+    let (code, out) = bwctl_args(&with_token).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("\"source\":\"operator\"") && !out.contains(TOKEN), "{out}");
+    let shown = bw_testkit::wait_until(WAIT, || async {
+        let (code, out) = bwctl_args(&["--nats-url", &nats, "scopes"]).await;
+        code == 0 && out.lines().any(|l| l.starts_with("1001") && l.contains("number") && l.contains("operator"))
+    })
+    .await;
+    assert!(shown, "{}", bwctl_args(&["--nats-url", &nats, "scopes"]).await.1);
+    let (code, out) = bwctl_args(&[
+        "--coordinator-url",
+        &r.base,
+        "--operator-token",
+        TOKEN,
+        "pause",
+        "lift",
+        "--level",
+        "number",
+        "--id",
+        "1001",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let lifted = bw_testkit::wait_until(WAIT, || async {
+        let (_, out) = bwctl_args(&["--nats-url", &nats, "scopes"]).await;
+        out.contains("1001") && !out.contains("LEVEL")
+    })
+    .await;
+    assert!(lifted, "{}", bwctl_args(&["--nats-url", &nats, "scopes"]).await.1);
+    let (code, out) =
+        bwctl_args(&["--coordinator-url", &r.base, "pause", "lift", "--level", "galaxy", "--id", "1"]).await;
+    assert!(code == -1 && out.contains("--level must be number, waba, app or token"), "{out}");
+}

@@ -488,3 +488,69 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
     token.cancel();
     tokio::time::timeout(WAIT, ingest).await.expect("stops").expect("joins").expect("ok");
 }
+
+#[tokio::test]
+async fn a_callback_delivers_only_its_tenants_events() {
+    let (receiver, url) = Receiver::start(vec![], None).await;
+    // The CRM's callback lists its own number and the shop's: the shop's is left out at start-up.
+    let senders = [("4001", WABA, "crm"), ("4002", "1002", "shop")];
+    let env = support::start_registered(
+        &senders,
+        with(&url, |c| {
+            c.tenant = Some("crm".into());
+            c.phone_number_ids = vec!["4001".into(), "4002".into()];
+        }),
+    )
+    .await;
+    let stream = env.js.get_stream(bw_ingest::feed::FEED_STREAM).await.expect("feed stream");
+    let info = stream.consumer_info("callback-crm").await.expect("callback consumer");
+    assert_eq!(info.config.filter_subject, "bw.feed.v1.crm.4001.>", "{:?}", info.config);
+    assert!(info.config.filter_subjects.is_empty(), "{:?}", info.config);
+
+    let crm = Client::new(support::producer(&env.server.url(), "crm").await);
+    let shop = Client::new(support::producer(&env.server.url(), "shop").await);
+    assert!(shop.send(&Request::text("cb-t", "1002", "4002", RECIPIENT, BODY_TEXT).build()).await.expect("r").accepted);
+    assert!(crm.send(&Request::text("cb-t", WABA, "4001", RECIPIENT, BODY_TEXT).build()).await.expect("r").accepted);
+    assert!(receiver.wait_for("cb-t", 1).await, "{:?}", receiver.seen());
+    assert!(settled(&env).await);
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1, "the shop's event of the same id is not the CRM's: {seen:?}");
+    let v: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("json");
+    assert_eq!((v["tenant"].as_str(), v["operation_id"].as_str()), (Some("crm"), Some("cb-t")), "{v}");
+    assert_eq!(v["phone_number_id"], "4001");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_callback_consumer_with_a_filter_from_before_tenants_is_updated_at_start() {
+    let (_receiver, url) = Receiver::start(vec![], None).await;
+    let mut env = start(with(&url, |_| {})).await;
+    env.token.cancel();
+    let task = env.task.take().expect("running");
+    tokio::time::timeout(WAIT, task).await.expect("stops").expect("joins").expect("ok");
+    // The consumer as it was before tenants: the sender's subjects without a tenant token.
+    let stream = env.js.get_stream(bw_ingest::feed::FEED_STREAM).await.expect("feed stream");
+    let old = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some("callback-crm".into()),
+        filter_subject: format!("bw.feed.v1.{PHONE}.>"),
+        deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::New,
+        ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: std::time::Duration::from_secs(30),
+        max_deliver: -1,
+        max_ack_pending: 50_000,
+        ..Default::default()
+    };
+    stream.create_consumer(old).await.expect("old consumer");
+    // Started again: the filter is the tenant's.
+    let mut cfg = support::test_config(&env.server.url());
+    with(&url, |_| {})(&mut cfg);
+    let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
+    let token = tokio_util::sync::CancellationToken::new();
+    let again = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ready again");
+    let info = stream.consumer_info("callback-crm").await.expect("consumer");
+    assert_eq!(info.config.filter_subject, format!("bw.feed.v1.default.{PHONE}.>"));
+    token.cancel();
+    tokio::time::timeout(WAIT, again).await.expect("stops").expect("joins").expect("ok");
+}

@@ -101,13 +101,19 @@ pub(crate) async fn producer(url: &str, tenant: &str) -> async_nats::Client {
 
 /// Starts NATS and ingest; `edit` adjusts the config first.
 pub(crate) async fn start(edit: impl FnOnce(&mut Config)) -> Env {
+    start_registered(&[], edit).await
+}
+
+/// [`start`] with `senders` (phone_number_id, waba_id, tenant) registered too before ingest starts.
+pub(crate) async fn start_registered(senders: &[(&str, &str, &str)], edit: impl FnOnce(&mut Config)) -> Env {
     let server = NatsServer::start();
     let mut cfg = test_config(&server.url());
     edit(&mut cfg);
     let admin = async_nats::connect(server.url()).await.expect("nats connects");
     let admin_js = async_nats::jetstream::new(admin);
-    for (phone, waba) in SENDERS {
-        register(&admin_js, phone, waba, DEFAULT_TENANT).await;
+    let defaults = SENDERS.iter().map(|(phone, waba)| (*phone, *waba, DEFAULT_TENANT));
+    for (phone, waba, tenant) in defaults.chain(senders.iter().copied()) {
+        register(&admin_js, phone, waba, tenant).await;
     }
     let deps = Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps connect");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind http");

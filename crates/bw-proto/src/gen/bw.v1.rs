@@ -170,6 +170,40 @@ pub struct ScopeSnapshot {
     pub trips: u32,
     #[prost(int64, tag = "12")]
     pub updated_at_unix_ms: i64,
+    /// Every pause that holds this scope's sends now: its number's own, its WABA's, its app's and its access
+    /// token's (bw-breaker `parent_pause.lua`), read from Redis by the coordinator. Replay waits while any holds.
+    #[prost(message, repeated, tag = "13")]
+    pub pauses: ::prost::alloc::vec::Vec<ScopePause>,
+}
+/// One pause of a scope above or at a sender: what holds its sends, why, since when, until when or what.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ScopePause {
+    /// "number", "waba", "app" or "token".
+    #[prost(string, tag = "1")]
+    pub level: ::prost::alloc::string::String,
+    /// The paused scope's id: the phone_number_id, WABA id, app id, or the token's fingerprint (first 16 hex
+    /// digits of its SHA-256; never the token).
+    #[prost(string, tag = "2")]
+    pub id: ::prost::alloc::string::String,
+    /// Meta error code that caused it (0: none, e.g. an operator's pause).
+    #[prost(int64, tag = "3")]
+    pub code: i64,
+    #[prost(string, tag = "4")]
+    pub reason: ::prost::alloc::string::String,
+    #[prost(int64, tag = "5")]
+    pub since_unix_ms: i64,
+    /// End, Unix ms; 0 when it lasts until lifted (see lift).
+    #[prost(int64, tag = "6")]
+    pub until_unix_ms: i64,
+    /// What ends it: "time", "probe" (one send probes after until_unix_ms), "operator" or "new_token".
+    #[prost(string, tag = "7")]
+    pub lift: ::prost::alloc::string::String,
+    /// Who set it: "answer" (Meta's answer to a send), "webhook" or "operator".
+    #[prost(string, tag = "8")]
+    pub source: ::prost::alloc::string::String,
+    /// Only marketing messages are held.
+    #[prost(bool, tag = "9")]
+    pub marketing_only: bool,
 }
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
@@ -538,7 +572,8 @@ pub enum DlqReason {
     BreakerOpen = 1,
     /// Transient errors used up the automatic retry budget.
     RetriesExhausted = 2,
-    /// Credentials or account error (190, 10, 200, 368, 131031...): kept until fixed.
+    /// The access token is halted (190, 0 with an auth subcode, 3, 10, 200-299, 131005): kept until a new token or
+    /// an operator lifts the halt.
     Credentials = 3,
     /// Outcome unknown and no status arrived; the category policy says resend.
     UnknownNoStatus = 4,
@@ -556,8 +591,8 @@ pub enum DlqReason {
     /// An error code Breakwater does not know: never retried blindly, never quarantined after one try; a person
     /// reviews it (alert `unclassified`).
     Unclassified = 10,
-    /// A long pause of the sender's app, WABA or token (code 4, 80007/80008, a halted token) outlasted the wait
-    /// a message may spend in memory or in redeliveries.
+    /// A pause of the sender's number, WABA, app or token (133010, 368, code 4, 80007/80008, a halted token ...)
+    /// outlasted the wait a message may spend in memory or in redeliveries; kept until the pause ends or is lifted.
     SenderPaused = 11,
 }
 impl DlqReason {
@@ -615,6 +650,9 @@ pub enum QuarantineReason {
     WindowClosed = 4,
     /// An operator moved it here.
     Operator = 5,
+    /// Never sent: since it was accepted, its sender left the sender registry, moved to another tenant or got another
+    /// WABA (the detail says which). The dispatcher and replay put it here instead of sending it.
+    SenderRevoked = 6,
 }
 impl QuarantineReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -629,6 +667,7 @@ impl QuarantineReason {
             Self::UnknownReview => "QUARANTINE_REASON_UNKNOWN_REVIEW",
             Self::WindowClosed => "QUARANTINE_REASON_WINDOW_CLOSED",
             Self::Operator => "QUARANTINE_REASON_OPERATOR",
+            Self::SenderRevoked => "QUARANTINE_REASON_SENDER_REVOKED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -640,6 +679,7 @@ impl QuarantineReason {
             "QUARANTINE_REASON_UNKNOWN_REVIEW" => Some(Self::UnknownReview),
             "QUARANTINE_REASON_WINDOW_CLOSED" => Some(Self::WindowClosed),
             "QUARANTINE_REASON_OPERATOR" => Some(Self::Operator),
+            "QUARANTINE_REASON_SENDER_REVOKED" => Some(Self::SenderRevoked),
             _ => None,
         }
     }
