@@ -16,6 +16,7 @@ mod priority;
 mod redaction;
 mod resilience;
 mod skeleton;
+mod tenant_stack;
 mod tracing;
 
 /// Runs `bwctl <args>` in-process against `nats_url` (the CLI's own parser and `run`), returning its exit code
