@@ -17,6 +17,7 @@ mod redaction;
 mod resilience;
 mod skeleton;
 mod tenant_stack;
+mod tenants;
 mod tracing;
 
 /// Runs `bwctl <args>` in-process against `nats_url` (the CLI's own parser and `run`), returning its exit code

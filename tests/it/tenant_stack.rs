@@ -52,6 +52,8 @@ pub(crate) struct TenantStack {
     pub(crate) sim: bw_meta_sim::SimHandle,
     /// Where ingest serves HTTP (intake and Meta's webhooks).
     pub(crate) ingest_http: String,
+    /// Where ingest's admin routes (metrics) are served.
+    pub(crate) ingest_admin: String,
     /// The accounts config nats-server runs.
     pub(crate) accounts: String,
     pub(crate) senders: Vec<Sender>,
@@ -114,6 +116,7 @@ impl TenantStack {
             redis,
             sim,
             ingest_http,
+            ingest_admin: format!("127.0.0.1:{}", bw_testkit::free_port()),
             accounts,
             senders: senders.to_vec(),
             tokens: Vec::new(),
@@ -209,6 +212,12 @@ impl TenantStack {
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
         let redis = bw_common::service::ServiceConfig::redis(&cfg).cloned();
         let deps = Deps::connect("ingest", &cfg.nats, redis.as_ref(), WAIT).await.expect("ingest connects");
+        // Its metrics, as the binary serves them on its admin address.
+        let admin = CancellationToken::new();
+        bw_common::admin::serve(&self.ingest_admin, deps.health.clone(), deps.metrics.clone(), None, admin.clone())
+            .await
+            .expect("ingest's admin routes");
+        self.tokens.push(admin);
         self.keep(&deps.clone(), |t| tokio::spawn(bw_ingest::run(cfg, deps, t)));
         assert!(self.ready().await, "ingest ready: {:?}", self.violations());
     }
@@ -226,5 +235,44 @@ impl TenantStack {
         let deps = Deps::connect("dispatcher", &cfg.nats, Some(&cfg.redis), WAIT).await.expect("dispatcher connects");
         self.keep(&deps.clone(), |t| tokio::spawn(bw_dispatcher::run(cfg, deps, t)));
         assert!(self.ready().await, "dispatcher ready: {:?}", self.violations());
+    }
+
+    /// Replay as its user at its compiled defaults but for where things are.
+    pub(crate) async fn start_replay(&mut self) {
+        let mut pairs = self.nats_env("replay");
+        pairs.push(("admin.listen", "127.0.0.1:0".to_string()));
+        let cfg: bw_replay::Config =
+            bw_common::config::load("replay", bw_replay::DEFAULT_CONFIG, None, &env_for("replay", &pairs))
+                .expect("replay config");
+        let deps = Deps::connect("replay", &cfg.nats, None, WAIT).await.expect("replay connects");
+        self.keep(&deps.clone(), |t| tokio::spawn(bw_replay::run(cfg, deps, t)));
+        assert!(self.ready().await, "replay ready: {:?}", self.violations());
+    }
+
+    /// Stops every service and waits for each to return cleanly.
+    pub(crate) async fn stop(mut self) {
+        for t in &self.tokens {
+            t.cancel();
+        }
+        for h in std::mem::take(&mut self.handles) {
+            h.await.expect("joins").expect("service stops cleanly");
+        }
+    }
+
+    /// Ingest's metrics as exposed ("" when not reachable).
+    pub(crate) async fn ingest_metrics(&self) -> String {
+        match reqwest::get(format!("http://{}/metrics", self.ingest_admin)).await {
+            Ok(res) => res.text().await.unwrap_or_default(),
+            Err(e) => format!("unreachable: {e}"),
+        }
+    }
+
+    /// The value of one of ingest's metrics (`name{labels}` as exposed), 0 when absent.
+    pub(crate) async fn ingest_metric(&self, series: &str) -> f64 {
+        self.ingest_metrics()
+            .await
+            .lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+            .unwrap_or(0.0)
     }
 }
