@@ -37,6 +37,7 @@ async fn runs(program: &Path, args: &[&str]) -> bool {
 /// A stack the example can send through: ingest answers on the sender's subjects before the example starts.
 async fn stack(phone: &str) -> Harness {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
+    h.register(&[phone]).await;
     h.start_ingest(&[]).await;
     h.start_dispatcher_at_defaults().await;
     let producer = h.producer();
