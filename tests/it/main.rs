@@ -15,6 +15,7 @@ mod permissions;
 mod priority;
 mod redaction;
 mod resilience;
+mod senders;
 mod skeleton;
 mod tenant_stack;
 mod tenants;
