@@ -1,11 +1,11 @@
-//! NATS accounts (deploy/nats/accounts.conf, the very file): a producer user sends and follows its feed, and is
-//! refused on internal subjects, the ledger and stream administration.
+//! NATS accounts (deploy/nats/accounts.conf, the very file, with its producers' region generated for the tenant
+//! `crm`): the tenant's producer user sends and follows its feed, and is refused on internal subjects, the ledger
+//! and stream administration.
 
 use crate::support::{WAIT, test_config};
 use bw_client::{Client, Request};
 use bw_common::names;
 use bw_common::proto::OutcomeKind;
-use bw_common::tenancy::DEFAULT_TENANT;
 
 const WABA: &str = "1001";
 const PHONE: &str = "2002";
@@ -14,11 +14,15 @@ const PHONE: &str = "2002";
 async fn a_producer_user_is_refused_on_internal_subjects() {
     let server = crate::support::accounts_server();
     let port = server.port();
-    // Ingest runs as its own user, on its own inbox prefix. Dev mode: this file's producer user takes its replies
-    // on `_INBOX_producer-crm`, the inbox of no registered tenant; what is checked here is the file's permissions.
+    // The operator registers the number to `crm`; ingest runs as its own user, on its own inbox prefix, at the
+    // compiled default tenancy (the registry).
+    let operator = async_nats::ConnectOptions::with_user_and_password("operator".into(), "op-pw".into())
+        .connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("operator connects");
+    crate::support::register(&async_nats::jetstream::new(operator), PHONE, WABA, "crm").await;
     let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
-    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
     let token = tokio_util::sync::CancellationToken::new();
     let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
@@ -26,8 +30,7 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ingest ready");
 
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), "crm-pw".into())
-        .custom_inbox_prefix("_INBOX_producer-crm")
+    let producer = bw_client::tenant_options("crm", "crm-pw")
         .event_callback(move |ev| {
             let tx = tx.clone();
             async move {
@@ -43,9 +46,10 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     let reply = client.send(&Request::text("acct-1", WABA, PHONE, "+5491155551234", "hi").build()).await;
     assert!(reply.expect("answered").accepted);
     let producer_js = async_nats::jetstream::new(producer.clone());
-    let mut feed = crate::support::Feed::follow(&producer_js, DEFAULT_TENANT, PHONE, "crm").await;
-    let (event, _) = feed.next().await;
-    assert_eq!(event.kind(), OutcomeKind::Accepted);
+    let mut feed = bw_client::follow(&producer_js, "crm", Some(PHONE)).await.expect("its own feed consumer");
+    let item = tokio::time::timeout(WAIT, feed.next()).await.expect("in time").expect("open").expect("event");
+    assert_eq!((item.event.kind(), item.event.operation_id.as_str()), (OutcomeKind::Accepted, "acct-1"));
+    item.ack().await.expect("ack allowed");
     assert!(client.status(PHONE, "acct-1").await.expect("status allowed").found);
 
     // Refused: an internal subject, the ledger, stream administration, snooping on the services' subjects.
@@ -80,7 +84,7 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     let send = deps.js.get_stream(names::SEND_STREAM).await.expect("stream").get_info().await.expect("info");
     assert_eq!(send.state.messages, 1);
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
-    assert!(ledger.get("acct-1").await.expect("ledger").is_some());
+    assert!(ledger.get("crm/acct-1").await.expect("ledger").is_some());
     token.cancel();
     ingest.await.expect("joins").expect("stops");
 }

@@ -435,8 +435,8 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
     let port = server.port();
     let mut cfg = support::test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
-    // Dev mode: this file's producer user takes its replies on `_INBOX_producer-crm`, the inbox of no registered
-    // tenant; what is checked here is that callbacks need nothing the ingest user lacks.
+    // Dev mode (every number the tenant `default`'s, replies below any tenant's inbox prefix): what is checked here
+    // is that callbacks need nothing the ingest user lacks.
     cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
     with(&url, |_| {})(&mut cfg);
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
@@ -452,8 +452,7 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
         "ingest ready as its user: {:?}",
         violations()
     );
-    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), "crm-pw".into())
-        .custom_inbox_prefix("_INBOX_producer-crm")
+    let producer = bw_client::tenant_options("crm", "crm-pw")
         .connect(format!("127.0.0.1:{port}"))
         .await
         .expect("producer connects");

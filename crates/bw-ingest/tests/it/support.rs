@@ -37,12 +37,27 @@ pub(crate) struct Env {
     pub(crate) task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
 }
 
-/// nats-server with deploy/nats/accounts.conf, the very file, and a password for each of its users (`ingest` is
-/// `ingest-pw`, the producer `producer-crm` is `crm-pw`).
+/// nats-server with deploy/nats/accounts.conf, the very file, its producers' region generated for the tenant `crm`
+/// owning 2002 and 2003 (what `bwctl senders nats-accounts` prints), and a password for each of its users
+/// (`ingest` is `ingest-pw`, the operator `op-pw`, the producer `producer-crm` is `crm-pw`, on the inbox prefix
+/// `_INBOX_crm`).
 pub(crate) fn accounts_server() -> NatsServer {
     let conf = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
-    NatsServer::start_with_config(
-        &conf,
+    let base = std::fs::read_to_string(&conf).expect("accounts.conf");
+    let records: Vec<SenderRecord> = ["2002", "2003"]
+        .into_iter()
+        .map(|phone| SenderRecord {
+            phone_number_id: phone.into(),
+            waba_id: "1001".into(),
+            tenant: "crm".into(),
+            ..Default::default()
+        })
+        .collect();
+    let generated = bw_ops::senders::render_accounts(&base, &records).expect("producers generated");
+    let path = std::env::temp_dir().join(format!("bw-ingest-accounts-{}.conf", bw_testkit::free_port()));
+    std::fs::write(&path, generated).expect("written");
+    let server = NatsServer::start_with_config(
+        &path,
         &[
             ("BW_NATS_INGEST_PASSWORD", "ingest-pw"),
             ("BW_NATS_DISPATCHER_PASSWORD", "dispatcher-pw"),
@@ -50,9 +65,11 @@ pub(crate) fn accounts_server() -> NatsServer {
             ("BW_NATS_BREAKER_COORDINATOR_PASSWORD", "coordinator-pw"),
             ("BW_NATS_ALERTING_PASSWORD", "alerting-pw"),
             ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
-            ("BW_NATS_PRODUCER_PASSWORD", "crm-pw"),
+            ("BW_NATS_PRODUCER_CRM_PASSWORD", "crm-pw"),
         ],
-    )
+    );
+    let _ = std::fs::remove_file(&path);
+    server
 }
 
 /// The compiled defaults with test-friendly values.
