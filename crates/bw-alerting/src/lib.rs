@@ -60,7 +60,8 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     let metrics = metrics::Metrics::register(&deps.metrics);
     let ttl = Duration::from_secs(cfg.alerting.state_ttl_hours * 3600);
-    let store = state::StateStore::open(&deps.js, cfg.nats.replicas, ttl).await?;
+    let store =
+        state::StateStore::open(&deps.js, cfg.nats.replicas, ttl, cfg.nats.limits.service_bucket_max_bytes).await?;
     let tracker = TaskTracker::new();
     let notifier = notify::spawn(&cfg, store.clone(), metrics.clone(), &tracker)?;
     let engine = engine::Engine {
@@ -89,6 +90,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         engine,
         deps.js.clone(),
         deps.buckets.send,
+        deps.buckets.ledger.iter().map(|s| s.stream_name.clone()).collect(),
         deps.buckets.scopes.clone(),
         cfg.rules.clone(),
         cfg.alerting.clone(),

@@ -25,6 +25,8 @@ pub(crate) struct Metrics {
     pub dlq_scopes: Gauge,
     pub stream_messages: Family<Labels, Gauge>,
     pub stream_max_messages: Family<Labels, Gauge>,
+    pub stream_bytes: Family<Labels, Gauge>,
+    pub stream_max_bytes: Family<Labels, Gauge>,
     pub unknown_oldest_age: Gauge<f64, AtomicU64>,
     pub polls: Counter,
 }
@@ -63,6 +65,12 @@ impl Metrics {
                 "bw_stream_max_messages",
                 "Message limit of a JetStream stream (publishes are refused beyond it)",
                 m.stream_max_messages.clone(),
+            );
+            r.register("bw_stream_bytes", "Bytes stored in a JetStream stream", m.stream_bytes.clone());
+            r.register(
+                "bw_stream_max_bytes",
+                "Byte limit of a JetStream stream (publishes are refused beyond it)",
+                m.stream_max_bytes.clone(),
             );
             r.register(
                 "bw_unknown_oldest_age_seconds",

@@ -27,6 +27,8 @@ pub(crate) struct Poller {
     js: jetstream::Context,
     /// BW_SEND's and BW_DLQ's partitions: each is its own stream with its own limit.
     send: names::SendPartitions,
+    /// The ledger partitions' streams (`KV_BW_LEDGER`, ...), watched for their limits like BW_SEND.
+    ledger_streams: Vec<String>,
     scopes: kv::Store,
     rules: RulesConfig,
     alerting: AlertingConfig,
@@ -67,11 +69,12 @@ impl Poller {
         engine: Engine,
         js: jetstream::Context,
         send: names::SendPartitions,
+        ledger_streams: Vec<String>,
         scopes: kv::Store,
         rules: RulesConfig,
         alerting: AlertingConfig,
     ) -> Poller {
-        Poller { engine, js, send, scopes, rules, alerting, quarantine_samples: VecDeque::new() }
+        Poller { engine, js, send, ledger_streams, scopes, rules, alerting, quarantine_samples: VecDeque::new() }
     }
 
     /// One full pass. Errors are logged; a rule whose input could not be read resolves nothing this tick.
@@ -167,22 +170,45 @@ impl Poller {
         Firing { rule, target: target.to_string(), scope, severity, summary, at_unix_ms: now, labels }
     }
 
+    /// `stream_near_limit`: the streams that refuse a publish when full (DiscardNew) and hold work that must
+    /// not be lost, by the fuller of their message and byte limits.
     async fn check_limits(&self, now: i64, found: &mut Findings) -> anyhow::Result<()> {
-        let others = [names::UNKNOWN_STREAM, names::QUARANTINE_STREAM].map(String::from);
-        for name in self.send.streams().chain(self.send.dlq_streams()).chain(others) {
+        let others = [names::UNKNOWN_STREAM, names::QUARANTINE_STREAM, names::WEBHOOK_STREAM].map(String::from);
+        let ledger = self.ledger_streams.iter().cloned();
+        for name in self.send.streams().chain(self.send.dlq_streams()).chain(others).chain(ledger) {
             let name = name.as_str();
             let mut stream = self.js.get_stream(name).await?;
             let info = stream.info().await?;
             let (messages, max) = (info.state.messages, info.config.max_messages);
+            let (bytes, max_bytes) = (info.state.bytes, info.config.max_bytes);
             let stream_label = labels([("stream", name)]);
-            self.engine.metrics.stream_messages.get_or_create(&stream_label).set(messages as i64);
-            self.engine.metrics.stream_max_messages.get_or_create(&stream_label).set(max);
-            if max > 0 && messages as f64 >= self.rules.stream_near_limit_ratio * max as f64 {
-                let summary = format!(
-                    "{name} holds {messages} of at most {max} messages ({:.0}%); at the limit new messages are refused",
-                    100.0 * messages as f64 / max as f64
-                );
-                let labels = vec![("messages".into(), messages.to_string()), ("max_messages".into(), max.to_string())];
+            let metrics = &self.engine.metrics;
+            metrics.stream_messages.get_or_create(&stream_label).set(messages as i64);
+            metrics.stream_max_messages.get_or_create(&stream_label).set(max);
+            metrics.stream_bytes.get_or_create(&stream_label).set(bytes as i64);
+            metrics.stream_max_bytes.get_or_create(&stream_label).set(max_bytes);
+            let of = |n: u64, max: i64| if max > 0 { n as f64 / max as f64 } else { 0.0 };
+            let (by_messages, by_bytes) = (of(messages, max), of(bytes, max_bytes));
+            if by_messages.max(by_bytes) >= self.rules.stream_near_limit_ratio {
+                let summary = if by_bytes > by_messages {
+                    format!(
+                        "{name} holds {bytes} of at most {max_bytes} bytes ({:.0}%); at the limit new messages are \
+                         refused",
+                        100.0 * by_bytes
+                    )
+                } else {
+                    format!(
+                        "{name} holds {messages} of at most {max} messages ({:.0}%); at the limit new messages are \
+                         refused",
+                        100.0 * by_messages
+                    )
+                };
+                let labels = vec![
+                    ("messages".into(), messages.to_string()),
+                    ("max_messages".into(), max.to_string()),
+                    ("bytes".into(), bytes.to_string()),
+                    ("max_bytes".into(), max_bytes.to_string()),
+                ];
                 let f = self.firing(Rule::StreamNearLimit, name, Severity::Critical, summary, now, labels);
                 self.fire(found, f).await;
             }

@@ -36,12 +36,18 @@ pub(crate) struct StateStore {
 const CAS_TRIES: usize = 8;
 
 impl StateStore {
-    /// Opens (creating if missing) the state bucket.
-    pub(crate) async fn open(js: &jetstream::Context, replicas: usize, ttl: Duration) -> anyhow::Result<StateStore> {
+    /// Opens (creating if missing) the state bucket, of at most `max_bytes`.
+    pub(crate) async fn open(
+        js: &jetstream::Context,
+        replicas: usize,
+        ttl: Duration,
+        max_bytes: i64,
+    ) -> anyhow::Result<StateStore> {
         let config = kv::Config {
             bucket: STATE_BUCKET.to_string(),
             history: 1,
             max_age: ttl,
+            max_bytes,
             storage: jetstream::stream::StorageType::File,
             num_replicas: replicas,
             ..Default::default()

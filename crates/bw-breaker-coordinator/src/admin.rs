@@ -11,7 +11,8 @@
 //! - `GET  /admin/leader` — this instance's id, whether it leads, and the lease holder.
 //!
 //! Every `POST` route is an operator action and needs `Authorization: Bearer <token>` whose sha256 is in
-//! `operator.token_sha256` (compared in constant time). Refusals are JSON `{"error": "..."}` and counted in
+//! `operator.token_sha256` (compared in constant time: [`bw_common::admin::OperatorGate`], which also guards
+//! every state-changing request to the mounted routes). Refusals are JSON `{"error": "..."}` and counted in
 //! `bw_breaker_coordinator_admin_refusals_total{reason}`:
 //!
 //! - 403 `disabled` — no token hash is configured (the compiled default): operator actions are off;
@@ -24,108 +25,27 @@
 use crate::Coordinator;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bw_breaker::{Forced, Parent, PauseEnd, PauseSource, PauseSpec, Scope, ScopeLimits, ScopeStatus};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
-
-/// Longest accepted operator token, bytes (longer is `malformed`).
-const MAX_TOKEN_LEN: usize = 1024;
 
 /// Routes of the admin API.
 pub fn router(coordinator: Coordinator) -> Router {
-    let operator = Router::new()
-        .route("/admin/breakers/{phone}/{action}", post(act))
-        .route("/admin/pauses/{level}/{id}/{action}", post(pause_action))
-        .route("/admin/reload", post(reload))
-        .route_layer(middleware::from_fn_with_state(coordinator.clone(), require_operator));
+    let operator = coordinator.operator_gate().protect(
+        Router::new()
+            .route("/admin/breakers/{phone}/{action}", post(act))
+            .route("/admin/pauses/{level}/{id}/{action}", post(pause_action))
+            .route("/admin/reload", post(reload)),
+    );
     Router::new()
         .route("/admin/breakers", get(list))
         .route("/admin/breakers/{phone}", get(one))
         .route("/admin/leader", get(leader))
         .merge(operator)
         .with_state(coordinator)
-}
-
-/// Why a state-changing request was refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Refusal {
-    Disabled,
-    Missing,
-    Malformed,
-    Invalid,
-}
-
-impl Refusal {
-    fn label(self) -> &'static str {
-        match self {
-            Refusal::Disabled => "disabled",
-            Refusal::Missing => "missing",
-            Refusal::Malformed => "malformed",
-            Refusal::Invalid => "invalid",
-        }
-    }
-
-    fn response(self) -> Response {
-        let (status, message) = match self {
-            Refusal::Disabled => (
-                StatusCode::FORBIDDEN,
-                "operator actions are disabled: no operator token is configured \
-                 (set operator.token_sha256 on the breaker-coordinator)",
-            ),
-            Refusal::Missing => {
-                (StatusCode::UNAUTHORIZED, "operator token required: send `Authorization: Bearer <token>`")
-            }
-            Refusal::Malformed => {
-                (StatusCode::UNAUTHORIZED, "malformed Authorization header: expected `Bearer <token>`")
-            }
-            Refusal::Invalid => (StatusCode::FORBIDDEN, "operator token rejected"),
-        };
-        let mut response = error(status, message);
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer realm=\"breakwater-operator\""));
-        response
-    }
-}
-
-/// Checks the operator token of a request against the configured hashes, in constant time.
-fn authorize(hashes: &[[u8; 32]], headers: &HeaderMap) -> Result<(), Refusal> {
-    if hashes.is_empty() {
-        return Err(Refusal::Disabled);
-    }
-    let Some(value) = headers.get(header::AUTHORIZATION) else {
-        return Err(Refusal::Missing);
-    };
-    let token = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
-        .map(str::trim)
-        .filter(|t| !t.is_empty() && t.len() <= MAX_TOKEN_LEN)
-        .ok_or(Refusal::Malformed)?;
-    let presented = Sha256::digest(token.as_bytes());
-    let mut matched = subtle::Choice::from(0u8);
-    for hash in hashes {
-        matched |= presented.as_slice().ct_eq(hash.as_slice());
-    }
-    if bool::from(matched) { Ok(()) } else { Err(Refusal::Invalid) }
-}
-
-async fn require_operator(State(c): State<Coordinator>, request: Request, next: Next) -> Response {
-    match authorize(c.operator_hashes(), request.headers()) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => {
-            c.metrics().admin_refusals.get_or_create(&vec![("reason".into(), refusal.label().into())]).inc();
-            tracing::warn!(path = %request.uri().path(), reason = refusal.label(), "operator action refused");
-            refusal.response()
-        }
-    }
 }
 
 async fn leader(State(c): State<Coordinator>) -> Response {
@@ -340,36 +260,5 @@ async fn reload(State(c): State<Coordinator>) -> Response {
             axum::Json(json!({ "reloaded": true, "scopes_with_overrides": n, "leader": c.is_leader() })).into_response()
         }
         Err(e) => error(StatusCode::BAD_REQUEST, e),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hash(token: &str) -> [u8; 32] {
-        Sha256::digest(token.as_bytes()).into()
-    }
-
-    fn headers(value: Option<&str>) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        if let Some(v) = value {
-            h.insert(header::AUTHORIZATION, v.parse().expect("header value"));
-        }
-        h
-    }
-
-    #[test]
-    fn each_refusal_has_its_reason() {
-        let hashes = [hash("old-token"), hash("new-token")];
-        assert_eq!(authorize(&[], &headers(Some("Bearer new-token"))), Err(Refusal::Disabled));
-        assert_eq!(authorize(&hashes, &headers(None)), Err(Refusal::Missing));
-        assert_eq!(authorize(&hashes, &headers(Some("Basic bmV3LXRva2Vu"))), Err(Refusal::Malformed));
-        assert_eq!(authorize(&hashes, &headers(Some("Bearer "))), Err(Refusal::Malformed));
-        let long = format!("Bearer {}", "x".repeat(MAX_TOKEN_LEN + 1));
-        assert_eq!(authorize(&hashes, &headers(Some(&long))), Err(Refusal::Malformed));
-        assert_eq!(authorize(&hashes, &headers(Some("Bearer new-tokeN"))), Err(Refusal::Invalid));
-        assert_eq!(authorize(&hashes, &headers(Some("Bearer new-token"))), Ok(()));
-        assert_eq!(authorize(&hashes, &headers(Some("Bearer old-token"))), Ok(()), "both during a rotation");
     }
 }

@@ -57,28 +57,31 @@ fn lock(m: &Mutex<Option<Held>>) -> std::sync::MutexGuard<'_, Option<Held>> {
 }
 
 impl Leadership {
-    /// Opens (creating if needed) the lease bucket; an existing bucket with another `max_age` is updated to
-    /// `lease`, so a changed `leader_lease_ms` applies.
+    /// Opens (creating if needed) the lease bucket; an existing bucket with another `max_age` or `max_bytes` is
+    /// updated to `lease` and `max_bytes`, so a changed `leader_lease_ms` applies.
     pub(crate) async fn open(
         js: &jetstream::Context,
         instance: String,
         lease: Duration,
         replicas: usize,
+        max_bytes: i64,
     ) -> anyhow::Result<Leadership> {
         let config = kv::Config {
             bucket: LEADER_BUCKET.to_string(),
             description: "breaker-coordinator leader lease".to_string(),
             history: 1,
             max_age: lease,
+            max_bytes,
             num_replicas: replicas.max(1),
             ..Default::default()
         };
         let store = bw_common::nats::open_bucket(js, config).await?;
-        // A bucket created with another lease length keeps its max_age until updated.
+        // A bucket created with another lease length (or none of a byte limit) keeps them until updated.
         let info = store.stream.cached_info();
-        if info.config.max_age != lease {
+        if info.config.max_age != lease || info.config.max_bytes != max_bytes {
             let mut cfg = info.config.clone();
             cfg.max_age = lease;
+            cfg.max_bytes = max_bytes;
             cfg.duplicate_window = lease.min(cfg.duplicate_window.max(Duration::from_millis(100)));
             if let Err(e) = js.update_stream(cfg).await {
                 tracing::warn!(error = %e, "cannot update the lease length of the leader bucket");

@@ -92,8 +92,8 @@ struct Inner {
     leader: OnceLock<leader::Leadership>,
     /// Set when this instance takes the lease: the tick loop rewrites every config and snapshot first.
     resync_due: AtomicBool,
-    /// sha256 of every accepted operator token (empty: state-changing admin routes are refused).
-    operator_hashes: Vec<[u8; 32]>,
+    /// Guards the state-changing admin routes (`operator.token_sha256`); counts its refusals.
+    operator: bw_common::admin::OperatorGate,
     limits: RwLock<Arc<Limits>>,
     /// phone_number_id → scope, for every scope known (configured, indexed in Redis, or seen in an event).
     known: RwLock<HashMap<String, Scope>>,
@@ -123,6 +123,10 @@ impl Coordinator {
         breaker_cfg.defaults = limits.default.clone();
         let breaker = Breaker::with_conn(Some(redis.clone()), Some(deps.nats.clone()), breaker_cfg);
         let metrics = metrics::Metrics::register(&deps.metrics);
+        let refusals = metrics.admin_refusals.clone();
+        let operator = bw_common::admin::OperatorGate::new(operator_hashes).on_refusal(move |r| {
+            refusals.get_or_create(&vec![("reason".into(), r.label().into())]).inc();
+        });
         let known = limits.scopes.iter().map(|(phone, (scope, _))| (phone.clone(), scope.clone())).collect();
         let limits_mtime = Mutex::new(file_mtime(&cfg.coordinator.limits_file));
         Ok(Coordinator {
@@ -136,7 +140,7 @@ impl Coordinator {
                 instance: instance_id(),
                 leader: OnceLock::new(),
                 resync_due: AtomicBool::new(false),
-                operator_hashes,
+                operator,
                 limits: RwLock::new(Arc::new(limits)),
                 known: RwLock::new(known),
                 written: Mutex::new(HashMap::new()),
@@ -172,8 +176,9 @@ impl Coordinator {
         }
     }
 
-    pub(crate) fn operator_hashes(&self) -> &[[u8; 32]] {
-        &self.inner.operator_hashes
+    /// The gate of the state-changing admin routes.
+    pub fn operator_gate(&self) -> &bw_common::admin::OperatorGate {
+        &self.inner.operator
     }
 
     pub(crate) fn metrics(&self) -> &metrics::Metrics {
@@ -657,6 +662,7 @@ impl Coordinator {
             self.inner.instance.clone(),
             Duration::from_millis(c.leader_lease_ms),
             self.inner.cfg.nats.replicas,
+            self.inner.cfg.nats.limits.service_bucket_max_bytes,
         )
         .await?;
         if self.inner.leader.set(leadership).is_err() {
@@ -814,7 +820,7 @@ fn file_mtime(path: &str) -> Option<SystemTime> {
 /// Runs the coordinator: mounts the breaker API on the admin server, then runs the loops until `shutdown`.
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
     let coordinator = Coordinator::new(cfg, &deps)?;
-    deps.admin.mount(admin::router(coordinator.clone()));
+    deps.admin.mount(admin::router(coordinator.clone()), coordinator.operator_gate().clone());
     deps.health.set_started();
     coordinator.run(shutdown).await
 }

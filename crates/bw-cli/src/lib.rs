@@ -34,6 +34,10 @@ pub struct Cli {
     /// NATS server URL(s), comma-separated.
     #[arg(long, env = "BW_NATS_URL", default_value = "nats://127.0.0.1:4222", global = true)]
     pub nats_url: String,
+    /// PEM file of the CA of the NATS servers' certificates: the connection then requires TLS (the Kubernetes
+    /// NATS cluster, reached through `kubectl port-forward`: its certificate names `localhost`).
+    #[arg(long, env = "BW_NATS_TLS_CA", global = true)]
+    pub nats_tls_ca: Option<String>,
     /// Base URL of the breaker-coordinator admin API.
     #[arg(long, env = "BW_COORDINATOR_URL", default_value = "http://127.0.0.1:9103", global = true)]
     pub coordinator_url: String,
@@ -317,10 +321,24 @@ pub struct Conn {
     pub buckets: Buckets,
 }
 
+impl Cli {
+    /// The NATS connection the command line asks for.
+    pub fn nats_config(&self) -> bw_common::config::NatsConfig {
+        bw_common::config::NatsConfig {
+            tls_ca_file: self.nats_tls_ca.clone().unwrap_or_default(),
+            ..bw_common::config::NatsConfig::single(self.nats_url.clone(), "bwctl")
+        }
+    }
+}
+
 /// Opens the existing buckets (the CLI never creates topology).
 pub async fn connect(nats_url: &str) -> anyhow::Result<Conn> {
-    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
-    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
+    connect_with(&bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl")).await
+}
+
+/// [`connect`] with a whole NATS config (TLS).
+pub async fn connect_with(cfg: &bw_common::config::NatsConfig) -> anyhow::Result<Conn> {
+    let client = bw_common::nats::connect(cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
     let js = jetstream::new(client);
     let open = |name: String| {
         let js = js.clone();
@@ -366,10 +384,10 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     }
     if let Command::Ledger(LedgerCommand::Repartition(RepartitionArgs { to, yes })) = &cli.command {
         // Not through `connect`: while a repartition is under way the ledger does not say its partition count.
-        return repartition(&cli.nats_url, *to, *yes, out).await;
+        return repartition(&cli.nats_config(), *to, *yes, out).await;
     }
     if let Command::Send(SendCommand::Repartition(RepartitionArgs { to, yes })) = &cli.command {
-        return repartition_send(&cli.nats_url, *to, *yes, out).await;
+        return repartition_send(&cli.nats_config(), *to, *yes, out).await;
     }
     if let Command::OperatorTokenHash = &cli.command {
         let mut line = String::new();
@@ -378,7 +396,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
         writeln!(out, "{}", operator_token_hash(token.expose()))?;
         return Ok(0);
     }
-    let conn = connect(&cli.nats_url).await?;
+    let conn = connect_with(&cli.nats_config()).await?;
     let (js, buckets) = (&conn.js, &conn.buckets);
     match cli.command {
         Command::Scopes => scopes(buckets, out).await,
@@ -635,10 +653,10 @@ fn pause_row(phone: &str, p: &bw_common::proto::ScopePause) -> Vec<String> {
     ]
 }
 
-/// After the operator confirmed `what` (or gave --yes): a JetStream context on `nats_url` without opening the
+/// After the operator confirmed `what` (or gave --yes): a JetStream context on `nats` without opening the
 /// topology (a repartition runs while it is incomplete). None when not confirmed.
 async fn confirmed_admin(
-    nats_url: &str,
+    nats: &bw_common::config::NatsConfig,
     yes: bool,
     what: &str,
     out: &mut (dyn Write + Send),
@@ -646,18 +664,22 @@ async fn confirmed_admin(
     if !confirm(yes, what, out)? {
         return Ok(None);
     }
-    let cfg = bw_common::config::NatsConfig::single(nats_url.to_string(), "bwctl");
-    let client = bw_common::nats::connect(&cfg, "bwctl", std::time::Duration::from_secs(5)).await?;
+    let client = bw_common::nats::connect(nats, "bwctl", std::time::Duration::from_secs(5)).await?;
     Ok(Some(jetstream::new(client)))
 }
 
 /// `bwctl ledger repartition --to M`.
-async fn repartition(nats_url: &str, to: usize, yes: bool, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+async fn repartition(
+    nats: &bw_common::config::NatsConfig,
+    to: usize,
+    yes: bool,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
     let what = format!(
         "move every ledger entry and wamid link to its partition under {to} partitions; every Breakwater service \
          must be stopped, and started again with nats.ledger_partitions = {to}"
     );
-    let Some(js) = confirmed_admin(nats_url, yes, &what, out).await? else {
+    let Some(js) = confirmed_admin(nats, yes, &what, out).await? else {
         return Ok(EXIT_ABORTED);
     };
     let report = bw_ops::repartition::repartition_ledger(&js, to).await?;
@@ -723,12 +745,17 @@ async fn migrate_tenants(
 }
 
 /// `bwctl send repartition --to M`.
-async fn repartition_send(nats_url: &str, to: usize, yes: bool, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+async fn repartition_send(
+    nats: &bw_common::config::NatsConfig,
+    to: usize,
+    yes: bool,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
     let what = format!(
         "replace the empty BW_SEND and BW_DLQ streams by {to} partitions of each; every Breakwater service must be \
          stopped, and started again with nats.send_partitions = {to}"
     );
-    let Some(js) = confirmed_admin(nats_url, yes, &what, out).await? else {
+    let Some(js) = confirmed_admin(nats, yes, &what, out).await? else {
         return Ok(EXIT_ABORTED);
     };
     let report = bw_ops::repartition::repartition_send(&js, to).await?;

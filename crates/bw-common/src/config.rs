@@ -175,6 +175,11 @@ pub struct NatsConfig {
     /// created, like `ledger_partitions`: a service given another number refuses to start. 1 on one machine.
     #[serde(default = "one")]
     pub send_partitions: usize,
+    /// PEM file of the CA that signed the NATS servers' certificates. Set: every connection requires TLS and
+    /// trusts this CA (the Kubernetes NATS cluster: `deploy/k8s/nats.yaml`). Empty: the system's roots, and TLS
+    /// only when the server or a `tls://` URL asks for it.
+    #[serde(default)]
+    pub tls_ca_file: String,
     /// Stream limits used when the streams are first created.
     #[serde(default)]
     pub limits: StreamLimits,
@@ -191,13 +196,25 @@ impl NatsConfig {
             replicas: 1,
             ledger_partitions: 1,
             send_partitions: 1,
+            tls_ca_file: String::new(),
             limits: StreamLimits::default(),
         }
     }
 }
 
-/// Limits of the JetStream streams. When a work stream is full, publishes are refused (DiscardNew), never
-/// silently dropped; the alerting service warns well before that.
+/// Limits of the JetStream streams and buckets, applied when they are created and, by ingest, to existing ones
+/// at its start (`bw_common::nats::apply_limits`): give every service the same values. Every stream and bucket
+/// has a byte limit, so a flood cannot fill the disk. What happens at a limit is chosen per stream (its
+/// discard policy, in [`crate::nats::stream_configs`]): where losing a message would break a promise (BW_SEND,
+/// the ledger, the DLQ, BW_UNKNOWN, BW_WEBHOOKS, BW_QUARANTINE, every KV bucket, the large-body store) a full
+/// stream refuses the publish (DiscardNew) and the writer reports it; streams that are a time-bounded record for
+/// readers (BW_REJECTED, BW_INBOUND, BW_EVENTS, BW_FEED) drop their oldest messages (DiscardOld), as their
+/// `max_age` already does. The alerting service warns well before a refusing stream is full, and ingest refuses
+/// new requests near the limit of BW_SEND or the ledger (`intake.storage_full_ratio`).
+///
+/// The server reserves each stream's `max_bytes` on disk when it creates the stream, and refuses one that would
+/// take the sum past its `max_file_store` ("insufficient storage resources"): the sum of these limits (the
+/// per-partition ones once per partition) must fit the NATS store.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StreamLimits {
@@ -213,7 +230,42 @@ pub struct StreamLimits {
     pub ledger_max_age_days: u64,
     /// How long webhook dedup keys are kept, hours (Meta retries for up to 7 days).
     pub webhook_dedup_hours: u64,
+    /// Bytes of each BW_SEND partition (DiscardNew).
+    pub send_max_bytes: i64,
+    /// Bytes of each BW_DLQ partition (DiscardNew).
+    pub dlq_max_bytes: i64,
+    /// Bytes of BW_UNKNOWN (DiscardNew).
+    pub unknown_max_bytes: i64,
+    /// Bytes of BW_WEBHOOKS, stored deliveries waiting to be processed (DiscardNew: Meta is answered 503 and
+    /// retries for up to 7 days).
+    pub webhook_max_bytes: i64,
+    /// Bytes of BW_QUARANTINE (DiscardNew).
+    pub quarantine_max_bytes: i64,
+    /// Bytes of BW_REJECTED, the inspection copies of rejected requests (DiscardOld).
+    pub rejected_max_bytes: i64,
+    /// Bytes of BW_INBOUND, customers' messages for the business's readers (DiscardOld).
+    pub inbound_max_bytes: i64,
+    /// Bytes of BW_EVENTS, breaker, signal and alert events (DiscardOld).
+    pub events_max_bytes: i64,
+    /// Bytes of the outcome feed BW_FEED (DiscardOld; the ledger stays the record).
+    pub feed_max_bytes: i64,
+    /// Bytes of each ledger partition's bucket (DiscardNew, like every bucket).
+    pub ledger_max_bytes: i64,
+    /// Bytes of each wamid link partition's bucket.
+    pub wamid_max_bytes: i64,
+    /// Bytes of BW_SCOPES (scope snapshots).
+    pub scopes_max_bytes: i64,
+    /// Bytes of BW_WEBHOOK_DEDUP.
+    pub webhook_dedup_max_bytes: i64,
+    /// Bytes of the object store BW_INGEST_BODIES (webhook bodies over the server's max_payload).
+    pub bodies_max_bytes: i64,
+    /// Bytes of each small bucket a service keeps for itself: BW_CALLBACK_RETRIES, BW_REPLAY_LEASES,
+    /// BW_INCIDENTS, BW_COORDINATOR_LEADER, BW_ALERTS.
+    pub service_bucket_max_bytes: i64,
 }
+
+const MIB: i64 = 1024 * 1024;
+const GIB: i64 = 1024 * MIB;
 
 impl Default for StreamLimits {
     fn default() -> Self {
@@ -224,6 +276,53 @@ impl Default for StreamLimits {
             dedup_window_s: 600,
             ledger_max_age_days: 35,
             webhook_dedup_hours: 7 * 24,
+            send_max_bytes: GIB,
+            dlq_max_bytes: GIB,
+            unknown_max_bytes: 256 * MIB,
+            webhook_max_bytes: GIB,
+            quarantine_max_bytes: 256 * MIB,
+            rejected_max_bytes: 256 * MIB,
+            inbound_max_bytes: 512 * MIB,
+            events_max_bytes: 256 * MIB,
+            feed_max_bytes: GIB,
+            ledger_max_bytes: 2 * GIB,
+            wamid_max_bytes: 512 * MIB,
+            scopes_max_bytes: 64 * MIB,
+            webhook_dedup_max_bytes: 256 * MIB,
+            bodies_max_bytes: GIB,
+            service_bucket_max_bytes: 64 * MIB,
+        }
+    }
+}
+
+impl StreamLimits {
+    /// Every byte limit by key, for validation and documentation.
+    pub fn byte_limits(&self) -> [(&'static str, i64); 15] {
+        [
+            ("send_max_bytes", self.send_max_bytes),
+            ("dlq_max_bytes", self.dlq_max_bytes),
+            ("unknown_max_bytes", self.unknown_max_bytes),
+            ("webhook_max_bytes", self.webhook_max_bytes),
+            ("quarantine_max_bytes", self.quarantine_max_bytes),
+            ("rejected_max_bytes", self.rejected_max_bytes),
+            ("inbound_max_bytes", self.inbound_max_bytes),
+            ("events_max_bytes", self.events_max_bytes),
+            ("feed_max_bytes", self.feed_max_bytes),
+            ("ledger_max_bytes", self.ledger_max_bytes),
+            ("wamid_max_bytes", self.wamid_max_bytes),
+            ("scopes_max_bytes", self.scopes_max_bytes),
+            ("webhook_dedup_max_bytes", self.webhook_dedup_max_bytes),
+            ("bodies_max_bytes", self.bodies_max_bytes),
+            ("service_bucket_max_bytes", self.service_bucket_max_bytes),
+        ]
+    }
+
+    /// Refuses a byte limit that is not positive: JetStream reads 0 and -1 as "no limit", and every stream
+    /// must have one.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.byte_limits().into_iter().find(|(_, v)| *v <= 0) {
+            Some((key, _)) => Err(format!("nats.limits.{key} must be > 0 (bytes; every stream has a byte limit)")),
+            None => Ok(()),
         }
     }
 }
@@ -232,8 +331,9 @@ fn one() -> usize {
     1
 }
 
-/// Redis connection settings.
-#[derive(Debug, Clone, Deserialize)]
+/// Redis connection settings, of every Redis user (each service, the drill) through
+/// [`crate::redis_conn::connect_config`].
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     /// `redis://host:port/db` of a single node; unused when `cluster_nodes` is set.
@@ -242,9 +342,43 @@ pub struct RedisConfig {
     /// connect to the cluster instead of `url`. Env: `BW_<SERVICE>__REDIS__CLUSTER_NODES` as a TOML array.
     #[serde(default)]
     pub cluster_nodes: Vec<String>,
+    /// ACL user (Redis 6+) sent with `AUTH`; empty: Redis's `default` user.
+    #[serde(default, deserialize_with = "text")]
+    pub username: String,
+    /// Password sent with `AUTH` on every connection (the single node, or every node of the cluster); empty:
+    /// no `AUTH`. A secret: set it from the environment (`BW_<SERVICE>__REDIS__PASSWORD`), never in a file;
+    /// it never appears in `Debug`, logs or errors.
+    #[serde(default, deserialize_with = "text")]
+    pub password: String,
     /// Per-command timeout in milliseconds; past it a call counts as Redis unreachable.
     #[serde(default = "default_redis_timeout")]
     pub timeout_ms: u64,
+}
+
+impl RedisConfig {
+    /// One node at `url`, no credentials, the default timeout: what tools and tests connect with.
+    pub fn single(url: impl Into<String>) -> RedisConfig {
+        RedisConfig {
+            url: url.into(),
+            cluster_nodes: Vec::new(),
+            username: String::new(),
+            password: String::new(),
+            timeout_ms: default_redis_timeout(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let nodes: Vec<String> = self.cluster_nodes.iter().map(|n| crate::nats::redact_url(n)).collect();
+        f.debug_struct("RedisConfig")
+            .field("url", &crate::nats::redact_url(&self.url))
+            .field("cluster_nodes", &nodes)
+            .field("username", &self.username)
+            .field("password", &if self.password.is_empty() { "<none>" } else { "<redacted>" })
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
 }
 
 fn default_redis_timeout() -> u64 {
@@ -346,6 +480,26 @@ mod tests {
         let msg = err.to_string();
         assert!(!msg.contains("5491155550099"), "the value leaked: {msg}");
         assert!(msg.contains("invalid type: integer"), "{msg}");
+    }
+
+    #[test]
+    fn the_redis_password_comes_from_the_environment_and_never_shows_in_debug() {
+        #[derive(Debug, Deserialize)]
+        struct WithRedis {
+            redis: RedisConfig,
+        }
+        let defaults = "[redis]\nurl = \"redis://u:url-secret@10.0.0.7:6379/\"\n";
+        let env = HashMap::from([
+            ("BW_DISPATCHER__REDIS__PASSWORD".to_string(), "86753091234".to_string()),
+            ("BW_DISPATCHER__REDIS__USERNAME".to_string(), "bw-dispatcher".to_string()),
+        ]);
+        let cfg: WithRedis = load("dispatcher", defaults, None, &env).expect("loads");
+        assert_eq!((cfg.redis.username.as_str(), cfg.redis.password.as_str()), ("bw-dispatcher", "86753091234"));
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("86753091234") && !shown.contains("url-secret"), "{shown}");
+        assert!(shown.contains("<redacted>") && shown.contains("10.0.0.7:6379") && shown.contains("bw-dispatcher"));
+        let unset: WithRedis = load("dispatcher", defaults, None, &HashMap::new()).expect("loads");
+        assert!(unset.redis.password.is_empty() && format!("{unset:?}").contains("<none>"));
     }
 
     #[test]

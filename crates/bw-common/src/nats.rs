@@ -66,6 +66,11 @@ pub async fn connect_watched(
     // their own: pass them explicitly. Errors show the URL without them.
     let credentials = urls.iter().find(|u| u.has_user_pass()).and_then(|u| Some((u.username()?, u.password()?)));
     let shown = redact_url(&cfg.url);
+    // A CA file that cannot be read is a deployment error: say so now instead of retrying through the budget.
+    if !cfg.tls_ca_file.is_empty() {
+        std::fs::metadata(&cfg.tls_ca_file)
+            .map_err(|e| anyhow::anyhow!("nats.tls_ca_file `{}` cannot be read: {e}", cfg.tls_ca_file))?;
+    }
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let options = match credentials {
@@ -74,6 +79,11 @@ pub async fn connect_watched(
         };
         let options =
             if cfg.inbox_prefix.is_empty() { options } else { options.custom_inbox_prefix(cfg.inbox_prefix.as_str()) };
+        let options = if cfg.tls_ca_file.is_empty() {
+            options
+        } else {
+            options.add_root_certificates(cfg.tls_ca_file.clone().into()).require_tls(true)
+        };
         let watch = refusals.clone();
         let attempt = options
             .event_callback(move |event| {
@@ -109,6 +119,21 @@ pub fn redact_url(urls: &str) -> String {
 }
 
 #[cfg(test)]
+mod tls_tests {
+    /// A CA file that cannot be read fails the connection at once, naming the setting.
+    #[tokio::test]
+    async fn an_unreadable_ca_file_is_named_at_once() {
+        let cfg = crate::config::NatsConfig {
+            tls_ca_file: "/nonexistent/bw-nats-ca.crt".into(),
+            ..crate::config::NatsConfig::single("nats://127.0.0.1:1", "test")
+        };
+        let error =
+            super::connect(&cfg, "test", std::time::Duration::from_secs(600)).await.err().map(|e| e.to_string());
+        assert!(error.is_some_and(|e| e.contains("nats.tls_ca_file `/nonexistent/bw-nats-ca.crt` cannot be read")));
+    }
+}
+
+#[cfg(test)]
 mod redact_tests {
     #[test]
     fn credentials_never_show_in_urls() {
@@ -135,7 +160,16 @@ pub struct Buckets {
     pub send: names::SendPartitions,
 }
 
-fn work_stream(name: &str, subjects: Vec<String>, max_msgs: i64, replicas: usize, dedup: Duration) -> stream::Config {
+/// A work queue: a message leaves once its consumer acks it. Every one of them refuses a publish when full
+/// (DiscardNew): each holds messages that must not be lost, and the writer reports the refusal (ingest answers
+/// the producer, a mover naks and keeps the message where it is, a webhook gets a 503 that Meta retries).
+fn work_stream(
+    name: &str,
+    subjects: Vec<String>,
+    (max_msgs, max_bytes): (i64, i64),
+    replicas: usize,
+    dedup: Duration,
+) -> stream::Config {
     stream::Config {
         name: name.to_string(),
         subjects,
@@ -143,13 +177,22 @@ fn work_stream(name: &str, subjects: Vec<String>, max_msgs: i64, replicas: usize
         storage: stream::StorageType::File,
         discard: stream::DiscardPolicy::New,
         max_messages: max_msgs,
+        max_bytes,
         num_replicas: replicas,
         duplicate_window: dedup,
         ..Default::default()
     }
 }
 
-fn kept_stream(name: &str, subjects: Vec<String>, max_msgs: i64, max_age: Duration, replicas: usize) -> stream::Config {
+/// A record kept for readers until its age or size limit. DiscardOld unless the caller says otherwise: at
+/// the limit its oldest messages go, as they do at `max_age`.
+fn kept_stream(
+    name: &str,
+    subjects: Vec<String>,
+    (max_msgs, max_bytes): (i64, i64),
+    max_age: Duration,
+    replicas: usize,
+) -> stream::Config {
     stream::Config {
         name: name.to_string(),
         subjects,
@@ -157,6 +200,7 @@ fn kept_stream(name: &str, subjects: Vec<String>, max_msgs: i64, max_age: Durati
         storage: stream::StorageType::File,
         discard: stream::DiscardPolicy::Old,
         max_messages: max_msgs,
+        max_bytes,
         max_age,
         num_replicas: replicas,
         duplicate_window: Duration::from_secs(120),
@@ -166,7 +210,7 @@ fn kept_stream(name: &str, subjects: Vec<String>, max_msgs: i64, max_age: Durati
 
 /// Every stream config of the topology (used by [`ensure_topology`] and by tests), BW_SEND and BW_DLQ split into
 /// `send` partitions (BW_SEND's description records how many: [`send_partitions_of`]). Each partition holds up
-/// to `send_max_msgs` (`dlq_max_msgs`).
+/// to `send_max_msgs` and `send_max_bytes` (`dlq_max_*`).
 pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendPartitions) -> Vec<stream::Config> {
     let day = Duration::from_secs(24 * 3600);
     let dedup = Duration::from_secs(limits.dedup_window_s.max(1));
@@ -175,7 +219,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
         ..work_stream(
             &names::SendPartitions::stream(partition),
             vec![names::SendPartitions::stream_subjects(partition)],
-            limits.send_max_msgs,
+            (limits.send_max_msgs, limits.send_max_bytes),
             replicas,
             dedup,
         )
@@ -186,7 +230,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
         ..work_stream(
             &names::SendPartitions::dlq_stream(partition),
             vec![names::SendPartitions::dlq_all(partition)],
-            limits.dlq_max_msgs,
+            (limits.dlq_max_msgs, limits.dlq_max_bytes),
             replicas,
             dedup,
         )
@@ -194,11 +238,17 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
     send_streams
         .chain(dlq_streams)
         .chain([
-            work_stream(names::UNKNOWN_STREAM, vec!["bw.unknown.v1.>".into()], limits.dlq_max_msgs, replicas, dedup),
+            work_stream(
+                names::UNKNOWN_STREAM,
+                vec!["bw.unknown.v1.>".into()],
+                (limits.dlq_max_msgs, limits.unknown_max_bytes),
+                replicas,
+                dedup,
+            ),
             work_stream(
                 names::WEBHOOK_STREAM,
                 vec![names::WEBHOOK_SUBJECT.into()],
-                limits.send_max_msgs,
+                (limits.send_max_msgs, limits.webhook_max_bytes),
                 replicas,
                 Duration::from_secs(600),
             ),
@@ -208,17 +258,35 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
                 ..kept_stream(
                     names::QUARANTINE_STREAM,
                     vec!["bw.quarantine.v1.>".into()],
-                    limits.quarantine_max_msgs,
+                    (limits.quarantine_max_msgs, limits.quarantine_max_bytes),
                     Duration::ZERO,
                     replicas,
                 )
             },
-            kept_stream(names::REJECTED_STREAM, vec!["bw.rejected.v1.>".into()], 1_000_000, 7 * day, replicas),
-            kept_stream(names::INBOUND_STREAM, vec!["bw.inbound.v1.>".into()], 10_000_000, 7 * day, replicas),
+            // Inspection copies of refused input: a flood of bad requests replaces older copies instead of
+            // filling the disk or refusing the producer's precise answer.
+            kept_stream(
+                names::REJECTED_STREAM,
+                vec!["bw.rejected.v1.>".into()],
+                (1_000_000, limits.rejected_max_bytes),
+                7 * day,
+                replicas,
+            ),
+            // Customers' messages for the business's readers, 7 days at most: a reader further behind than the
+            // byte limit loses the oldest, as one 7 days behind does. DiscardNew would stall webhook processing,
+            // and with it the statuses of outbound messages, until the reader caught up.
+            kept_stream(
+                names::INBOUND_STREAM,
+                vec!["bw.inbound.v1.>".into()],
+                (10_000_000, limits.inbound_max_bytes),
+                7 * day,
+                replicas,
+            ),
+            // Breaker, signal and alert events, read live by the services; a day of history is a convenience.
             kept_stream(
                 names::EVENTS_STREAM,
                 names::EVENTS_SUBJECTS.iter().map(|s| s.to_string()).collect(),
-                10_000_000,
+                (10_000_000, limits.events_max_bytes),
                 day,
                 replicas,
             ),
@@ -346,7 +414,7 @@ pub async fn open_bucket_watched(
                 let created = js.create_stream(kv_stream_config(&config)).await;
                 if tries >= 40 || refused() {
                     let detail = created.err().map(|e| e.to_string()).unwrap_or_else(|| get_err.to_string());
-                    return Err(anyhow::anyhow!("cannot open kv bucket `{bucket}`: {detail}"));
+                    return Err(anyhow::anyhow!("cannot open kv bucket `{bucket}`: {detail}{}", storage_hint(&detail)));
                 }
                 tries += 1;
                 // Right after our own create, look at once; otherwise give the cluster a moment.
@@ -409,43 +477,152 @@ pub async fn ensure_topology_watched(
                     tracing::debug!(stream = %name, error = %e, "stream not ready; retrying");
                     tokio::time::sleep(Duration::from_millis(250)).await;
                 }
-                Err(e) => return Err(anyhow::anyhow!("cannot create stream `{name}`: {e}")),
+                Err(e) => return Err(anyhow::anyhow!("cannot create stream `{name}`: {e}{}", storage_hint(&e))),
             }
         }
     }
-    let kv_config = |bucket: &str, max_age: Duration| kv::Config {
+    let partitions = cfg.ledger_partitions.max(1);
+    let mut configs = bucket_configs(cfg).into_iter();
+    let mut next = || configs.next().ok_or_else(|| anyhow::anyhow!("bucket_configs lists too few buckets"));
+    let mut ledger = Vec::with_capacity(partitions);
+    let mut wamid = Vec::with_capacity(partitions);
+    for partition in 0..partitions {
+        let store = open_bucket(js, next()?).await?;
+        check_ledger_partitions(&store, partition, partitions)?;
+        ledger.push(store);
+        // The wamid links follow the ledger's partition count (checked on the ledger's bucket just above).
+        wamid.push(open_bucket(js, next()?).await?);
+    }
+    let scopes = open_bucket(js, next()?).await?;
+    let webhook_dedup = open_bucket(js, next()?).await?;
+    Ok(Buckets { send, ledger, wamid, scopes, webhook_dedup })
+}
+
+/// The KV buckets of the shared topology, in the order [`ensure_topology`] opens them: each ledger partition
+/// followed by its wamid links, then BW_SCOPES and BW_WEBHOOK_DEDUP. Like every bucket they refuse a write
+/// when full (DiscardNew, [`kv_stream_config`]): a bucket that dropped its oldest keys would lose ledger
+/// entries, links or dedup keys without a word. A full bucket still takes updates of keys it holds (history 1:
+/// the new revision replaces the old one), so operations already accepted keep moving.
+pub fn bucket_configs(cfg: &NatsConfig) -> Vec<kv::Config> {
+    let limits = &cfg.limits;
+    let kv_config = |bucket: &str, max_age: Duration, max_bytes: i64| kv::Config {
         bucket: bucket.to_string(),
         history: 1,
         max_age,
+        max_bytes,
         storage: stream::StorageType::File,
         num_replicas: cfg.replicas,
         ..Default::default()
     };
-    let limits = &cfg.limits;
     let partitions = cfg.ledger_partitions.max(1);
-    let mut ledger = Vec::with_capacity(partitions);
-    let mut wamid = Vec::with_capacity(partitions);
     let max_age = Duration::from_secs(limits.ledger_max_age_days * 24 * 3600);
+    let mut out = Vec::with_capacity(2 * partitions + 2);
     for partition in 0..partitions {
-        let mut config = kv_config(&names::ledger_bucket(partition), max_age);
+        let mut config = kv_config(&names::ledger_bucket(partition), max_age, limits.ledger_max_bytes);
         config.description = ledger_description(partition, partitions);
-        let store = open_bucket(js, config).await?;
-        check_ledger_partitions(&store, partition, partitions)?;
-        ledger.push(store);
-        // The wamid links follow the ledger's partition count (checked on the ledger's bucket just above).
-        wamid.push(open_bucket(js, kv_config(&names::wamid_bucket(partition), max_age)).await?);
+        out.push(config);
+        out.push(kv_config(&names::wamid_bucket(partition), max_age, limits.wamid_max_bytes));
     }
-    Ok(Buckets {
-        send,
-        ledger,
-        wamid,
-        scopes: open_bucket(js, kv_config(names::SCOPES_BUCKET, Duration::ZERO)).await?,
-        webhook_dedup: open_bucket(
-            js,
-            kv_config(names::WEBHOOK_DEDUP_BUCKET, Duration::from_secs(limits.webhook_dedup_hours * 3600)),
+    out.push(kv_config(names::SCOPES_BUCKET, Duration::ZERO, limits.scopes_max_bytes));
+    let dedup_age = Duration::from_secs(limits.webhook_dedup_hours * 3600);
+    out.push(kv_config(names::WEBHOOK_DEDUP_BUCKET, dedup_age, limits.webhook_dedup_max_bytes));
+    out
+}
+
+/// What to do about a refusal for want of storage: the server reserves each stream's `max_bytes` at creation.
+fn storage_hint(e: &dyn std::fmt::Display) -> &'static str {
+    if e.to_string().to_ascii_lowercase().contains("insufficient") {
+        " (the NATS server cannot reserve the stream's max_bytes: the byte limits in nats.limits, the per-partition \
+         ones once per partition, must fit the server's max_file_store)"
+    } else {
+        ""
+    }
+}
+
+/// Applies the byte limit and discard policy of `wanted` to the existing stream `info` describes, when they
+/// differ (a stream created before it had them, or limits changed in the config); nothing else of the stream
+/// changes. Returns whether it updated. A stream already holding more than its new limit keeps what it holds;
+/// with DiscardNew it refuses publishes until it drains below the limit.
+pub async fn apply_stream_limits(
+    js: &jetstream::Context,
+    info: &stream::Info,
+    wanted: &stream::Config,
+) -> anyhow::Result<bool> {
+    let current = &info.config;
+    if current.max_bytes == wanted.max_bytes && current.discard == wanted.discard {
+        return Ok(false);
+    }
+    let mut config = current.clone();
+    config.max_bytes = wanted.max_bytes;
+    config.discard = wanted.discard;
+    js.update_stream(config).await.map_err(|e| {
+        anyhow::anyhow!(
+            "cannot set max_bytes {} on stream `{}`: {e}{}",
+            wanted.max_bytes,
+            current.name,
+            storage_hint(&e)
         )
-        .await?,
-    })
+    })?;
+    tracing::info!(
+        stream = %current.name,
+        max_bytes = wanted.max_bytes,
+        discard = ?wanted.discard,
+        "stream limits applied"
+    );
+    if info.state.bytes as f64 >= wanted.max_bytes as f64 {
+        tracing::error!(
+            stream = %current.name,
+            bytes = info.state.bytes,
+            max_bytes = wanted.max_bytes,
+            "stream already holds more than its byte limit: new messages are refused (DiscardNew) or the oldest \
+             dropped (DiscardOld) until it is under it; raise the limit in nats.limits if that is not intended"
+        );
+    }
+    Ok(true)
+}
+
+/// What [`apply_limits`] did.
+#[derive(Debug, Default)]
+pub struct LimitsApplied {
+    /// Streams whose byte limit or discard policy was updated.
+    pub updated: Vec<String>,
+    /// Streams whose update failed, with the error (the first refused permission ends the pass: each refused
+    /// request waits out the client's timeout).
+    pub failed: Vec<(String, String)>,
+}
+
+/// Applies `cfg.limits` (byte limits and discard policies) to every existing stream and bucket of the shared
+/// topology ([`stream_configs`], [`bucket_configs`]). Only ingest calls it, at start (its NATS user may update
+/// those streams); the others create streams with the limits and leave existing ones as they are. A failed
+/// update is reported, not fatal: the stream keeps working as before (its discard policy unchanged), and the
+/// caller says what to do. Err only when a stream cannot be read.
+pub async fn apply_limits(
+    js: &jetstream::Context,
+    cfg: &NatsConfig,
+    refused: &(dyn Fn() -> bool + Sync),
+) -> anyhow::Result<LimitsApplied> {
+    let send = names::SendPartitions::new(cfg.send_partitions);
+    let wanted = stream_configs(&cfg.limits, cfg.replicas, send)
+        .into_iter()
+        .chain(bucket_configs(cfg).iter().map(kv_stream_config).collect::<Vec<_>>());
+    let mut done = LimitsApplied::default();
+    for config in wanted {
+        let stream = js
+            .get_stream(&config.name)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot read stream `{}`: {e}", config.name))?;
+        match apply_stream_limits(js, stream.cached_info(), &config).await {
+            Ok(true) => done.updated.push(config.name.clone()),
+            Ok(false) => {}
+            Err(e) => {
+                done.failed.push((config.name.clone(), format!("{e:#}")));
+                if refused() {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(done)
 }
 
 /// The description a ledger partition's stream is created with; it records the partition count, which
@@ -547,5 +724,36 @@ mod partition_tests {
         subjects.sort();
         subjects.dedup();
         assert_eq!(subjects.len(), all, "no two streams list the same subject");
+    }
+
+    /// Every stream and bucket of the topology has a byte limit, and the discard policy chosen for it: the ones
+    /// holding work that must not be lost refuse a publish when full, the records for readers drop their oldest.
+    #[test]
+    fn every_stream_and_bucket_has_a_byte_limit_and_its_discard_policy() {
+        use stream::DiscardPolicy::{New, Old};
+        let cfg = NatsConfig { ledger_partitions: 2, ..NatsConfig::single("nats://127.0.0.1:4222", "t") };
+        let streams = stream_configs(&cfg.limits, 1, names::SendPartitions::new(2));
+        for c in &streams {
+            assert!(c.max_bytes > 0, "{}", c.name);
+            let for_readers = [names::REJECTED_STREAM, names::INBOUND_STREAM, names::EVENTS_STREAM];
+            assert_eq!(c.discard, if for_readers.contains(&c.name.as_str()) { Old } else { New }, "{}", c.name);
+        }
+        let send = streams.iter().find(|c| c.name == "BW_SEND_1").expect("partition 1");
+        assert_eq!(send.max_bytes, cfg.limits.send_max_bytes, "the limit is per partition");
+        let buckets = bucket_configs(&cfg);
+        assert_eq!(buckets.len(), 2 * 2 + 2, "ledger and wamid per partition, scopes, dedup");
+        for b in &buckets {
+            let s = kv_stream_config(b);
+            assert!(s.max_bytes > 0 && s.discard == New, "{}", s.name);
+        }
+        assert_eq!(buckets[2].bucket, names::ledger_bucket(1));
+        assert_eq!(buckets[2].max_bytes, cfg.limits.ledger_max_bytes);
+        let mut limits = StreamLimits::default();
+        assert!(limits.validate().is_ok());
+        limits.ledger_max_bytes = -1;
+        assert_eq!(
+            limits.validate().expect_err("no limit"),
+            "nats.limits.ledger_max_bytes must be > 0 (bytes; every stream has a byte limit)"
+        );
     }
 }

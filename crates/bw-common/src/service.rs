@@ -77,6 +77,7 @@ pub fn load_config<C: ServiceConfig>(
             crate::names::MAX_SEND_PARTITIONS
         )));
     }
+    cfg.nats().limits.validate().map_err(ConfigError::Invalid)?;
     cfg.validate().map_err(ConfigError::Invalid)?;
     Ok(cfg)
 }

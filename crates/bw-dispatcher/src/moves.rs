@@ -547,6 +547,7 @@ impl Worker {
             reason: bw_common::proto::RejectReason::Undecodable as i32,
             error: error.to_string(),
             at_unix_ms: now_ms(),
+            raw_size: msg.payload.len() as u64,
         };
         bw_common::nats::publish_durable(
             &self.js,

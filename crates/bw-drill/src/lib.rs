@@ -107,6 +107,9 @@ impl Default for DrillOptions {
 pub(crate) const WABA_ID: &str = "102290129340398";
 const APP_SECRET: &str = "drill-app-secret";
 const ACCESS_TOKEN: &str = "drill-access-token";
+/// The drill's Redis requires it (`requirepass`), so every service connects as a deployment with Redis AUTH
+/// does; the log scan looks for it like the other secrets.
+const REDIS_PASSWORD: &str = "drill-redis-password";
 /// Meta's documented default throughput per number, msg/s (the compiled sender rate is set against it).
 const META_DEFAULT_MPS: f64 = 80.0;
 /// The breakers' ramp after a close in the drill (compiled: 60 s), short to keep the drill under a few minutes.
@@ -190,7 +193,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     say(&opts, &format!("drill directory: {}", dir.display()));
 
     let mut nats_server = bw_testkit::NatsServer::start();
-    let mut redis_server = bw_testkit::RedisServer::start();
+    let mut redis_server = bw_testkit::RedisServer::start_with_password(REDIS_PASSWORD);
     say(&opts, &format!("nats-server {}  redis-server {}", nats_server.url(), redis_server.url()));
 
     let ingest_http = format!("127.0.0.1:{}", stack::free_port());
@@ -219,6 +222,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     services.otlp_endpoint = opts.otlp_endpoint.clone();
     let nats_url = nats_server.url();
     let redis_url = redis_server.url();
+    let redis_cfg = bw_common::config::RedisConfig {
+        password: REDIS_PASSWORD.into(),
+        ..bw_common::config::RedisConfig::single(redis_url.clone())
+    };
     // The compiled sender rate (74 of Meta's 80 msg/s), scaled when the simulator runs at another throughput.
     let sender_rate = (bw_breaker::ScopeLimits::default().rate_per_s * opts.meta_mps / META_DEFAULT_MPS).max(1.0);
     // Breakwater runs each sender a little under Meta's limit, so it never causes 130429 itself; short
@@ -232,7 +239,11 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         ("limits.default.ramp_ms", RAMP_MS.to_string()),
         ("limits.default.canaries_per_s", "5".to_string()),
     ];
-    let mut coordinator = vec![("nats.url", nats_url.clone()), ("redis.url", redis_url.clone())];
+    let mut coordinator = vec![
+        ("nats.url", nats_url.clone()),
+        ("redis.url", redis_url.clone()),
+        ("redis.password", REDIS_PASSWORD.into()),
+    ];
     coordinator.extend(limits.iter().cloned());
     services.spawn("breaker-coordinator", &coordinator)?;
     for _ in 0..opts.ingests.max(1) {
@@ -246,6 +257,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             &[
                 ("nats.url", nats_url.clone()),
                 ("redis.url", redis_url.clone()),
+                ("redis.password", REDIS_PASSWORD.into()),
                 ("http.listen", listen),
                 ("webhook.app_secret", APP_SECRET.into()),
                 ("webhook.verify_token", "drill-verify".into()),
@@ -259,6 +271,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             &[
                 ("nats.url", nats_url.clone()),
                 ("redis.url", redis_url.clone()),
+                ("redis.password", REDIS_PASSWORD.into()),
                 ("meta.base_url", sim.base_url()),
                 ("meta.access_token", ACCESS_TOKEN.into()),
                 ("meta.request_timeout_ms", "5000".into()),
@@ -449,7 +462,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         Vec::new()
     } else {
         let states = observed.lock().await.states.clone();
-        stuck::diagnose(&js, &buckets.scopes, &redis_url, &senders, &states).await
+        stuck::diagnose(&js, &buckets.scopes, &redis_cfg, &senders, &states).await
     };
     let produced = producer.await?;
     let accounting = bw_ops::account::account_expected(&js, &buckets, &produced.accepted).await?;
@@ -718,7 +731,7 @@ fn rfc3339(unix_ms: i64) -> String {
 }
 
 /// Scans every service log for a full recipient number of the drill (`549115` followed by digits), the
-/// access token and the app secret.
+/// access token, the app secret and the Redis password.
 fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
     let entries = std::fs::read_dir(dir).ok()?;
     let mut scan = report::LogScan::default();
@@ -726,7 +739,8 @@ fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
         let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
         scan.files += 1;
         scan.bytes += text.len() as u64;
-        scan.findings += text.matches(ACCESS_TOKEN).count() + text.matches(APP_SECRET).count();
+        scan.findings +=
+            [ACCESS_TOKEN, APP_SECRET, REDIS_PASSWORD].iter().map(|s| text.matches(s).count()).sum::<usize>();
         scan.findings += text
             .match_indices("549115")
             .filter(|(i, _)| text[i + 6..].chars().take(7).filter(char::is_ascii_digit).count() == 7)

@@ -15,7 +15,7 @@ use std::time::Duration;
 pub async fn diagnose(
     js: &async_nats::jetstream::Context,
     scopes: &async_nats::jetstream::kv::Store,
-    redis_url: &str,
+    redis: &bw_common::config::RedisConfig,
     senders: &[String],
     states: &BTreeMap<String, BreakerState>,
 ) -> Vec<String> {
@@ -34,7 +34,7 @@ pub async fn diagnose(
         lines.extend(subjects(js, &stream).await);
         lines.extend(consumers(js, &stream).await);
     }
-    lines.push(order_sets(redis_url).await);
+    lines.push(order_sets(redis).await);
     lines
 }
 
@@ -126,10 +126,10 @@ async fn consumers(js: &async_nats::jetstream::Context, stream: &str) -> Vec<Str
 }
 
 /// How many per-recipient order sets exist and how many operations they hold (counts only).
-async fn order_sets(redis_url: &str) -> String {
+async fn order_sets(redis: &bw_common::config::RedisConfig) -> String {
     let read = async {
-        let client = redis::Client::open(redis_url)?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
+        // The services' own connection path, with their credentials.
+        let mut conn = bw_common::redis_conn::connect_config(redis, Duration::from_secs(2)).await?;
         let mut cursor: u64 = 0;
         let (mut sets, mut members, mut waiting) = (0u64, 0u64, 0u64);
         loop {
@@ -152,7 +152,7 @@ async fn order_sets(redis_url: &str) -> String {
             }
             cursor = next;
         }
-        Ok::<_, redis::RedisError>((sets, members, waiting))
+        Ok::<_, anyhow::Error>((sets, members, waiting))
     };
     match tokio::time::timeout(Duration::from_secs(5), read).await {
         Ok(Ok((sets, members, waiting))) => format!(

@@ -1,12 +1,15 @@
-//! Bodies too large for one NATS message (nats-server's default `max_payload` is 1 MiB; Meta signs webhook
-//! deliveries of up to 3 MB, and a rejected request near the intake limit plus its record exceeds it).
+//! Webhook bodies too large for one NATS message (nats-server's default `max_payload` is 1 MiB; Meta signs
+//! deliveries of up to 3 MB).
 //!
 //! Such a body is put first into the JetStream object store [`BODIES_BUCKET`] (chunked, each chunk acked by
 //! the broker) under a name derived from its sha256; then the small record that points to it is published with
-//! the header [`OBJECT_HEADER`] naming the object and an empty body field. Only after both are stored does the
-//! caller answer (a webhook 200, a producer's rejection). This works with any server `max_payload`, so nothing
-//! in the deployment has to be raised for it. Webhook bodies are deleted by the processor once every item in
-//! them is handled; rejected inputs stay until the bucket's max age (like BW_REJECTED, 7 days) removes them.
+//! the header [`OBJECT_HEADER`] naming the object and an empty body field. Only after both are stored is Meta
+//! answered 200. This works with any server `max_payload`, so nothing in the deployment has to be raised for
+//! it. Bodies are deleted by the processor once every item in them is handled; what is left expires with the
+//! bucket's max age (7 days), as do signed bodies that could not be parsed, kept for inspection under
+//! `rejected.<sha256>`. The bucket has a byte limit (`nats.limits.bodies_max_bytes`) and refuses a put when full
+//! (a 503 Meta retries). Rejected producer input does not come here: a producer's flood must not fill the bucket
+//! Meta's deliveries need (BW_REJECTED keeps what fits in a record, or the input's first bytes and its size).
 
 use async_nats::jetstream::{self, object_store};
 use std::time::Duration;
@@ -35,15 +38,22 @@ pub(crate) fn inline_max(max_payload: usize) -> usize {
 }
 
 impl Bodies {
-    /// Binds to (or creates) the bucket. `max_payload` is the server's limit (from its INFO).
-    pub(crate) async fn ensure(js: &jetstream::Context, replicas: usize, max_payload: usize) -> anyhow::Result<Bodies> {
+    /// Binds to (or creates) the bucket, with a byte limit of `max_bytes` (applied to an existing bucket too).
+    /// `max_payload` is the server's limit (from its INFO).
+    pub(crate) async fn ensure(
+        js: &jetstream::Context,
+        replicas: usize,
+        max_payload: usize,
+        max_bytes: i64,
+    ) -> anyhow::Result<Bodies> {
         let store = match js.get_object_store(BODIES_BUCKET).await {
             Ok(s) => s,
             Err(_) => js
                 .create_object_store(object_store::Config {
                     bucket: BODIES_BUCKET.to_string(),
-                    description: Some("Breakwater ingest: webhook bodies and rejected inputs over max_payload".into()),
+                    description: Some("Breakwater ingest: webhook bodies over max_payload".into()),
                     max_age: Duration::from_secs(7 * 24 * 3600),
+                    max_bytes,
                     num_replicas: replicas.max(1),
                     storage: jetstream::stream::StorageType::File,
                     ..Default::default()
@@ -51,6 +61,15 @@ impl Bodies {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot create object store {BODIES_BUCKET}: {e}"))?,
         };
+        let stream = js.get_stream(format!("OBJ_{BODIES_BUCKET}")).await?;
+        let wanted = jetstream::stream::Config {
+            max_bytes,
+            discard: jetstream::stream::DiscardPolicy::New,
+            ..stream.cached_info().config.clone()
+        };
+        if let Err(e) = bw_common::nats::apply_stream_limits(js, stream.cached_info(), &wanted).await {
+            crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+        }
         Ok(Bodies { store, inline_max: inline_max(max_payload) })
     }
 
@@ -98,7 +117,7 @@ pub(crate) fn webhook_object(body_sha256: &str) -> String {
     format!("webhook.{body_sha256}")
 }
 
-/// The object name of a rejected input.
-pub(crate) fn rejected_object(raw_sha256: &str) -> String {
-    format!("rejected.{raw_sha256}")
+/// The object name of a signed webhook body that could not be parsed, kept for inspection.
+pub(crate) fn rejected_object(body_sha256: &str) -> String {
+    format!("rejected.{body_sha256}")
 }

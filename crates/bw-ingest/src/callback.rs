@@ -470,21 +470,25 @@ pub(crate) fn plan(state: Option<RetryState>, delivered: i64, now_ms: i64) -> Pl
     }
 }
 
-/// Opens (or creates) the retry-state bucket.
-pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize) -> anyhow::Result<kv::Store> {
-    bw_common::nats::open_bucket(
-        js,
-        kv::Config {
-            bucket: STATE_BUCKET.to_string(),
-            description: "Breakwater ingest: retry state of producer callbacks".into(),
-            history: 1,
-            max_age: STATE_MAX_AGE,
-            num_replicas: replicas.max(1),
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        },
-    )
-    .await
+/// Opens (or creates) the retry-state bucket, with a byte limit of `max_bytes` (applied to an existing bucket
+/// too). A full bucket refuses a state write: the retry then comes early (a warning), nothing is lost.
+pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize, max_bytes: i64) -> anyhow::Result<kv::Store> {
+    let config = kv::Config {
+        bucket: STATE_BUCKET.to_string(),
+        description: "Breakwater ingest: retry state of producer callbacks".into(),
+        history: 1,
+        max_age: STATE_MAX_AGE,
+        max_bytes,
+        num_replicas: replicas.max(1),
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    let store = bw_common::nats::open_bucket(js, config.clone()).await?;
+    let wanted = bw_common::nats::kv_stream_config(&config);
+    if let Err(e) = bw_common::nats::apply_stream_limits(js, store.stream.cached_info(), &wanted).await {
+        crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+    }
+    Ok(store)
 }
 
 /// Creates (or updates, when its tenant or senders changed) the durable consumer of a callback on BW_FEED;
@@ -560,11 +564,18 @@ pub(crate) struct Callback {
 }
 
 impl Callback {
-    /// Builds a callback from its validated config.
-    pub(crate) fn new(name: &str, c: &CallbackConfig, state: kv::Store, metrics: Metrics) -> anyhow::Result<Callback> {
+    /// Builds a callback from its validated config. Its connections go only where `egress` allows: the
+    /// client's resolver checks every lookup, and it uses no proxy.
+    pub(crate) fn new(
+        name: &str,
+        c: &CallbackConfig,
+        state: kv::Store,
+        metrics: Metrics,
+        egress: std::sync::Arc<crate::egress::Policy>,
+    ) -> anyhow::Result<Callback> {
         bw_common::service::install_crypto();
         let url = reqwest::Url::parse(&c.url).map_err(|_| anyhow::anyhow!("callbacks.{name}.url is not a URL"))?;
-        let http = reqwest::Client::builder()
+        let http = crate::egress::client_builder(egress)
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_millis(c.timeout_ms))
             .connect_timeout(Duration::from_millis(c.timeout_ms))
@@ -714,6 +725,16 @@ impl Callback {
                 Answer::Status { status, retry_after }
             }
             Err(e) if e.is_timeout() => Answer::Timeout,
+            Err(e) if crate::egress::is_refused(&e) => {
+                // The name resolves (now) only to addresses callbacks may not reach: retried like a connection
+                // error, and counted apart.
+                self.metrics.callback_egress_refused(&self.name);
+                Answer::Transport(
+                    "destination refused: its host resolves only to addresses callbacks may not reach \
+                     (egress.allow_cidrs)"
+                        .to_string(),
+                )
+            }
             Err(e) => Answer::Transport(bw_common::error_chain(&e.without_url())),
         };
         self.metrics.callback_request(&self.name, started.elapsed().as_secs_f64());
@@ -763,10 +784,6 @@ fn describe(answer: &Answer) -> String {
 mod tests {
     use super::*;
 
-    fn policy() -> Policy {
-        Policy::from_config(&policy_config())
-    }
-
     fn policy_config() -> CallbackConfig {
         CallbackConfig {
             url: "https://crm.example/x".into(),
@@ -780,6 +797,10 @@ mod tests {
             retry_after_max_ms: defaults::RETRY_AFTER_MAX_MS,
             max_age_ms: defaults::MAX_AGE_MS,
         }
+    }
+
+    fn policy() -> Policy {
+        Policy::from_config(&policy_config())
     }
 
     const DAY: i64 = 86_400_000;
@@ -903,5 +924,30 @@ mod tests {
             assert!(v.get(absent).is_none(), "{absent} in {v}");
         }
         assert!(kind_names().contains(&"resolved".to_string()) && !kind_names().contains(&"unspecified".to_string()));
+    }
+
+    /// A name that resolves only to a refused address (DNS rebinding after set-up looks the same to the
+    /// connection): the attempt fails without a connection, is retried like a connection error, and is counted.
+    #[tokio::test]
+    async fn a_refused_destination_fails_the_attempt_retried_and_counted() {
+        use futures::FutureExt as _;
+        let server = bw_testkit::NatsServer::start();
+        let nats = async_nats::connect(server.url()).await.expect("nats");
+        let js = jetstream::new(nats);
+        let state = open_state(&js, 1, 1 << 20).await.expect("state bucket");
+        let registry = bw_common::admin::new_registry();
+        let metrics = Metrics::register(&registry);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://localhost:{}/hooks", listener.local_addr().expect("addr").port());
+        let c = CallbackConfig { url, ..policy_config() };
+        let cb = Callback::new("crm", &c, state, metrics, std::sync::Arc::new(crate::egress::Policy::default()))
+            .expect("callback");
+        let answer = cb.post(b"{}".to_vec(), "op-1.1", 1).await;
+        assert!(matches!(&answer, Answer::Transport(e) if e.contains("destination refused")), "{answer:?}");
+        assert!(matches!(decide(&answer, 1, 0, DAY, &cb.policy), Decision::Retry(_)));
+        assert!(listener.accept().now_or_never().is_none(), "no connection was made");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry.lock().expect("registry")).expect("encode");
+        assert!(text.contains(r#"bw_callback_egress_refused_total{callback="crm"} 1"#), "{text}");
     }
 }

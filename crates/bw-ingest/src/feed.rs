@@ -97,21 +97,31 @@ pub fn event_of(entry: &LedgerEntry, revision: u64) -> OutcomeEvent {
     }
 }
 
-/// Creates (or binds to) the feed stream.
-pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize) -> anyhow::Result<()> {
+/// Creates (or binds to) the feed stream, with a byte limit of `max_bytes` (applied to an existing stream too).
+/// At its limits the oldest events go (DiscardOld), as they do after 7 days: the feed is a view of the ledger,
+/// which stays the record (the status query), and a full feed must never stall the ledger's publisher.
+pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize, max_bytes: i64) -> anyhow::Result<()> {
     let config = stream::Config {
         name: FEED_STREAM.to_string(),
         description: Some("Breakwater outcome feed: one event per ledger revision, per sender".into()),
         subjects: vec!["bw.feed.v1.>".to_string()],
         retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::Old,
         max_age: Duration::from_secs(7 * 24 * 3600),
         max_messages: 50_000_000,
+        max_bytes,
         duplicate_window: Duration::from_secs(120),
         storage: stream::StorageType::File,
         num_replicas: replicas.max(1),
         ..Default::default()
     };
-    js.get_or_create_stream(config).await.map_err(|e| anyhow::anyhow!("cannot create stream {FEED_STREAM}: {e}"))?;
+    let stream = js
+        .get_or_create_stream(config.clone())
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot create stream {FEED_STREAM}: {e}"))?;
+    if let Err(e) = bw_common::nats::apply_stream_limits(js, stream.cached_info(), &config).await {
+        crate::limits_not_applied(FEED_STREAM, &format!("{e:#}"));
+    }
     Ok(())
 }
 

@@ -1,9 +1,9 @@
 //! HTTP routes: producer intake (`POST /v1/messages`, protobuf or JSON) and the Meta webhook receiver
 //! (`GET` verification handshake and signed `POST` deliveries on the configured path).
 //!
-//! The webhook POST path does only three things before answering: read the body (size-limited), check the
-//! signature over the raw bytes, and store the body durably in BW_WEBHOOKS (awaiting the JetStream ack).
-//! Parsing happens later, in the processor.
+//! The webhook POST path does only three things before answering: read the body (size-limited, after the
+//! checks of [`crate::guard`] that need no body), check the signature over the raw bytes, and store the body
+//! durably in BW_WEBHOOKS (awaiting the JetStream ack). Parsing happens later, in the processor.
 
 use crate::auth;
 use crate::intake::{Caller, Intake, Source};
@@ -35,6 +35,10 @@ pub(crate) struct HttpState {
     pub verify_token: Arc<str>,
     pub app_secret: Arc<[u8]>,
     pub max_webhook_bytes: usize,
+    /// The webhook endpoint's limits before any body is read.
+    pub webhook_guard: Arc<crate::guard::WebhookGuard>,
+    /// One permit per intake request in flight (`intake.max_in_flight`); none left answers 429.
+    pub intake_slots: Arc<tokio::sync::Semaphore>,
     /// Largest HTTP intake body read before answering OVERSIZE (JSON is bigger than protobuf).
     pub max_intake_body_bytes: usize,
     /// Producer API keys.
@@ -76,24 +80,88 @@ async fn verify(State(state): State<HttpState>, Query(q): Query<HashMap<String, 
     }
 }
 
-async fn receive(State(state): State<HttpState>, headers: HeaderMap, body: Body) -> Response {
+async fn receive(State(state): State<HttpState>, request: axum::extract::Request) -> Response {
     let started = Instant::now();
-    let response = store_webhook(&state, &headers, body).await;
+    let peer = request.extensions().get::<axum::extract::ConnectInfo<std::net::SocketAddr>>().map(|c| c.0);
+    let (parts, body) = request.into_parts();
+    let response = match state.webhook_guard.admit(peer, &parts.headers) {
+        Ok(admitted) => store_webhook(&state, &parts.headers, body, admitted).await,
+        Err(refusal) => refuse_webhook(&state, refusal),
+    };
+    if response.status() == StatusCode::UNAUTHORIZED {
+        state.metrics.bad_signature_sources.set(state.webhook_guard.limiter.tracked() as i64);
+    }
     state.metrics.webhook_ack_seconds.observe(started.elapsed().as_secs_f64());
     response
 }
 
-async fn store_webhook(state: &HttpState, headers: &HeaderMap, body: Body) -> Response {
-    let bytes = match axum::body::to_bytes(body, state.max_webhook_bytes).await {
-        Ok(b) => b,
-        Err(_) => {
-            state.metrics.received("too_large");
-            return (StatusCode::PAYLOAD_TOO_LARGE, "body over the size limit\n").into_response();
+/// Answers a webhook refused before its body was read, and counts it.
+fn refuse_webhook(state: &HttpState, refusal: crate::guard::Refusal) -> Response {
+    use crate::guard::Refusal;
+    let (result, status, text) = match refusal {
+        Refusal::RateLimited(wait) => {
+            state.metrics.received("rate_limited");
+            let mut res =
+                (StatusCode::TOO_MANY_REQUESTS, "too many badly signed requests from this address; retry later\n")
+                    .into_response();
+            res.headers_mut().insert(header::RETRY_AFTER, retry_after(wait));
+            return res;
+        }
+        Refusal::MissingSignature => {
+            ("missing_signature", StatusCode::UNAUTHORIZED, "missing X-Hub-Signature-256 header\n".to_string())
+        }
+        Refusal::MalformedSignature => {
+            ("invalid_signature", StatusCode::UNAUTHORIZED, "malformed X-Hub-Signature-256 header\n".to_string())
+        }
+        Refusal::TooLarge => (
+            "too_large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Content-Length over the {}-byte limit\n", state.max_webhook_bytes),
+        ),
+        Refusal::Busy => {
+            // Meta retries a non-200 delivery for up to 7 days: refusing one while at the limit loses nothing.
+            state.metrics.received("busy");
+            let mut res = (StatusCode::SERVICE_UNAVAILABLE, "busy; retry\n").into_response();
+            res.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+            return res;
         }
     };
-    let signature = headers.get("x-hub-signature-256").and_then(|v| v.to_str().ok());
+    state.metrics.received(result);
+    if status == StatusCode::UNAUTHORIZED {
+        tracing::warn!(reason = result, "webhook refused before its body was read");
+    }
+    (status, text).into_response()
+}
+
+/// A `Retry-After` value in whole seconds, at least 1.
+fn retry_after(wait: std::time::Duration) -> header::HeaderValue {
+    header::HeaderValue::from(wait.as_secs_f64().ceil().max(1.0) as u64)
+}
+
+async fn store_webhook(
+    state: &HttpState,
+    headers: &HeaderMap,
+    body: Body,
+    admitted: crate::guard::Admitted,
+) -> Response {
+    let guard = &state.webhook_guard;
+    let read = crate::guard::read_capped(body, state.max_webhook_bytes, 0);
+    let bytes = match tokio::time::timeout(guard.read_timeout, read).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(crate::guard::ReadError::TooLarge(_))) => {
+            state.metrics.received("too_large");
+            let text = format!("body over the {}-byte limit\n", state.max_webhook_bytes);
+            return (StatusCode::PAYLOAD_TOO_LARGE, text).into_response();
+        }
+        Ok(Err(crate::guard::ReadError::Failed)) | Err(_) => {
+            state.metrics.received("read_timeout");
+            return (StatusCode::REQUEST_TIMEOUT, "body not received in time\n").into_response();
+        }
+    };
+    let signature = headers.get(crate::guard::SIGNATURE_HEADER).and_then(|v| v.to_str().ok());
     if !webhook::signature_valid(&state.app_secret, &bytes, signature) {
         state.metrics.received("invalid_signature");
+        guard.charge(admitted.source);
         tracing::warn!(has_header = signature.is_some(), "webhook signature invalid");
         return (StatusCode::UNAUTHORIZED, "invalid signature\n").into_response();
     }
@@ -289,7 +357,7 @@ fn http_status(reply: &IntakeReply) -> StatusCode {
         return if reply.duplicate { StatusCode::OK } else { StatusCode::ACCEPTED };
     }
     match reply.reason() {
-        RejectReason::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        RejectReason::Unavailable | RejectReason::StorageFull => StatusCode::SERVICE_UNAVAILABLE,
         RejectReason::Oversize => StatusCode::PAYLOAD_TOO_LARGE,
         RejectReason::SenderNotRegistered | RejectReason::SenderNotOwned => StatusCode::FORBIDDEN,
         _ => StatusCode::BAD_REQUEST,
@@ -347,6 +415,18 @@ pub(crate) fn http_error(status: StatusCode, reason: &'static str, error: &str) 
     res
 }
 
+/// Answers an intake request beyond `intake.max_in_flight` (429 with Retry-After) and counts it.
+fn intake_busy(state: &HttpState) -> Response {
+    state.metrics.refused("busy");
+    let mut res = http_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "BUSY",
+        "too many requests in flight on this instance; retry with the same operation_id",
+    );
+    res.headers_mut().insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    res
+}
+
 /// Answers a refused authentication (401) and counts it.
 pub(crate) fn refuse(state: &HttpState, refusal: auth::Refusal) -> Response {
     state.metrics.refused(refusal.label());
@@ -373,6 +453,11 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
             "Content-Type must be application/json or application/x-protobuf",
         );
     };
+    // At most intake.max_in_flight requests at once (the body read included); past it 429, retried by the
+    // producer with the same operation id.
+    let Ok(_slot) = state.intake_slots.clone().try_acquire_owned() else {
+        return intake_busy(&state);
+    };
     let protobuf_in = format == Format::Protobuf;
     let protobuf_out = protobuf_in || is_protobuf(&headers, header::ACCEPT);
     let span = tracing::info_span!("ingest.intake", source = "http", operation_id = tracing::field::Empty);
@@ -385,14 +470,20 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
     bw_common::telemetry::set_parent_from(&span, Some(&trace_headers));
     let intake = state.intake.clone();
     let reply = async {
-        let raw = match axum::body::to_bytes(body, state.max_intake_body_bytes).await {
+        let cap = state.max_intake_body_bytes;
+        let oversize = || Rejection::new(RejectReason::Oversize, format!("body is over {cap} bytes"));
+        // A declared length over the cap is refused unread; a body without one is cut off at the cap.
+        if let Some(declared) = crate::guard::declared_length(&headers).filter(|n| *n > cap as u64) {
+            return Ok(intake.reject_cut(&[], declared, Source::Http, oversize()).await);
+        }
+        let raw = match crate::guard::read_capped(body, cap, crate::intake::KEPT_PREFIX).await {
             Ok(b) => b,
-            Err(_) => {
-                let r = Rejection::new(
-                    RejectReason::Oversize,
-                    format!("body is over {} bytes", state.max_intake_body_bytes),
-                );
-                return Ok(intake.reject(&[], Source::Http, "", r).await);
+            Err(crate::guard::ReadError::TooLarge(t)) => {
+                return Ok(intake.reject_cut(&t.prefix, t.seen as u64, Source::Http, oversize()).await);
+            }
+            Err(crate::guard::ReadError::Failed) => {
+                let r = Rejection::new(RejectReason::Undecodable, "the body could not be read whole");
+                return Ok(intake.reject_cut(&[], 0, Source::Http, r).await);
             }
         };
         let decoded = if protobuf_in {

@@ -15,6 +15,10 @@
 //! `Nats-Msg-Id = operation id` (a retry inside the window is dropped by JetStream) → ledger create (QUEUED).
 //! A crash between the publish and the ledger create is healed by the producer's retry (duplicate publish,
 //! then the create) or by the dispatcher, which creates a missing entry.
+//!
+//! Limits before work: a NATS payload over `intake.max_request_bytes` is refused as OVERSIZE before it is
+//! decoded; a new operation is refused with STORAGE_FULL while BW_SEND or the ledger is near full
+//! ([`crate::capacity`]).
 
 use crate::metrics::Metrics;
 use crate::validate::{self, Limits, Rejection};
@@ -72,6 +76,9 @@ pub(crate) enum Caller<'a> {
 
 static INTAKE_PREFIX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| names::intake_subject(""));
 
+/// Bytes of a rejected input kept in its BW_REJECTED record when the whole input does not fit in one.
+pub(crate) const KEPT_PREFIX: usize = 4096;
+
 /// Per-recipient order: the order book and which categories keep order.
 pub(crate) struct Order {
     pub book: bw_breaker::OrderBook,
@@ -92,6 +99,8 @@ pub(crate) struct Intake {
     /// Who owns which sender (every number the tenant `default`'s in dev mode).
     pub registry: RegistryView,
     pub tenancy: TenancyMode,
+    /// How full BW_SEND and the ledger are.
+    pub capacity: Arc<crate::capacity::Capacity>,
 }
 
 /// Decodes a protobuf `SendRequest`. A body carrying both `text` and `template` is refused like the JSON
@@ -141,7 +150,8 @@ fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
 }
 
 impl Intake {
-    /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body).
+    /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body). Input over the size limit is refused
+    /// before it is decoded (decoding is the costly part, and its operation id is not needed to refuse it).
     pub(crate) async fn handle_bytes(
         &self,
         raw: &[u8],
@@ -149,6 +159,10 @@ impl Intake {
         caller: Caller<'_>,
         span: &tracing::Span,
     ) -> IntakeReply {
+        if raw.len() > self.limits.max_request_bytes {
+            let r = validate::oversize(raw.len(), &self.limits);
+            return self.reject(raw, source, "", r).await;
+        }
         match decode(raw) {
             Ok(request) => self.handle(request, raw, raw.len(), source, caller, span).await,
             Err(r) => self.reject(raw, source, "", r).await,
@@ -205,6 +219,18 @@ impl Intake {
 
     /// Keeps the input in BW_REJECTED and answers the rejection.
     pub(crate) async fn reject(&self, raw: &[u8], source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
+        self.keep_rejected(raw, raw.len() as u64, source, op, r).await
+    }
+
+    /// Rejects input that was not read whole (an HTTP body over the cap): `prefix` is what was kept of it,
+    /// `size` its size as declared or as read so far.
+    pub(crate) async fn reject_cut(&self, prefix: &[u8], size: u64, source: Source<'_>, r: Rejection) -> IntakeReply {
+        self.keep_rejected(prefix, size, source, "", r).await
+    }
+
+    /// Keeps the input in BW_REJECTED (whole when it fits in one record, else its first [`KEPT_PREFIX`] bytes,
+    /// with its size) and answers the rejection.
+    async fn keep_rejected(&self, raw: &[u8], size: u64, source: Source<'_>, op: &str, r: Rejection) -> IntakeReply {
         let reason = r.reason.as_str_name();
         self.metrics.intake(source.label(), "rejected", reason);
         tracing::info!(reason, error = %r.error, source = source.label(), "request rejected");
@@ -215,29 +241,21 @@ impl Intake {
             }
             Source::Http => ("http".to_string(), "http".to_string()),
         };
-        let mut headers = HeaderMap::new();
-        // Input too large for one record goes to the object store; the record names it.
-        let raw = if self.bodies.fits_inline(raw.len()) {
-            raw.to_vec()
-        } else {
-            let name = crate::bodies::rejected_object(&crate::webhook::body_sha256(raw));
-            match self.bodies.put(&name, raw).await {
-                Ok(()) => headers.insert(crate::bodies::OBJECT_HEADER, name.as_str()),
-                Err(e) => tracing::warn!(error = %e, "large rejected input not kept"),
-            }
-            Vec::new()
-        };
+        // Input too large for one record keeps its first bytes and its size. It never goes to the large-body
+        // store: a producer's flood of oversized input must not fill the bucket Meta's deliveries need.
+        let raw = if self.bodies.fits_inline(raw.len()) { raw } else { &raw[..raw.len().min(KEPT_PREFIX)] };
         let record = RejectedRequest {
-            raw,
+            raw: raw.to_vec(),
             source: origin,
             reason: r.reason as i32,
             error: r.error.clone(),
             at_unix_ms: now_ms(),
+            raw_size: size,
         };
         let stored = bw_common::nats::publish_durable(
             &self.js,
             names::rejected_subject(&stream_source),
-            headers,
+            HeaderMap::new(),
             record.encode_to_vec().into(),
         )
         .await;
@@ -246,6 +264,13 @@ impl Intake {
             tracing::warn!(error = %e, "rejected request not kept in BW_REJECTED");
         }
         reply_rejected(op, &r)
+    }
+
+    /// Refuses a new operation while its storage is near full (nothing is stored, not even in BW_REJECTED).
+    fn storage_full(&self, source: Source<'_>, op: &str, why: String) -> IntakeReply {
+        self.metrics.intake(source.label(), "rejected", RejectReason::StorageFull.as_str_name());
+        tracing::warn!(reason = %why, "request refused: storage near full");
+        reply_rejected(op, &Rejection::new(RejectReason::StorageFull, why))
     }
 
     fn unavailable(&self, source: Source<'_>, op: &str, what: &str) -> IntakeReply {
@@ -299,6 +324,10 @@ impl Intake {
                 return self.unavailable(source, &op, "ledger unavailable");
             }
         }
+        // A retry of an accepted operation was answered above; a new one waits while storage is near full.
+        if let Some(why) = self.capacity.refusal(&self.send.stream_of(&request.phone_number_id)) {
+            return self.storage_full(source, &op, why);
+        }
         // Registered before it is stored, so no dispatcher can see a later message of the recipient before this
         // one is in the set. Never the producer's word: only ingest sets keeps_order.
         request.keeps_order = false;
@@ -320,6 +349,10 @@ impl Intake {
         let duplicate =
             match bw_common::nats::publish_durable(&self.js, subject, headers, request.encode_to_vec().into()).await {
                 Ok(d) => d,
+                Err(e) if e.stream_full() => {
+                    let why = format!("BW_SEND refused the request ({e}); retry later with the same operation_id");
+                    return self.storage_full(source, &op, why);
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "send request not stored");
                     return self.unavailable(source, &op, "request could not be stored");

@@ -17,7 +17,11 @@
 mod auth;
 mod bodies;
 pub mod callback;
+mod capacity;
+mod cidr;
+pub mod egress;
 pub mod feed;
+mod guard;
 mod http;
 mod intake;
 mod metrics;
@@ -73,6 +77,17 @@ pub struct Config {
     /// Who owns which sender: the sender registry (compiled default) or dev mode.
     #[serde(default)]
     pub tenancy: TenancyConfig,
+    /// Where outgoing requests (callbacks) may connect.
+    pub egress: EgressConfig,
+}
+
+/// Destinations of outgoing requests ([`egress`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// Ranges (CIDR, or single addresses) callbacks may reach although they are loopback, private, link-local
+    /// and the like. Empty: only global addresses.
+    pub allow_cidrs: Vec<String>,
 }
 
 /// Per-recipient order (see `bw_breaker::order`).
@@ -122,7 +137,12 @@ pub struct HttpConfig {
 #[serde(deny_unknown_fields)]
 pub struct IntakeConfig {
     pub nats_enabled: bool,
+    /// Requests handled at once per instance, by the NATS and the HTTP intake each; the HTTP intake answers
+    /// 429 with Retry-After past it, the NATS intake waits.
     pub max_in_flight: usize,
+    /// Fill of BW_SEND or the ledger (bytes or messages, of its limit) from which new requests are refused
+    /// with REJECT_REASON_STORAGE_FULL.
+    pub storage_full_ratio: f64,
     pub max_request_bytes: usize,
     pub max_text_chars: usize,
     pub max_template_params: usize,
@@ -160,6 +180,17 @@ pub struct WebhookConfig {
     #[serde(deserialize_with = "secret::string")]
     pub app_secret: String,
     pub max_body_bytes: usize,
+    /// Delivery bodies being read and stored at once per instance; past it 503 with Retry-After.
+    pub max_bodies_in_flight: usize,
+    /// A body not received whole within this long gets 408.
+    pub body_read_timeout_ms: u64,
+    /// Badly signed (or unsigned) requests a source may send at once, and how many more per minute.
+    pub bad_signature_burst: u32,
+    pub bad_signature_per_minute: u32,
+    /// Sources whose bad signatures are counted at most (bounded memory).
+    pub bad_signature_sources: usize,
+    /// Proxies (CIDR) whose `X-Forwarded-For` names the source of a request.
+    pub trusted_proxies: Vec<String>,
     pub process: bool,
     pub max_in_flight: usize,
     pub ack_wait_ms: u64,
@@ -173,6 +204,12 @@ impl std::fmt::Debug for WebhookConfig {
             .field("verify_token", &"<redacted>")
             .field("app_secret", &"<redacted>")
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_bodies_in_flight", &self.max_bodies_in_flight)
+            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
+            .field("bad_signature_burst", &self.bad_signature_burst)
+            .field("bad_signature_per_minute", &self.bad_signature_per_minute)
+            .field("bad_signature_sources", &self.bad_signature_sources)
+            .field("trusted_proxies", &self.trusted_proxies)
             .field("process", &self.process)
             .finish_non_exhaustive()
     }
@@ -262,6 +299,20 @@ impl Config {
         if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
             return invalid("max_in_flight values must be > 0");
         }
+        if !(self.intake.storage_full_ratio > 0.0 && self.intake.storage_full_ratio <= 1.0) {
+            return invalid("intake.storage_full_ratio must be > 0 and at most 1");
+        }
+        let w = &self.webhook;
+        if w.max_bodies_in_flight == 0 || w.body_read_timeout_ms == 0 {
+            return invalid("webhook.max_bodies_in_flight and webhook.body_read_timeout_ms must be > 0");
+        }
+        if w.bad_signature_burst == 0 || w.bad_signature_per_minute == 0 || w.bad_signature_sources == 0 {
+            return invalid(
+                "webhook.bad_signature_burst, bad_signature_per_minute and bad_signature_sources must be > 0",
+            );
+        }
+        cidr::parse_all("webhook.trusted_proxies", &w.trusted_proxies)?;
+        let egress = egress::Policy::from_config(&self.egress.allow_cidrs)?;
         use bw_common::proto::Category;
         let known = [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
         if let Some(bad) = self.order.keep.iter().find(|k| !known.iter().any(|c| c.label() == k.as_str())) {
@@ -274,9 +325,34 @@ impl Config {
         }
         for (name, c) in &self.callbacks {
             callback::validate(name, c, self.tenancy.mode)?;
+            let url = reqwest::Url::parse(&c.url).map_err(|_| format!("callbacks.{name}.url is not a URL"))?;
+            if let Err(refused) = egress.check_literal(&url) {
+                return Err(refused_destination(name, refused));
+            }
         }
         Ok(())
     }
+}
+
+/// The configuration error of a callback whose destination the egress policy refuses. It names the callback
+/// and the kind of address, never the address or the URL (which may hold credentials).
+fn refused_destination(name: &str, refused: egress::Refused) -> String {
+    format!(
+        "callbacks.{name}.url: its host is or resolves to a {} address, which callbacks may not reach (it could \
+         reach this machine, the cloud's metadata service or a private network); if the receiver really lives \
+         there, list its range in egress.allow_cidrs",
+        refused.range
+    )
+}
+
+/// Reports a stream whose byte limit could not be applied: it keeps working as before, without the disk bound.
+pub(crate) fn limits_not_applied(stream: &str, error: &str) {
+    tracing::error!(
+        stream,
+        error,
+        "stream byte limit not applied: it can fill the disk; give ingest's NATS user $JS.API.STREAM.UPDATE on it \
+         (deploy/nats/accounts.conf) and restart ingest, or set max_bytes on the stream as a NATS administrator"
+    );
 }
 
 /// `v` as a TOML basic string.
@@ -453,12 +529,36 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
     let budget = Duration::from_secs(30);
     let max_payload = deps.nats.server_info().max_payload;
+    let limits = &cfg.nats.limits;
+    // Streams and buckets created before they had byte limits (or whose limits changed) get them now.
+    let started = std::time::Instant::now();
+    let refused = || deps.refusals.since(started).is_some();
+    let applied = deps
+        .startup_step("stream limits", budget, || bw_common::nats::apply_limits(&deps.js, &cfg.nats, &refused))
+        .await?;
+    if !applied.updated.is_empty() {
+        tracing::info!(streams = ?applied.updated, "byte limits and discard policies applied to existing streams");
+    }
+    for (stream, error) in &applied.failed {
+        limits_not_applied(stream, error);
+    }
     let bodies = deps
         .startup_step("large-body object store", budget, || {
-            bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload)
+            bodies::Bodies::ensure(&deps.js, cfg.nats.replicas, max_payload, limits.bodies_max_bytes)
         })
         .await?;
-    deps.startup_step("feed stream", budget, || feed::ensure_stream(&deps.js, cfg.nats.replicas)).await?;
+    deps.startup_step("feed stream", budget, || {
+        feed::ensure_stream(&deps.js, cfg.nats.replicas, limits.feed_max_bytes)
+    })
+    .await?;
+    let capacity = Arc::new(capacity::Capacity::new(
+        deps.buckets.send,
+        deps.buckets.ledger.len(),
+        cfg.intake.storage_full_ratio,
+        &deps.metrics,
+    ));
+    capacity.refresh(&deps.js).await;
+    let egress = Arc::new(egress::Policy::from_config(&cfg.egress.allow_cidrs).map_err(|e| anyhow::anyhow!(e))?);
     let registry = bw_common::registry::view_for(cfg.tenancy.mode, &deps, cfg.nats.replicas, shutdown.clone()).await?;
     let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let order = match (&deps.redis, cfg.order.keep.is_empty()) {
@@ -487,6 +587,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         metrics: metrics.clone(),
         registry: registry.clone(),
         tenancy: cfg.tenancy.mode,
+        capacity: capacity.clone(),
     });
     let keys =
         auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys, cfg.tenancy.mode).map_err(|e| anyhow::anyhow!(e))?;
@@ -498,7 +599,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         verify_token: Arc::from(cfg.webhook.verify_token.as_str()),
         app_secret: Arc::from(cfg.webhook.app_secret.as_bytes()),
         max_webhook_bytes: cfg.webhook.max_body_bytes,
+        webhook_guard: Arc::new(guard::WebhookGuard::new(&cfg.webhook).map_err(|e| anyhow::anyhow!(e))?),
         max_intake_body_bytes: cfg.intake.max_request_bytes.saturating_mul(4),
+        intake_slots: Arc::new(tokio::sync::Semaphore::new(cfg.intake.max_in_flight)),
         keys: Arc::new(keys),
         ledger: ledger.clone(),
         display_tz,
@@ -534,9 +637,24 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     let mut callbacks = Vec::new();
     if !cfg.callbacks.is_empty() {
         let retry_state = deps
-            .startup_step("callback retry-state bucket", budget, || callback::open_state(&deps.js, cfg.nats.replicas))
+            .startup_step("callback retry-state bucket", budget, || {
+                callback::open_state(&deps.js, cfg.nats.replicas, limits.service_bucket_max_bytes)
+            })
             .await?;
         for (name, c) in &cfg.callbacks {
+            // The destination is resolved now and at each connection (egress).
+            let url = reqwest::Url::parse(&c.url).map_err(|_| anyhow::anyhow!("callbacks.{name}.url is not a URL"))?;
+            match egress.check_destination(&url).await {
+                Ok(egress::Destination::Allowed) => {}
+                Ok(egress::Destination::Unresolved(e)) => tracing::warn!(
+                    callback = %name,
+                    error = %e,
+                    "callback host does not resolve now; each delivery resolves and checks it again"
+                ),
+                Err(refused) => {
+                    return Err(anyhow::anyhow!("invalid configuration: {}", refused_destination(name, refused)));
+                }
+            }
             let tenant = callback::tenant_of(c, cfg.tenancy.mode);
             let senders = deps
                 .startup_step("callback senders", budget, || callback::owned_senders(name, c, tenant, &registry))
@@ -553,7 +671,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             let messages = deps
                 .startup_step("callback consumer", budget, || callback::consumer(&deps.js, name, c, tenant, &senders))
                 .await?;
-            let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone())?;
+            let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone(), egress.clone())?;
             callbacks.push((Arc::new(cb), messages, c.max_in_flight, callback::consumer_name(name)));
         }
     }
@@ -564,6 +682,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         Some(l) => (intake_router, Some((l, webhook_router))),
         None => (intake_router.merge(webhook_router), None),
     };
+    tracker.spawn(capacity.clone().run(deps.js.clone(), Duration::from_secs(1), shutdown.clone()));
     let http_addr = listeners.http.local_addr()?;
     tracker.spawn(serve_http(listeners.http, main_router, shutdown.clone()));
     if let Some((listener, router)) = separate {
@@ -667,7 +786,9 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
 }
 
 async fn serve_http(listener: TcpListener, router: axum::Router, shutdown: CancellationToken) {
-    if let Err(e) = axum::serve(listener, router).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+    // The peer address is what the webhook guard limits bad signatures by.
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    if let Err(e) = axum::serve(listener, service).with_graceful_shutdown(shutdown.cancelled_owned()).await {
         tracing::error!(error = %e, "http server stopped");
     }
 }

@@ -14,7 +14,8 @@ pub(crate) struct Metrics {
     pub intake: Family<Labels, Counter>,
     /// Time from receiving a webhook POST to answering it (signature check + durable store).
     pub webhook_ack_seconds: Histogram,
-    /// Webhook POSTs by result: stored, duplicate_body, invalid_signature, too_large, store_failed.
+    /// Webhook POSTs by result: stored, duplicate_body, invalid_signature, missing_signature, rate_limited,
+    /// too_large, busy, read_timeout, store_failed.
     pub webhooks_received: Family<Labels, Counter>,
     /// Stored webhooks processed, by result: ok, retry, bad_json, undecodable.
     pub webhooks_processed: Family<Labels, Counter>,
@@ -30,7 +31,7 @@ pub(crate) struct Metrics {
     /// Reconciler decisions: resolved, waiting, resend, quarantine, expire, undecodable.
     pub reconciler: Family<Labels, Counter>,
     /// HTTP requests refused before validation: missing_key, unknown_key, forbidden_sender,
-    /// unsupported_media_type.
+    /// unsupported_media_type, busy (max_in_flight reached).
     pub refused: Family<Labels, Counter>,
     /// Ledger revisions handled by the feed publisher: published, deleted, undecodable, retry.
     pub feed: Family<Labels, Counter>,
@@ -44,6 +45,10 @@ pub(crate) struct Metrics {
     pub callback_request_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     /// Time from an event's ledger revision to its receiver's 2xx, by callback.
     pub callback_delivery_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    /// Callback attempts that failed because the host resolved only to addresses the egress policy refuses.
+    pub callback_egress_refused: Family<Labels, Counter>,
+    /// Sources whose bad webhook signatures are being counted (bounded by webhook.bad_signature_sources).
+    pub bad_signature_sources: prometheus_client::metrics::gauge::Gauge,
 }
 
 fn request_buckets() -> Histogram {
@@ -72,6 +77,8 @@ impl Metrics {
             callbacks: Family::default(),
             callback_request_seconds: Family::new_with_constructor(request_buckets),
             callback_delivery_seconds: Family::new_with_constructor(delivery_buckets),
+            callback_egress_refused: Family::default(),
+            bad_signature_sources: Default::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
@@ -81,6 +88,11 @@ impl Metrics {
                 m.webhook_ack_seconds.clone(),
             );
             r.register("bw_webhooks_received", "Webhook POSTs by result", m.webhooks_received.clone());
+            r.register(
+                "bw_webhook_bad_signature_sources",
+                "Sources whose badly signed webhook requests are counted against their budget",
+                m.bad_signature_sources.clone(),
+            );
             r.register("bw_webhooks_processed", "Stored webhooks processed by result", m.webhooks_processed.clone());
             r.register("bw_statuses_applied", "Status updates applied to the ledger by status", m.statuses.clone());
             r.register(
@@ -107,6 +119,11 @@ impl Metrics {
                 "bw_callback_request_seconds",
                 "Duration of HTTP callback requests, by callback",
                 m.callback_request_seconds.clone(),
+            );
+            r.register(
+                "bw_callback_egress_refused",
+                "Callback attempts refused because the host resolved only to addresses callbacks may not reach",
+                m.callback_egress_refused.clone(),
             );
             r.register(
                 "bw_callback_delivery_seconds",
@@ -164,6 +181,10 @@ impl Metrics {
 
     pub(crate) fn callback(&self, callback: &str, result: &str) {
         self.callbacks.get_or_create(&vec![("callback", callback.to_string()), ("result", result.to_string())]).inc();
+    }
+
+    pub(crate) fn callback_egress_refused(&self, callback: &str) {
+        self.callback_egress_refused.get_or_create(&vec![("callback", callback.to_string())]).inc();
     }
 
     pub(crate) fn callback_request(&self, callback: &str, seconds: f64) {

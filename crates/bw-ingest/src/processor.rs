@@ -236,6 +236,7 @@ impl Processor {
             reason: bw_common::proto::RejectReason::Undecodable as i32,
             error: error.to_string(),
             at_unix_ms: now_ms(),
+            raw_size: stored.body.len() as u64,
         };
         let kept = bw_common::nats::publish_durable(
             &self.js,

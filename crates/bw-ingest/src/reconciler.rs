@@ -284,6 +284,7 @@ impl Reconciler {
             reason: RejectReason::Undecodable as i32,
             error: "BW_UNKNOWN entry is not an UnknownOutcome with a request".into(),
             at_unix_ms: now_ms(),
+            raw_size: msg.payload.len() as u64,
         };
         let kept = bw_common::nats::publish_durable(
             &self.js,

@@ -94,10 +94,7 @@ pub fn validate(
 ) -> Result<Category, Rejection> {
     use RejectReason::*;
     if encoded_len > limits.max_request_bytes {
-        return reject(
-            Oversize,
-            format!("request is {encoded_len} bytes; the limit is {} bytes", limits.max_request_bytes),
-        );
+        return Err(oversize(encoded_len, limits));
     }
     if let Some(phone) = subject_phone
         && !is_digits(phone)
@@ -166,6 +163,14 @@ pub fn validate(
         return reject(BadPayload, "attempts are filled by the pipeline; producers must leave them empty");
     }
     Ok(category)
+}
+
+/// The rejection of a request of `len` bytes over `limits.max_request_bytes`.
+pub fn oversize(len: usize, limits: &Limits) -> Rejection {
+    Rejection::new(
+        RejectReason::Oversize,
+        format!("request is {len} bytes; the limit is {} bytes", limits.max_request_bytes),
+    )
 }
 
 /// The refusal of a request that sets both payloads.

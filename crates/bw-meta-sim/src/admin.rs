@@ -10,11 +10,22 @@
 //! | `POST /_sim/scenario` | body: scenario TOML, or JSON with `content-type: application/json`; or `?builtin=flash-sale-outage&start_ms=0&duration_ms=5000`; clock starts now |
 //! | `DELETE /_sim/scenario` | no faults |
 //! | `POST /_sim/scenario/restart` | restart the clock of the active scenario |
-//! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`](crate::Limits) (JSON; validated, unknown keys refused) |
+//! | `GET`/`POST /_sim/limits` | read / replace the configured [`Limits`] (JSON; validated, unknown keys refused) |
 //! | `POST /_sim/tokens/expire` | `{"token": "...", "code": 190}` (code 190 expired, the default, or 0 invalidated; token `*` = all): every call with it fails on every number, counted as injected |
 //! | `POST /_sim/tokens/restore` | `{"token": "..."}`: valid again (`*` = all) |
-//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (it takes a unit of the number's throughput, as on Meta); answers `{"wamid"}` |
+//! | `POST /_sim/inbound` | `{"phone_number_id","from","name","text"}` → inbound message webhook (see below); answers `{"wamid"}` |
+//! | `POST /_sim/events` | fire account, template and user webhooks (see below) |
+//! | `GET /_sim/state` | the account state (see below) |
 //! | `POST /_sim/dump` | `?path=...` or the configured `dump_path`: write the oracle as JSON |
+//!
+//! - `POST /_sim/inbound` takes a unit of the number's throughput and opens the user's 24 h window, as on Meta.
+//!   Optional: `from_user_id`, `hide_phone` (a user-id-only webhook), `username`, `error_code` (an unsupported
+//!   message with `errors[]`, e.g. 131052); `from` may be omitted when `from_user_id` is given.
+//! - `POST /_sim/events`: one event (JSON object), a JSON array of events, or TOML with `[[events]]`; each fires
+//!   `at_ms` after the call (see [`events`](crate::events)); answers `{"scheduled": n}`.
+//! - `GET /_sim/state`: [`AccountSnapshot`](crate::AccountSnapshot): restricted or banned WABAs, template
+//!   states, portfolio tiers and users reached, upgraded numbers, users who stopped marketing (masked), events.
+//! - `GET /_sim/scenario` shows tokens (token events, injection targets) as `<redacted>`; `*` stays.
 
 //!
 //! ## `GET /_sim/counters` (also `counters` in `GET /_sim/oracle` and the dump)
@@ -35,9 +46,21 @@
 //! - `injected`: the answers, by the same keys, that the scenario (a window's fault, latency cut by shutdown, a
 //!   token event) or an admin call (`/_sim/tokens/expire`) produced: Meta "failing".
 //! - `limit_exceeded`: the answers, by the same keys, caused by the client exceeding a modelled limit
-//!   (throughput 130429, pair 131056, app 4, WABA 80007/80008): self-inflicted.
-//! - `by_outcome[k] − injected[k] − limit_exceeded[k]` = answers to the request itself (200s, validation and
-//!   unknown-token errors). Counters are never negative; a missing key is 0.
+//!   (throughput 130429, pair 131056, app 4, WABA 80007/80008, the portfolio limit in sync mode): self-inflicted.
+//! - `account_state`: the answers, by the same keys, caused by account state the simulator announced by webhook
+//!   (a restricted 368 or banned 131031 WABA, a paused 132015 / disabled 132016 / unapproved 132001 template, a
+//!   number in maintenance 131057): the sender ignored a signal.
+//! - `by_outcome[k] − injected[k] − limit_exceeded[k] − account_state[k]` = answers to the request itself (200s,
+//!   validation and unknown-token errors, 131062). Counters are never negative; a missing key is 0.
+//! - `async_failed` / `async_failed_by_cause`: `failed` statuses scheduled for accepted messages, by code, and by
+//!   cause (`injected`: a scenario injection or `async_failure` fault; `configured`: `webhook.fail_recipients`;
+//!   `account`: 131050 after a `user_preferences` stop, marketing to a US number, 131047 outside the window;
+//!   `limit`: the portfolio messaging limit). The oracle's `failed` lists the messages.
+//! - `injections`: calls each scenario injection answered or failed, by its name (`#<index>` unnamed).
+//! - `api_versions`: calls by version, `"v20.0->v21.0"` for an expired version served by the oldest usable one,
+//!   `"unknown"` for a path segment that is no version (answered like an unknown object).
+//! - `portfolio_limited`: messages failed or refused for the messaging limit, by portfolio.
+//! - `webhooks.fields_delivered`: account and other webhooks delivered, by field.
 //! - `accepted_unacknowledged`: acceptances the client was not shown (reset, hang or bodiless 5xx after
 //!   acceptance, unparseable 200).
 //!
@@ -49,9 +72,10 @@
 //! [`OracleEntry::duplicate_kind`](crate::OracleEntry::duplicate_kind). Each entry of `messages` carries
 //! `acknowledged`: one bool per acceptance, whether the client got a parseable 200 for it.
 
+use crate::events::Event;
 use crate::limits::Limits;
 use crate::scenario::Scenario;
-use crate::{Inner, lock_read, lock_write};
+use crate::{Inner, fire, ids, lock_read, lock_write};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
@@ -73,6 +97,8 @@ pub(crate) fn routes() -> Router<Arc<Inner>> {
         .route("/_sim/scenario/restart", post(restart))
         .route("/_sim/limits", get(get_limits).post(set_limits))
         .route("/_sim/inbound", post(inbound))
+        .route("/_sim/events", post(events))
+        .route("/_sim/state", get(state))
         .route("/_sim/tokens/expire", post(expire_token))
         .route("/_sim/tokens/restore", post(restore_token))
         .route("/_sim/dump", post(dump))
@@ -97,7 +123,16 @@ async fn reset(State(st): State<Arc<Inner>>) -> Response {
 
 async fn get_scenario(State(st): State<Arc<Inner>>) -> Response {
     let active = lock_read(&st.scenario).clone();
-    axum::Json(json!({ "scenario": active.scenario, "elapsed_ms": active.elapsed_ms() })).into_response()
+    // Tokens are secrets: never echoed.
+    let mut scenario = active.scenario.clone();
+    let redact = |t: &mut String| {
+        if t != "*" {
+            *t = "<redacted>".into();
+        }
+    };
+    scenario.token_events.iter_mut().for_each(|e| redact(&mut e.token));
+    scenario.injections.iter_mut().flat_map(|i| i.tokens.iter_mut()).for_each(redact);
+    axum::Json(json!({ "scenario": scenario, "elapsed_ms": active.elapsed_ms() })).into_response()
 }
 
 #[derive(Deserialize)]
@@ -212,12 +247,23 @@ async fn restore_token(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Inbound {
     phone_number_id: String,
-    from: String,
+    #[serde(default)]
+    from: Option<String>,
+    #[serde(default)]
+    from_user_id: Option<String>,
+    #[serde(default)]
+    hide_phone: bool,
     #[serde(default)]
     name: String,
-    text: String,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    error_code: Option<i64>,
 }
 
 async fn inbound(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
@@ -225,11 +271,78 @@ async fn inbound(State(st): State<Arc<Inner>>, body: Bytes) -> Response {
         Ok(m) => m,
         Err(e) => return bad(format!("inbound message is not valid json: {e}")),
     };
-    match st.inbound(&msg.phone_number_id, &msg.from, &msg.name, &msg.text) {
+    let kind = crate::events::EventKind::Inbound {
+        phone_number_id: msg.phone_number_id.clone(),
+        from: msg.from.clone(),
+        from_user_id: msg.from_user_id.clone(),
+        hide_phone: msg.hide_phone,
+        name: None,
+        username: None,
+        text: None,
+        error_code: msg.error_code,
+    };
+    if msg.text.is_none() && msg.error_code.is_none() {
+        return bad("inbound message needs text (or error_code for an unsupported message)");
+    }
+    if let Err(e) = kind.validate() {
+        return bad(format!("inbound message: {e}"));
+    }
+    let m = fire::Inbound {
+        phone_number_id: msg.phone_number_id,
+        from: msg.from,
+        from_user_id: msg.from_user_id,
+        hide_phone: msg.hide_phone,
+        name: msg.name,
+        username: msg.username,
+        text: msg.text.unwrap_or_default(),
+        error_code: msg.error_code,
+    };
+    match fire::inbound(&st, &m) {
         Some(wamid) => axum::Json(json!({ "wamid": wamid })).into_response(),
         None => (StatusCode::CONFLICT, axum::Json(json!({ "error": "no webhook url configured or queue full" })))
             .into_response(),
     }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsDoc {
+    events: Vec<Event>,
+}
+
+async fn events(State(st): State<Arc<Inner>>, headers: HeaderMap, body: Bytes) -> Response {
+    let json = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.contains("json"));
+    let parsed: Result<Vec<Event>, String> = if json {
+        match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(v @ serde_json::Value::Array(_)) => serde_json::from_value(v).map_err(|e| e.to_string()),
+            Ok(v) => serde_json::from_value::<Event>(v).map(|e| vec![e]).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("events are not valid json: {e}")),
+        }
+    } else {
+        match std::str::from_utf8(&body) {
+            Ok(text) => toml::from_str::<EventsDoc>(text).map(|d| d.events).map_err(|e| e.to_string()),
+            Err(_) => Err("events body is not utf-8".into()),
+        }
+    };
+    let list = match parsed {
+        Ok(l) => l,
+        Err(e) => return bad(e),
+    };
+    for (i, ev) in list.iter().enumerate() {
+        if let Err(e) = ev.kind.validate() {
+            return bad(format!("event `{}`: {e}", crate::scenario::event_name(ev, i)));
+        }
+    }
+    let n = list.len();
+    for (i, ev) in list.into_iter().enumerate() {
+        let label = if ev.name.is_empty() { format!("admin #{i} {}", ev.kind.kind_name()) } else { ev.name.clone() };
+        fire::later(&st, ev, label);
+    }
+    axum::Json(json!({ "scheduled": n })).into_response()
+}
+
+async fn state(State(st): State<Arc<Inner>>) -> Response {
+    axum::Json(st.account.snapshot(&st.cfg, ids::now_ms())).into_response()
 }
 
 #[derive(Deserialize)]

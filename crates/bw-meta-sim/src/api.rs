@@ -1,16 +1,25 @@
-//! `POST /{version}/{phone_number_id}/messages`: scenario latency and front-door faults, bearer token (190, or
-//! 190/0 for a token expired by a scenario or the admin API), app (4) and WABA (80007/80008) call budgets, body
-//! validation (100 / 131008 / 131009 / 132001), throughput (130429) and pair (131056) limits, then acceptance:
-//! oracle, status webhooks, and Meta's success body, or an ambiguous answer after acceptance (reset, hang,
-//! bodiless 5xx, unparseable 200).
+//! `POST /{version}/{phone_number_id}/messages`, in Graph's order: the version in the path (an expired one is
+//! served by the oldest usable version, a non-version is an unknown object), scenario latency and front-door
+//! faults, bearer token (190, or 190/0 for a token expired by a scenario or the admin API), targeted sync
+//! injections, app (4) and WABA (80007/80008) call budgets, body validation (100 / 131008 / 131009 / 132001,
+//! `to` or a user-id `recipient`), the announced account state (ban 131031, maintenance 131057, restriction
+//! 368, template 132015/132016/132001, user-id sends of OTP templates 131062), the portfolio messaging limit
+//! when it fails synchronously, throughput (130429) and pair (131056) limits, then acceptance: oracle, status
+//! webhooks (or a `failed` status: async injection or fault, `fail_recipients`, stopped marketing 131050,
+//! marketing to a US number, 131047 outside the window when enforced, the portfolio limit), and Meta's success
+//! body, or an ambiguous answer after acceptance (reset, hang, bodiless 5xx, unparseable 200).
 
+use crate::account::{SendClass, UserInfo};
+use crate::config::OtpType;
 use crate::conn::ConnKill;
 use crate::errors;
 use crate::ids;
+use crate::inject::{Call, Mode};
 use crate::limits::{Limits, Refused, RetryAfter};
-use crate::oracle::{Acceptance, Source};
-use crate::scenario::{Active, FaultKind, Garbled, Page};
-use crate::webhook::{StatusEvent, StatusKind};
+use crate::oracle::{Acceptance, FailedMessage, FailureCause, Source};
+use crate::scenario::{Active, FaultKind, Garbled, Page, Picked};
+use crate::versions::{self, Served};
+use crate::webhook::{Failure, StatusEvent, StatusKind};
 use crate::{Inner, lock_read};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
@@ -36,10 +45,29 @@ const TYPES: &[&str] = &[
 
 /// A validated send.
 struct Send {
-    to: String,
-    wa_id: String,
+    /// `to`, or the `recipient` user id when no `to` was sent (the response's `contacts[].input`).
+    input: String,
+    /// The recipient's phone digits, when known.
+    wa_id: Option<String>,
+    /// The directory's entry (None with user ids off and a phone-addressed send).
+    user: Option<UserInfo>,
+    /// Addressed by `recipient` only.
+    by_user_id: bool,
     mtype: String,
     biz_opaque: Option<String>,
+    /// (name, language) of a template.
+    template: Option<(String, String)>,
+}
+
+impl Send {
+    /// The key limits and state use for this user: the phone digits when known, else the user id.
+    fn user_key(&self) -> &str {
+        match (&self.wa_id, &self.user) {
+            (Some(w), _) => w,
+            (None, Some(u)) => &u.user_id,
+            (None, None) => &self.input,
+        }
+    }
 }
 
 /// Usage reported in headers: percent of the allowance in use, minutes to regain access, and the wait a
@@ -69,83 +97,142 @@ struct Refusal {
     source: Source,
     body: Option<Value>,
     usage: Usage,
+    /// Instead of the catalog status.
+    http_status: Option<u16>,
+    /// Retry-After even when the configuration sends none (a scenario's `retry_after_s`).
+    force_retry_after: bool,
 }
 
 pub(crate) async fn send_message(
     State(st): State<Arc<Inner>>,
     ConnectInfo(kill): ConnectInfo<ConnKill>,
-    Path((_version, phone)): Path<(String, String)>,
+    Path((version, phone)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    // Graph resolves the path first: a segment that is no version names an object that does not exist.
+    let served = match versions::resolve(&version, versions::today(st.cfg.api_date.as_deref())) {
+        Served::Unknown => {
+            st.oracle.count_version("unknown");
+            return fallback().await;
+        }
+        Served::AsAsked(v) => {
+            st.oracle.count_version(&v);
+            v
+        }
+        Served::Remapped { asked, served } => {
+            st.oracle.count_version(&format!("{asked}->{served}"));
+            served
+        }
+    };
+    let mut resp = handle(&st, &kill, &phone, &headers, &body).await;
+    if let Ok(v) = HeaderValue::from_str(&served) {
+        resp.headers_mut().insert("facebook-api-version", v);
+    }
+    resp
+}
+
+async fn handle(st: &Arc<Inner>, kill: &ConnKill, phone: &str, headers: &HeaderMap, body: &[u8]) -> Response {
     let active = lock_read(&st.scenario).clone();
-    let decision = active.decide(&phone);
+    let decision = active.decide(phone);
     let limits = active.scenario.limits.clone().unwrap_or_else(|| lock_read(&st.limits).clone());
-    let retry_mode = retry_mode(&st, &limits);
-    if !decision.latency.is_zero() && !pause(&st, decision.latency).await {
-        return meta_error(&st, Refusal::injected(2), &phone, retry_mode);
+    let retry_mode = retry_mode(st, &limits);
+    if !decision.latency.is_zero() && !pause(st, decision.latency).await {
+        return meta_error(st, Refusal::injected(2), phone, retry_mode);
     }
     // Faults in front of Meta's application logic: nothing is accepted.
     let post_fault = match decision.fault {
         Some(fault) if !fault.accepts() => {
             let retry_after = active.scenario.retry_after_s;
-            return front_fault(&st, fault, &kill, &phone, retry_mode, retry_after).await;
+            return front_fault(st, fault, kill, phone, retry_mode, retry_after).await;
         }
         other => other,
     };
-    let answer = match check(&st, &active, &limits, &headers, &body, &phone) {
+    let parsed = serde_json::from_slice::<Value>(body);
+    let (send, usage, async_pick) = match check(st, &active, &limits, headers, parsed, phone) {
         Ok(ok) => ok,
-        Err(refusal) => return meta_error(&st, refusal, &phone, retry_mode),
+        Err(refusal) => return meta_error(st, refusal, phone, retry_mode),
     };
-    let (send, usage) = answer;
 
-    let wamid = ids::wamid(&send.wa_id);
+    let wamid = ids::wamid(send.wa_id.as_deref().unwrap_or_default());
     let unacknowledged = post_fault.as_ref().is_some_and(FaultKind::hides_acceptance);
+    let oracle_to = send.wa_id.as_ref().map_or_else(|| send.input.clone(), |w| format!("+{w}"));
     st.oracle.record_accept(Acceptance {
         operation_id: send.biz_opaque.as_deref(),
-        phone_number_id: &phone,
-        to: &send.to,
+        phone_number_id: phone,
+        to: &oracle_to,
         wamid: &wamid,
         message_type: &send.mtype,
         unacknowledged,
     });
-    let fail_code = match post_fault {
+    let fault_code = match post_fault {
         Some(FaultKind::AsyncFailure { code }) => Some(code),
         _ => None,
     };
-    st.webhooks.message_accepted_with(
-        StatusEvent {
-            phone_number_id: phone.clone(),
-            kind: StatusKind::Sent,
+    let category = status_category(st, &send);
+    let failure = later_failure(st, phone, &send, async_pick, fault_code, &category);
+    if let Some((f, cause, injection)) = &failure {
+        st.oracle.record_failure(FailedMessage {
+            operation_id: send.biz_opaque.clone(),
             wamid: wamid.clone(),
-            recipient_id: send.wa_id.clone(),
-            biz_opaque_callback_data: send.biz_opaque.clone(),
-            category: if send.mtype == "template" {
-                st.webhooks.config().template_category.clone()
-            } else {
-                "service".to_string()
-            },
-            conversation_id: ids::hex_id(16),
-            timestamp: ids::now_ms() / 1000,
-        },
-        fail_code,
-        decision.status_delay,
-        decision.drop_statuses,
-    );
+            phone_number_id: phone.to_string(),
+            code: f.code,
+            cause: *cause,
+            injection: injection.clone(),
+        });
+    }
+    let (user_id, username, phone_shared) = match &send.user {
+        Some(u) => (Some(u.user_id.clone()), u.username.clone(), u.share_phone),
+        None => (None, None, true),
+    };
+    // A paced template holds the message: no status until a release or a pause (reference §3.5).
+    let held = failure.is_none()
+        && send.template.as_ref().is_some_and(|(n, l)| st.account.template(n, l).is_some_and(|t| t.paced));
+    let status = StatusEvent {
+        phone_number_id: phone.to_string(),
+        kind: StatusKind::Sent,
+        wamid: wamid.clone(),
+        recipient_id: send.wa_id.clone().unwrap_or_default(),
+        biz_opaque_callback_data: send.biz_opaque.clone(),
+        category,
+        conversation_id: ids::hex_id(16),
+        timestamp: ids::now_ms() / 1000,
+        recipient_user_id: user_id,
+        phone_shared,
+        username,
+        by_user_id: send.by_user_id,
+        fail_details: None,
+    };
+    if let (true, Some((name, lang))) = (held, &send.template) {
+        st.oracle.count_held();
+        st.account.hold(name, lang, status);
+    } else {
+        st.webhooks.message_accepted_failing(
+            status,
+            failure.map(|(f, _, _)| f),
+            decision.status_delay,
+            decision.drop_statuses,
+        );
+    }
 
     let mut message = json!({ "id": wamid });
     if send.mtype == "template" {
-        message["message_status"] = json!("accepted");
+        message["message_status"] = json!(if held { "held_for_quality_assessment" } else { "accepted" });
     }
+    let contact = if send.by_user_id {
+        json!({ "input": send.input, "user_id": send.input })
+    } else {
+        json!({ "input": send.input, "wa_id": send.wa_id.clone().unwrap_or_default() })
+    };
     let success = json!({
         "messaging_product": "whatsapp",
-        "contacts": [{ "input": send.to, "wa_id": send.wa_id }],
+        "contacts": [contact],
         "messages": [message],
     });
     match post_fault {
         Some(FaultKind::Hang { hold_ms, .. }) => {
             st.oracle.count_as("hang", Source::Injected);
-            pause(&st, Duration::from_millis(hold_ms)).await;
+            pause(st, Duration::from_millis(hold_ms)).await;
             kill.trigger();
             StatusCode::GATEWAY_TIMEOUT.into_response()
         }
@@ -154,54 +241,233 @@ pub(crate) async fn send_message(
             kill.trigger();
             StatusCode::BAD_GATEWAY.into_response()
         }
-        Some(FaultKind::Http { status, meta_body, code, .. }) => http_fault(&st, status, meta_body, code, Page::Html),
-        Some(FaultKind::Bodiless { status, page, .. }) => http_fault(&st, status, false, None, page),
+        Some(FaultKind::Http { status, meta_body, code, .. }) => http_fault(st, status, meta_body, code, Page::Html),
+        Some(FaultKind::Bodiless { status, page, .. }) => http_fault(st, status, false, None, page),
         Some(FaultKind::OkUnparseable { body }) => {
             st.oracle.count_as("200_unparseable", Source::Injected);
             garbled_ok(&success, body)
         }
         _ => {
             st.oracle.count("200");
-            with_usage(&st, (StatusCode::OK, axum::Json(success)).into_response(), usage, &phone, RetryAfter::None)
+            with_usage(st, (StatusCode::OK, axum::Json(success)).into_response(), usage, phone, RetryAfter::None)
         }
     }
+}
+
+/// The pricing category statuses report: the template's (state or configuration), else `service`.
+fn status_category(st: &Inner, send: &Send) -> String {
+    match &send.template {
+        Some((name, lang)) => match st.account.template(name, lang) {
+            Some(t) => t.category.to_ascii_lowercase(),
+            None => st.webhooks.config().template_category.clone(),
+        },
+        None => "service".to_string(),
+    }
+}
+
+/// Whether and how an accepted message fails later, with the cause and the injection's name. The portfolio
+/// limit is checked (and the user counted) only for a message nothing else fails: Meta counts users it
+/// delivers to.
+fn later_failure(
+    st: &Inner,
+    phone: &str,
+    send: &Send,
+    pick: Option<Picked>,
+    fault_code: Option<i64>,
+    category: &str,
+) -> Option<(Failure, FailureCause, Option<String>)> {
+    if let Some(p) = pick {
+        let inj = p.injection;
+        let f = Failure { code: inj.code, delay_ms: inj.delay_ms, after_sent: inj.after_sent, details: inj.details };
+        return Some((f, FailureCause::Injected, Some(p.name)));
+    }
+    if let Some(code) = fault_code {
+        return Some((Failure::code(code), FailureCause::Injected, None));
+    }
+    if let Some(code) = send.wa_id.as_deref().and_then(|w| st.webhooks.configured_failure(w)) {
+        return Some((Failure::code(code), FailureCause::Configured, None));
+    }
+    let now = ids::now_ms();
+    let key = send.user_key();
+    let waba = st.cfg.waba_of(phone);
+    let marketing = send.template.is_some() && category == "marketing";
+    if marketing && st.account.marketing_stopped(waba, key) {
+        return Some((Failure::code(131_050), FailureCause::Account, None));
+    }
+    if marketing && st.cfg.us_marketing_code > 0 && send.wa_id.as_deref().is_some_and(ids::is_us_number) {
+        return Some((Failure::code(st.cfg.us_marketing_code), FailureCause::Account, None));
+    }
+    let in_window = st.account.in_window(phone, key, now);
+    if st.cfg.enforce_service_window && send.template.is_none() && !in_window {
+        return Some((Failure::code(131_047), FailureCause::Account, None));
+    }
+    if st.cfg.messaging_limit.mode == Mode::Async && !in_window {
+        let portfolio = st.cfg.portfolio_of(phone);
+        if st.account.reach(portfolio, key, now, st.cfg.messaging_limit.window_ms).is_err() {
+            st.oracle.count_portfolio_limited(portfolio);
+            return Some((Failure::code(st.cfg.messaging_limit.code), FailureCause::Limit, None));
+        }
+    }
+    None
 }
 
 impl Refusal {
     fn injected(code: i64) -> Refusal {
-        Refusal { code, source: Source::Injected, body: None, usage: Usage::default() }
+        Refusal::new(code, Source::Injected, None, Usage::default())
+    }
+
+    fn new(code: i64, source: Source, body: Option<Value>, usage: Usage) -> Refusal {
+        Refusal { code, source, body, usage, http_status: None, force_retry_after: false }
     }
 
     fn request(code: i64, details: &str) -> Refusal {
-        Refusal {
-            code,
-            source: Source::Request,
-            body: Some(errors::body(code, Some(details), None)),
-            usage: Usage::default(),
-        }
+        Refusal::new(code, Source::Request, Some(errors::body(code, Some(details), None)), Usage::default())
     }
 
     fn limit(code: i64, usage: Usage) -> Refusal {
-        Refusal { code, source: Source::Limit, body: None, usage }
+        Refusal::new(code, Source::Limit, None, usage)
+    }
+
+    /// The answer of a sync injection: its code with the scenario's overrides and the reference's hints.
+    fn injection(st: &Inner, active: &Active, pick: &Picked) -> Refusal {
+        let inj = &pick.injection;
+        let info = errors::info(inj.code);
+        let body = errors::body_with(
+            inj.code,
+            &errors::Overrides {
+                details: inj.details.as_deref(),
+                subcode: inj.subcode,
+                user_title: inj.user_title.as_deref(),
+                user_msg: inj.user_msg.as_deref(),
+            },
+        );
+        let body = if inj.code == 190 && inj.details.is_none() { errors::dead_token_body(190) } else { body };
+        let mut usage = Usage::default();
+        if info.throttle || [4, 17, 32, 613, 80007, 80008].contains(&inj.code) {
+            // A throttle answer shows the budget used up: X-App-Usage for the app limit, and the WABA's
+            // X-Business-Use-Case-Usage entry with estimated_time_to_regain_access (minutes) for 80007/80008.
+            usage.percent = 100;
+            if [4, 17, 32, 613].contains(&inj.code) {
+                usage.app_percent = Some(100);
+            }
+            usage.regain_minutes = inj.regain_minutes.unwrap_or_else(|| remaining_minutes(active, inj));
+        } else if let Some(m) = inj.regain_minutes {
+            usage.regain_minutes = m;
+        }
+        let retry_after_s = inj.retry_after_s.or_else(|| active.scenario.retry_after_s.filter(|_| info.throttle));
+        usage.retry_after = retry_after_s.map(Duration::from_secs);
+        st.oracle.count_injection(&pick.name);
+        Refusal {
+            code: inj.code,
+            source: Source::Injected,
+            body: Some(body),
+            usage,
+            http_status: inj.http_status,
+            force_retry_after: retry_after_s.is_some(),
+        }
     }
 }
 
-/// Meta's checks in Graph's order: token, app and WABA call budgets, the request body, then the number's
-/// throughput and the pair limit. Ok(the validated send and the usage to report).
+/// Minutes until an injection's span ends (at least 1; 60 for an open-ended one).
+fn remaining_minutes(active: &Active, inj: &crate::inject::Injection) -> u64 {
+    match inj.duration_ms {
+        Some(len) => inj.start_ms.saturating_add(len).saturating_sub(active.elapsed_ms()).div_ceil(60_000).max(1),
+        None => 60,
+    }
+}
+
+/// Meta's checks in Graph's order: token, targeted sync injections, app and WABA call budgets, the request
+/// body, the announced account state, the portfolio limit (sync mode), then the number's throughput and the
+/// pair limit. Ok(the validated send, the usage to report, an async injection picked for it).
 fn check(
     st: &Inner,
     active: &Active,
     limits: &Limits,
     headers: &HeaderMap,
-    body: &[u8],
+    parsed: Result<Value, serde_json::Error>,
     phone: &str,
-) -> Result<(Send, Usage), Refusal> {
-    authorize(st, active, headers)?;
+) -> Result<(Send, Usage, Option<Picked>), Refusal> {
+    let token = authorize(st, active, headers)?;
+    let mut async_pick = None;
+    if active.has_injections() {
+        let body = parsed.as_ref().ok();
+        if let Some(pick) = pick_injection(st, active, body, &token, phone) {
+            if !pick.injection.is_async() {
+                return Err(Refusal::injection(st, active, &pick));
+            }
+            async_pick = Some(pick);
+        }
+    }
     let app_percent = call_budgets(st, limits, phone)?;
-    let send = validate(st, body).map_err(|(code, details)| Refusal::request(code, &details))?;
-    let mut usage = message_limits(st, limits, phone, &send.wa_id)?;
+    let send = validate(st, phone, parsed).map_err(|(code, details)| Refusal::request(code, &details))?;
+    account_check(st, phone, &send)?;
+    let mut usage = message_limits(st, limits, phone, send.user_key())?;
     usage.app_percent = app_percent;
-    Ok((send, usage))
+    Ok((send, usage, async_pick))
+}
+
+/// The injection (if any) for a call, from a lenient reading of the body: injections may target calls whose
+/// body is invalid too, as long as their targets can be read.
+fn pick_injection(st: &Inner, active: &Active, body: Option<&Value>, token: &str, phone: &str) -> Option<Picked> {
+    fn s(v: Option<&Value>) -> Option<&str> {
+        v.and_then(Value::as_str)
+    }
+    let mtype = body.map_or("text", |b| s(b.get("type")).unwrap_or("text"));
+    let template = body
+        .and_then(|b| b.get("template"))
+        .and_then(|t| Some((s(t.get("name"))?, s(t.get("language").and_then(|l| l.get("code")))?)));
+    let to_digits = body.and_then(|b| s(b.get("to"))).map(ids::wa_id).filter(|d| !d.is_empty());
+    let user_id = body.and_then(|b| s(b.get("recipient"))).filter(|r| ids::is_user_id(r)).map(str::to_string);
+    let wa_id = to_digits.or_else(|| user_id.as_deref().and_then(|u| st.account.user_by_id(&st.cfg, u).wa_id));
+    let user_id = user_id
+        .or_else(|| wa_id.as_deref().map(|w| st.account.user_by_phone(&st.cfg, st.cfg.portfolio_of(phone), w).user_id));
+    let category = template
+        .and_then(|(n, l)| st.account.template(n, l))
+        .map(|t| t.category.to_ascii_lowercase())
+        .or_else(|| template.map(|_| st.webhooks.config().template_category.clone()));
+    let call = Call {
+        phone_number_id: phone,
+        waba_id: st.cfg.waba_of(phone),
+        token,
+        template,
+        wa_id: wa_id.as_deref(),
+        user_id: user_id.as_deref(),
+        message_type: mtype,
+        category: category.as_deref(),
+    };
+    active.pick_injection(&call)
+}
+
+/// Refusals from the announced account state, and the portfolio limit in sync mode.
+fn account_check(st: &Inner, phone: &str, send: &Send) -> Result<(), Refusal> {
+    let now = ids::now_ms();
+    let key = send.user_key();
+    let in_window = st.account.in_window(phone, key, now);
+    let template = send.template.as_ref().and_then(|(n, l)| st.account.template(n, l));
+    let category = template.as_ref().map(|t| t.category.as_str());
+    let class =
+        SendClass { in_window, template: send.template.as_ref().map(|(n, l)| (n.as_str(), l.as_str())), category };
+    let account = |code| Refusal::new(code, Source::Account, None, Usage::default());
+    if let Some(code) = st.account.refusal(phone, st.cfg.waba_of(phone), class, now) {
+        return Err(account(code));
+    }
+    if let Some(t) = &template {
+        if let Ok(Some(code)) = crate::account::template_status_effect(&t.status) {
+            return Err(account(code));
+        }
+        let otp = matches!(t.otp_type, Some(OtpType::CopyCode | OtpType::OneTap | OtpType::ZeroTap));
+        if send.by_user_id && otp {
+            return Err(Refusal::new(131_062, Source::Request, None, Usage::default()));
+        }
+    }
+    if st.cfg.messaging_limit.mode == Mode::Sync && !in_window {
+        let portfolio = st.cfg.portfolio_of(phone);
+        if st.account.reach(portfolio, key, now, st.cfg.messaging_limit.window_ms).is_err() {
+            st.oracle.count_portfolio_limited(portfolio);
+            return Err(Refusal::new(st.cfg.messaging_limit.code, Source::Limit, None, Usage::default()));
+        }
+    }
+    Ok(())
 }
 
 /// A front-door fault: the request never reaches Meta's application logic.
@@ -251,9 +517,9 @@ async fn pause(st: &Inner, d: Duration) -> bool {
 }
 
 /// Bearer token: missing or unknown → 190 "cannot parse"; known but expired or revoked (admin call or scenario
-/// token event) → 190 "session has expired" (or 0), on every number.
-fn authorize(st: &Inner, active: &Active, headers: &HeaderMap) -> Result<(), Refusal> {
-    let invalid = || Refusal { code: 190, source: Source::Request, body: None, usage: Usage::default() };
+/// token event) → 190 "session has expired" (or 0), on every number. Ok(the token).
+fn authorize(st: &Inner, active: &Active, headers: &HeaderMap) -> Result<String, Refusal> {
+    let invalid = || Refusal::new(190, Source::Request, None, Usage::default());
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -266,13 +532,8 @@ fn authorize(st: &Inner, active: &Active, headers: &HeaderMap) -> Result<(), Ref
     }
     let dead = st.token_state(token).or_else(|| active.token_fault(token));
     match dead {
-        Some(code) => Err(Refusal {
-            code,
-            source: Source::Injected,
-            body: Some(errors::dead_token_body(code)),
-            usage: Usage::default(),
-        }),
-        None => Ok(()),
+        Some(code) => Err(Refusal::new(code, Source::Injected, Some(errors::dead_token_body(code)), Usage::default())),
+        None => Ok(token.to_string()),
     }
 }
 
@@ -300,16 +561,16 @@ fn call_budgets(st: &Inner, limits: &Limits, phone: &str) -> Result<Option<u32>,
 }
 
 /// The number's throughput (130429) and the pair limit (131056); only messages Meta accepts count.
-fn message_limits(st: &Inner, limits: &Limits, phone: &str, wa_id: &str) -> Result<Usage, Refusal> {
+fn message_limits(st: &Inner, limits: &Limits, phone: &str, user_key: &str) -> Result<Usage, Refusal> {
     if !limits.enabled {
         return Ok(Usage::default());
     }
-    let mps = limits.mps_for(phone, st.cfg.phone_numbers.get(phone).and_then(|p| p.throughput_mps));
+    let mps = st.mps_for(limits, phone);
     let throttled = |wait| Refusal::limit(130429, Usage::refused(wait, 100));
     // Check the throughput first so a message the pair limit refuses takes nothing from it, and vice versa.
     st.limiter.throughput_check(phone, mps, limits.throughput_burst).map_err(|Refused { wait }| throttled(wait))?;
     if limits.pair_enabled
-        && let Err(Refused { wait }) = st.limiter.pair(phone, wa_id, limits)
+        && let Err(Refused { wait }) = st.limiter.pair(phone, user_key, limits)
     {
         return Err(Refusal::limit(131056, Usage::refused(wait, 0)));
     }
@@ -325,9 +586,9 @@ fn retry_mode(st: &Inner, limits: &Limits) -> RetryAfter {
     }
 }
 
-fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
+fn validate(st: &Inner, phone: &str, parsed: Result<Value, serde_json::Error>) -> Result<Send, (i64, String)> {
     let invalid = |code: i64, d: &str| Err((code, d.to_string()));
-    let Ok(body) = serde_json::from_slice::<Value>(raw) else {
+    let Ok(body) = parsed else {
         return invalid(100, "Request body is not valid JSON.");
     };
     if !body.is_object() {
@@ -344,15 +605,32 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
             return invalid(100, "Param recipient_type must be one of {INDIVIDUAL, GROUP}.");
         }
     }
-    let to = match body.get("to").and_then(Value::as_str) {
-        Some(t) if !t.trim().is_empty() => t.to_string(),
-        _ => return invalid(100, "The parameter to is required."),
+    let to = body.get("to").and_then(Value::as_str).filter(|t| !t.trim().is_empty());
+    let recipient = match body.get("recipient") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(r)) if ids::is_user_id(r) => Some(r.as_str()),
+        // The value is not echoed: it may be a phone number.
+        Some(_) => return invalid(131009, "Parameter 'recipient' is not a valid business-scoped user ID."),
     };
-    let wa_id = ids::wa_id(&to);
-    let allowed = to.chars().all(|c| c.is_ascii_digit() || " +-()".contains(c));
-    if !allowed || !(7..=15).contains(&wa_id.len()) {
-        return invalid(131009, "Parameter 'to' is not a valid phone number.");
-    }
+    // `to` wins when both are sent (reference §1).
+    let (input, wa_id, user, by_user_id) = match (to, recipient) {
+        (Some(t), _) => {
+            let wa_id = ids::wa_id(t);
+            let allowed = t.chars().all(|c| c.is_ascii_digit() || " +-()".contains(c));
+            if !allowed || !(7..=15).contains(&wa_id.len()) {
+                return invalid(131009, "Parameter 'to' is not a valid phone number.");
+            }
+            // The phone decides who the user is, whatever `recipient` says.
+            let user = (st.cfg.user_ids || recipient.is_some())
+                .then(|| st.account.user_by_phone(&st.cfg, st.cfg.portfolio_of(phone), &wa_id));
+            (t.to_string(), Some(wa_id), user, false)
+        }
+        (None, Some(r)) => {
+            let user = st.account.user_by_id(&st.cfg, r);
+            (r.to_string(), user.wa_id.clone(), Some(user), true)
+        }
+        (None, None) => return invalid(100, "The parameter to is required."),
+    };
     let mtype = match body.get("type") {
         None => "text".to_string(),
         Some(Value::String(t)) if TYPES.contains(&t.as_str()) => t.clone(),
@@ -374,6 +652,7 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
     let Some(nested) = body.get(&mtype).filter(|v| v.is_object() || (mtype == "contacts" && v.is_array())) else {
         return invalid(131008, &format!("Parameter '{mtype}' is required."));
     };
+    let mut template = None;
     match mtype.as_str() {
         "text" => match nested.get("body") {
             Some(Value::String(b)) if b.chars().count() > 4096 => {
@@ -382,7 +661,7 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
             Some(Value::String(b)) if !b.is_empty() => {}
             _ => return invalid(100, "The parameter text['body'] is required."),
         },
-        "template" => validate_template(st, nested)?,
+        "template" => template = Some(validate_template(st, nested)?),
         "image" | "audio" | "document" | "video" | "sticker"
             if nested.get("id").and_then(Value::as_str).is_none()
                 && nested.get("link").and_then(Value::as_str).is_none() =>
@@ -391,10 +670,10 @@ fn validate(st: &Inner, raw: &[u8]) -> Result<Send, (i64, String)> {
         }
         _ => {}
     }
-    Ok(Send { to, wa_id, mtype, biz_opaque })
+    Ok(Send { input, wa_id, user, by_user_id, mtype, biz_opaque, template })
 }
 
-fn validate_template(st: &Inner, t: &Value) -> Result<(), (i64, String)> {
+fn validate_template(st: &Inner, t: &Value) -> Result<(String, String), (i64, String)> {
     let invalid = |code: i64, d: String| Err((code, d));
     let Some(name) = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
         return invalid(131008, "Parameter 'template.name' is required.".into());
@@ -421,7 +700,7 @@ fn validate_template(st: &Inner, t: &Value) -> Result<(), (i64, String)> {
     if !st.cfg.known_templates.is_empty() && !st.cfg.known_templates.iter().any(|k| k == name) {
         return invalid(132001, format!("template name ({name}) does not exist in {lang}"));
     }
-    Ok(())
+    Ok((name.to_string(), lang.to_string()))
 }
 
 fn http_fault(st: &Inner, status: u16, meta_body: bool, code: Option<i64>, page: Page) -> Response {
@@ -467,8 +746,9 @@ fn meta_error(st: &Inner, r: Refusal, phone: &str, mode: RetryAfter) -> Response
     if r.source == Source::Limit {
         st.oracle.record_limit(&r.code.to_string(), phone);
     }
-    let status = errors::http_status(r.code, st.cfg.throttle_http_status);
+    let status = r.http_status.unwrap_or_else(|| errors::http_status(r.code, st.cfg.throttle_http_status));
     let body = r.body.unwrap_or_else(|| errors::body(r.code, None, None));
+    let mode = if r.force_retry_after && mode == RetryAfter::None { RetryAfter::Seconds } else { mode };
     error_response(st, status, body, r.usage, phone, mode)
 }
 

@@ -22,10 +22,43 @@
 //! throughput_mps = 1000.0
 //! waba_id = "102290129340399"         # the WABA whose budget this number shares (default: waba_id)
 //!
+//! portfolio_id = "506914307656635"   # its business portfolio (default: the WABA's, else business_id)
+//!
 //! [webhook]                           # see `WebhookConfig`
 //! url = "http://127.0.0.1:8080/webhook"
+//!
+//! # Account model (reference §3.3, §3.5, §4.5, §6, §0); every key is optional.
+//! business_id = "506914307656634"     # the default business portfolio of every number
+//! api_date = "2026-12-06"             # "today" for API version expiry (default: the system clock)
+//! user_ids = true                     # webhooks carry business-scoped user ids (Meta: since April 2026)
+//! enforce_service_window = false      # true: non-template sends outside a 24 h window fail 131047 (async)
+//! us_marketing_code = 131049          # marketing templates to US numbers fail async with it; 0 = deliver
+//!
+//! [portfolios."506914307656634"]      # messaging limit per portfolio; none configured = unlimited
+//! tier = "TIER_2K"                    # TIER_250 | TIER_2K | TIER_10K | TIER_100K | TIER_UNLIMITED | a number
+//! waba_ids = ["102290129340398"]      # WABAs (and so numbers) in this portfolio
+//!
+//! [messaging_limit]                   # how the portfolio limit fails (reference §3.3: code and channel UNCERTAIN)
+//! window_ms = 86400000                # rolling window of unique users
+//! code = 131048                       # the code past the tier
+//! mode = "async"                      # accepted, then a failed status (the safe reading); or "sync"
+//!
+//! [[templates]]                       # templates with a state; others are approved (unless known_templates)
+//! name = "otp_login"
+//! language = "en_US"                  # omit: every language
+//! category = "AUTHENTICATION"         # MARKETING | UTILITY | AUTHENTICATION (pricing, 131049/131050 rules)
+//! status = "APPROVED"                 # PAUSED → 132015, DISABLED → 132016, REJECTED, ... → 132001
+//! otp_type = "copy_code"              # copy_code | one_tap | zero_tap: user-id sends fail 131062
+//! paced = false                       # true: sends are held (held_for_quality_assessment) until released
+//!
+//! [[users]]                           # the user directory (reference §6); others get derived user ids
+//! phone = "+16505551234"
+//! user_id = "US.13491208655302741918" # default: derived per portfolio
+//! username = "@sheena"                # in contacts[].profile on delivered/read and inbound
+//! share_phone = false                 # false: webhooks omit the phone (recipient_id, wa_id, from)
 //! ```
 
+use crate::inject::Mode;
 use crate::limits::Limits;
 use crate::scenario::Scenario;
 use serde::{Deserialize, Serialize};
@@ -56,6 +89,186 @@ pub struct SimConfig {
     #[serde(skip)]
     pub scenario: Option<Scenario>,
     pub dump_path: Option<PathBuf>,
+    /// The default business portfolio of every number (reference §3.3: limits are per portfolio).
+    pub business_id: String,
+    /// Messaging-limit tier per portfolio, and which WABAs belong to it. A portfolio not listed is unlimited.
+    pub portfolios: BTreeMap<String, PortfolioConfig>,
+    pub messaging_limit: MessagingLimitConfig,
+    /// Templates with a category, a status or an OTP type.
+    pub templates: Vec<TemplateConfig>,
+    /// Users with a fixed user id, a username or a hidden phone number.
+    pub users: Vec<UserConfig>,
+    /// `YYYY-MM-DD`: the date API versions expire against; None: the system clock.
+    pub api_date: Option<String>,
+    /// Webhooks and answers carry business-scoped user ids (`recipient_user_id`, `user_id`, `from_user_id`).
+    pub user_ids: bool,
+    /// Non-template sends to a user without an open customer service window fail with 131047 (async).
+    /// Off by default: most tests send text messages to recipients that never wrote.
+    pub enforce_service_window: bool,
+    /// Marketing templates to US numbers fail asynchronously with this code (Meta does not deliver them; the
+    /// code is not named by Meta, BSPs report 131049). 0 delivers them.
+    pub us_marketing_code: i64,
+}
+
+/// One business portfolio.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct PortfolioConfig {
+    pub tier: Tier,
+    pub waba_ids: Vec<String>,
+}
+
+/// How the portfolio messaging limit fails past its tier.
+///
+/// The reference (§3.3, §2.3) names no code and no channel. It says the limit counts the unique users a
+/// portfolio *delivers to* outside a customer service window, so the simulator reads it the safe way for a
+/// sender: Meta accepts the message (200, wamid) and it fails later in a `failed` status, so a sender cannot
+/// learn the limit from the answer and must budget unique recipients itself. The code defaults to 131048
+/// ("restrictions on how many messages can be sent from this phone number"), the documented code nearest in
+/// meaning; both are settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MessagingLimitConfig {
+    pub window_ms: u64,
+    pub code: i64,
+    pub mode: Mode,
+}
+
+impl Default for MessagingLimitConfig {
+    fn default() -> Self {
+        MessagingLimitConfig { window_ms: 86_400_000, code: 131048, mode: Mode::Async }
+    }
+}
+
+/// A template's state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    pub name: String,
+    /// None: every language of that name.
+    #[serde(default)]
+    pub language: Option<String>,
+    #[serde(default = "utility")]
+    pub category: String,
+    #[serde(default = "approved")]
+    pub status: String,
+    #[serde(default)]
+    pub otp_type: Option<OtpType>,
+    /// `message_template_id` in webhooks; default: derived from the name and language.
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// Under template pacing from the start: sends are held (`held_for_quality_assessment`) until a
+    /// `template_pacing` release or a pause (reference §3.5).
+    #[serde(default)]
+    pub paced: bool,
+}
+
+fn utility() -> String {
+    "UTILITY".into()
+}
+
+fn approved() -> String {
+    "APPROVED".into()
+}
+
+/// The OTP button of an authentication template; these cannot be sent to a user id (131062, reference §6).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum OtpType {
+    CopyCode,
+    OneTap,
+    ZeroTap,
+}
+
+/// One WhatsApp user of the directory.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub phone: String,
+    #[serde(default)]
+    pub user_id: Option<String>,
+    #[serde(default)]
+    pub username: Option<String>,
+    /// false: the user's phone cannot be shared, so webhooks about them carry only the user id.
+    #[serde(default = "yes")]
+    pub share_phone: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A messaging-limit tier: a number of unique users per rolling window, or unlimited (None).
+///
+/// Parsed from every form the reference lists (§4.5 `business_capability_update`, UNCERTAIN format):
+/// `"TIER_250"`, `"TIER_2K"`, `"TIER_10K"`, `"TIER_100K"`, `"TIER_UNLIMITED"`, `"UNLIMITED"`, `"2000"`, `2000`,
+/// and `-1` (the legacy "unlimited"); `"TIER_1K"` is 2,000 ("the old 1K tier is now 2,000"). Any positive
+/// count is accepted so tests can use small tiers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tier(pub Option<u64>);
+
+impl Tier {
+    pub const UNLIMITED: Tier = Tier(None);
+
+    /// Parses a string form.
+    pub fn parse(s: &str) -> Result<Tier, String> {
+        let t = s.trim();
+        let n = match t.to_ascii_uppercase().as_str() {
+            "TIER_250" => Some(250),
+            "TIER_1K" | "TIER_2K" => Some(2_000),
+            "TIER_10K" => Some(10_000),
+            "TIER_100K" => Some(100_000),
+            "TIER_UNLIMITED" | "UNLIMITED" | "-1" => None,
+            other => match other.parse::<u64>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    return Err(format!(
+                        "tier `{t}` is not one of TIER_250, TIER_2K, TIER_10K, TIER_100K, TIER_UNLIMITED \
+                         or a positive count"
+                    ));
+                }
+            },
+        };
+        Ok(Tier(n))
+    }
+
+    /// From a webhook-style JSON value (string or number).
+    pub fn from_json(v: &serde_json::Value) -> Result<Tier, String> {
+        match v {
+            serde_json::Value::String(s) => Tier::parse(s),
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(-1) => Ok(Tier::UNLIMITED),
+                Some(n) if n > 0 => Ok(Tier(Some(n as u64))),
+                _ => Err(format!("tier {n} is not a positive count or -1")),
+            },
+            other => Err(format!("tier must be a string or a number, not {other}")),
+        }
+    }
+
+    /// Meta's name for the tier (`TIER_2K`), or the bare count for a count Meta has no tier for.
+    pub fn name(&self) -> String {
+        match self.0 {
+            None => "TIER_UNLIMITED".into(),
+            Some(250) => "TIER_250".into(),
+            Some(2_000) => "TIER_2K".into(),
+            Some(10_000) => "TIER_10K".into(),
+            Some(100_000) => "TIER_100K".into(),
+            Some(n) => n.to_string(),
+        }
+    }
+}
+
+impl Serialize for Tier {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Tier {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Tier::from_json(&v).map_err(serde::de::Error::custom)
+    }
 }
 
 impl Default for SimConfig {
@@ -75,6 +288,15 @@ impl Default for SimConfig {
             webhook: WebhookConfig::default(),
             scenario: None,
             dump_path: None,
+            business_id: "506914307656634".into(),
+            portfolios: BTreeMap::new(),
+            messaging_limit: MessagingLimitConfig::default(),
+            templates: vec![],
+            users: vec![],
+            api_date: None,
+            user_ids: true,
+            enforce_service_window: false,
+            us_marketing_code: 131049,
         }
     }
 }
@@ -83,6 +305,22 @@ impl SimConfig {
     /// The WABA of `phone_number_id`.
     pub fn waba_of(&self, phone_number_id: &str) -> &str {
         self.phone_numbers.get(phone_number_id).and_then(|p| p.waba_id.as_deref()).unwrap_or(&self.waba_id)
+    }
+
+    /// The business portfolio of `waba_id`: the portfolio listing it, else `business_id`.
+    pub fn portfolio_of_waba(&self, waba_id: &str) -> &str {
+        self.portfolios
+            .iter()
+            .find(|(_, p)| p.waba_ids.iter().any(|w| w == waba_id))
+            .map_or(&self.business_id, |(id, _)| id)
+    }
+
+    /// The business portfolio of `phone_number_id`: its own `portfolio_id`, else its WABA's portfolio.
+    pub fn portfolio_of(&self, phone_number_id: &str) -> &str {
+        match self.phone_numbers.get(phone_number_id).and_then(|p| p.portfolio_id.as_deref()) {
+            Some(p) => p,
+            None => self.portfolio_of_waba(self.waba_of(phone_number_id)),
+        }
     }
 
     pub fn from_toml(text: &str) -> anyhow::Result<SimConfig> {
@@ -111,6 +349,25 @@ impl SimConfig {
         if let Some(s) = &self.scenario {
             s.validate()?;
         }
+        anyhow::ensure!(self.messaging_limit.window_ms > 0, "messaging_limit.window_ms must be positive");
+        anyhow::ensure!(self.messaging_limit.code >= 0, "messaging_limit.code must not be negative");
+        anyhow::ensure!(self.us_marketing_code >= 0, "us_marketing_code must not be negative (0 turns it off)");
+        if let Some(d) = &self.api_date {
+            anyhow::ensure!(crate::versions::days(d).is_some(), "api_date must be YYYY-MM-DD, not `{d}`");
+        }
+        for (i, t) in self.templates.iter().enumerate() {
+            anyhow::ensure!(!t.name.is_empty(), "templates[{i}].name must not be empty");
+            crate::account::template_status_effect(&t.status)
+                .map_err(|e| anyhow::anyhow!("templates[{i}].status: {e}"))?;
+            crate::account::check_category(&t.category).map_err(|e| anyhow::anyhow!("templates[{i}].category: {e}"))?;
+        }
+        for (i, u) in self.users.iter().enumerate() {
+            // The phone itself is never echoed: index only.
+            anyhow::ensure!(crate::ids::wa_id(&u.phone).len() >= 7, "users[{i}].phone is not a phone number");
+            if let Some(id) = &u.user_id {
+                anyhow::ensure!(crate::ids::is_user_id(id), "users[{i}].user_id is not a business-scoped user id");
+            }
+        }
         Ok(())
     }
 }
@@ -125,6 +382,8 @@ pub struct PhoneNumberConfig {
     pub throughput_mps: Option<f64>,
     /// The WABA this number belongs to (its 80007 budget and usage header key); default: `SimConfig::waba_id`.
     pub waba_id: Option<String>,
+    /// The business portfolio (messaging limit, user ids); default: its WABA's portfolio, else `business_id`.
+    pub portfolio_id: Option<String>,
 }
 
 /// Status webhooks.
@@ -221,6 +480,55 @@ mod tests {
         assert_eq!(cfg.limits.retry_after, RetryAfter::HttpDate);
         assert_eq!(cfg.waba_of("106540352242922"), "102290129340399");
         assert_eq!(cfg.waba_of("other"), cfg.waba_id);
+
+        let account = r#"
+            business_id = "506914307656634"
+            api_date = "2026-12-06"
+            user_ids = true
+            enforce_service_window = false
+            us_marketing_code = 131049
+            [portfolios."506914307656634"]
+            tier = "TIER_2K"
+            waba_ids = ["102290129340398"]
+            [portfolios."506914307656635"]
+            tier = 100000
+            [messaging_limit]
+            window_ms = 86400000
+            code = 131048
+            mode = "async"
+            [[templates]]
+            name = "otp_login"
+            language = "en_US"
+            category = "AUTHENTICATION"
+            status = "APPROVED"
+            otp_type = "copy_code"
+            [[users]]
+            phone = "+16505551234"
+            user_id = "US.13491208655302741918"
+            username = "@sheena"
+            share_phone = false
+            [phone_numbers."106540352242923"]
+            portfolio_id = "506914307656635"
+        "#;
+        let cfg = SimConfig::from_toml(account).expect("the documented account keys parse");
+        assert_eq!(cfg.portfolios["506914307656634"].tier, Tier(Some(2_000)));
+        assert_eq!(cfg.portfolios["506914307656635"].tier, Tier(Some(100_000)));
+        assert_eq!(cfg.portfolio_of("106540352242923"), "506914307656635", "the number's own portfolio");
+        assert_eq!(cfg.portfolio_of("106540352242922"), "506914307656634", "its WABA's portfolio");
+        assert_eq!(cfg.templates[0].otp_type, Some(OtpType::CopyCode));
+        for (text, want) in [
+            ("[portfolios.p]\ntier = \"TIER_3K\"\n", "TIER_3K"),
+            ("[[templates]]\nname = \"t\"\nstatus = \"PAUSD\"\n", "templates[0].status"),
+            ("[[users]]\nphone = \"+16505551234\"\nuser_id = \"16505551234\"\n", "users[0].user_id"),
+            ("api_date = \"2026-6-31x\"\n", "api_date"),
+            ("[messaging_limit]\nmode = \"later\"\n", "later"),
+        ] {
+            let err = SimConfig::from_toml(text).expect_err(text).to_string();
+            assert!(err.contains(want), "`{want}` in: {err}");
+        }
+        assert_eq!(Tier::parse("TIER_1K"), Ok(Tier(Some(2_000))), "the old 1K tier is now 2,000");
+        assert_eq!(Tier::from_json(&serde_json::json!(-1)), Ok(Tier::UNLIMITED));
+        assert_eq!(Tier(Some(10_000)).name(), "TIER_10K");
 
         let err = SimConfig::from_toml("[limits]\npair_burst_window_ms = 6000\n").expect_err("removed key");
         assert!(err.to_string().contains("pair_burst_window_ms"), "{err}");

@@ -127,9 +127,88 @@ pub fn mask_phone(number: &str) -> String {
 /// A stable non-reversible recipient key: first 16 hex characters of sha256 of the digits; the same rule as
 /// `bw_common::mask::recipient_key`, so tests can correlate the oracle with Breakwater's own keys.
 pub fn recipient_key(number: &str) -> String {
-    let digits = wa_id(number);
+    // A user id is hashed whole: its digits alone would drop the country and the `ENT.` marker.
+    let digits = if is_user_id(number) { number.to_string() } else { wa_id(number) };
     let hash = Sha256::digest(digits.as_bytes());
     hex::encode(&hash[..8])
+}
+
+/// Whether `s` is a business-scoped user id (reference §6): an ISO 3166 alpha-2 country code, `.`, an optional
+/// `ENT.` (parent ids), then 1 to 128 ASCII letters or digits.
+pub fn is_user_id(s: &str) -> bool {
+    let Some((cc, rest)) = s.split_once('.') else { return false };
+    let rest = rest.strip_prefix("ENT.").unwrap_or(rest);
+    cc.len() == 2
+        && cc.bytes().all(|b| b.is_ascii_uppercase())
+        && (1..=128).contains(&rest.len())
+        && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Masks a user id like a phone number: the country and the last 3 characters (`US.*****************918`).
+pub fn mask_user_id(user_id: &str) -> String {
+    let (cc, rest) = user_id.split_once('.').unwrap_or(("", user_id));
+    let n = rest.chars().count();
+    if n < 4 {
+        return format!("{cc}.***");
+    }
+    let tail: String = rest.chars().skip(n - 3).collect();
+    format!("{cc}.{}{tail}", "*".repeat(n - 3))
+}
+
+/// The ISO country of a phone number's calling code, for the user ids the simulator derives ("ZZ" when the
+/// code is not in this short list).
+pub fn country_of(wa_id: &str) -> &'static str {
+    const CODES: &[(&str, &str)] = &[
+        ("1", "US"),
+        ("7", "RU"),
+        ("20", "EG"),
+        ("27", "ZA"),
+        ("31", "NL"),
+        ("33", "FR"),
+        ("34", "ES"),
+        ("39", "IT"),
+        ("44", "GB"),
+        ("49", "DE"),
+        ("52", "MX"),
+        ("54", "AR"),
+        ("55", "BR"),
+        ("56", "CL"),
+        ("57", "CO"),
+        ("62", "ID"),
+        ("63", "PH"),
+        ("65", "SG"),
+        ("81", "JP"),
+        ("82", "KR"),
+        ("90", "TR"),
+        ("91", "IN"),
+        ("234", "NG"),
+        ("254", "KE"),
+        ("966", "SA"),
+        ("971", "AE"),
+    ];
+    CODES.iter().filter(|(code, _)| wa_id.starts_with(code)).max_by_key(|(code, _)| code.len()).map_or("ZZ", |c| c.1)
+}
+
+/// The business-scoped user id the simulator gives `wa_id` in `portfolio`: stable, unique per portfolio × user
+/// (reference §6), 20 digits after the country.
+pub fn derive_user_id(portfolio: &str, wa_id: &str) -> String {
+    let hash = Sha256::digest(format!("{portfolio}:{wa_id}").as_bytes());
+    let n = u128::from_be_bytes(hash[..16].try_into().unwrap_or([0; 16])) % 10u128.pow(20);
+    format!("{}.{n:020}", country_of(wa_id))
+}
+
+/// Whether a `+1` number is a US number, for Meta's pause of marketing templates to US numbers (reference §7):
+/// NANP numbers whose area code belongs to Canada or a Caribbean country are not (an approximation: the
+/// reference says "a US area code" without a list).
+pub fn is_us_number(wa_id: &str) -> bool {
+    const NOT_US: &[&str] = &[
+        "204", "226", "236", "249", "250", "263", "289", "306", "343", "354", "365", "367", "368", "382", "403", "416",
+        "418", "428", "431", "437", "438", "450", "474", "506", "514", "519", "548", "579", "581", "584", "587", "604",
+        "613", "639", "647", "672", "683", "705", "709", "742", "753", "778", "780", "782", "807", "819", "825", "867",
+        "873", "879", "902", "905", "242", "246", "264", "268", "284", "345", "441", "473", "649", "658", "664", "721",
+        "758", "767", "784", "809", "829", "849", "868", "869", "876",
+    ];
+    wa_id.len() == 11 && wa_id.starts_with('1') && !NOT_US.contains(&&wa_id[1..4])
 }
 
 /// Unix time in milliseconds.
@@ -168,6 +247,19 @@ mod tests {
         let ys: Vec<u64> = (0..5).map(|_| b.next_u64()).collect();
         assert_eq!(xs, ys);
         assert!((0..1000).map(|_| a.next_f64()).all(|f| (0.0..1.0).contains(&f)));
+    }
+
+    #[test]
+    fn user_ids_are_recognised_derived_and_masked() {
+        assert!(is_user_id("US.13491208655302741918") && is_user_id("US.ENT.11815799212886844830"));
+        assert!(!is_user_id("+16505551234") && !is_user_id("us.123") && !is_user_id("US.") && !is_user_id("US.a-b"));
+        let a = derive_user_id("p1", "16505551234");
+        assert!(a.starts_with("US.") && a.len() == 23 && is_user_id(&a), "{a}");
+        assert_eq!(a, derive_user_id("p1", "16505551234"));
+        assert_ne!(a, derive_user_id("p2", "16505551234"), "unique per portfolio");
+        assert_eq!(mask_user_id("US.13491208655302741918"), "US.*****************918");
+        assert_eq!(country_of("5491155551234"), "AR");
+        assert!(is_us_number("16505551234") && !is_us_number("14165551234") && !is_us_number("5491155551234"));
     }
 
     #[test]

@@ -10,6 +10,14 @@
 //! duplicates, reordering and retries, and an [`OracleSnapshot`] of every message it accepted so tests can prove
 //! "none lost, none sent twice" and tell duplicates after an ambiguous answer from plain ones.
 //!
+//! It also fails the way Meta fails beyond one send (see the crate's README for every key):
+//! - every code of the reference's §2.3 table, aimed by a scenario's `[[injections]]` at a number, WABA, token,
+//!   template or recipient, synchronously or as a `failed` status ([`inject`], [`errors`]);
+//! - the account, template and user webhooks of §4.5 from a scenario's `[[events]]`, with the state they
+//!   announce enforced afterwards ([`events`], [`account`]);
+//! - the portfolio messaging limit (§3.3), throughput upgrades (§3.1), expired API versions (§0, [`versions`])
+//!   and business-scoped user ids (§6).
+//!
 //! In-process use (tests):
 //!
 //! ```ignore
@@ -24,24 +32,38 @@
 //! [`MetaSim::start`] with `--config`, `--listen`, `--scenario`, `--webhook-url`, `--app-secret`, `--token`.
 //! Access tokens, the app secret, message bodies and full phone numbers are never logged.
 
+pub mod account;
 pub mod admin;
 mod api;
 pub mod config;
 mod conn;
 pub mod errors;
+pub mod events;
+mod fire;
 pub mod ids;
+pub mod inject;
 pub mod limits;
 pub mod oracle;
 pub mod scenario;
+pub mod versions;
 pub mod webhook;
 
-pub use config::{PhoneNumberConfig, SimConfig, WebhookConfig};
+pub use account::AccountSnapshot;
+pub use config::{
+    MessagingLimitConfig, OtpType, PhoneNumberConfig, PortfolioConfig, SimConfig, TemplateConfig, Tier, UserConfig,
+    WebhookConfig,
+};
+pub use events::{ErrorSpec, Event, EventKind};
+pub use inject::{Injection, Mode, TemplateRef};
 pub use limits::{Limits, RetryAfter};
-pub use oracle::{Counters, DuplicateKind, DuplicateReport, OracleEntry, OracleSnapshot, WebhookCounters};
+pub use oracle::{
+    Counters, DuplicateKind, DuplicateReport, FailedMessage, FailureCause, OracleEntry, OracleSnapshot, WebhookCounters,
+};
 pub use scenario::{
     Fault, FaultKind, Garbled, Latency, Page, Scenario, ScenarioError, Selection, StatusWindow, TokenEvent, Window,
 };
 
+use account::Account;
 use anyhow::Context as _;
 use axum::Router;
 use axum::routing::post;
@@ -68,6 +90,10 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     /// Tokens expired or revoked by the admin API → the code every call with them gets (190 or 0).
     pub(crate) dead_tokens: RwLock<BTreeMap<String, i64>>,
+    /// What Meta announced about the account, and the traffic state behind the messaging limit.
+    pub(crate) account: Account,
+    /// Stops the active scenario's event task when the scenario is replaced.
+    pub(crate) events_cancel: Mutex<CancellationToken>,
 }
 
 pub(crate) fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
@@ -79,21 +105,69 @@ pub(crate) fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T>
 }
 
 impl Inner {
-    pub(crate) fn set_scenario(&self, s: Scenario) {
-        *lock_write(&self.scenario) = Arc::new(Active::start(s));
+    /// Makes `s` the active scenario, its clock starting now: the announced account state goes back to the
+    /// configuration and the scenario's events are scheduled (the previous scenario's stop).
+    pub(crate) fn set_scenario(self: &Arc<Self>, s: Scenario) {
+        let events = s.events.clone();
+        let active = Arc::new(Active::start(s));
+        let cancel = self.shutdown.child_token();
+        let previous =
+            std::mem::replace(&mut *self.events_cancel.lock().unwrap_or_else(|e| e.into_inner()), cancel.clone());
+        previous.cancel();
+        self.account.reset_announced(&self.cfg);
+        let started = active.started;
+        *lock_write(&self.scenario) = active;
+        fire::schedule(self, events, started, cancel);
     }
 
-    /// An inbound customer message: its webhook, and a unit of the number's throughput (Meta counts inbound too).
-    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
-        let wamid = self.webhooks.inbound_text(phone_number_id, from, name, text)?;
+    /// The limits in force now: the active scenario's, else the configured ones.
+    pub(crate) fn current_limits(&self) -> Limits {
         let active = lock_read(&self.scenario).clone();
-        let limits = active.scenario.limits.clone().unwrap_or_else(|| lock_read(&self.limits).clone());
-        if limits.enabled {
+        active.scenario.limits.clone().unwrap_or_else(|| lock_read(&self.limits).clone())
+    }
+
+    /// A number's throughput: a throughput upgrade Meta announced, else the limits' override, else the number's
+    /// configuration, else the default.
+    pub(crate) fn mps_for(&self, limits: &Limits, phone_number_id: &str) -> f64 {
+        self.account.number_mps(phone_number_id).unwrap_or_else(|| {
             let configured = self.cfg.phone_numbers.get(phone_number_id).and_then(|p| p.throughput_mps);
-            let mps = limits.mps_for(phone_number_id, configured);
+            limits.mps_for(phone_number_id, configured)
+        })
+    }
+
+    /// A unit of the number's throughput for a message it did not send through the API (Meta counts inbound
+    /// messages too); never refused.
+    pub(crate) fn inbound_throughput(&self, phone_number_id: &str) {
+        let limits = self.current_limits();
+        if limits.enabled {
+            let mps = self.mps_for(&limits, phone_number_id);
             self.limiter.throughput_inbound(phone_number_id, mps, limits.throughput_burst);
         }
-        Some(wamid)
+    }
+
+    /// A message the business sent from the WhatsApp Business app: a unit of the pair limit and of the number's
+    /// throughput, never refused.
+    pub(crate) fn echo_sent(&self, phone_number_id: &str, wa_id: &str) {
+        let limits = self.current_limits();
+        if limits.enabled {
+            self.inbound_throughput(phone_number_id);
+            if limits.pair_enabled {
+                self.limiter.pair_force(phone_number_id, wa_id, &limits);
+            }
+        }
+    }
+
+    /// An inbound customer text message: its webhook, the user's service window, and a unit of the number's
+    /// throughput.
+    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+        let m = fire::Inbound {
+            phone_number_id: phone_number_id.to_string(),
+            from: Some(from.to_string()),
+            name: name.to_string(),
+            text: text.to_string(),
+            ..fire::Inbound::default()
+        };
+        fire::inbound(self, &m)
     }
 
     /// The code a dead token gets (`*` kills every token).
@@ -125,15 +199,16 @@ impl Inner {
         dead.remove(token).is_some()
     }
 
-    pub(crate) fn restart_clock(&self) {
+    pub(crate) fn restart_clock(self: &Arc<Self>) {
         let s = lock_read(&self.scenario).scenario.clone();
         self.set_scenario(s);
     }
 
-    pub(crate) fn reset(&self) {
+    pub(crate) fn reset(self: &Arc<Self>) {
         self.oracle.clear();
         self.limiter.clear();
         self.restore_token("*");
+        self.account.reset_all(&self.cfg);
         self.restart_clock();
     }
 
@@ -160,27 +235,33 @@ impl MetaSim {
             .iter()
             .filter_map(|(id, p)| p.display_phone_number.clone().map(|d| (id.clone(), d)))
             .collect();
-        let webhooks = Webhooks::start(
-            cfg.webhook.clone(),
-            cfg.app_secret.clone(),
-            cfg.waba_id.clone(),
-            (displays, cfg.display_phone_number.clone()),
-            oracle.clone(),
-            shutdown.clone(),
-        )?;
+        let wabas = cfg.phone_numbers.keys().map(|id| (id.clone(), cfg.waba_of(id).to_string())).collect();
+        let setup = webhook::Setup {
+            config: cfg.webhook.clone(),
+            app_secret: cfg.app_secret.clone(),
+            waba_id: cfg.waba_id.clone(),
+            wabas,
+            displays,
+            default_display: cfg.display_phone_number.clone(),
+            user_ids: cfg.user_ids,
+        };
+        let webhooks = Webhooks::start(setup, oracle.clone(), shutdown.clone())?;
         let listener =
             tokio::net::TcpListener::bind(cfg.listen).await.with_context(|| format!("cannot bind {}", cfg.listen))?;
         let addr = listener.local_addr()?;
         let inner = Arc::new(Inner {
             limits: RwLock::new(cfg.limits.clone()),
             limiter: Limiter::new(),
-            scenario: RwLock::new(Arc::new(Active::start(cfg.scenario.clone().unwrap_or_else(Scenario::normal)))),
+            scenario: RwLock::new(Arc::new(Active::start(Scenario::normal()))),
             oracle,
             webhooks,
             shutdown: shutdown.clone(),
             dead_tokens: RwLock::new(BTreeMap::new()),
+            account: Account::new(&cfg),
+            events_cancel: Mutex::new(shutdown.child_token()),
             cfg,
         });
+        inner.set_scenario(inner.cfg.scenario.clone().unwrap_or_else(Scenario::normal));
         let app = Router::new()
             .route("/{version}/{phone_number_id}/messages", post(api::send_message))
             .merge(admin::routes())
@@ -314,9 +395,31 @@ impl SimHandle {
     }
 
     /// Sends an inbound customer text message webhook; returns its wamid (None without a webhook URL or when
-    /// the queue is full). It takes a unit of the number's throughput, as on Meta.
+    /// the queue is full). It takes a unit of the number's throughput and opens the user's 24 h window, as on
+    /// Meta.
     pub fn inject_inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
         self.inner.inbound(phone_number_id, from, name, text)
+    }
+
+    /// Fires an event now (its `at_ms` is ignored): the webhook and its effect on the account state. Err for
+    /// an invalid event.
+    pub fn fire_event(&self, event: Event) -> Result<(), String> {
+        event.kind.validate()?;
+        let label =
+            if event.name.is_empty() { format!("handle {}", event.kind.kind_name()) } else { event.name.clone() };
+        let cancel = self.inner.shutdown.clone();
+        fire::fire(&self.inner, &event, &label, &cancel);
+        Ok(())
+    }
+
+    /// The announced account state, the portfolios' usage and the events fired so far.
+    pub fn account_state(&self) -> AccountSnapshot {
+        self.inner.account.snapshot(&self.inner.cfg, ids::now_ms())
+    }
+
+    /// The throughput the simulator enforces for a number now (an upgrade webhook raises it).
+    pub fn throughput_mps(&self, phone_number_id: &str) -> f64 {
+        self.inner.mps_for(&self.inner.current_limits(), phone_number_id)
     }
 
     /// Clears the oracle, counters and limiter state, makes expired tokens valid, restarts the scenario clock.

@@ -237,6 +237,12 @@ impl Limiter {
         self.wabas.clear();
     }
 
+    /// Forgets a number's throughput state (its limit changed: Meta upgraded it).
+    pub fn forget_number(&self, phone_number_id: &str) {
+        let key = phone_number_id.to_string();
+        lock(&self.numbers.shards[self.shard(&key)]).remove(&key);
+    }
+
     /// Takes one unit of the number's throughput. Ok(percent of the burst allowance in use after this message).
     pub fn throughput(&self, phone_number_id: &str, mps: f64, burst: u32) -> Result<u32, Refused> {
         let t = (1e9 / mps.max(0.001)) as u64;
@@ -269,6 +275,15 @@ impl Limiter {
         let tau = t.saturating_mul(u64::from(limits.pair_burst.max(1) - 1));
         let key = (phone_number_id.to_string(), wa_id.to_string());
         self.pairs.take(self.shard(&key), &key, self.now_ns(), t, tau, 0).map(|_| ())
+    }
+
+    /// Takes a unit of the pair's quota whether or not it fits (a message the business sent outside the API),
+    /// up to one interval of debt.
+    pub fn pair_force(&self, phone_number_id: &str, wa_id: &str, limits: &Limits) {
+        let t = limits.pair_interval_ms.max(1).saturating_mul(1_000_000);
+        let tau = t.saturating_mul(u64::from(limits.pair_burst.max(1) - 1));
+        let key = (phone_number_id.to_string(), wa_id.to_string());
+        self.pairs.force(self.shard(&key), &key, self.now_ns(), t, tau);
     }
 
     /// Counts one call against the app budget (`calls` per `window_ms`). Ok(percent of the budget in use).

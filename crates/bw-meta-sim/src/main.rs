@@ -1,7 +1,8 @@
 //! `bw-meta-sim`: the Meta Cloud API simulator as a process, for benchmarks and the demo drill.
 //!
 //! `bw-meta-sim [--config sim.toml] [--listen 127.0.0.1:8089]
-//! [--scenario flash-sale-outage|mixed-ambiguous|<file.toml>] [--webhook-url URL] [--app-secret S]
+//! [--scenario flash-sale-outage|mixed-ambiguous|error-codes|account-signals|<file.toml>]
+//! [--webhook-url URL] [--app-secret S]
 //! [--token T]... [--no-limits] [--dump-path oracle.json]`
 //! Flags override the config file. On SIGINT/SIGTERM it stops and writes the oracle dump when a path is set.
 
@@ -19,7 +20,7 @@ struct Args {
     /// Address to listen on.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// `flash-sale-outage`, `mixed-ambiguous`, `normal`, or a scenario TOML file.
+    /// `flash-sale-outage`, `mixed-ambiguous`, `error-codes`, `account-signals`, `normal`, or a scenario TOML file.
     #[arg(long)]
     scenario: Option<String>,
     /// Where status webhooks are POSTed.

@@ -21,7 +21,7 @@ pub struct OracleEntry {
     /// `biz_opaque_callback_data` of the send; None when the client set none.
     pub operation_id: Option<String>,
     pub phone_number_id: String,
-    /// `+549*******234`.
+    /// `+549*******234`, or `US.*****************918` for a send to a user id the simulator has no phone for.
     pub recipient_masked: String,
     /// First 16 hex of sha256(digits): the same as `bw_common::mask::recipient_key`.
     pub recipient_key: String,
@@ -93,6 +93,49 @@ pub struct OracleSnapshot {
     /// Computed from `messages` when the snapshot is taken.
     #[serde(default)]
     pub duplicates: DuplicateReport,
+    /// Accepted messages Meta then failed (a `failed` status was scheduled), in order, with the code and why
+    /// (first [`EVENTS_KEPT`]); the counts are in `counters.async_failed`.
+    #[serde(default)]
+    pub failed: Vec<FailedMessage>,
+}
+
+/// Why an accepted message failed later.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureCause {
+    /// A scenario injection or `async_failure` fault.
+    Injected,
+    /// The configured `webhook.fail_recipients`.
+    Configured,
+    /// Account state a webhook announced or Meta's fixed rules: a user who stopped marketing (131050),
+    /// marketing to a US number, a free-form message outside the service window (131047).
+    Account,
+    /// The portfolio messaging limit past its tier.
+    Limit,
+}
+
+impl FailureCause {
+    pub fn key(self) -> &'static str {
+        match self {
+            FailureCause::Injected => "injected",
+            FailureCause::Configured => "configured",
+            FailureCause::Account => "account",
+            FailureCause::Limit => "limit",
+        }
+    }
+}
+
+/// One message accepted and failed later.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FailedMessage {
+    pub operation_id: Option<String>,
+    pub wamid: String,
+    pub phone_number_id: String,
+    pub code: i64,
+    pub cause: FailureCause,
+    /// The injection's name for an injected failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub injection: Option<String>,
 }
 
 impl OracleSnapshot {
@@ -148,8 +191,12 @@ pub enum Source {
     Request,
     /// The scenario (a window's fault, a token event) or an admin call (token revoked) produced it.
     Injected,
-    /// The client exceeded a modelled limit (self-inflicted): 130429, 131056, 4, 80007/80008.
+    /// The client exceeded a modelled limit (self-inflicted): 130429, 131056, 4, 80007/80008, and the
+    /// portfolio messaging limit when it fails synchronously.
     Limit,
+    /// Account state the simulator announced by webhook (a restricted or banned WABA, a paused template, a number
+    /// in maintenance) or a send Meta refuses by its fixed rules (131062): the sender ignored a signal.
+    Account,
 }
 
 /// Requests by outcome. Keys: `"200"`, Meta codes as text (`"130429"`, `"131056"`, `"190"`, `"100"`...),
@@ -166,6 +213,28 @@ pub struct Counters {
     /// Answers caused by the client exceeding a limit, by outcome key.
     #[serde(default)]
     pub limit_exceeded: BTreeMap<String, u64>,
+    /// Answers caused by announced account state, by outcome key (see [`Source::Account`]).
+    #[serde(default)]
+    pub account_state: BTreeMap<String, u64>,
+    /// Failed statuses scheduled for accepted messages, by code (every cause).
+    #[serde(default)]
+    pub async_failed: BTreeMap<String, u64>,
+    /// Of those, by cause (`injected`, `configured`, `account`, `limit`) then code.
+    #[serde(default)]
+    pub async_failed_by_cause: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Calls each scenario injection answered (sync) or failed (async), by injection name (`#<index>` unnamed).
+    #[serde(default)]
+    pub injections: BTreeMap<String, u64>,
+    /// Calls by API version: `"v21.0"`, or `"v20.0->v21.0"` for an expired version served by the oldest usable
+    /// one, or `"unknown"` for a path that is no version.
+    #[serde(default)]
+    pub api_versions: BTreeMap<String, u64>,
+    /// Messages failed (or refused) for the portfolio messaging limit, by portfolio.
+    #[serde(default)]
+    pub portfolio_limited: BTreeMap<String, u64>,
+    /// Template sends answered `held_for_quality_assessment` (template pacing).
+    #[serde(default)]
+    pub held_for_quality: u64,
     /// Messages accepted whose acceptance the client was not shown (reset, hang, bodiless 5xx, garbled 200).
     #[serde(default)]
     pub accepted_unacknowledged: u64,
@@ -219,6 +288,26 @@ impl Counters {
     pub fn limit_exceeded(&self, key: &str) -> u64 {
         self.limit_exceeded.get(key).copied().unwrap_or(0)
     }
+
+    /// Answers with `key` caused by announced account state.
+    pub fn account_state(&self, key: &str) -> u64 {
+        self.account_state.get(key).copied().unwrap_or(0)
+    }
+
+    /// Failed statuses scheduled with `code` (every cause).
+    pub fn async_failed(&self, code: i64) -> u64 {
+        self.async_failed.get(&code.to_string()).copied().unwrap_or(0)
+    }
+
+    /// Failed statuses scheduled with `code` for `cause`.
+    pub fn async_failed_for(&self, cause: FailureCause, code: i64) -> u64 {
+        self.async_failed_by_cause.get(cause.key()).and_then(|m| m.get(&code.to_string())).copied().unwrap_or(0)
+    }
+
+    /// Calls the injection `name` hit.
+    pub fn injection(&self, name: &str) -> u64 {
+        self.injections.get(name).copied().unwrap_or(0)
+    }
 }
 
 /// Webhook delivery counters.
@@ -242,6 +331,12 @@ pub struct WebhookCounters {
     /// Statuses a scenario status window delayed (`delay_ms`).
     #[serde(default)]
     pub statuses_delayed: u64,
+    /// Other webhooks delivered, by field (`account_update`, `messages` for value-level errors, ...).
+    #[serde(default)]
+    pub fields_delivered: BTreeMap<String, u64>,
+    /// Other webhooks given up after the last retry.
+    #[serde(default)]
+    pub fields_dropped: u64,
 }
 
 const SHARDS: usize = 16;
@@ -258,6 +353,7 @@ pub struct Oracle {
     accepted_total: std::sync::atomic::AtomicU64,
     /// The longest loop stall of the last second: (when it ended, unix ms; how long, ms).
     recent_stall: Mutex<(u64, u64)>,
+    failed: Mutex<Vec<FailedMessage>>,
 }
 
 impl Default for Oracle {
@@ -286,6 +382,7 @@ impl Oracle {
             accepts: std::sync::atomic::AtomicU64::new(0),
             accepted_total: std::sync::atomic::AtomicU64::new(0),
             recent_stall: Mutex::new((0, 0)),
+            failed: Mutex::new(Vec::new()),
         }
     }
 
@@ -333,7 +430,11 @@ impl Oracle {
         let entry = map.entry(key).or_insert_with(|| OracleEntry {
             operation_id: a.operation_id.map(str::to_string),
             phone_number_id: a.phone_number_id.to_string(),
-            recipient_masked: crate::ids::mask_phone(a.to),
+            recipient_masked: if crate::ids::is_user_id(a.to) {
+                crate::ids::mask_user_id(a.to)
+            } else {
+                crate::ids::mask_phone(a.to)
+            },
             recipient_key: crate::ids::recipient_key(a.to),
             wamids: Vec::with_capacity(1),
             first_accepted_ms: now,
@@ -365,14 +466,6 @@ impl Oracle {
 
     /// Counts one request by its outcome key and cause.
     pub fn count_as(&self, outcome: &str, source: Source) {
-        fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
-            match map.get_mut(key) {
-                Some(n) => *n += 1,
-                None => {
-                    map.insert(key.to_string(), 1);
-                }
-            }
-        }
         let mut c = lock(&self.counters);
         c.requests += 1;
         bump(&mut c.by_outcome, outcome);
@@ -380,7 +473,45 @@ impl Oracle {
             Source::Request => {}
             Source::Injected => bump(&mut c.injected, outcome),
             Source::Limit => bump(&mut c.limit_exceeded, outcome),
+            Source::Account => bump(&mut c.account_state, outcome),
         }
+    }
+
+    /// Records an accepted message that will fail with `code`.
+    pub fn record_failure(&self, f: FailedMessage) {
+        let code = f.code.to_string();
+        {
+            let mut c = lock(&self.counters);
+            bump(&mut c.async_failed, &code);
+            bump(c.async_failed_by_cause.entry(f.cause.key().to_string()).or_default(), &code);
+            if let Some(name) = &f.injection {
+                bump(&mut c.injections, name);
+            }
+        }
+        let mut failed = lock(&self.failed);
+        if failed.len() < EVENTS_KEPT {
+            failed.push(f);
+        }
+    }
+
+    /// Counts one call an injection answered synchronously.
+    pub fn count_injection(&self, name: &str) {
+        bump(&mut lock(&self.counters).injections, name);
+    }
+
+    /// Counts one call by its API version key.
+    pub fn count_version(&self, key: &str) {
+        bump(&mut lock(&self.counters).api_versions, key);
+    }
+
+    /// Counts one template send held by pacing.
+    pub fn count_held(&self) {
+        lock(&self.counters).held_for_quality += 1;
+    }
+
+    /// Counts one message failed or refused for the messaging limit of `portfolio`.
+    pub fn count_portfolio_limited(&self, portfolio: &str) {
+        bump(&mut lock(&self.counters).portfolio_limited, portfolio);
     }
 
     pub fn webhooks(&self, f: impl FnOnce(&mut WebhookCounters)) {
@@ -407,7 +538,7 @@ impl Oracle {
             ))
         });
         let duplicates = duplicate_report(&messages);
-        OracleSnapshot { messages, counters: self.counters(), duplicates }
+        OracleSnapshot { messages, counters: self.counters(), duplicates, failed: lock(&self.failed).clone() }
     }
 
     pub fn clear(&self) {
@@ -415,12 +546,22 @@ impl Oracle {
             lock(s).clear();
         }
         *lock(&self.counters) = Counters::default();
+        lock(&self.failed).clear();
         self.accepted_total.store(0, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn bump(map: &mut BTreeMap<String, u64>, key: &str) {
+    match map.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            map.insert(key.to_string(), 1);
+        }
+    }
 }
 
 #[cfg(test)]

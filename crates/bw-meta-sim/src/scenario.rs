@@ -1,7 +1,10 @@
 //! Fault scenarios: time windows (offsets from the moment the scenario is set) with an error rate, a weighted
 //! mix of faults, added latency, and an optional phone-number filter; status windows (webhooks delayed or
-//! dropped); token events (a token expires or is revoked at an offset) and optional limits that replace the configured
-//! ones while the scenario is active.
+//! dropped); token events (a token expires or is revoked at an offset); optional limits that replace the
+//! configured ones while the scenario is active; targeted error injections (`[[injections]]`: a code aimed at a
+//! number, WABA, token, template, recipient, type or category, sync or async; see [`crate::inject`] and
+//! `scenarios/error-codes.toml`); and account events (`[[events]]`: the webhooks of reference §4.5 and what they
+//! change; see [`crate::events`] and `scenarios/account-signals.toml`).
 //!
 //! Parsing is strict: an unknown key anywhere (scenario, window, fault, latency, limits, token event) is an
 //! error that names the key and the keys allowed there. TOML format (see `scenarios/flash-sale-outage.toml`
@@ -23,6 +26,18 @@
 //! code = 190                   # 190 (expired, the default) or 0 (AuthException: invalidated)
 //!
 //! retry_after_s = 2           # optional: injected throttling errors carry Retry-After (Meta sends none)
+//!
+//! [[injections]]               # optional: see `inject` for every key
+//! code = 368
+//! waba_ids = ["102290129340398"]
+//! start_ms = 10000
+//! duration_ms = 30000
+//!
+//! [[events]]                   # optional: see `events` for every kind
+//! at_ms = 20000
+//! kind = "message_template_status_update"
+//! template = "flash_sale"
+//! event = "PAUSED"
 //!
 //! [[status_windows]]           # optional: statuses of messages accepted in the window come late or never
 //! start_ms = 5000
@@ -51,7 +66,9 @@
 //!
 //! A full outage is a window with `error_rate = 1.0`; recovery is the end of the window.
 
+use crate::events::Event;
 use crate::ids::Rng;
+use crate::inject::{Call, Injection};
 use crate::limits::Limits;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::sync::Mutex;
@@ -87,6 +104,12 @@ pub struct Scenario {
     /// seconds (in the format `limits.retry_after` picks; seconds when it is `none`). Meta sends none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_s: Option<u64>,
+    /// Error codes aimed at a number, WABA, token, template or recipient (see [`crate::inject`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injections: Vec<Injection>,
+    /// Account, template, user and inbound webhooks at offsets (see [`crate::events`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<Event>,
 }
 
 /// From `at_ms` on, every request that carries `token` fails with `code` (190 or 0) on every number.
@@ -166,7 +189,7 @@ fn is_zero(x: &f64) -> bool {
 }
 
 fn covers(start_ms: u64, duration_ms: Option<u64>, ids: &[String], now: u64, phone_number_id: &str) -> bool {
-    let active = now >= start_ms && duration_ms.is_none_or(|len| now < start_ms + len);
+    let active = now >= start_ms && duration_ms.is_none_or(|len| now < start_ms.saturating_add(len));
     active && (ids.is_empty() || ids.iter().any(|p| p == phone_number_id))
 }
 
@@ -379,7 +402,10 @@ pub enum ScenarioError {
     Io { path: String, source: std::io::Error },
     #[error("window `{window}`: {problem}")]
     Invalid { window: String, problem: String },
-    #[error("unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, normal)")]
+    #[error(
+        "unknown built-in scenario `{0}` (known: flash-sale-outage, mixed-ambiguous, error-codes, \
+         account-signals, normal)"
+    )]
     UnknownBuiltin(String),
     #[error("scenario limits: {0}")]
     Limits(String),
@@ -387,6 +413,10 @@ pub enum ScenarioError {
     StatusWindow { window: String, problem: String },
     #[error("token_events[{index}]: {problem}")]
     Token { index: usize, problem: String },
+    #[error("injection `{injection}`: {problem}")]
+    Injection { injection: String, problem: String },
+    #[error("event `{event}`: {problem}")]
+    Event { event: String, problem: String },
 }
 
 impl Scenario {
@@ -435,12 +465,14 @@ impl Scenario {
         }
     }
 
-    /// A built-in scenario by name: `flash-sale-outage` (outage at 10 s for 30 s), `mixed-ambiguous` (the
-    /// shipped `scenarios/mixed-ambiguous.toml`), `normal`.
+    /// A built-in scenario by name: `flash-sale-outage` (outage at 10 s for 30 s), `mixed-ambiguous`,
+    /// `error-codes`, `account-signals` (the shipped `scenarios/<name>.toml`), `normal`.
     pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
         match name {
             "flash-sale-outage" => Ok(Scenario::flash_sale_outage(Duration::from_secs(10), Duration::from_secs(30))),
             "mixed-ambiguous" => Scenario::from_toml(include_str!("../scenarios/mixed-ambiguous.toml")),
+            "error-codes" => Scenario::from_toml(include_str!("../scenarios/error-codes.toml")),
+            "account-signals" => Scenario::from_toml(include_str!("../scenarios/account-signals.toml")),
             "normal" => Ok(Scenario::normal()),
             other => Err(ScenarioError::UnknownBuiltin(other.to_string())),
         }
@@ -471,6 +503,13 @@ impl Scenario {
     pub fn validate(&self) -> Result<(), ScenarioError> {
         if let Some(l) = &self.limits {
             l.validate().map_err(ScenarioError::Limits)?;
+        }
+        for (i, inj) in self.injections.iter().enumerate() {
+            inj.validate()
+                .map_err(|problem| ScenarioError::Injection { injection: injection_name(inj, i), problem })?;
+        }
+        for (i, ev) in self.events.iter().enumerate() {
+            ev.kind.validate().map_err(|problem| ScenarioError::Event { event: event_name(ev, i), problem })?;
         }
         for (i, t) in self.token_events.iter().enumerate() {
             if t.token.is_empty() {
@@ -533,6 +572,16 @@ impl Scenario {
     }
 }
 
+/// The counter key of an injection: its name, or `#<index>`.
+pub fn injection_name(inj: &Injection, index: usize) -> String {
+    if inj.name.is_empty() { format!("#{index}") } else { inj.name.clone() }
+}
+
+/// The label of an event: its name, or `#<index> <kind>`.
+pub fn event_name(ev: &Event, index: usize) -> String {
+    if ev.name.is_empty() { format!("#{index} {}", ev.kind.kind_name()) } else { ev.name.clone() }
+}
+
 /// A scenario that is running: its clock and per-window counters.
 #[derive(Debug)]
 pub struct Active {
@@ -542,6 +591,16 @@ pub struct Active {
     windows: Vec<WindowState>,
     /// Accepted-message draws per status window (deterministic mode).
     status_seen: Vec<AtomicU64>,
+    /// Per injection: matching calls seen (deterministic draws), calls picked (for `max`).
+    injections: Vec<(AtomicU64, AtomicU64)>,
+}
+
+/// An injection picked for a call.
+#[derive(Debug, Clone)]
+pub struct Picked {
+    pub injection: Injection,
+    /// Its counter key.
+    pub name: String,
 }
 
 #[derive(Debug)]
@@ -572,8 +631,39 @@ impl Active {
             .map(|w| WindowState { seen: AtomicU64::new(0), swrr: Mutex::new(vec![0; w.faults.len()]) })
             .collect();
         let status_seen = scenario.status_windows.iter().map(|_| AtomicU64::new(0)).collect();
+        let injections = scenario.injections.iter().map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect();
         let rng = Rng::new(scenario.seed.unwrap_or(1));
-        Active { scenario, started: Instant::now(), rng, windows, status_seen }
+        Active { scenario, started: Instant::now(), rng, windows, status_seen, injections }
+    }
+
+    /// Whether any injection could apply (the caller skips building a [`Call`] otherwise).
+    pub fn has_injections(&self) -> bool {
+        !self.scenario.injections.is_empty()
+    }
+
+    /// The first injection, in file order, that is active now, targets the call, is under its `max`, and fires
+    /// by its rate. Each injection that targets the call counts it as seen, so deterministic rates are exact per
+    /// injection.
+    pub fn pick_injection(&self, call: &Call<'_>) -> Option<Picked> {
+        let now = self.elapsed_ms();
+        for (i, (inj, (seen, picked))) in self.scenario.injections.iter().zip(&self.injections).enumerate() {
+            if !inj.active_at(now) || !inj.targets(call) {
+                continue;
+            }
+            if inj.max.is_some_and(|max| picked.load(Ordering::Relaxed) >= max) {
+                continue;
+            }
+            if !self.fires(seen, inj.rate) {
+                continue;
+            }
+            if let Some(max) = inj.max
+                && picked.fetch_add(1, Ordering::Relaxed) >= max
+            {
+                continue;
+            }
+            return Some(Picked { injection: inj.clone(), name: injection_name(inj, i) });
+        }
+        None
     }
 
     pub fn elapsed_ms(&self) -> u64 {

@@ -1,6 +1,13 @@
-//! Status and inbound webhooks: Meta's envelope, signed with `X-Hub-Signature-256`, scheduled after acceptance,
-//! batched per phone number, optionally duplicated, jittered or shuffled, retried with backoff when the receiver
-//! fails, bounded by a queue capacity.
+//! Status, inbound and account webhooks: Meta's envelope, signed with `X-Hub-Signature-256`, scheduled after
+//! acceptance, batched per phone number, optionally duplicated, jittered or shuffled, retried with backoff when
+//! the receiver fails, bounded by a queue capacity.
+//!
+//! Statuses go out under the WABA of their number (`entry[].id`), with `recipient_user_id` and a `contacts[]`
+//! block when user ids are on (reference §4.4, §6): `recipient_user_id` on every status except the `failed`
+//! status of a phone-addressed send; `contacts[]` on sent/delivered/read and never on failed; `recipient_id`
+//! omitted when the user's phone cannot be shared; `profile.username` only on delivered and read. Other fields
+//! (`account_update`, `message_template_status_update`, value-level errors, inbound messages...) are sent one
+//! per POST in the envelope of §4.5 (`entry[].time` set).
 
 use crate::config::WebhookConfig;
 use crate::ids::{self, Rng};
@@ -19,8 +26,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 /// Which status update.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum StatusKind {
+    #[default]
     Sent,
     Delivered,
     Read,
@@ -28,26 +36,64 @@ pub enum StatusKind {
 }
 
 /// One status update to send.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct StatusEvent {
     pub phone_number_id: String,
     pub kind: StatusKind,
     pub wamid: String,
+    /// The recipient's phone digits; empty when unknown.
     pub recipient_id: String,
     pub biz_opaque_callback_data: Option<String>,
     pub category: String,
     pub conversation_id: String,
     /// Unix seconds the status happened.
     pub timestamp: u64,
+    /// The recipient's business-scoped user id (None: user ids off).
+    pub recipient_user_id: Option<String>,
+    /// Whether the phone may appear (false: `recipient_id` and `contacts[].wa_id` are omitted).
+    pub phone_shared: bool,
+    pub username: Option<String>,
+    /// The send named the user by `recipient` (a user id) and not by `to`.
+    pub by_user_id: bool,
+    /// `error_data.details` of a failed status instead of the catalog's.
+    pub fail_details: Option<String>,
+}
+
+/// How an accepted message fails later.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Failure {
+    pub code: i64,
+    /// Delay of the failed status after acceptance; None: `sent_delay_ms`.
+    pub delay_ms: Option<u64>,
+    /// A `sent` status first (at `sent_delay_ms`), then the failure.
+    pub after_sent: bool,
+    pub details: Option<String>,
+}
+
+impl Failure {
+    pub fn code(code: i64) -> Failure {
+        Failure { code, ..Failure::default() }
+    }
+}
+
+/// How a delivered item is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Counted {
+    Inbound,
+    Field,
 }
 
 #[derive(Debug)]
 enum Item {
     Status(StatusEvent),
-    /// A prepared `value` (inbound message) sent alone.
-    Value {
+    /// A prepared change (`field`, `value`) sent alone under `waba_id`.
+    Change {
+        /// Batching key only.
         phone_number_id: String,
+        waba_id: String,
+        field: String,
         value: Value,
+        counted: Counted,
     },
 }
 
@@ -55,7 +101,7 @@ impl Item {
     fn phone(&self) -> &str {
         match self {
             Item::Status(s) => &s.phone_number_id,
-            Item::Value { phone_number_id, .. } => phone_number_id,
+            Item::Change { phone_number_id, .. } => phone_number_id,
         }
     }
 }
@@ -66,9 +112,13 @@ pub struct Shared {
     pub config: RwLock<Arc<WebhookConfig>>,
     pub app_secret: RwLock<String>,
     pub waba_id: String,
+    /// WABA per phone number id (default `waba_id`).
+    pub wabas: BTreeMap<String, String>,
     /// Display numbers per phone number id, and the default.
     pub displays: BTreeMap<String, String>,
     pub default_display: String,
+    /// Statuses carry user ids and a `contacts[]` block.
+    pub user_ids: bool,
     pub oracle: Arc<Oracle>,
     pending: AtomicUsize,
     rng: Rng,
@@ -82,25 +132,32 @@ pub struct Webhooks {
     tx: mpsc::UnboundedSender<(Instant, u64, Item)>,
 }
 
+/// What the webhook sender needs from the simulator's configuration.
+#[derive(Debug, Clone)]
+pub struct Setup {
+    pub config: WebhookConfig,
+    pub app_secret: String,
+    pub waba_id: String,
+    pub wabas: BTreeMap<String, String>,
+    pub displays: BTreeMap<String, String>,
+    pub default_display: String,
+    pub user_ids: bool,
+}
+
 impl Webhooks {
     /// Starts the scheduler; it stops when `cancel` fires.
-    pub fn start(
-        config: WebhookConfig,
-        app_secret: String,
-        waba_id: String,
-        displays: (BTreeMap<String, String>, String),
-        oracle: Arc<Oracle>,
-        cancel: CancellationToken,
-    ) -> anyhow::Result<Webhooks> {
+    pub fn start(setup: Setup, oracle: Arc<Oracle>, cancel: CancellationToken) -> anyhow::Result<Webhooks> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder().pool_max_idle_per_host(64).tcp_nodelay(true).build()?;
-        let rng = Rng::new(config.seed);
+        let rng = Rng::new(setup.config.seed);
         let shared = Arc::new(Shared {
-            config: RwLock::new(Arc::new(config)),
-            app_secret: RwLock::new(app_secret),
-            waba_id,
-            displays: displays.0,
-            default_display: displays.1,
+            config: RwLock::new(Arc::new(setup.config)),
+            app_secret: RwLock::new(setup.app_secret),
+            waba_id: setup.waba_id,
+            wabas: setup.wabas,
+            displays: setup.displays,
+            default_display: setup.default_display,
+            user_ids: setup.user_ids,
             oracle,
             pending: AtomicUsize::new(0),
             rng,
@@ -140,13 +197,33 @@ impl Webhooks {
         true
     }
 
+    /// The display number of `phone_number_id`.
+    pub fn display(&self, phone_number_id: &str) -> String {
+        self.shared.displays.get(phone_number_id).unwrap_or(&self.shared.default_display).clone()
+    }
+
+    /// The `metadata` object of a value about `phone_number_id`.
+    pub fn metadata(&self, phone_number_id: &str) -> Value {
+        json!({ "display_phone_number": self.display(phone_number_id), "phone_number_id": phone_number_id })
+    }
+
+    /// The code `fail_recipients` gives messages to `wa_id`, if any.
+    pub fn configured_failure(&self, wa_id: &str) -> Option<i64> {
+        if wa_id.is_empty() {
+            return None;
+        }
+        let cfg = self.config();
+        cfg.fail_recipients.iter().find(|(number, _)| ids::wa_id(number) == wa_id).map(|(_, code)| *code)
+    }
+
     /// Schedules the statuses of one accepted message: sent/delivered/read, or failed with `fail_code`.
     pub fn message_accepted(&self, base: StatusEvent, fail_code: Option<i64>) {
         self.message_accepted_with(base, fail_code, Duration::ZERO, false);
     }
 
     /// As [`Webhooks::message_accepted`], each status `extra_delay` later; with `withhold`, none is sent (a
-    /// scenario window dropping status webhooks), counted in `statuses_withheld`.
+    /// scenario window dropping status webhooks), counted in `statuses_withheld`. A recipient in
+    /// `fail_recipients` fails with its code.
     pub fn message_accepted_with(
         &self,
         base: StatusEvent,
@@ -154,18 +231,34 @@ impl Webhooks {
         extra_delay: Duration,
         withhold: bool,
     ) {
+        let failure = fail_code.or_else(|| self.configured_failure(&base.recipient_id)).map(Failure::code);
+        self.message_accepted_failing(base, failure, extra_delay, withhold);
+    }
+
+    /// Schedules the statuses of one accepted message: sent/delivered/read, or `failure` (optionally after a
+    /// `sent`).
+    pub fn message_accepted_failing(
+        &self,
+        base: StatusEvent,
+        failure: Option<Failure>,
+        extra_delay: Duration,
+        withhold: bool,
+    ) {
         let cfg = self.config();
         if cfg.url.is_none() {
             return;
         }
-        let fail_code = fail_code.or_else(|| {
-            cfg.fail_recipients
-                .iter()
-                .find(|(number, _)| ids::wa_id(number) == base.recipient_id)
-                .map(|(_, code)| *code)
-        });
-        let plan: Vec<(StatusKind, u64)> = match fail_code {
-            Some(code) => vec![(StatusKind::Failed(code), cfg.sent_delay_ms.unwrap_or(0))],
+        let plan: Vec<(StatusKind, u64)> = match &failure {
+            Some(f) => {
+                let sent = cfg.sent_delay_ms.unwrap_or(0);
+                let at = f.delay_ms.unwrap_or(sent);
+                let mut plan = Vec::with_capacity(2);
+                if f.after_sent {
+                    plan.push((StatusKind::Sent, sent.min(at)));
+                }
+                plan.push((StatusKind::Failed(f.code), at));
+                plan
+            }
             None => [
                 (StatusKind::Sent, cfg.sent_delay_ms),
                 (StatusKind::Delivered, cfg.delivered_delay_ms),
@@ -185,11 +278,18 @@ impl Webhooks {
             self.shared.oracle.webhooks(|w| w.statuses_delayed += n);
         }
         let now = Instant::now();
+        let details = failure.and_then(|f| f.details);
         for (kind, delay_ms) in plan {
             let jitter = if cfg.jitter_ms > 0 { self.shared.rng.next_u64() % (cfg.jitter_ms + 1) } else { 0 };
-            let delay = Duration::from_millis(delay_ms + jitter) + extra_delay;
+            // Saturating: a hostile scenario delay must not panic (a due time decades away is never reached).
+            let delay = Duration::from_millis(delay_ms.saturating_add(jitter))
+                .saturating_add(extra_delay)
+                .min(Duration::from_secs(30 * 365 * 86_400));
             let mut ev = base.clone();
             ev.kind = kind;
+            if matches!(kind, StatusKind::Failed(_)) {
+                ev.fail_details = details.clone();
+            }
             ev.timestamp = base.timestamp + delay.as_secs();
             let copies =
                 if cfg.duplicate_rate > 0.0 && self.shared.rng.next_f64() < cfg.duplicate_rate { 2 } else { 1 };
@@ -199,10 +299,43 @@ impl Webhooks {
         }
     }
 
-    /// Sends an inbound customer text message webhook now. Returns its wamid.
-    pub fn inbound_text(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+    /// Whether webhooks go anywhere.
+    pub fn enabled(&self) -> bool {
+        self.config().url.is_some()
+    }
+
+    /// Sends a `messages` value about `phone_number_id` (inbound message, value-level errors) after `delay`;
+    /// `messaging_product` and `metadata` are added. false without a URL or when the queue is full.
+    pub fn messages_value(&self, phone_number_id: &str, mut value: Value, inbound: bool, delay: Duration) -> bool {
+        value["messaging_product"] = json!("whatsapp");
+        value["metadata"] = self.metadata(phone_number_id);
+        let waba = self.shared.wabas.get(phone_number_id).unwrap_or(&self.shared.waba_id).clone();
+        let counted = if inbound { Counted::Inbound } else { Counted::Field };
+        self.change_at(phone_number_id, &waba, "messages", value, counted, delay)
+    }
+
+    /// Sends one change of `field` for `waba_id` now. false without a URL or when the queue is full.
+    pub fn change(&self, waba_id: &str, field: &str, value: Value) -> bool {
+        self.change_at("", waba_id, field, value, Counted::Field, Duration::ZERO)
+    }
+
+    fn change_at(&self, phone: &str, waba: &str, field: &str, value: Value, counted: Counted, delay: Duration) -> bool {
         let cfg = self.config();
-        cfg.url.as_ref()?;
+        if cfg.url.is_none() {
+            return false;
+        }
+        let item = Item::Change {
+            phone_number_id: phone.to_string(),
+            waba_id: waba.to_string(),
+            field: field.to_string(),
+            value,
+            counted,
+        };
+        self.enqueue(Instant::now() + delay, item, cfg.queue_capacity)
+    }
+
+    /// Sends an inbound customer text message webhook now (the phone only, no user id). Returns its wamid.
+    pub fn inbound_text(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
         let wa_id = ids::wa_id(from);
         let wamid = ids::wamid(&wa_id);
         let value = json!({
@@ -215,8 +348,7 @@ impl Webhooks {
                 "text": { "body": text },
             }],
         });
-        let item = Item::Value { phone_number_id: phone_number_id.to_string(), value };
-        self.enqueue(Instant::now(), item, cfg.queue_capacity).then_some(wamid)
+        self.messages_value(phone_number_id, value, true, Duration::ZERO).then_some(wamid)
     }
 }
 
@@ -308,7 +440,7 @@ fn make_batches(shared: &Shared, cfg: &WebhookConfig, due: Vec<Item>) -> Vec<(St
     let mut out = Vec::new();
     for item in due {
         match item {
-            Item::Value { .. } => out.push((item.phone().to_string(), vec![item])),
+            Item::Change { .. } => out.push((item.phone().to_string(), vec![item])),
             Item::Status(_) => per_phone.entry(item.phone().to_string()).or_default().push(item),
         }
     }
@@ -337,7 +469,14 @@ async fn deliver(
     let (phone, items) = batch;
     let count = items.len();
     let statuses = items.iter().filter(|i| matches!(i, Item::Status(_))).count() as u64;
-    let inbound = count as u64 - statuses;
+    let inbound = items.iter().filter(|i| matches!(i, Item::Change { counted: Counted::Inbound, .. })).count() as u64;
+    let fields: Vec<String> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Change { field, counted: Counted::Field, .. } => Some(field.clone()),
+            _ => None,
+        })
+        .collect();
     let body = envelope(shared, &phone, &items);
     let done = |delivered: bool| {
         shared.pending.fetch_sub(count, Ordering::Relaxed);
@@ -345,8 +484,12 @@ async fn deliver(
             if delivered {
                 w.statuses_delivered += statuses;
                 w.inbound_delivered += inbound;
+                for f in &fields {
+                    *w.fields_delivered.entry(f.clone()).or_default() += 1;
+                }
             } else {
                 w.statuses_dropped += statuses;
+                w.fields_dropped += fields.len() as u64;
             }
         });
     };
@@ -398,19 +541,67 @@ async fn deliver(
 }
 
 fn envelope(shared: &Shared, phone: &str, items: &[Item]) -> Value {
-    let mut value = match items.first() {
-        Some(Item::Value { value, .. }) => value.clone(),
-        _ => json!({ "statuses": items.iter().filter_map(|i| match i {
-            Item::Status(s) => Some(status_json(s)),
-            Item::Value { .. } => None,
-        }).collect::<Vec<_>>() }),
-    };
+    if let Some(Item::Change { waba_id, field, value, .. }) = items.first() {
+        return json!({
+            "object": "whatsapp_business_account",
+            "entry": [{
+                "id": waba_id,
+                "time": ids::now_ms() / 1000,
+                "changes": [{ "value": value, "field": field }],
+            }],
+        });
+    }
+    let statuses: Vec<&StatusEvent> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Status(s) => Some(s),
+            Item::Change { .. } => None,
+        })
+        .collect();
+    let mut value = json!({});
+    if shared.user_ids {
+        let contacts = contacts_json(&statuses);
+        if !contacts.is_empty() {
+            value["contacts"] = Value::Array(contacts);
+        }
+    }
+    value["statuses"] = Value::Array(statuses.iter().map(|s| status_json(s)).collect());
     value["messaging_product"] = json!("whatsapp");
     value["metadata"] = json!({ "display_phone_number": shared.displays.get(phone).unwrap_or(&shared.default_display), "phone_number_id": phone });
+    let waba = shared.wabas.get(phone).unwrap_or(&shared.waba_id);
     json!({
         "object": "whatsapp_business_account",
-        "entry": [{ "id": shared.waba_id, "changes": [{ "value": value, "field": "messages" }] }],
+        "entry": [{ "id": waba, "changes": [{ "value": value, "field": "messages" }] }],
     })
+}
+
+/// The `contacts[]` block of a status batch: one entry per user of a sent, delivered or read status (never for
+/// failed ones), with the phone only when it can be shared and the username only on delivered and read.
+fn contacts_json(statuses: &[&StatusEvent]) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::new();
+    for s in statuses {
+        let Some(user_id) = &s.recipient_user_id else { continue };
+        if matches!(s.kind, StatusKind::Failed(_)) {
+            continue;
+        }
+        let idx = match out.iter().position(|c| c["user_id"] == user_id.as_str()) {
+            Some(i) => i,
+            None => {
+                let mut c = json!({ "user_id": user_id });
+                if s.phone_shared && !s.recipient_id.is_empty() {
+                    c["wa_id"] = json!(s.recipient_id);
+                }
+                out.push(c);
+                out.len() - 1
+            }
+        };
+        if let Some(u) = &s.username
+            && matches!(s.kind, StatusKind::Delivered | StatusKind::Read)
+        {
+            out[idx]["profile"] = json!({ "username": u });
+        }
+    }
+    out
 }
 
 /// One `statuses[]` element in Meta's shape.
@@ -425,8 +616,15 @@ pub fn status_json(s: &StatusEvent) -> Value {
         "id": s.wamid,
         "status": status,
         "timestamp": s.timestamp.to_string(),
-        "recipient_id": s.recipient_id,
     });
+    if s.phone_shared && !s.recipient_id.is_empty() {
+        v["recipient_id"] = json!(s.recipient_id);
+    }
+    if let Some(u) = &s.recipient_user_id
+        && (s.by_user_id || !matches!(s.kind, StatusKind::Failed(_)))
+    {
+        v["recipient_user_id"] = json!(u);
+    }
     if let Some(b) = &s.biz_opaque_callback_data {
         v["biz_opaque_callback_data"] = json!(b);
     }
@@ -445,7 +643,9 @@ pub fn status_json(s: &StatusEvent) -> Value {
             v["pricing"] = pricing;
         }
         StatusKind::Read => {}
-        StatusKind::Failed(code) => v["errors"] = json!([crate::errors::webhook_error(code)]),
+        StatusKind::Failed(code) => {
+            v["errors"] = json!([crate::errors::webhook_error_with(code, s.fail_details.as_deref())]);
+        }
     }
     v
 }
@@ -472,14 +672,23 @@ mod tests {
             category: "utility".into(),
             conversation_id: "c".into(),
             timestamp: 1_750_030_073,
+            recipient_user_id: Some("US.1349".into()),
+            phone_shared: true,
+            ..StatusEvent::default()
         };
         let v = status_json(&ev);
         assert_eq!(v["timestamp"], "1750030073");
         assert_eq!(v["biz_opaque_callback_data"], "op-1");
         assert_eq!(v["conversation"]["expiration_timestamp"], "1750116473");
         assert_eq!(v["pricing"]["pricing_model"], "PMP");
-        let failed = status_json(&StatusEvent { kind: StatusKind::Failed(131026), ..ev });
+        assert_eq!((&v["recipient_id"], &v["recipient_user_id"]), (&json!("16505551234"), &json!("US.1349")));
+        let failed = status_json(&StatusEvent { kind: StatusKind::Failed(131026), ..ev.clone() });
         assert_eq!(failed["errors"][0]["code"], 131026);
         assert!(failed.get("pricing").is_none());
+        assert!(failed.get("recipient_user_id").is_none(), "not on failed statuses of phone-addressed sends");
+        let by_id = StatusEvent { kind: StatusKind::Failed(131026), by_user_id: true, phone_shared: false, ..ev };
+        let failed = status_json(&by_id);
+        assert_eq!(failed["recipient_user_id"], "US.1349");
+        assert!(failed.get("recipient_id").is_none(), "a phone that cannot be shared");
     }
 }

@@ -116,11 +116,23 @@ pub struct Incidents {
 }
 
 impl Incidents {
-    /// Opens the bucket, creating it when missing (history 1; records are small and few: one per incident).
+    /// Opens the bucket, creating it when missing with the compiled byte limit (bwctl, tests).
     pub async fn open(js: &jetstream::Context, replicas: usize) -> Result<Incidents, OpsError> {
+        let max_bytes = bw_common::config::StreamLimits::default().service_bucket_max_bytes;
+        Incidents::open_limited(js, replicas, max_bytes).await
+    }
+
+    /// Opens the bucket, creating it when missing (history 1; records are small and few: one per incident) with
+    /// at most `max_bytes` (`nats.limits.service_bucket_max_bytes`).
+    pub async fn open_limited(js: &jetstream::Context, replicas: usize, max_bytes: i64) -> Result<Incidents, OpsError> {
         let bucket = names::INCIDENTS_BUCKET;
-        let config =
-            kv::Config { bucket: bucket.to_string(), history: 1, num_replicas: replicas, ..Default::default() };
+        let config = kv::Config {
+            bucket: bucket.to_string(),
+            history: 1,
+            max_bytes,
+            num_replicas: replicas,
+            ..Default::default()
+        };
         let store =
             bw_common::nats::open_bucket(js, config).await.map_err(|e| OpsError::nats(bucket, format!("{e:#}")))?;
         Ok(Incidents { store })

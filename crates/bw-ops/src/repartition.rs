@@ -195,6 +195,12 @@ pub async fn repartition_ledger(js: &jetstream::Context, to: usize) -> Result<Re
                         bucket: bucket.clone(),
                         history: 1,
                         max_age: base.max_age,
+                        // Partition 0's byte limit for the ledger; ingest applies nats.limits at its next start.
+                        max_bytes: match (kind, base.max_bytes) {
+                            ("ledger", b) if b > 0 => b,
+                            ("ledger", _) => bw_common::config::StreamLimits::default().ledger_max_bytes,
+                            _ => bw_common::config::StreamLimits::default().wamid_max_bytes,
+                        },
                         storage: base.storage,
                         num_replicas: base.num_replicas,
                         description: if kind == "ledger" {
@@ -309,6 +315,9 @@ pub async fn repartition_send(js: &jetstream::Context, to: usize) -> Result<Send
             let base = if is_partition(&c.name, names::SEND_STREAM) { names::SEND_STREAM } else { names::DLQ_STREAM };
             if let Some(old) = shapes.get(base) {
                 c.max_messages = old.max_messages;
+                if old.max_bytes > 0 {
+                    c.max_bytes = old.max_bytes;
+                }
                 c.duplicate_window = old.duplicate_window;
                 c.storage = old.storage;
             }

@@ -37,16 +37,18 @@ fn parse(value: &[u8]) -> (String, i64) {
 }
 
 impl Leases {
-    /// Opens (creating if needed) the lease bucket.
+    /// Opens (creating if needed) the lease bucket, of at most `max_bytes` (one small key per draining scope).
     pub async fn open(
         js: &jetstream::Context,
         instance: String,
         ttl_ms: u64,
         replicas: usize,
+        max_bytes: i64,
     ) -> anyhow::Result<Leases> {
         let config = kv::Config {
             bucket: REPLAY_LEASE_BUCKET.to_string(),
             history: 1,
+            max_bytes,
             num_replicas: replicas,
             ..Default::default()
         };

@@ -162,10 +162,12 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     } else {
         cfg.replay.instance_id.clone()
     };
-    let leases = lease::Leases::open(&deps.js, instance.clone(), cfg.replay.lease_ttl_ms, cfg.nats.replicas)
-        .await
-        .context("failed to open the replay lease bucket")?;
-    let incidents = bw_ops::incident::Incidents::open(&deps.js, cfg.nats.replicas)
+    let bucket_bytes = cfg.nats.limits.service_bucket_max_bytes;
+    let leases =
+        lease::Leases::open(&deps.js, instance.clone(), cfg.replay.lease_ttl_ms, cfg.nats.replicas, bucket_bytes)
+            .await
+            .context("failed to open the replay lease bucket")?;
+    let incidents = bw_ops::incident::Incidents::open_limited(&deps.js, cfg.nats.replicas, bucket_bytes)
         .await
         .context("failed to open the incident bucket")?;
     bw_ops::incident::ensure_event_subjects(&deps.js).await.context("failed to add incident events to BW_EVENTS")?;

@@ -48,20 +48,42 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts three cluster-enabled masters and creates the cluster with `redis-cli --cluster create`.
     pub fn start() -> RedisCluster {
+        Self::start_with(None)
+    }
+
+    /// The same, every node requiring `password` from clients (`requirepass`) and sending it to the others
+    /// (`masterauth`, which a replica uses to sync from its master after a failover).
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        Self::start_with(Some(password))
+    }
+
+    fn start_with(password: Option<&str>) -> RedisCluster {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|_| {
-                RedisServer::start_with_args(vec![
+                let mut args = vec![
                     "--cluster-enabled".into(),
                     "yes".into(),
                     "--cluster-config-file".into(),
                     format!("nodes-{}.conf", free_port()),
                     "--cluster-node-timeout".into(),
                     "2000".into(),
-                ])
+                ];
+                if let Some(password) = password {
+                    args.extend(["--requirepass".into(), password.into(), "--masterauth".into(), password.into()]);
+                }
+                RedisServer::start_with_args(args)
             })
             .collect();
+        // redis-cli reads the password from the environment (`-a` would put it on the command line).
+        let cli = || {
+            let mut cmd = Command::new("redis-cli");
+            if let Some(password) = password {
+                cmd.env("REDISCLI_AUTH", password);
+            }
+            cmd
+        };
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
-        let status = Command::new("redis-cli")
+        let status = cli()
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
@@ -76,7 +98,7 @@ impl RedisCluster {
         for n in &nodes {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
             loop {
-                let out = Command::new("redis-cli")
+                let out = cli()
                     .args(["-p", &n.port().to_string(), "cluster", "info"])
                     .output()
                     .expect("redis-cli cluster info");

@@ -286,6 +286,11 @@ impl RedisServer {
         Self::start_with_args(Vec::new())
     }
 
+    /// Starts a server that requires `password` (`requirepass`): a client must send it with `AUTH`.
+    pub fn start_with_password(password: &str) -> RedisServer {
+        Self::start_with_args(vec!["--requirepass".into(), password.into()])
+    }
+
     /// Starts a server with extra arguments (for example cluster mode).
     pub fn start_with_args(extra_args: Vec<String>) -> RedisServer {
         let dir = tempfile::Builder::new().prefix("bw-redis-").tempdir().expect("temp dir");
@@ -334,7 +339,7 @@ impl RedisServer {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Client URL, `redis://127.0.0.1:<port>/`.
+    /// Client URL, `redis://127.0.0.1:<port>/`, without credentials (a password goes with `AUTH`).
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }

@@ -64,7 +64,8 @@ async fn a_dispatcher_process_killed_under_load_loses_nothing() {
 /// An operator's breaker handle on the test's Redis (what the coordinator's admin API does).
 async fn operator_breaker(h: &Harness) -> Breaker {
     let nats_cfg = bw_common::config::NatsConfig::single(h.nats.url(), "e2e-operator");
-    let redis_cfg = bw_common::config::RedisConfig { url: h.redis.url(), cluster_nodes: Vec::new(), timeout_ms: 1000 };
+    let redis_cfg =
+        bw_common::config::RedisConfig { timeout_ms: 1000, ..bw_common::config::RedisConfig::single(h.redis.url()) };
     let deps = bw_common::service::Deps::connect("e2e-operator", &nats_cfg, Some(&redis_cfg), Duration::from_secs(10))
         .await
         .expect("operator connects");

@@ -235,6 +235,36 @@ async fn dlq_depth_and_near_limit_fire_then_resolve_when_drained() {
 }
 
 #[tokio::test]
+async fn a_ledger_near_its_byte_limit_fires_stream_near_limit() {
+    let nats = NatsServer::start();
+    let sinks = Receiver::start().await;
+    let svc = Service::start(
+        &nats,
+        &sinks,
+        &[("RULES__STREAM_NEAR_LIMIT_RATIO", "0.5"), ("NATS__LIMITS__LEDGER_MAX_BYTES", "65536")],
+    )
+    .await;
+    let ledger = &svc.deps.buckets.ledger[0];
+    assert_eq!(ledger.stream.cached_info().config.max_bytes, 65_536, "created with the configured byte limit");
+    // Far below the message limit, past half of the byte limit.
+    for i in 0..40 {
+        ledger.put(format!("op-{i}"), vec![b'x'; 1024].into()).await.expect("put");
+    }
+    let key = "stream_near_limit.KV_BW_LEDGER";
+    assert!(
+        wait_until(WAIT, || async {
+            sinks.find("webhook", |b| b["dedup_key"] == key && b["event"] == "fired").is_some()
+        })
+        .await
+    );
+    let alert = sinks.find("webhook", |b| b["dedup_key"] == key).expect("limit alert");
+    assert_eq!(alert["severity"], "critical");
+    assert_eq!(alert["labels"]["max_bytes"], "65536");
+    assert!(alert["summary"].as_str().is_some_and(|s| s.contains("of at most 65536 bytes")), "{alert}");
+    svc.stop().await;
+}
+
+#[tokio::test]
 async fn failing_sinks_are_retried_and_counted_without_blocking_others() {
     let nats = NatsServer::start();
     let sinks = Receiver::start().await;

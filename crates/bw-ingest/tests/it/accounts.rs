@@ -88,3 +88,52 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     token.cancel();
     ingest.await.expect("joins").expect("stops");
 }
+
+/// An older deployment's streams and buckets have no byte limit: ingest, as its own NATS user, gives them the
+/// configured limits at start, with no permissions violation.
+#[tokio::test]
+async fn ingest_gives_existing_streams_their_byte_limits_as_its_own_user() {
+    let server = crate::support::accounts_server();
+    let port = server.port();
+    let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
+    cfg.nats.inbox_prefix = "_INBOX_ingest".into();
+    // Dev mode: what is checked here is the streams' byte limits; the sender registry's rights are
+    // tests/it/permissions.rs's.
+    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
+    // The older layout, created by the ingest user itself (as an older version did): no byte limits.
+    let old = async_nats::ConnectOptions::with_user_and_password("ingest".into(), "ingest-pw".into())
+        .custom_inbox_prefix("_INBOX_ingest")
+        .connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("ingest user connects");
+    let old_js = async_nats::jetstream::new(old);
+    let send = names::SendPartitions::new(1);
+    for mut config in bw_common::nats::stream_configs(&cfg.nats.limits, 1, send) {
+        config.max_bytes = -1;
+        old_js.create_stream(config).await.expect("old stream");
+    }
+    for bucket in bw_common::nats::bucket_configs(&cfg.nats) {
+        let mut config = bw_common::nats::kv_stream_config(&bucket);
+        config.max_bytes = -1;
+        old_js.create_stream(config).await.expect("old bucket");
+    }
+    let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
+    let token = tokio_util::sync::CancellationToken::new();
+    let ingest = tokio::spawn(bw_ingest::run(cfg.clone(), deps.clone(), token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ingest ready");
+    for (name, want) in [
+        (names::SEND_STREAM.to_string(), cfg.nats.limits.send_max_bytes),
+        (names::INBOUND_STREAM.to_string(), cfg.nats.limits.inbound_max_bytes),
+        (format!("KV_{}", names::ledger_bucket(0)), cfg.nats.limits.ledger_max_bytes),
+        (format!("KV_{}", names::WEBHOOK_DEDUP_BUCKET), cfg.nats.limits.webhook_dedup_max_bytes),
+    ] {
+        let info = old_js.get_stream(&name).await.expect("stream").cached_info().clone();
+        assert_eq!(info.config.max_bytes, want, "{name}");
+    }
+    let log = std::fs::read_to_string(server.dir().join("nats.log")).unwrap_or_default();
+    let violations: Vec<&str> = log.lines().filter(|l| l.contains("Violation")).collect();
+    assert!(violations.is_empty(), "{violations:?}");
+    token.cancel();
+    tokio::time::timeout(WAIT, ingest).await.expect("stops").expect("joins").expect("ok");
+}

@@ -1,6 +1,8 @@
 //! Signed HTTP callbacks: feed events POSTed to a real local receiver (an axum server on a loopback port) that
 //! records every request and answers from a script (500, 429 with Retry-After, 400 for its first calls, then
-//! 200). Retry delays are shortened in these configs; `compiled_defaults_*` checks the defaults users run.
+//! 200). Retry delays are shortened in these configs, and the receiver's 127.0.0.1 is allowed explicitly
+//! (`egress.allow_cidrs`; the compiled default allows no loopback address); `compiled_defaults_*` and
+//! `callback_destinations_*` check the defaults users run.
 
 use crate::support::{self, WAIT, start};
 use axum::extract::State;
@@ -120,6 +122,7 @@ fn with(url: &str, edit: impl FnOnce(&mut CallbackConfig)) -> impl FnOnce(&mut C
     edit(&mut c);
     move |cfg: &mut Config| {
         cfg.callbacks.insert("crm".into(), c);
+        cfg.egress.allow_cidrs = vec!["127.0.0.1".into()];
     }
 }
 
@@ -552,4 +555,75 @@ async fn a_callback_consumer_with_a_filter_from_before_tenants_is_updated_at_sta
     assert_eq!(info.config.filter_subject, format!("bw.feed.v1.default.{PHONE}.>"));
     token.cancel();
     tokio::time::timeout(WAIT, again).await.expect("stops").expect("joins").expect("ok");
+}
+
+/// SSRF: at the compiled defaults a callback aimed at the metadata service, a private network or this machine
+/// is a configuration error naming the callback and the kind of address (never the address); allowed
+/// explicitly, 127.0.0.1 works (every test above).
+#[test]
+fn callback_destinations_inside_are_refused_by_default_and_named_precisely() {
+    for (url, range) in [
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("http://10.0.0.1:8080/hooks", "private"),
+        ("http://[::1]:9000/hooks", "loopback"),
+        ("http://127.0.0.1:9000/hooks", "loopback"),
+        ("http://[::ffff:a9fe:a9fe]/", "link-local"),
+        ("http://100.64.0.7/hooks", "shared (CGNAT)"),
+        ("http://224.0.0.1/hooks", "multicast"),
+        ("http://[fd00::1]/hooks", "unique-local"),
+    ] {
+        let err =
+            Config::load(None, &env(&[(URL_KEY, url), (SECRET_KEY, SECRET), (PHONES_KEY, "*"), (TENANT_KEY, "crm")]))
+                .expect_err("refused")
+                .to_string();
+        assert!(err.contains("callbacks.crm.url") && err.contains(&format!("a {range} address")), "{url}: {err}");
+        assert!(err.contains("egress.allow_cidrs"), "{err}");
+        let host = reqwest::Url::parse(url).expect("url").host_str().expect("host").to_string();
+        assert!(!err.contains(&host), "the address is not shown: {err}");
+    }
+    let allowed = env(&[
+        (URL_KEY, "http://127.0.0.1:9000/hooks"),
+        (SECRET_KEY, SECRET),
+        (PHONES_KEY, "*"),
+        (TENANT_KEY, "crm"),
+        ("BW_INGEST__EGRESS__ALLOW_CIDRS", "[\"127.0.0.1\"]"),
+    ]);
+    assert!(Config::load(None, &allowed).is_ok(), "allowed explicitly");
+    let bad_range = env(&[("BW_INGEST__EGRESS__ALLOW_CIDRS", "[\"10.0.0.1/8\"]")]);
+    let err = Config::load(None, &bad_range).expect_err("bad range").to_string();
+    assert!(err.contains("egress.allow_cidrs: `10.0.0.1/8`"), "{err}");
+}
+
+/// A host name is resolved when ingest starts: `localhost` is loopback, so ingest refuses to start with the
+/// callback's name in the error, and starts once loopback is allowed.
+#[tokio::test]
+async fn a_callback_host_resolving_to_loopback_stops_start_up_unless_allowed() {
+    let (receiver, url) = Receiver::start(vec![], None).await;
+    let port = reqwest::Url::parse(&url).expect("url").port().expect("port");
+    let by_name = format!("http://localhost:{port}/hooks/bw");
+    let server = bw_testkit::NatsServer::start();
+    let mut cfg = support::test_config(&server.url());
+    cfg.callbacks.insert("crm".into(), callback(&by_name));
+    let admin = async_nats::connect(server.url()).await.expect("connects");
+    support::register(&async_nats::jetstream::new(admin), PHONE, WABA, bw_common::tenancy::DEFAULT_TENANT).await;
+    let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
+    let token = tokio_util::sync::CancellationToken::new();
+    let run = bw_ingest::run(cfg.clone(), deps.clone(), token.clone());
+    let err = tokio::time::timeout(WAIT, run).await.expect("ends").expect_err("refused at start-up").to_string();
+    assert!(err.contains("callbacks.crm.url") && err.contains("loopback"), "{err}");
+    assert!(!err.contains("127.0.0.1") && !err.contains("::1"), "no resolved address shown: {err}");
+    // Allowed, the name works and events are delivered through it.
+    cfg.egress.allow_cidrs = vec!["127.0.0.0/8".into(), "::1".into()];
+    let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ready");
+    let producer = support::producer(&server.url(), bw_common::tenancy::DEFAULT_TENANT).await;
+    let reply = Client::new(producer)
+        .send(&Request::text("cb-localhost", WABA, PHONE, RECIPIENT, BODY_TEXT).build())
+        .await
+        .expect("reply");
+    assert!(reply.accepted);
+    assert!(receiver.wait_for("cb-localhost", 1).await, "delivered through the allowed name");
+    token.cancel();
+    tokio::time::timeout(WAIT, ingest).await.expect("stops").expect("joins").expect("ok");
 }

@@ -285,7 +285,7 @@ async fn unavailable_storage_is_reported_as_retryable() {
 }
 
 #[tokio::test]
-async fn a_rejected_request_near_max_payload_is_kept_whole() {
+async fn an_oversized_request_near_max_payload_keeps_its_size_and_first_bytes() {
     // Compiled defaults against a nats-server with its default 1 MiB max_payload.
     let env = start(|_| {}).await;
     let mut request = text("near-limit-1");
@@ -305,18 +305,18 @@ async fn a_rejected_request_near_max_payload_is_kept_whole() {
     assert_eq!(payload.len(), target);
     let reply = raw_request(&env.nats, &names::intake_subject(PHONE), payload.clone()).await;
     assert_eq!(reply.reason(), RejectReason::Oversize, "{}", reply.error);
-    assert_eq!(reply.operation_id, "near-limit-1");
+    assert!(reply.error.contains("request is 1048512 bytes; the limit is 65536 bytes"), "{}", reply.error);
+    assert_eq!(reply.operation_id, "", "refused by its size before it was decoded");
     assert!(env.wait_count(names::REJECTED_STREAM, 1).await, "the rejection is kept in BW_REJECTED");
     let kept = env.last(names::REJECTED_STREAM, &names::rejected_subject(PHONE)).await;
     let record = RejectedRequest::decode(kept.payload.as_ref()).expect("RejectedRequest");
     assert_eq!(record.reason(), RejectReason::Oversize);
-    assert!(record.raw.is_empty(), "too large to keep inline");
-    let object = kept.headers.get(bw_ingest::OBJECT_HEADER).expect("object header").to_string();
-    let store = env.js.get_object_store(bw_ingest::BODIES_BUCKET).await.expect("bucket");
-    let mut raw = Vec::new();
-    use tokio::io::AsyncReadExt as _;
-    store.get(&object).await.expect("object").read_to_end(&mut raw).await.expect("read");
-    assert!(raw == payload, "the raw input is kept byte for byte");
+    assert_eq!(record.raw_size, 1_048_512, "its size as received");
+    assert_eq!(record.raw, payload[..4096], "its first 4 KiB: too large to keep in one record");
+    assert!(kept.headers.get(bw_ingest::OBJECT_HEADER).is_none(), "no object named");
+    // Producer input never goes to the large-body store Meta's deliveries need.
+    let bodies = env.js.get_stream(format!("OBJ_{}", bw_ingest::BODIES_BUCKET)).await.expect("bucket stream");
+    assert_eq!(bodies.cached_info().state.messages, 0);
     env.stop().await;
 }
 

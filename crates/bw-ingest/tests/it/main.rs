@@ -7,6 +7,7 @@ mod accounts;
 mod callback;
 mod feed;
 mod intake;
+mod limits;
 mod reconcile;
 mod shared;
 mod support;

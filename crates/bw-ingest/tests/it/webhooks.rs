@@ -96,7 +96,8 @@ async fn only_signed_deliveries_are_stored() {
     assert_eq!(env.count(names::WEBHOOK_STREAM).await, 1);
 
     let metrics = env.metrics_text();
-    assert!(metrics.contains(r#"bw_webhooks_received_total{result="invalid_signature"} 4"#), "{metrics}");
+    assert!(metrics.contains(r#"bw_webhooks_received_total{result="invalid_signature"} 3"#), "{metrics}");
+    assert!(metrics.contains(r#"bw_webhooks_received_total{result="missing_signature"} 1"#), "{metrics}");
     assert!(metrics.contains(r#"bw_webhooks_received_total{result="stored"} 1"#));
     assert!(metrics.contains("bw_webhook_ack_seconds_count 7"), "{metrics}");
     env.stop().await;

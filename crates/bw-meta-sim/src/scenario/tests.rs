@@ -177,3 +177,54 @@ fn status_effects_and_token_events_follow_the_clock() {
     assert_eq!(active.token_fault("later"), None, "event not reached yet");
     assert_eq!(active.token_fault("other"), None);
 }
+
+#[test]
+fn error_codes_and_account_signals_examples_parse_and_round_trip() {
+    for (name, text) in [
+        ("error-codes", include_str!("../../scenarios/error-codes.toml")),
+        ("account-signals", include_str!("../../scenarios/account-signals.toml")),
+    ] {
+        let s = Scenario::from_toml(text).expect("shipped example parses");
+        assert_eq!(s.name, name);
+        assert_eq!(Scenario::builtin(name).expect("built in"), s);
+        let back = Scenario::from_toml(&toml::to_string(&s).expect("serializes")).expect("reparses");
+        assert_eq!(back, s, "{name} round-trips through toml");
+        assert_eq!(Scenario::from_json(&serde_json::to_vec(&s).expect("json")).expect("json parses"), s);
+    }
+    let codes = Scenario::builtin("error-codes").expect("built in");
+    assert!(codes.injections.iter().any(|i| !i.waba_ids.is_empty() && i.code == 368));
+    assert!(codes.injections.iter().any(|i| i.is_async() && i.code == 131026), "A-only codes default to async");
+    let signals = Scenario::builtin("account-signals").expect("built in");
+    let kinds: Vec<&str> = signals.events.iter().map(|e| e.kind.kind_name()).collect();
+    for kind in [
+        "account_update",
+        "business_capability_update",
+        "phone_number_quality_update",
+        "account_alerts",
+        "message_template_status_update",
+        "message_template_quality_update",
+        "template_category_update",
+        "user_preferences",
+        "smb_message_echoes",
+        "value_errors",
+        "inbound",
+        "template_pacing",
+        "system",
+        "raw",
+    ] {
+        assert!(kinds.contains(&kind), "the example shows {kind}");
+    }
+}
+
+#[test]
+fn injection_picks_respect_targets_rate_and_max() {
+    let mut only = Injection::new(368);
+    only.phone_number_ids = vec!["a".into()];
+    only.max = Some(2);
+    let s = Scenario { selection: Selection::Deterministic, injections: vec![only], ..Scenario::default() };
+    let active = Active::start(s);
+    let call = |phone| Call { phone_number_id: phone, message_type: "text", ..Call::default() };
+    assert!(active.pick_injection(&call("b")).is_none(), "another number");
+    let picks = (0..5).filter(|_| active.pick_injection(&call("a")).is_some()).count();
+    assert_eq!(picks, 2, "max");
+}

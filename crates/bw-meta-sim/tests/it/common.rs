@@ -209,3 +209,100 @@ pub(crate) async fn send_raw(
         resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
     Ok((status, ctype, resp.bytes().await?))
 }
+
+impl Receiver {
+    /// Accepted envelopes whose first change has `field`.
+    pub(crate) fn envelopes(&self, field: &str) -> Vec<Value> {
+        self.accepted().into_iter().filter(|b| b["entry"][0]["changes"][0]["field"] == field).collect()
+    }
+
+    /// The `value` of every accepted change with `field`.
+    pub(crate) fn values(&self, field: &str) -> Vec<Value> {
+        self.envelopes(field).iter().map(|b| b["entry"][0]["changes"][0]["value"].clone()).collect()
+    }
+
+    /// Waits until a change with `field` arrived and returns its envelope.
+    pub(crate) async fn wait_field(&self, field: &str) -> Value {
+        wait_until(Duration::from_secs(5), || async { !self.envelopes(field).is_empty() }).await;
+        self.envelopes(field).remove(0)
+    }
+}
+
+/// Webhook settings for tests: fast statuses and retries to `url`.
+pub(crate) fn fast_webhook(url: &str) -> bw_meta_sim::WebhookConfig {
+    bw_meta_sim::WebhookConfig {
+        url: Some(url.to_string()),
+        sent_delay_ms: Some(10),
+        delivered_delay_ms: Some(30),
+        read_delay_ms: Some(60),
+        retry_initial_ms: 20,
+        retry_max_ms: 100,
+        ..bw_meta_sim::WebhookConfig::default()
+    }
+}
+
+/// A template message to `to`.
+pub(crate) fn template(to: &str, name: &str, lang: &str, op: Option<&str>) -> Value {
+    let mut v = json!({
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": to,
+        "type": "template",
+        "template": { "name": name, "language": { "code": lang } },
+    });
+    if let Some(op) = op {
+        v["biz_opaque_callback_data"] = json!(op);
+    }
+    v
+}
+
+/// POSTs `body` from `phone` with `token`.
+pub(crate) async fn post_from(
+    client: &reqwest::Client,
+    sim: &SimHandle,
+    phone: &str,
+    token: &str,
+    body: &Value,
+) -> reqwest::Result<Answer> {
+    let resp = client.post(sim.messages_url("v21.0", phone)).bearer_auth(token).json(body).send().await?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.bytes().await?;
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok(Answer { status, body, headers })
+}
+
+/// Whether `got` has the same shape as `want`: the same keys at every level, and the same JSON type for every
+/// value (arrays compared by their first element). Returns the first difference.
+pub(crate) fn same_shape(want: &Value, got: &Value, path: &str) -> Result<(), String> {
+    let kind = |v: &Value| match v {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    if kind(want) != kind(got) {
+        return Err(format!("{path}: {} in the reference, {} here ({got})", kind(want), kind(got)));
+    }
+    match (want, got) {
+        (Value::Object(w), Value::Object(g)) => {
+            let wk: Vec<&String> = w.keys().collect();
+            let gk: Vec<&String> = g.keys().collect();
+            if wk != gk {
+                return Err(format!("{path}: keys {wk:?} in the reference, {gk:?} here"));
+            }
+            for (k, v) in w {
+                same_shape(v, &g[k], &format!("{path}.{k}"))?;
+            }
+            Ok(())
+        }
+        (Value::Array(w), Value::Array(g)) => match (w.first(), g.first()) {
+            (Some(a), Some(b)) => same_shape(a, b, &format!("{path}[0]")),
+            (None, None) => Ok(()),
+            _ => Err(format!("{path}: empty on one side only")),
+        },
+        _ => Ok(()),
+    }
+}

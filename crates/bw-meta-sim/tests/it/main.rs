@@ -1,11 +1,16 @@
 //! Tests of the Meta simulator through its HTTP surface, with reqwest as the client and a tiny axum receiver
 //! for webhooks.
 
+mod account;
 mod ambiguous;
 mod binary;
+mod codes;
 mod common;
 mod faults;
 mod limits;
 mod oracle;
+mod portfolio;
 mod scopes;
+mod users;
+mod versions;
 mod webhooks;

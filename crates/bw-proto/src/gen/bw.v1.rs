@@ -371,7 +371,8 @@ pub struct IntakeReply {
 /// A rejected request kept in BW_REJECTED for inspection.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct RejectedRequest {
-    /// The bytes as received (may be undecodable).
+    /// The bytes as received (may be undecodable), or only their first bytes (4 KiB) when raw_size is larger:
+    /// input too large to keep in one record, or a body refused before it was read (then raw may be empty).
     #[prost(bytes = "vec", tag = "1")]
     pub raw: ::prost::alloc::vec::Vec<u8>,
     /// Subject it arrived on, or "http".
@@ -383,6 +384,10 @@ pub struct RejectedRequest {
     pub error: ::prost::alloc::string::String,
     #[prost(int64, tag = "5")]
     pub at_unix_ms: i64,
+    /// Size of the input as received, bytes (the declared Content-Length for an HTTP body refused unread, the
+    /// bytes read so far for one cut off at the limit). 0 in records written before this field existed.
+    #[prost(uint64, tag = "6")]
+    pub raw_size: u64,
 }
 /// Why a message is sent. Decides its priority lane: AUTHENTICATION, TRANSACTIONAL and SUPPORT go before
 /// MARKETING when both wait, and MARKETING can never consume the transactional reserve.
@@ -441,6 +446,9 @@ pub enum RejectReason {
     SubjectMismatch = 9,
     /// Ingest could not store the request durably; the producer should retry with the same operation id.
     Unavailable = 10,
+    /// BW_SEND or the ledger is near its byte or message limit: new work is refused before it could be dropped.
+    /// Nothing was stored; retry later with the same operation id (the operator has been alerted).
+    StorageFull = 11,
     /// The sender (phone_number_id) is not in the sender registry (`bwctl senders add`).
     SenderNotRegistered = 12,
     /// The sender is registered to another tenant than the caller's (NATS subject's owner or HTTP key's tenant).
@@ -466,6 +474,7 @@ impl RejectReason {
             Self::BadPayload => "REJECT_REASON_BAD_PAYLOAD",
             Self::SubjectMismatch => "REJECT_REASON_SUBJECT_MISMATCH",
             Self::Unavailable => "REJECT_REASON_UNAVAILABLE",
+            Self::StorageFull => "REJECT_REASON_STORAGE_FULL",
             Self::SenderNotRegistered => "REJECT_REASON_SENDER_NOT_REGISTERED",
             Self::SenderNotOwned => "REJECT_REASON_SENDER_NOT_OWNED",
             Self::WabaMismatch => "REJECT_REASON_WABA_MISMATCH",
@@ -485,6 +494,7 @@ impl RejectReason {
             "REJECT_REASON_BAD_PAYLOAD" => Some(Self::BadPayload),
             "REJECT_REASON_SUBJECT_MISMATCH" => Some(Self::SubjectMismatch),
             "REJECT_REASON_UNAVAILABLE" => Some(Self::Unavailable),
+            "REJECT_REASON_STORAGE_FULL" => Some(Self::StorageFull),
             "REJECT_REASON_SENDER_NOT_REGISTERED" => Some(Self::SenderNotRegistered),
             "REJECT_REASON_SENDER_NOT_OWNED" => Some(Self::SenderNotOwned),
             "REJECT_REASON_WABA_MISMATCH" => Some(Self::WabaMismatch),
