@@ -10,10 +10,18 @@
 #
 #   scripts/nats-accounts.sh 8 --send 4 > /etc/nats/accounts.conf
 #
+# The last argument is the accounts config to start from (default deploy/nats/accounts.conf; `-` reads standard
+# input), so it composes with the producers' users generated from the sender registry in either order (neither
+# touches what the other writes: this script never copies a producer's permission, and `bwctl senders
+# nats-accounts` replaces only the lines between BEGIN PRODUCERS and END PRODUCERS):
+#
+#   bwctl senders nats-accounts | scripts/nats-accounts.sh 8 --send 4 - > /etc/nats/accounts.conf
+#   scripts/nats-accounts.sh 8 --send 4 | bwctl senders nats-accounts --base - > /etc/nats/accounts.conf
+#
 # With 1 partition of each it prints the file unchanged. tests/it/permissions.rs runs the services under its
-# output.
+# output, and tests/it/tenants.rs under both piped together.
 set -euo pipefail
-usage="usage: scripts/nats-accounts.sh LEDGER_PARTITIONS [--send SEND_PARTITIONS] [accounts.conf]"
+usage="usage: scripts/nats-accounts.sh LEDGER_PARTITIONS [--send SEND_PARTITIONS] [accounts.conf | -]"
 partitions=${1:?$usage}
 shift
 send=1

@@ -1,6 +1,13 @@
 //! Harness for the cross-service tests: real nats-server and redis-server (bw-testkit), the Meta simulator,
 //! and the real services' `run()` started in-process with their real config loaders, each with its own
 //! cancellation token so a test can stop one instance while the others keep going.
+//!
+//! Tenancy: the relaxed starts ([`Harness::start_ingest`], [`Harness::start_dispatcher`],
+//! [`Harness::start_replay`]) run in dev mode (`tenancy.mode = "dev"`, one tenant owning every number), a relaxed
+//! setting a test may override; a dispatcher at the compiled defaults checks the sender registry, so a test
+//! registers its senders to the tenant `default` first ([`Harness::register`]; [`Harness::submit_orders`] and
+//! [`Harness::preload`] do it for theirs). The producer connection takes its replies on `default`'s inbox
+//! prefix, which ingest answers in either mode.
 
 use bw_common::ledger::{Ledger, Versioned};
 use bw_common::nats::Buckets;
@@ -31,7 +38,8 @@ pub fn order(phone: &str, op: &str, i: usize) -> bw_common::proto::SendRequest {
 }
 
 /// Settings of an ingest process of the benchmarks (the real binary, compiled defaults but for where things
-/// are): these servers, intake and Meta's webhooks on `http`, signed with `app_secret`.
+/// are, and dev tenancy: the benchmarks measure the pipeline; a registered sender costs one cached map read):
+/// these servers, intake and Meta's webhooks on `http`, signed with `app_secret`.
 /// A status webhook delivery as Meta sends it: `statuses` of sender `phone` of [`WABA_ID`] (JSON text).
 pub fn status_webhook(phone: &str, statuses: Vec<serde_json::Value>) -> String {
     serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA_ID, "changes": [{
@@ -63,18 +71,45 @@ pub fn ingest_process(nats_url: &str, redis_url: &str, http: &str, app_secret: &
         ("http.listen", http.to_string()),
         ("webhook.app_secret", app_secret.to_string()),
         ("webhook.verify_token", "bench-verify".to_string()),
+        ("tenancy.mode", "dev".to_string()),
     ]
 }
 
-/// Settings of a dispatcher process of the benchmarks (compiled defaults but for where things are): these
-/// servers, the simulator at `meta_url` with its access `token`.
+/// Settings of a dispatcher process of the benchmarks (compiled defaults but for where things are, and dev
+/// tenancy like [`ingest_process`]): these servers, the simulator at `meta_url` with its access `token`.
 pub fn dispatcher_process(nats_url: &str, redis_url: &str, meta_url: &str, token: &str) -> Vec<(&'static str, String)> {
     vec![
         ("nats.url", nats_url.to_string()),
         ("redis.url", redis_url.to_string()),
         ("meta.base_url", meta_url.to_string()),
         ("meta.access_token", token.to_string()),
+        ("tenancy.mode", "dev".to_string()),
     ]
+}
+
+/// Registers `senders` (phone_number_id, waba_id) to the tenant `default` in the sender registry, as `bwctl
+/// senders add` does (again for a number already registered to it: its WABA is updated).
+pub async fn register_senders(js: &async_nats::jetstream::Context, senders: &[(&str, &str)]) {
+    let registry = bw_common::registry::Registry::open(js, 1).await.expect("sender registry opens");
+    for (phone, waba) in senders {
+        let record = bw_common::proto::SenderRecord {
+            phone_number_id: phone.to_string(),
+            waba_id: waba.to_string(),
+            tenant: bw_common::tenancy::DEFAULT_TENANT.to_string(),
+            updated_at_unix_ms: bw_common::time::now_ms(),
+            ..Default::default()
+        };
+        registry.add(&record).await.expect("sender registered");
+    }
+}
+
+/// A producer connection of `tenant`: replies come back on the tenant's inbox prefix.
+pub async fn producer_connection(url: &str, tenant: &str) -> async_nats::Client {
+    async_nats::ConnectOptions::new()
+        .custom_inbox_prefix(bw_common::tenancy::inbox_prefix(tenant))
+        .connect(url)
+        .await
+        .expect("producer connects")
 }
 
 /// Calls per Redis command so far (`INFO commandstats`: `cmdstat_<name>:calls=N,...`); a script's calls are
@@ -179,7 +214,7 @@ impl Harness {
             sim_cfg.webhook.url = Some(format!("http://{ingest_http}/webhooks/meta"));
         }
         let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
-        let client = async_nats::connect(nats.url()).await.expect("nats connects");
+        let client = producer_connection(&nats.url(), bw_common::tenancy::DEFAULT_TENANT).await;
         let js = async_nats::jetstream::new(client.clone());
         let mut nats_cfg = bw_common::config::NatsConfig::single(nats.url(), "bw-e2e");
         nats_cfg.ledger_partitions = ledger_partitions;
@@ -216,7 +251,8 @@ impl Harness {
         Deps::connect(service, &nats_cfg, redis, Duration::from_secs(10)).await.expect("deps connect")
     }
 
-    /// Starts an ingest instance serving HTTP on `ingest_http` (the first one) or a free port.
+    /// Starts an ingest instance serving HTTP on `ingest_http` (the first one) or a free port, in dev tenancy
+    /// unless `overrides` set `tenancy.mode`.
     pub async fn start_ingest(&mut self, overrides: &[(&str, String)]) -> usize {
         let listen = if self.instances.is_empty() { self.ingest_http.clone() } else { "127.0.0.1:0".into() };
         let mut pairs = vec![
@@ -229,7 +265,9 @@ impl Harness {
             ("webhook.app_secret", APP_SECRET.to_string()),
             ("webhook.verify_token", "e2e-verify".to_string()),
             ("intake.api_keys.e2e.sha256", bw_ingest::key_sha256(INTAKE_API_KEY)),
+            ("intake.api_keys.e2e.tenant", bw_common::tenancy::DEFAULT_TENANT.to_string()),
             ("intake.api_keys.e2e.phone_number_ids", r#"["*"]"#.to_string()),
+            ("tenancy.mode", "dev".to_string()),
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
@@ -245,7 +283,7 @@ impl Harness {
         index
     }
 
-    /// Starts a dispatcher instance talking to the simulator.
+    /// Starts a dispatcher instance talking to the simulator (relaxed timings, dev tenancy).
     pub async fn start_dispatcher(&mut self, overrides: &[(&str, String)]) -> usize {
         let mut pairs = vec![
             ("nats.url", self.nats.url()),
@@ -260,6 +298,7 @@ impl Harness {
             ("dispatch.retry_base_ms", "100".to_string()),
             ("dispatch.retry_cap_ms", "500".to_string()),
             ("dispatch.idle_wait_ms", "50".to_string()),
+            ("tenancy.mode", "dev".to_string()),
         ];
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
@@ -268,7 +307,8 @@ impl Harness {
     }
 
     /// Starts a dispatcher at the compiled default configuration: only where NATS, Redis and Meta are (and the
-    /// token) is set, nothing relaxed for speed.
+    /// token) is set, nothing relaxed for speed. It checks the sender registry: register the test's senders
+    /// ([`Harness::register`]).
     pub async fn start_dispatcher_at_defaults(&mut self) -> usize {
         self.start_dispatcher_at_defaults_but(&[]).await
     }
@@ -290,9 +330,10 @@ impl Harness {
         self.keep(|token| tokio::spawn(bw_dispatcher::run(cfg, deps, token)))
     }
 
-    /// Starts a replay instance.
+    /// Starts a replay instance (relaxed timings, dev tenancy).
     pub async fn start_replay(&mut self, overrides: &[(&str, String)]) -> usize {
         let mut pairs = vec![
+            ("tenancy.mode", "dev".to_string()),
             ("nats.url", self.nats.url()),
             ("nats.ledger_partitions", self.ledger_partitions.to_string()),
             ("nats.send_partitions", self.send_partitions.to_string()),
@@ -354,6 +395,12 @@ impl Harness {
         bw_client::Client::new(self.client.clone())
     }
 
+    /// Registers `phones` (of [`WABA_ID`]) to the tenant `default` ([`register_senders`]).
+    pub async fn register(&self, phones: &[&str]) {
+        let senders: Vec<(&str, &str)> = phones.iter().map(|p| (*p, WABA_ID)).collect();
+        register_senders(&self.js, &senders).await;
+    }
+
     /// Reads an operation's ledger entry.
     pub async fn ledger_entry(&self, operation_id: &str) -> Option<Versioned> {
         self.ledger.get(operation_id).await.ok().flatten()
@@ -363,6 +410,9 @@ impl Harness {
     /// then the QUEUED ledger entry), pipelined: a backlog that exists before any dispatcher starts.
     pub async fn preload(&self, requests: &[bw_common::proto::SendRequest]) {
         use prost::Message as _;
+        let senders: std::collections::BTreeSet<(&str, &str)> =
+            requests.iter().map(|r| (r.phone_number_id.as_str(), r.waba_id.as_str())).collect();
+        register_senders(&self.js, &senders.into_iter().collect::<Vec<_>>()).await;
         let mut acks = Vec::with_capacity(2048);
         for r in requests {
             let subject = self.buckets.send.outbox_subject(bw_common::names::Lane::High, &r.phone_number_id);
@@ -392,6 +442,7 @@ impl Harness {
     /// Submits `n` transactional order confirmations ([`order`]) from `phone` to distinct recipients through
     /// ingest, concurrently, asserting each is accepted; returns their operation ids (`<prefix>-0000`...).
     pub async fn submit_orders(&self, phone: &str, prefix: &str, n: usize) -> Vec<String> {
+        self.register(&[phone]).await;
         let producer = self.producer();
         let mut ops = Vec::new();
         let mut tasks = tokio::task::JoinSet::new();

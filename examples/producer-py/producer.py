@@ -2,16 +2,22 @@
 """A small Breakwater producer in Python with the official NATS client (nats-py).
 
 It sends one bw.v1.SendRequest to ingest by NATS request/reply on bw.send.v1.<phone_number_id>, retrying
-timeouts and REJECT_REASON_UNAVAILABLE with the SAME operation id (ingest stores each operation id once, so a
-retry can never send twice), then follows the operation's outcomes: it binds its own durable consumer on the
-outcome feed (stream BW_FEED, subject bw.feed.v1.<phone_number_id>.>) and prints each event of this operation
-until a final one, and finally asks the status query (bw.status.v1.<phone_number_id>) for the journey.
+timeouts and REJECT_REASON_UNAVAILABLE with the SAME operation id (ingest stores each operation id of a tenant
+once, so a retry can never send twice), then follows the operation's outcomes: it binds its tenant's durable
+consumer feed-<tenant> on the outcome feed (stream BW_FEED, subject bw.feed.v1.<tenant>.<phone_number_id>.>) and
+prints each event of this operation until a final one, and finally asks the status query
+(bw.status.v1.<phone_number_id>) for the journey.
+
+It runs as a tenant of the sender registry (BW_TENANT, default "default"): the number must be registered to it
+(bwctl senders add); it connects as the tenant's NATS user producer-<tenant> with NATS_PASSWORD (unset: no
+credentials, a local server without accounts) and takes replies on the tenant's inbox prefix _INBOX_<tenant>, the
+only one its user may read and the only one ingest answers to.
 
 The few protobuf messages are encoded by hand below (proto/bw/v1/send.proto and feed.proto are the schema),
 so the only dependency is nats-py (requirements.txt).
 
 Usage:
-  NATS_URL=nats://127.0.0.1:4222 .venv/bin/python producer.py <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
+  NATS_URL=nats://127.0.0.1:4222 BW_TENANT=crm NATS_PASSWORD=... .venv/bin/python producer.py <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
 """
 
 import asyncio
@@ -129,12 +135,17 @@ async def send(nc, op, waba, phone, recipient, body, tries=5) -> dict:
     raise RuntimeError(f"no answer for {op} after {tries} tries: {last}")
 
 
-async def follow(nc, phone, op, durable, timeout_s):
+async def follow(nc, tenant, phone, op, timeout_s):
     js = nc.jetstream()
-    # The producer's own durable consumer: after a restart it resumes where it left off.
-    config = ConsumerConfig(durable_name=durable, filter_subject=f"bw.feed.v1.{phone}.>",
+    # The tenant's durable consumer: after a restart it resumes where it left off. With a `name` the client
+    # creates (or updates) it through the subject that carries its filter
+    # ($JS.API.CONSUMER.CREATE.BW_FEED.feed-<tenant>.<filter>), the only create a tenant's user may use; binding
+    # reads no stream info, which a tenant may not.
+    durable = f"feed-{tenant}"
+    config = ConsumerConfig(name=durable, durable_name=durable, filter_subject=f"bw.feed.v1.{tenant}.{phone}.>",
                             ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.ALL)
-    sub = await js.pull_subscribe(f"bw.feed.v1.{phone}.>", durable=durable, stream="BW_FEED", config=config)
+    await js.add_consumer("BW_FEED", config)
+    sub = await js.pull_subscribe_bind(durable, stream="BW_FEED")
     deadline = asyncio.get_running_loop().time() + timeout_s
     while asyncio.get_running_loop().time() < deadline:
         try:
@@ -164,14 +175,19 @@ async def main():
         print(__doc__, file=sys.stderr)
         sys.exit(64)
     op, waba, phone, recipient, body = sys.argv[1:]
-    nc = await nats.connect(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    tenant = os.environ.get("BW_TENANT", "default")
+    credentials = {}
+    if os.environ.get("NATS_PASSWORD"):
+        credentials = {"user": f"producer-{tenant}", "password": os.environ["NATS_PASSWORD"]}
+    nc = await nats.connect(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"),
+                            inbox_prefix=f"_INBOX_{tenant}".encode(), **credentials)
     try:
         reply = await send(nc, op, waba, phone, recipient, body)
         print("reply", reply, flush=True)
         if not reply["accepted"]:
             sys.exit(1)
         timeout_s = float(os.environ.get("FOLLOW_SECONDS", "60"))
-        await follow(nc, phone, op, os.environ.get("FEED_DURABLE", "producer-py"), timeout_s)
+        await follow(nc, tenant, phone, op, timeout_s)
         print("status", await status(nc, phone, op), flush=True)
     finally:
         await nc.close()

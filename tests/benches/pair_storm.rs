@@ -49,6 +49,7 @@ fn unix_ms() -> u64 {
 
 async fn breakwater(n: usize) -> Row {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
+    h.register(&[PHONE]).await;
     h.start_ingest(&[]).await;
     h.start_dispatcher_at_defaults().await;
     let producer = h.producer();

@@ -1,6 +1,7 @@
 //! Meta's limits at the compiled default configuration: the dispatcher as users run it, the simulator at
 //! Meta's documented limits (pair: one message per 6 s to a user, burst 45), which answers every refusal it
-//! causes as limit-caused (not injected), so a self-inflicted 131056 cannot hide.
+//! causes as limit-caused (not injected), so a self-inflicted 131056 cannot hide. Ingest and the dispatcher check
+//! the sender registry (the compiled default tenancy); the senders are registered to the tenant `default`.
 
 use bw_common::proto::{Category, OperationState};
 use bw_e2e::{Harness, WABA_ID};
@@ -14,7 +15,8 @@ const PHONE: &str = "106540352247001";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pair_storm_at_defaults_draws_no_131056_and_paces_past_the_burst() {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
-    h.start_ingest(&[]).await;
+    h.register(&[PHONE]).await;
+    h.start_ingest(&[("tenancy.mode", "registry".into())]).await;
     h.start_dispatcher_at_defaults().await;
     let producer = h.producer();
     let mut ops = Vec::new();
@@ -85,7 +87,9 @@ faults = [{ kind = "error", code = 4 }]
     )
     .expect("scenario parses");
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
-    h.start_ingest(&[]).await;
+    let phones: Vec<String> = (0..4).map(|n| format!("10654035224710{n}")).collect();
+    h.register(&phones.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    h.start_ingest(&[("tenancy.mode", "registry".into())]).await;
     h.start_dispatcher_at_defaults().await;
     h.sim.set_scenario(scenario);
     let mut ops = Vec::new();

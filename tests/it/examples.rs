@@ -1,15 +1,22 @@
-//! The producer examples run as their READMEs tell a user, against a real stack: nats-server, redis-server,
-//! ingest, a dispatcher at its compiled defaults and the Meta simulator sending status webhooks.
+//! The producer examples run as their READMEs tell a user, as a registered tenant, against a real stack:
+//! nats-server with the accounts config `bwctl senders nats-accounts` generates (every service and the tenant as
+//! its own NATS user), redis-server, ingest at the compiled default tenancy (the sender registry, the example's
+//! number registered to its tenant by the operator with `bwctl senders add`), a dispatcher at its compiled
+//! defaults and the Meta simulator sending status webhooks.
 //!
 //! `examples/producer-ts` runs with `npm run --silent send -- ...` (nats.js + protobufjs under tsx), `examples/producer-py`
-//! with `.venv/bin/python producer.py ...` (nats-py, protobuf encoded by hand); both with only `NATS_URL` (and the
-//! README's `FOLLOW_SECONDS`) set. Each must exit 0 after Meta accepted the message exactly once, print the feed
-//! events of its operation in order up to a final one (sent, then delivered or read) that match the status
-//! query's journey it prints last, and never print the full recipient number. Their dependencies come from
+//! with `.venv/bin/python producer.py ...` (nats-py, protobuf encoded by hand), the Rust one with `cargo run -q -p
+//! bw-client --example producer -- ...` (crates/bw-client/examples/producer.rs); each with only `NATS_URL`,
+//! `BW_TENANT`, `NATS_PASSWORD` (and the README's `FOLLOW_SECONDS`) set: the tenant's user `producer-<tenant>`,
+//! its inbox prefix and its feed consumer `feed-<tenant>` come from the tenant. Each must exit 0 after Meta
+//! accepted the message exactly once, print the feed events of its operation in order up to a final one (sent,
+//! then delivered or read) that match the status query's journey it prints last, never print the full
+//! recipient number, and do nothing its tenant's NATS user is refused (the server logs no violation). Their dependencies come from
 //! `BW_WITH_EXAMPLES=1 scripts/setup.sh` (scripts/test.sh passes it); when they are missing these tests fail
 //! and say so, they never skip.
 
-use bw_e2e::{Harness, WABA_ID};
+use crate::tenant_stack::{TenantStack, password};
+use bw_e2e::WABA_ID;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -34,12 +41,13 @@ async fn runs(program: &Path, args: &[&str]) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// A stack the example can send through: ingest answers on the sender's subjects before the example starts.
-async fn stack(phone: &str) -> Harness {
-    let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
-    h.start_ingest(&[]).await;
-    h.start_dispatcher_at_defaults().await;
-    let producer = h.producer();
+/// A stack the example can send through as `tenant`, owner of `phone`: ingest answers the tenant's status query
+/// on the number before the example starts.
+async fn stack(tenant: &'static str, phone: &'static str) -> TenantStack {
+    let mut s = TenantStack::start(&[(tenant, phone, WABA_ID)], bw_meta_sim::SimConfig::default()).await;
+    s.start_ingest(&[]).await;
+    s.start_dispatcher().await;
+    let producer = bw_client::Client::new(s.tenant(tenant).await);
     assert!(
         bw_testkit::wait_until(Duration::from_secs(20), || async {
             producer.status(phone, "readiness-probe").await.is_ok()
@@ -47,7 +55,14 @@ async fn stack(phone: &str) -> Harness {
         .await,
         "ingest never answered the status query"
     );
-    h
+    s
+}
+
+/// The environment the READMEs set: where NATS is, and who the producer is.
+fn tenant_env(cmd: &mut tokio::process::Command, s: &TenantStack, tenant: &str) {
+    cmd.env("NATS_URL", s.nats.url())
+        .env("BW_TENANT", tenant)
+        .env("NATS_PASSWORD", password(&bw_common::tenancy::nats_user(tenant)));
 }
 
 /// What an example printed, in one shape for both.
@@ -82,13 +97,15 @@ async fn run(mut cmd: tokio::process::Command) -> (std::process::ExitStatus, Str
 }
 
 /// The checks both examples must pass, on what they printed and on what Meta (the simulator) saw.
-async fn check(h: &Harness, phone: &str, op: &str, printed: &Printed, output: &str) {
+async fn check(s: &TenantStack, tenant: &str, phone: &str, op: &str, printed: &Printed, output: &str) {
     assert!(printed.accepted && !printed.duplicate, "ingest accepted it once: {printed:?}\n{output}");
+    // Inside Breakwater the operation is the tenant's: its key carries the tenant.
+    let key = bw_common::tenancy::operation_key(tenant, op);
 
     // Meta accepted exactly this message, exactly once, from the example's sender to its recipient.
-    let oracle = h.sim.oracle();
+    let oracle = s.sim.oracle();
     assert_eq!(oracle.total_accepted(), 1, "one acceptance at Meta in all: {:?}", oracle.messages);
-    let seen = oracle.get(op).expect("Meta accepted the example's operation");
+    let seen = oracle.get(&key).expect("Meta accepted the example's operation");
     assert_eq!(seen.count, 1, "accepted exactly once");
     assert_eq!(seen.phone_number_id, phone);
     assert_eq!(seen.recipient_key, bw_common::mask::recipient_key(RECIPIENT), "sent to the example's recipient");
@@ -117,7 +134,9 @@ async fn check(h: &Harness, phone: &str, op: &str, printed: &Printed, output: &s
     assert!(matches!(printed.current.as_str(), "delivered" | "read"), "current state {:?}\n{output}", printed.current);
 
     // The ledger agrees, moved there by the simulator's status webhooks through ingest.
-    let state = h.ledger_entry(op).await.expect("ledger entry").entry.state();
+    let operator = s.operator().await;
+    let ledger = bw_common::ledger::Ledger::new(&operator.buckets);
+    let state = ledger.get(&key).await.expect("ledger read").expect("ledger entry").entry.state();
     assert!(
         matches!(state, bw_common::proto::OperationState::Delivered | bw_common::proto::OperationState::Read),
         "ledger at {state:?}"
@@ -125,12 +144,16 @@ async fn check(h: &Harness, phone: &str, op: &str, printed: &Printed, output: &s
 
     // The recipient is personal data: no output of the example holds the full number, with or without '+'.
     assert!(!output.contains(RECIPIENT.trim_start_matches('+')), "the output holds the full recipient:\n{output}");
+
+    // The example used only its tenant's rights: its own number, its inbox, its feed consumer, no stream info.
+    assert_eq!(s.violations(), Vec::<String>::new(), "the example did what its tenant's user may not");
 }
 
 /// `examples/producer-ts`: `NATS_URL=... npm run --silent send -- <op> <waba> <phone> <+recipient> <text>` (without
 /// `--silent` npm echoes the command line, recipient included, to stdout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_producer_example_sends_once_and_follows_its_message_to_a_final_event() {
+    const TENANT: &str = "shop";
     const PHONE: &str = "106540352249101";
     const OP: &str = "example-ts-order-42";
     let dir = example_dir("producer-ts");
@@ -141,12 +164,11 @@ async fn the_typescript_producer_example_sends_once_and_follows_its_message_to_a
         dir.join("node_modules/.bin/tsx").exists() && dir.join("node_modules/nats").exists(),
         "examples/producer-ts has no node_modules: {SETUP}"
     );
-    let h = stack(PHONE).await;
+    let s = stack(TENANT, PHONE).await;
 
     let mut cmd = tokio::process::Command::new("npm");
-    cmd.args(["run", "--silent", "send", "--", OP, WABA_ID, PHONE, RECIPIENT, "Your order shipped"])
-        .current_dir(&dir)
-        .env("NATS_URL", h.nats.url());
+    cmd.args(["run", "--silent", "send", "--", OP, WABA_ID, PHONE, RECIPIENT, "Your order shipped"]).current_dir(&dir);
+    tenant_env(&mut cmd, &s, TENANT);
     let (status, stdout, stderr) = run(cmd).await;
     let output = format!("{stdout}{stderr}");
     assert!(status.success(), "the example failed ({status}):\n{output}");
@@ -172,7 +194,7 @@ async fn the_typescript_producer_example_sends_once_and_follows_its_message_to_a
             .map(|e| kind(str_of(e, "kind")))
             .collect(),
     };
-    check(&h, PHONE, OP, &printed, &output).await;
+    check(&s, TENANT, PHONE, OP, &printed, &output).await;
 }
 
 /// A line the Python example printed (`<tag> <dict repr>`) as JSON: its values are ints, bools, None and
@@ -188,18 +210,19 @@ fn python_line(output: &str, line: &str) -> Value {
 /// <+recipient> <text>`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_producer_example_sends_once_and_follows_its_message_to_a_final_event() {
+    const TENANT: &str = "crm";
     const PHONE: &str = "106540352249102";
     const OP: &str = "example-py-order-42";
     let dir = example_dir("producer-py");
     let python = dir.join(".venv/bin/python");
     assert!(runs(&python, &["-c", "import nats"]).await, "examples/producer-py/.venv has no nats-py: {SETUP}");
-    let h = stack(PHONE).await;
+    let s = stack(TENANT, PHONE).await;
 
     let mut cmd = tokio::process::Command::new(&python);
     cmd.args(["producer.py", OP, WABA_ID, PHONE, RECIPIENT, "Your order shipped"])
         .current_dir(&dir)
-        .env("NATS_URL", h.nats.url())
         .env("FOLLOW_SECONDS", "60");
+    tenant_env(&mut cmd, &s, TENANT);
     let (status, stdout, stderr) = run(cmd).await;
     let output = format!("{stdout}{stderr}");
     assert!(status.success(), "the example failed ({status}):\n{output}");
@@ -223,7 +246,60 @@ async fn the_python_producer_example_sends_once_and_follows_its_message_to_a_fin
             .map(|k| kind(k.as_str().unwrap_or_else(|| panic!("journey entry {k}"))))
             .collect(),
     };
-    check(&h, PHONE, OP, &printed, &output).await;
+    check(&s, TENANT, PHONE, OP, &printed, &output).await;
+}
+
+/// `key=value` pairs of a line the Rust example printed (`<tag> k=v k=v ...`), values without spaces.
+fn rust_line(line: &str) -> std::collections::HashMap<String, String> {
+    line.split_whitespace().skip(1).filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect()
+}
+
+/// `crates/bw-client/examples/producer.rs`: `NATS_URL=... BW_TENANT=... NATS_PASSWORD=... FOLLOW_SECONDS=60 cargo run -q
+/// -p bw-client --example producer -- <op> <waba> <phone> <+recipient> <text>` from the repository root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_producer_example_sends_once_and_follows_its_message_to_a_final_event() {
+    const TENANT: &str = "billing";
+    const PHONE: &str = "106540352249103";
+    const OP: &str = "example-rs-order-42";
+    // Built first, outside the example's guard: a first build (or cargo waiting for its package lock) is not the
+    // example hanging.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let built = tokio::process::Command::new(env!("CARGO"))
+        .args(["build", "-q", "-p", "bw-client", "--example", "producer"])
+        .current_dir(&root)
+        .status()
+        .await
+        .expect("cargo runs");
+    assert!(built.success(), "the Rust example does not build");
+    let s = stack(TENANT, PHONE).await;
+
+    let mut cmd = tokio::process::Command::new(env!("CARGO"));
+    cmd.args(["run", "-q", "-p", "bw-client", "--example", "producer", "--", OP, WABA_ID, PHONE, RECIPIENT])
+        .arg("Your order shipped")
+        .current_dir(&root)
+        .env("FOLLOW_SECONDS", "60");
+    tenant_env(&mut cmd, &s, TENANT);
+    let (status, stdout, stderr) = run(cmd).await;
+    let output = format!("{stdout}{stderr}");
+    assert!(status.success(), "the example failed ({status}):\n{output}");
+
+    let tagged = |tag: &str| -> Vec<std::collections::HashMap<String, String>> {
+        stdout.lines().filter(|l| l.starts_with(&format!("{tag} "))).map(rust_line).collect()
+    };
+    let (replies, events, statuses) = (tagged("reply"), tagged("event"), tagged("status"));
+    assert!(replies.len() == 1 && statuses.len() == 1, "one reply and one status printed:\n{output}");
+    let (reply, status_reply) = (&replies[0], &statuses[0]);
+    let field = |m: &std::collections::HashMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+    assert_eq!(field(reply, "operation_id"), OP, "the producer's own id:\n{output}");
+    let printed = Printed {
+        accepted: field(reply, "accepted") == "true",
+        duplicate: field(reply, "duplicate") == "true",
+        events: events.iter().map(|e| (field(e, "kind"), field(e, "wamid"))).collect(),
+        status_found: field(status_reply, "found") == "true",
+        current: field(status_reply, "current"),
+        journey: field(status_reply, "journey").split(',').filter(|k| !k.is_empty()).map(String::from).collect(),
+    };
+    check(&s, TENANT, PHONE, OP, &printed, &output).await;
 }
 
 /// `examples/producer-ts` type-checks as its README says (`npm run check`, `tsc --noEmit` under the strict

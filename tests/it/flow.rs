@@ -61,6 +61,7 @@ async fn a_send_writes_the_wamid_link_at_the_defaults_and_not_when_it_is_off() {
         sim.webhook.delivered_delay_ms = None;
         sim.webhook.read_delay_ms = None;
         let mut h = Harness::start(sim).await;
+        h.register(&[PHONE]).await;
         h.start_ingest(&[]).await;
         if link {
             h.start_dispatcher_at_defaults().await;

@@ -16,7 +16,10 @@ mod priority;
 mod redaction;
 mod redis_auth;
 mod resilience;
+mod senders;
 mod skeleton;
+mod tenant_stack;
+mod tenants;
 mod tracing;
 
 /// Runs `bwctl <args>` in-process against `nats_url` (the CLI's own parser and `run`), returning its exit code

@@ -50,8 +50,10 @@ fn order(waba: &str, phone: &str, op: &str, i: usize) -> SendRequest {
         .build()
 }
 
-/// Submits `n` orders from `phone` of `waba` through ingest; their operation ids.
+/// Submits `n` orders from `phone` of `waba` through ingest (the sender registered to the tenant `default`
+/// first: the dispatcher at its defaults checks the registry); their operation ids.
 async fn submit(h: &Harness, waba: &str, phone: &str, prefix: &str, n: usize, first: usize) -> Vec<String> {
+    bw_e2e::register_senders(&h.js, &[(phone, waba)]).await;
     let mut ops = Vec::new();
     for i in 0..n {
         let op = format!("{prefix}-{i:03}");
@@ -175,8 +177,10 @@ async fn a_bodiless_403_pauses_the_number_briefly_and_probes_and_never_halts_the
     assert!(refused.iter().all(|op| oracle.get(op).is_some_and(|e| e.count == 1)), "each accepted once");
 }
 
-/// Seeds one DLQ entry of a breaker incident (ledger DLQ, envelope with the incident).
+/// Seeds one DLQ entry of a breaker incident (ledger DLQ, envelope with the incident), its sender registered to
+/// the tenant `default`.
 async fn seed_dlq(h: &Harness, request: &SendRequest, incident: &str) {
+    bw_e2e::register_senders(&h.js, &[(request.phone_number_id.as_str(), request.waba_id.as_str())]).await;
     let entry = bw_common::ledger::entry_for(request, OperationState::Dlq);
     h.ledger
         .update(&request.operation_id, |_| Some(LedgerEntry { incident_id: incident.into(), ..entry.clone() }))

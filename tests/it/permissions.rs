@@ -1,5 +1,7 @@
-//! NATS users (deploy/nats/accounts.conf, the very file): every service runs as its own least-privilege user with
-//! its own inbox prefix, messages go end to end through the Meta simulator (one dead-letters and is replayed,
+//! NATS users (deploy/nats/accounts.conf, the very file, with its producers' region generated for the test's
+//! senders as `bwctl senders nats-accounts` does): every service runs as its own least-privilege user with
+//! its own inbox prefix at the compiled default tenancy (the sender registry, which the operator writes and
+//! ingest, the dispatcher and replay read), messages go end to end through the Meta simulator (one dead-letters and is replayed,
 //! one is purged by the operator; two are quarantined, and the operator purges one and replays the other), every
 //! bwctl command that uses NATS runs as the operator user, and nats-server logs no permissions violation; then
 //! what a user must not do is refused (the server logs it and the client gets an error), the operator included.
@@ -37,16 +39,47 @@ fn password(user: &str) -> String {
     format!("{user}-test-pw")
 }
 
-/// nats-server with deploy/nats/accounts.conf and a password for every user it names.
+/// The test's senders, both registered to the tenant `default` (their operation keys are the bare ids).
+const SENDERS: [&str; 2] = [PHONE, PHONE_PURGED];
+/// The producers' tenant.
+const TENANT: &str = bw_common::tenancy::DEFAULT_TENANT;
+
+fn accounts_conf() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf")
+}
+
+/// nats-server with deploy/nats/accounts.conf as committed (no producer) and a password for every user.
 fn server() -> NatsServer {
-    server_with(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf"))
+    server_with(&accounts_conf())
+}
+
+/// nats-server with deploy/nats/accounts.conf whose producers' region holds the user of [`TENANT`] owning
+/// [`SENDERS`] (what `bwctl senders nats-accounts` prints once the operator registered them).
+fn tenant_server() -> NatsServer {
+    let records: Vec<bw_common::proto::SenderRecord> = SENDERS
+        .iter()
+        .map(|phone| bw_common::proto::SenderRecord {
+            phone_number_id: phone.to_string(),
+            waba_id: WABA_ID.into(),
+            tenant: TENANT.into(),
+            ..Default::default()
+        })
+        .collect();
+    let base = std::fs::read_to_string(accounts_conf()).expect("accounts.conf");
+    let conf = bw_ops::senders::render_accounts(&base, &records).expect("producers generated");
+    let path = std::env::temp_dir().join(format!("bw-accounts-tenant-{}.conf", bw_testkit::free_port()));
+    std::fs::write(&path, conf).expect("conf written");
+    let server = server_with(&path);
+    let _ = std::fs::remove_file(&path);
+    server
 }
 
 /// nats-server with the accounts file `conf` and a password for every user it names.
 fn server_with(conf: &Path) -> NatsServer {
     let mut envs: Vec<(&str, String)> = SERVICES.iter().map(|(user, var)| (*var, password(user))).collect();
     envs.push(("BW_NATS_OPERATOR_PASSWORD", password("operator")));
-    envs.push(("BW_NATS_PRODUCER_PASSWORD", password("producer-crm")));
+    let producer = bw_ops::senders::password_var(TENANT);
+    envs.push((producer.as_str(), password(&bw_common::tenancy::nats_user(TENANT))));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     NatsServer::start_with_config(conf, &envs)
 }
@@ -181,7 +214,7 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
 
 async fn services_and_operator_as_their_users() {
     bw_common::service::install_crypto();
-    let nats = server();
+    let nats = tenant_server();
     let redis = RedisServer::start();
     let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
     let mut sim_cfg = SimConfig {
@@ -192,6 +225,13 @@ async fn services_and_operator_as_their_users() {
     };
     sim_cfg.webhook.url = Some(format!("http://{ingest_http}/webhooks/meta"));
     let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
+    // The operator registers the senders (bwctl creates the registry's bucket: no service has started yet).
+    for phone in SENDERS {
+        let (code, out) =
+            crate::bwctl(&url_of(&nats, "operator"), &["senders", "add", phone, "--waba", WABA_ID, "--tenant", TENANT])
+                .await;
+        assert_eq!(code, 0, "bwctl senders add as the operator:\n{out}");
+    }
     // The services at their compiled defaults but for where things are and a few speed-ups (retries, Meta's
     // timeout, alerting's poll). Ingest, started first, creates the topology as its user; the others find it.
     let mut services = Services { health: Vec::new(), tokens: Vec::new(), handles: Vec::new() };
@@ -205,6 +245,7 @@ async fn services_and_operator_as_their_users() {
         ("webhook.verify_token", "e2e-verify".to_string()),
         ("intake.api_keys.e2e.sha256", bw_ingest::key_sha256(INTAKE_API_KEY)),
         ("intake.api_keys.e2e.phone_number_ids", r#"["*"]"#.to_string()),
+        ("intake.api_keys.e2e.tenant", TENANT.to_string()),
     ]);
     let cfg = bw_ingest::Config::load(None, &env_for("ingest", &pairs)).expect("ingest config");
     let redis_cfg = bw_common::service::ServiceConfig::redis(&cfg).cloned();
@@ -253,9 +294,8 @@ async fn services_and_operator_as_their_users() {
         bw_testkit::wait_until(WAIT, || async { state_of(op).await.is_some_and(|e| states.contains(&e.state())) }).await
     };
 
-    // A producer, as its own user on its own inbox prefix.
-    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), password("producer-crm"))
-        .custom_inbox_prefix("_INBOX_producer-crm")
+    // A producer, as its tenant's user on the tenant's inbox prefix.
+    let producer = bw_client::tenant_options(TENANT, password(&bw_common::tenancy::nats_user(TENANT)))
         .connect(format!("127.0.0.1:{}", nats.port()))
         .await
         .expect("producer connects");

@@ -153,7 +153,8 @@ async fn a_promotion_waits_while_its_sender_has_a_priority_message_in_the_dlq() 
     let mut h = Harness::start(SimConfig::default()).await;
     h.start_ingest(&[]).await;
     h.start_coordinator(&[]).await;
-    // The gate at the dispatcher's compiled defaults (250 ms backlog refresh, 500 ms hold).
+    // The gate at the dispatcher's compiled defaults (250 ms backlog refresh, 500 ms hold), sender registered.
+    h.register(&[PHONE]).await;
     h.start_dispatcher_at_defaults().await;
     // The sender is known and CLOSED.
     submit(&h, &request("warm-up", 0, Category::Transactional)).await;

@@ -1,7 +1,7 @@
 //! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics (the DLQ's also per
 //! breaker incident, [`dlq`]) and (masked) inspection, replay now (or exactly one incident, [`dlq`]), purge with
-//! confirmation, breaker overrides through the coordinator's admin API,
-//! and the accounting check.
+//! confirmation, breaker overrides through the coordinator's admin API, the accounting check, and the sender
+//! registry with the producers' NATS users generated from it ([`senders`]).
 //!
 //! It reads the work-queue streams without consuming them and moves entries only through `bw_ops`, so it
 //! obeys the same ledger rules as the replay service and can run alongside it. It never prints recipients in
@@ -10,6 +10,7 @@
 pub mod dlq;
 pub mod fmt;
 pub mod op;
+pub mod senders;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -80,6 +81,9 @@ pub enum Command {
     /// BW_SEND's and the DLQ's partitions.
     #[command(subcommand)]
     Send(SendCommand),
+    /// The sender registry: which tenant (producer) owns which number, and the producers' NATS users.
+    #[command(subcommand)]
+    Senders(senders::SendersCommand),
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -95,6 +99,15 @@ pub enum LedgerCommand {
     /// Needs a NATS user allowed to create, update and delete streams (an administrator's). Safe to run
     /// again after an interruption; services refuse to start while it is under way.
     Repartition(RepartitionArgs),
+    /// Move ledger entries from before tenants (keyed by the bare operation id) whose number the registry gives
+    /// a tenant other than `default` to that tenant's key (`<tenant>/<id>`), re-pointing their wamid links.
+    /// Refuses while BW_SEND, BW_DLQ, BW_UNKNOWN or BW_QUARANTINE hold a message of such a number. Safe to run
+    /// again; entries of `default` and of unregistered numbers stay as they are.
+    MigrateTenants {
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 /// The new count of a repartition.
@@ -281,7 +294,7 @@ pub struct ScopeArg {
 pub struct QuarantineSelect {
     #[arg(long)]
     pub scope: Option<String>,
-    /// permanent_error, poison, unknown_review, window_closed, operator.
+    /// permanent_error, poison, unknown_review, window_closed, operator, sender_revoked.
     #[arg(long)]
     pub reason: Option<String>,
     /// Operation ids, comma-separated.
@@ -362,6 +375,9 @@ pub async fn connect_with(cfg: &bw_common::config::NatsConfig) -> anyhow::Result
 pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
     if let Command::Breaker(cmd) = &cli.command {
         return breaker(&cli.coordinator_url, cli.operator_token.as_ref(), cmd, out).await;
+    }
+    if let Command::Senders(cmd) = &cli.command {
+        return senders::run(&cli.nats_url, cmd, out).await;
     }
     if let Command::Pause(cmd) = &cli.command {
         return pause(&cli.coordinator_url, cli.operator_token.as_ref(), cmd, out).await;
@@ -571,11 +587,13 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
             Ok(0)
         }
         Command::Op(args) => op::run(js, buckets, &args, out).await,
+        Command::Ledger(LedgerCommand::MigrateTenants { yes }) => migrate_tenants(js, buckets, yes, out).await,
         Command::Breaker(_)
         | Command::Pause(_)
         | Command::OperatorTokenHash
-        | Command::Ledger(_)
-        | Command::Send(_) => Ok(0),
+        | Command::Ledger(LedgerCommand::Repartition(_))
+        | Command::Send(_)
+        | Command::Senders(_) => Ok(0),
     }
 }
 
@@ -683,6 +701,46 @@ async fn repartition(
         "start every service with nats.ledger_partitions = {to} (BW_<SERVICE>__NATS__LEDGER_PARTITIONS), and \
          grant the NATS users the new partitions: scripts/nats-accounts.sh {to}"
     )?;
+    Ok(0)
+}
+
+/// `bwctl ledger migrate-tenants`.
+async fn migrate_tenants(
+    js: &jetstream::Context,
+    buckets: &Buckets,
+    yes: bool,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    if js.get_key_value(names::SENDERS_BUCKET).await.is_err() {
+        anyhow::bail!("no sender is registered (bwctl senders add): there is no tenant to move entries to");
+    }
+    let registry = bw_common::registry::Registry::open(js, 1).await?;
+    let what = "move every ledger entry from before tenants whose number belongs to a tenant other than `default` \
+                to that tenant's key";
+    if !confirm(yes, what, out)? {
+        return Ok(EXIT_ABORTED);
+    }
+    let report = bw_ops::tenants::migrate_tenants(js, buckets, &registry).await?;
+    let per_tenant: Vec<String> = report.moved.iter().map(|(t, n)| format!("{t} {n}")).collect();
+    writeln!(
+        out,
+        "moved {} entries to their tenant's key{}; re-pointed {} wamid links",
+        report.moved_total(),
+        if per_tenant.is_empty() { String::new() } else { format!(" ({})", per_tenant.join(", ")) },
+        report.links
+    )?;
+    writeln!(
+        out,
+        "left as they are: {} of tenant `default`, {} already under a tenant key, {} of unregistered numbers",
+        report.default_tenant, report.keyed, report.unregistered
+    )?;
+    if report.unregistered > 0 {
+        writeln!(out, "register those numbers (bwctl senders add) and run this again to move their entries")?;
+    }
+    if !report.corrupt.is_empty() {
+        writeln!(out, "undecodable entries left alone (bwctl op <id>): {}", report.corrupt.join(", "))?;
+        return Ok(1);
+    }
     Ok(0)
 }
 

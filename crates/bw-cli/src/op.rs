@@ -1,8 +1,10 @@
 //! `bwctl op <operation_id>`: where one operation is and how it got there, for a human.
 //!
-//! Reads the ledger entry (BW_LEDGER) and the events the outcome feed holds for it (BW_FEED, subject
-//! `bw.feed.v1.<phone_number_id>.<operation_id>`, written by ingest's feed publisher), so it works while ingest
-//! is down. Ledger entries and feed events hold no recipient and no body; reasons are non-personal texts.
+//! Reads the ledger entry (BW_LEDGER, by operation key: the producer's id for the tenant `default`,
+//! `<tenant>/<id>` for the others, `bw_common::tenancy::operation_key`) and the events the outcome feed holds for
+//! it (BW_FEED, subject `bw.feed.v1.<tenant>.<phone_number_id>.<operation_id>`, written by ingest's feed
+//! publisher; for `default` also the subject from before tenants, `bw.feed.v1.<phone_number_id>.<operation_id>`),
+//! so it works while ingest is down. Ledger entries and feed events hold no recipient and no body; reasons are non-personal texts.
 
 use async_nats::jetstream::{self, consumer};
 use bw_common::nats::Buckets;
@@ -15,17 +17,28 @@ use std::time::Duration;
 /// Arguments of `bwctl op`.
 #[derive(Debug, clap::Args)]
 pub struct OpArgs {
-    /// The producer's operation id.
+    /// The operation key (`<tenant>/<id>`, or the bare id of the tenant `default`), or with --tenant the
+    /// producer's operation id.
     pub operation_id: String,
+    /// The tenant whose operation id this is.
+    #[arg(long)]
+    pub tenant: Option<String>,
 }
 
 const FEED_STREAM: &str = "BW_FEED";
 const MAX_EVENTS: usize = 500;
 
-async fn journey(js: &jetstream::Context, phone: &str, op: &str) -> anyhow::Result<Vec<OutcomeEvent>> {
+async fn journey(js: &jetstream::Context, phone: &str, key: &str) -> anyhow::Result<Vec<OutcomeEvent>> {
+    use bw_common::tenancy;
     let Ok(stream) = js.get_stream(FEED_STREAM).await else { return Ok(Vec::new()) };
+    let (tenant, op) = tenancy::split_operation_key(key);
+    let mut filters = vec![tenancy::feed_subject(tenant, phone, op)];
+    if tenant == tenancy::DEFAULT_TENANT {
+        // Events published before tenants existed.
+        filters.push(format!("bw.feed.v1.{phone}.{op}"));
+    }
     let config = consumer::pull::Config {
-        filter_subject: format!("bw.feed.v1.{phone}.{op}"),
+        filter_subjects: filters,
         deliver_policy: consumer::DeliverPolicy::All,
         ack_policy: consumer::AckPolicy::None,
         inactive_threshold: Duration::from_secs(30),
@@ -136,16 +149,33 @@ pub async fn run(
     args: &OpArgs,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
+    use bw_common::tenancy;
     let ledger = bw_common::ledger::Ledger::new(buckets);
-    if !bw_common::ledger::valid_operation_id(&args.operation_id) {
-        writeln!(out, "not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")?;
-        return Ok(1);
-    }
-    let Some(current) = ledger.get(&args.operation_id).await? else {
-        writeln!(out, "no ledger entry for `{}` (never accepted, or expired)", args.operation_id)?;
+    let key = match &args.tenant {
+        Some(t) if !tenancy::valid_tenant(t) => {
+            writeln!(out, "not a tenant: 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit")?;
+            return Ok(1);
+        }
+        Some(_) if !bw_common::ledger::valid_operation_id(&args.operation_id) => {
+            writeln!(out, "not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")?;
+            return Ok(1);
+        }
+        Some(t) => tenancy::operation_key(t, &args.operation_id),
+        None if !tenancy::valid_operation_key(&args.operation_id) => {
+            writeln!(
+                out,
+                "not an operation key: an operation id (1..=128 characters of [A-Za-z0-9_=.-]), or <tenant>/<id> \
+                 (or pass --tenant)"
+            )?;
+            return Ok(1);
+        }
+        None => args.operation_id.clone(),
+    };
+    let Some(current) = ledger.get(&key).await? else {
+        writeln!(out, "no ledger entry for `{key}` (never accepted, or expired)")?;
         return Ok(1);
     };
-    let events = journey(js, &current.entry.phone_number_id, &args.operation_id).await?;
+    let events = journey(js, &current.entry.phone_number_id, &key).await?;
     render(&current.entry, &events, out)?;
     Ok(0)
 }
@@ -215,28 +245,53 @@ mod tests {
             })
             .await
             .expect("feed stream");
-        for (kind, at) in [(OutcomeKind::Accepted, 1_796_118_258_268), (OutcomeKind::Delivered, 1_796_118_259_000)] {
-            let ev =
-                OutcomeEvent { operation_id: "op-9".into(), kind: kind as i32, at_unix_ms: at, ..Default::default() };
-            deps.js
-                .publish("bw.feed.v1.2002.op-9", ev.encode_to_vec().into())
-                .await
-                .expect("publish")
-                .await
-                .expect("stored");
-        }
+        // The default tenant's events: one from before tenants (no tenant token), one after.
+        let publish = |subject: &'static str, op: &'static str, kind: OutcomeKind, at: i64| {
+            let js = deps.js.clone();
+            async move {
+                let ev =
+                    OutcomeEvent { operation_id: op.into(), kind: kind as i32, at_unix_ms: at, ..Default::default() };
+                js.publish(subject, ev.encode_to_vec().into()).await.expect("publish").await.expect("stored");
+            }
+        };
+        publish("bw.feed.v1.2002.op-9", "op-9", OutcomeKind::Accepted, 1_796_118_258_268).await;
+        publish("bw.feed.v1.default.2002.op-9", "op-9", OutcomeKind::Delivered, 1_796_118_259_000).await;
+        // Tenant crm's operation of the same id: its own key and feed subjects.
+        let mut crm = entry.clone();
+        crm.operation_id = "crm/op-9".into();
+        crm.set_state(OperationState::Failed);
+        bw_common::ledger::Ledger::new(&deps.buckets).create(&crm).await.expect("ledger");
+        publish("bw.feed.v1.crm.2002.op-9", "op-9", OutcomeKind::Failed, 1_796_118_259_500).await;
         let run = |args: Vec<String>| async move {
             let mut out = Vec::new();
             let code = crate::run(crate::Cli::parse_from(args), &mut out).await.expect("runs");
             (code, String::from_utf8(out).expect("utf8"))
         };
-        let args = |op: &str| vec!["bwctl".to_string(), "--nats-url".into(), server.url(), "op".into(), op.into()];
-        let (code, text) = run(args("op-9")).await;
+        let url = server.url();
+        let args = |extra: &[&str]| {
+            let mut v = vec!["bwctl".to_string(), "--nats-url".into(), url.clone(), "op".into()];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+        let (code, text) = run(args(&["op-9"])).await;
         assert_eq!(code, 0, "{text}");
         assert!(text.contains("state      delivered") && text.contains("wamid.NINE"), "{text}");
         let accepted = text.find("accepted  ").expect("accepted row");
         assert!(text[accepted..].contains("delivered"), "journey in order: {text}");
-        let (code, text) = run(args("op-404")).await;
+        assert!(!text.contains("failed"), "not crm's event: {text}");
+        for key in [&["crm/op-9"][..], &["--tenant", "crm", "op-9"]] {
+            let (code, text) = run(args(key)).await;
+            assert_eq!(code, 0, "{text}");
+            assert!(text.contains("operation  crm/op-9") && text.contains("state      failed"), "{text}");
+            let journey = &text[text.find("at (UTC)").expect("journey")..];
+            assert!(journey.contains("failed") && !journey.contains("delivered"), "crm's events only: {text}");
+        }
+        let (code, text) = run(args(&["op-404"])).await;
         assert_eq!(code, 1, "{text}");
+        for bad in [&["default/op-9"][..], &["--tenant", "Crm", "op-9"], &["--tenant", "crm", "crm/op-9"]] {
+            let (code, text) = run(args(bad)).await;
+            assert_eq!(code, 1, "{bad:?}: {text}");
+            assert!(text.starts_with("not a"), "{bad:?}: {text}");
+        }
     }
 }

@@ -8,16 +8,23 @@
 //!
 //! Must not: invent operation ids on retry, or log message bodies and recipients.
 //!
-//! Following outcomes: [`follow`] binds the producer's own durable consumer on the outcome feed (BW_FEED,
-//! `bw.feed.v1.<phone_number_id>.>`), and [`Client::status`] asks where one operation is.
+//! A producer is a tenant of the sender registry (docs/producers.md): it connects as its tenant's NATS user
+//! `producer-<tenant>` with the inbox prefix `_INBOX_<tenant>` ([`tenant_options`]); ingest answers nowhere
+//! else, and sends only from the tenant's own numbers.
 //!
-//! Entry points: [`Client::new`], [`Client::send`], [`Client::status`], [`follow`], [`Request`] (builder).
+//! Following outcomes: [`follow`] binds the tenant's one durable consumer `feed-<tenant>` on the outcome feed
+//! (BW_FEED, `bw.feed.v1.<tenant>.>` or one number's `bw.feed.v1.<tenant>.<phone_number_id>.>`), and
+//! [`Client::status`] asks where one operation is. Both show the producer's own operation ids.
+//!
+//! Entry points: [`tenant_options`], [`Client::new`], [`Client::send`], [`Client::status`], [`follow`],
+//! [`Request`] (builder).
 
 use bw_common::names;
 use bw_common::proto::{
     Category, IntakeReply, OutcomeEvent, RejectReason, SendRequest, StatusQuery, StatusReply, TemplatePayload,
     TextPayload, send_request::Payload,
 };
+use bw_common::tenancy;
 use prost::Message as _;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -150,27 +157,60 @@ impl Client {
     }
 }
 
-/// Follows the outcome feed of one sender through the producer's own durable consumer `durable` on BW_FEED
-/// (filter `bw.feed.v1.<phone_number_id>.>`): every state change of every operation of that sender, from where
-/// the consumer left off. Ack each [`FeedItem`] once handled; an unacked event comes again after 30 s.
+/// Connect options of `tenant`'s producer connection: its NATS user `producer-<tenant>` with `password`, and
+/// its inbox prefix `_INBOX_<tenant>`, the only subjects its user may subscribe to and the only ones ingest
+/// replies to. Add servers, TLS or a name as usual, then `.connect(url)`.
+pub fn tenant_options(tenant: &str, password: impl Into<String>) -> async_nats::ConnectOptions {
+    with_tenant_inbox(
+        async_nats::ConnectOptions::with_user_and_password(tenancy::nats_user(tenant), password.into()),
+        tenant,
+    )
+}
+
+/// `options` with `tenant`'s inbox prefix (for connections that authenticate otherwise, e.g. with a token or
+/// credentials file).
+pub fn with_tenant_inbox(options: async_nats::ConnectOptions, tenant: &str) -> async_nats::ConnectOptions {
+    options.custom_inbox_prefix(tenancy::inbox_prefix(tenant))
+}
+
+/// Follows `tenant`'s outcomes through its durable consumer `feed-<tenant>` on BW_FEED: every state change of
+/// every operation of the tenant, or of one of its numbers with `sender`, from where the consumer left off.
+/// The filter is set (or changed) with the create request that carries it in its subject, the only one a
+/// tenant's NATS user may use, and nothing reads the stream's info (a tenant may not list the feed's subjects).
+/// Ack each [`FeedItem`] once handled; an unacked event comes again after 30 s. Events carry the producer's own
+/// operation ids.
 pub async fn follow(
     js: &async_nats::jetstream::Context,
-    phone_number_id: &str,
-    durable: &str,
+    tenant: &str,
+    sender: Option<&str>,
 ) -> Result<Feed, FeedError> {
     use async_nats::jetstream::consumer;
-    let stream = js.get_stream("BW_FEED").await.map_err(|e| FeedError(e.to_string()))?;
+    if !tenancy::valid_tenant(tenant) {
+        return Err(FeedError("tenant must be 1..=32 characters of [a-z0-9-]".into()));
+    }
+    let name = tenancy::feed_consumer(tenant);
+    let filter = match sender {
+        Some(phone) => tenancy::feed_sender_filter(tenant, phone),
+        None => tenancy::feed_filter(tenant),
+    };
+    let stream = js.get_stream_no_info(FEED_STREAM).await.map_err(|e| FeedError(e.to_string()))?;
     let config = consumer::pull::Config {
-        durable_name: Some(durable.to_string()),
-        filter_subject: format!("bw.feed.v1.{phone_number_id}.>"),
+        name: Some(name.clone()),
+        durable_name: Some(name),
+        filter_subject: filter,
         ack_policy: consumer::AckPolicy::Explicit,
         ack_wait: Duration::from_secs(30),
         ..Default::default()
     };
-    let consumer = stream.get_or_create_consumer(durable, config).await.map_err(|e| FeedError(e.to_string()))?;
+    // Create or update: an existing consumer of the tenant keeps its position and takes this filter.
+    let consumer: consumer::PullConsumer =
+        stream.create_consumer(config).await.map_err(|e| FeedError(e.to_string()))?;
     let messages = consumer.messages().await.map_err(|e| FeedError(e.to_string()))?;
     Ok(Feed { messages })
 }
+
+/// The outcome feed stream.
+const FEED_STREAM: &str = "BW_FEED";
 
 /// The feed could not be followed (stream or consumer unavailable).
 #[derive(Debug, thiserror::Error)]

@@ -150,6 +150,58 @@ impl Owner {
     }
 }
 
+/// Why a sender may not be used for a request or an operation. Checked in this order, so a number of another
+/// tenant is refused as not owned before its WABA is compared (its WABA is not disclosed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SenderRefusal {
+    /// The number is not in the registry.
+    NotRegistered,
+    /// The number belongs to another tenant than the caller's (or than the operation's).
+    NotOwned,
+    /// The request names another WABA than the registry records for the number.
+    WabaMismatch,
+}
+
+impl SenderRefusal {
+    /// Short label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            SenderRefusal::NotRegistered => "sender_not_registered",
+            SenderRefusal::NotOwned => "sender_not_owned",
+            SenderRefusal::WabaMismatch => "waba_mismatch",
+        }
+    }
+}
+
+impl SenderRefusal {
+    /// Why an accepted operation was not sent (its quarantine detail): names the number, never a tenant.
+    pub fn revoked_detail(self, phone_number_id: &str) -> String {
+        let why = match self {
+            SenderRefusal::NotRegistered => "is no longer in the sender registry",
+            SenderRefusal::NotOwned => "is now registered to another tenant than the operation's",
+            SenderRefusal::WabaMismatch => "is now registered under another WABA than the request's",
+        };
+        format!("not sent: phone_number_id {phone_number_id} {why}")
+    }
+}
+
+impl Owner {
+    /// Whether a request naming `waba_id` may use this owner's number on behalf of `tenant` (None: whoever owns
+    /// it, as on NATS, where the subject's number decides the tenant). Ok holds the owning tenant.
+    pub fn admit(&self, tenant: Option<&str>, waba_id: &str) -> Result<&str, SenderRefusal> {
+        let Owner::Known { tenant: owner, waba_id: registered, .. } = self else {
+            return Err(SenderRefusal::NotRegistered);
+        };
+        if tenant.is_some_and(|t| t != owner) {
+            return Err(SenderRefusal::NotOwned);
+        }
+        if registered != waba_id {
+            return Err(SenderRefusal::WabaMismatch);
+        }
+        Ok(owner)
+    }
+}
+
 /// A service's view of the registry (see the module docs); cheap to clone.
 #[derive(Clone)]
 pub struct RegistryView {
@@ -206,6 +258,18 @@ impl RegistryView {
         Ok(RegistryView { inner: Some(inner) })
     }
 
+    /// Whether an accepted request (its `operation_id` holds the operation key) may still be sent from its
+    /// number: the registry must still assign the number to the key's tenant, under the request's WABA. Always
+    /// Ok(None) in dev mode.
+    pub async fn revoked(&self, request: &crate::proto::SendRequest) -> Result<Option<SenderRefusal>, RegistryError> {
+        if self.is_dev() {
+            return Ok(None);
+        }
+        let (tenant, _) = tenancy::split_operation_key(&request.operation_id);
+        let owner = self.owner(&request.phone_number_id, &request.waba_id).await?;
+        Ok(owner.admit(Some(tenant), &request.waba_id).err())
+    }
+
     /// True in dev mode.
     pub fn is_dev(&self) -> bool {
         self.inner.is_none()
@@ -246,6 +310,22 @@ impl RegistryView {
     }
 }
 
+/// The view a service runs with: in registry mode the registry's (opened, loaded and watched within the
+/// start-up budget, so a service that cannot read it does not report ready), in dev mode [`RegistryView::dev`].
+pub async fn view_for(
+    mode: tenancy::TenancyMode,
+    deps: &crate::service::Deps,
+    replicas: usize,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<RegistryView> {
+    if mode == tenancy::TenancyMode::Dev {
+        return Ok(RegistryView::dev());
+    }
+    let budget = std::time::Duration::from_secs(30);
+    let registry = deps.startup_step("sender registry", budget, || Registry::open(&deps.js, replicas)).await?;
+    deps.startup_step("sender registry view", budget, || RegistryView::start(registry.clone(), shutdown.clone())).await
+}
+
 impl ViewInner {
     fn apply(&self, entry: &kv::Entry) {
         let Ok(mut map) = self.map.write() else { return };
@@ -266,6 +346,18 @@ impl ViewInner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_admit_only_their_tenant_and_waba() {
+        let owner = Owner::Known { tenant: "crm".into(), waba_id: "1001".into(), portfolio_id: String::new() };
+        assert_eq!(owner.admit(None, "1001"), Ok("crm"));
+        assert_eq!(owner.admit(Some("crm"), "1001"), Ok("crm"));
+        assert_eq!(owner.admit(Some("shop"), "1001"), Err(SenderRefusal::NotOwned));
+        // Another tenant's number is refused as not owned whatever WABA it names.
+        assert_eq!(owner.admit(Some("shop"), "9"), Err(SenderRefusal::NotOwned));
+        assert_eq!(owner.admit(Some("crm"), "9"), Err(SenderRefusal::WabaMismatch));
+        assert_eq!(Owner::Unregistered.admit(None, "1001"), Err(SenderRefusal::NotRegistered));
+    }
 
     #[test]
     fn records_are_validated() {

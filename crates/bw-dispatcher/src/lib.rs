@@ -15,6 +15,11 @@
 //! Messages ingest marked `keeps_order` pass the per-recipient order gate first, in the same round trip: one
 //! behind an earlier waiting message to the same recipient waits for it (`order`).
 //!
+//! Tenancy: in registry mode (the compiled default) a message is sent only while the sender registry still
+//! assigns its number to the operation's tenant (the operation key's) under the request's WABA; one whose sender
+//! was removed, moved to another tenant or re-registered under another WABA after acceptance goes to the
+//! quarantine (`SENDER_REVOKED`, the detail says which), never to Meta and never to the DLQ.
+//!
 //! Must not: resend an operation the ledger shows as accepted by Meta, retry an unknown outcome, or hold a
 //! message in memory for longer than `hold_max_ms`.
 //!
@@ -59,6 +64,9 @@ pub struct Config {
     /// Breaker client settings (local fallback, command timeouts); defaults when absent.
     #[serde(default)]
     pub breaker: bw_breaker::BreakerConfig,
+    /// Whether senders are checked against the sender registry before each send (the compiled default).
+    #[serde(default)]
+    pub tenancy: bw_common::tenancy::TenancyConfig,
 }
 
 /// How to reach Meta.
@@ -336,6 +344,10 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     // Fail fast without Redis while a scope is known to be OPEN; operators' changes arrive as transitions.
     breaker.follow_transitions().await?;
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
+    let registry = bw_common::registry::view_for(cfg.tenancy.mode, &deps, cfg.nats.replicas, shutdown.clone()).await?;
+    if registry.is_dev() {
+        tracing::info!("tenancy.mode = \"dev\": senders are not checked against the sender registry");
+    }
     let meta = MetaClient::new(&cfg.meta)?;
     let ack_wait = Duration::from_millis(cfg.dispatch.ack_wait_ms);
     let partitions = served_partitions(&cfg.dispatch.partitions, deps.buckets.send);
@@ -356,6 +368,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         send: deps.buckets.send,
         nats: deps.nats.clone(),
         ledger,
+        registry,
         breaker,
         meta,
         cfg: cfg.dispatch.clone(),

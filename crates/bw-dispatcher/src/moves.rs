@@ -410,6 +410,42 @@ impl Worker {
         .await;
     }
 
+    /// Quarantines a message that was never sent (no attempt is counted): `detail` says why, in the entry and as
+    /// the ledger's reason, which the producer's feed shows. It ended here, so its recipient's order goes on.
+    pub(crate) async fn quarantine_unsent(&self, w: Work, reason: QuarantineReason, detail: String) {
+        self.release_order(&w).await;
+        let now = now_ms();
+        let err = ErrorInfo { details: detail.clone(), at_unix_ms: now, ..Default::default() };
+        let entry = QuarantineEntry {
+            request: Some(w.request.clone()),
+            reason: reason as i32,
+            error: Some(err.clone()),
+            detail: detail.clone(),
+            quarantined_at_unix_ms: now,
+            incident_id: String::new(),
+        };
+        let subject = names::quarantine_subject(&w.request.phone_number_id);
+        let event = Event { err: &err, wamid: "", latency_us: 0 };
+        self.move_to(
+            &w,
+            self.destination(&w, "quarantine", subject, entry.encode_to_vec().into()),
+            Outcome::Quarantined,
+            event,
+            |cur| {
+                if !still_ours(cur, &w) {
+                    return None;
+                }
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Quarantined);
+                e.in_flight_since_unix_ms = 0;
+                e.in_flight_token.clear();
+                e.reason = detail.clone();
+                Some(e)
+            },
+        )
+        .await;
+    }
+
     /// The request may have reached Meta: never resend blindly; wait for a status webhook.
     pub(crate) async fn to_unknown(&self, w: Work, err: ErrorInfo) {
         let mut request = w.request.clone();

@@ -15,7 +15,7 @@ use bw_common::classify::{ErrorClass, Only, Pause, RateScope};
 use bw_common::disposition::Settle;
 use bw_common::ledger::{Ledger, Versioned};
 use bw_common::names::Lane;
-use bw_common::proto::{DispatchOutcome, ErrorInfo, OperationState, SendRequest};
+use bw_common::proto::{DispatchOutcome, ErrorInfo, OperationState, QuarantineReason, SendRequest};
 use bw_common::time::now_ms;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
@@ -31,6 +31,8 @@ pub(crate) struct Worker {
     pub send: bw_common::names::SendPartitions,
     pub nats: async_nats::Client,
     pub ledger: Ledger,
+    /// Who owns which sender (checked before each send in registry mode).
+    pub registry: bw_common::registry::RegistryView,
     pub breaker: Breaker,
     pub meta: MetaClient,
     pub cfg: DispatchConfig,
@@ -792,6 +794,21 @@ impl Worker {
             self.release_order(&work).await;
             self.to_unknown(work, err).await;
             return None;
+        }
+        // Not sent from a number its tenant no longer holds (removed, moved to another tenant, another WABA).
+        match self.registry.revoked(&work.request).await {
+            Ok(None) => {}
+            Ok(Some(refusal)) => {
+                let detail = refusal.revoked_detail(&work.request.phone_number_id);
+                tracing::warn!(parent: &work.span, reason = refusal.label(), "{detail}; quarantined");
+                self.quarantine_unsent(work, QuarantineReason::SenderRevoked, detail).await;
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(parent: &work.span, error = %e, "sender registry unavailable; redelivered");
+                self.settle(&work, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
+                return None;
+            }
         }
         if work.request.deadline_unix_ms > 0 && now_ms() > work.request.deadline_unix_ms {
             self.expire(work, crate::priority::expiry_reason(None)).await;

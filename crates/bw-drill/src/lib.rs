@@ -211,6 +211,9 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let sim = bw_meta_sim::MetaSim::start(sim_cfg).await?;
     say(&opts, &format!("Meta simulator {}", sim.base_url()));
 
+    // Every service runs at its compiled default tenancy (the sender registry): the drill's senders are the
+    // tenant `default`'s, so operation keys stay the bare ids, and the producer answers on that tenant's inbox.
+    register_senders(&nats_server.url(), &senders).await?;
     let mut services = stack::Services::new(stack::bin_dir(), dir.join("logs"));
     // Info level unless told otherwise: the validation matrix scans these logs for personal data and secrets.
     if std::env::var_os("BW_DRILL_LOG").is_none() {
@@ -298,7 +301,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     services.wait_ready(Duration::from_secs(60)).await?;
     say(&opts, &format!("{} service processes ready", services.procs.len()));
 
-    let nats = async_nats::connect(&nats_url).await?;
+    let nats = async_nats::ConnectOptions::new()
+        .custom_inbox_prefix(bw_common::tenancy::inbox_prefix(bw_common::tenancy::DEFAULT_TENANT))
+        .connect(&nats_url)
+        .await?;
     let js = jetstream::new(nats.clone());
     let buckets =
         bw_common::nats::ensure_topology(&js, &bw_common::config::NatsConfig::single(nats_url.clone(), "bw-drill"))
@@ -741,6 +747,23 @@ fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
             .count();
     }
     Some(scan)
+}
+
+/// Registers the drill's senders (of [`WABA_ID`]) to the tenant `default`, as `bwctl senders add` does.
+async fn register_senders(nats_url: &str, senders: &[String]) -> anyhow::Result<()> {
+    let nats = async_nats::connect(nats_url).await?;
+    let registry = bw_common::registry::Registry::open(&jetstream::new(nats), 1).await?;
+    for phone in senders {
+        let record = bw_common::proto::SenderRecord {
+            phone_number_id: phone.clone(),
+            waba_id: WABA_ID.into(),
+            tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+            updated_at_unix_ms: bw_common::time::now_ms(),
+            ..Default::default()
+        };
+        registry.add(&record).await?;
+    }
+    Ok(())
 }
 
 async fn spawn_watchers(

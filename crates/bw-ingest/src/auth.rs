@@ -1,13 +1,16 @@
 //! Producer API keys of the HTTP intake.
 //!
-//! Keys are configured by their sha256 (hex), never in clear, each with the senders it may send for: a list of
-//! phone_number_ids and/or WABA ids (`"*"` means any). A presented key (`Authorization: Bearer <key>` or
-//! `X-Api-Key: <key>`) is hashed and compared with every configured hash in constant time (`subtle`), without
+//! Keys are configured by their sha256 (hex), never in clear, each with its tenant: the key acts for that tenant
+//! alone, on the numbers the sender registry assigns to it (never on what a request says). A key may be narrowed
+//! further to some of the tenant's numbers: phone_number_ids and/or the numbers of WABA ids, as the registry
+//! records them (`"*"` or both lists empty: every number of the tenant). A presented key (`Authorization: Bearer
+//! <key>` or `X-Api-Key: <key>`) is hashed and compared with every configured hash in constant time (`subtle`), without
 //! an early exit, so timing tells nothing about which key or how much of it matched.
 //!
 //! Compiled default: `auth = "required"` with no key configured, so the HTTP intake refuses every request
 //! (401) until an operator configures one. The local stack, the drill and the tests configure a key.
 
+use bw_common::tenancy::{DEFAULT_TENANT, TenancyMode};
 use serde::Deserialize;
 use sha2::Digest;
 use std::collections::BTreeMap;
@@ -29,10 +32,13 @@ pub enum AuthMode {
 pub struct ApiKeyConfig {
     /// Hex sha256 of the key (`printf %s "$KEY" | sha256sum`).
     pub sha256: String,
-    /// Phone number ids this key may send for (`"*"`: any).
+    /// The tenant the key acts for (required with `tenancy.mode = "registry"`; dev mode: `default`).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Narrowing: phone number ids of the tenant this key may use (`"*"`: any).
     #[serde(default, deserialize_with = "crate::secret::id_list")]
     pub phone_number_ids: Vec<String>,
-    /// WABA ids this key may send for (`"*"`: any of their numbers).
+    /// Narrowing: WABA ids whose numbers of the tenant this key may use (`"*"`: any).
     #[serde(default, deserialize_with = "crate::secret::id_list")]
     pub waba_ids: Vec<String>,
 }
@@ -41,6 +47,7 @@ impl std::fmt::Debug for ApiKeyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiKeyConfig")
             .field("sha256", &"<redacted>")
+            .field("tenant", &self.tenant)
             .field("phone_number_ids", &self.phone_number_ids)
             .field("waba_ids", &self.waba_ids)
             .finish()
@@ -56,6 +63,7 @@ pub fn key_sha256(key: &str) -> String {
 struct Key {
     name: String,
     hash: [u8; 32],
+    tenant: String,
     phones: Vec<String>,
     wabas: Vec<String>,
 }
@@ -67,7 +75,7 @@ pub(crate) enum Refusal {
     MissingKey,
     /// A key that matches none configured (401).
     UnknownKey,
-    /// A valid key not allowed for the request's sender (403).
+    /// A valid key whose narrowing leaves out the request's sender, a number of its own tenant (403).
     Forbidden,
 }
 
@@ -86,18 +94,26 @@ impl Refusal {
 pub(crate) struct Principal {
     /// The configured name of the key (`None` when authentication is disabled).
     pub name: Option<String>,
+    /// The key's tenant (`None` when authentication is disabled: whoever owns the number).
+    tenant: Option<String>,
     phones: Vec<String>,
     wabas: Vec<String>,
 }
 
 impl Principal {
-    /// True when this key may send for (or read the operations of) this sender.
-    pub(crate) fn may_use(&self, waba_id: &str, phone_number_id: &str) -> bool {
-        if self.name.is_none() {
+    /// The tenant this key acts for (None: authentication disabled).
+    pub(crate) fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// True when the key's narrowing lets it use (or read the operations of) a number of its tenant;
+    /// `registered_waba` is the number's WABA as the registry records it, never the request's.
+    pub(crate) fn narrowed_to(&self, phone_number_id: &str, registered_waba: &str) -> bool {
+        if self.name.is_none() || (self.phones.is_empty() && self.wabas.is_empty()) {
             return true;
         }
         let hit = |list: &[String], id: &str| list.iter().any(|x| x == "*" || (!id.is_empty() && x == id));
-        hit(&self.phones, phone_number_id) || hit(&self.wabas, waba_id)
+        hit(&self.phones, phone_number_id) || hit(&self.wabas, registered_waba)
     }
 }
 
@@ -109,17 +125,35 @@ pub(crate) struct Keys {
 }
 
 impl Keys {
-    /// Checks and loads the configured keys (a precise error names the key, never its hash).
-    pub(crate) fn new(mode: AuthMode, configured: &BTreeMap<String, ApiKeyConfig>) -> Result<Keys, String> {
+    /// Checks and loads the configured keys (a precise error names the key, never its hash). In dev mode every
+    /// key acts for the tenant `default`, which owns every number there.
+    pub(crate) fn new(
+        mode: AuthMode,
+        configured: &BTreeMap<String, ApiKeyConfig>,
+        tenancy: TenancyMode,
+    ) -> Result<Keys, String> {
         let mut keys = Vec::new();
         for (name, k) in configured {
             let bytes = hex::decode(k.sha256.trim())
                 .ok()
                 .and_then(|b| <[u8; 32]>::try_from(b).ok())
                 .ok_or_else(|| format!("intake.api_keys.{name}.sha256 must be 64 hex characters (a sha256)"))?;
-            if k.phone_number_ids.is_empty() && k.waba_ids.is_empty() {
-                return Err(format!("intake.api_keys.{name} must list phone_number_ids or waba_ids (\"*\" for any)"));
-            }
+            let tenant = match (k.tenant.as_deref(), tenancy) {
+                (Some(t), _) if !bw_common::tenancy::valid_tenant(t) => {
+                    return Err(format!(
+                        "intake.api_keys.{name}.tenant must be 1..=32 characters of [a-z0-9-], starting and ending \
+                         with a letter or digit"
+                    ));
+                }
+                (_, TenancyMode::Dev) => DEFAULT_TENANT.to_string(),
+                (Some(t), TenancyMode::Registry) => t.to_string(),
+                (None, TenancyMode::Registry) => {
+                    return Err(format!(
+                        "intake.api_keys.{name}.tenant is required (tenancy.mode = \"registry\"): the tenant whose \
+                         registered numbers the key sends for"
+                    ));
+                }
+            };
             let ids_ok = |ids: &[String]| ids.iter().all(|i| i == "*" || crate::validate::is_digits(i));
             if !ids_ok(&k.phone_number_ids) || !ids_ok(&k.waba_ids) {
                 return Err(format!("intake.api_keys.{name}: ids must be digits or \"*\""));
@@ -127,6 +161,7 @@ impl Keys {
             keys.push(Key {
                 name: name.clone(),
                 hash: bytes,
+                tenant,
                 phones: k.phone_number_ids.clone(),
                 wabas: k.waba_ids.clone(),
             });
@@ -145,7 +180,7 @@ impl Keys {
     /// Authenticates a presented key (None when absent).
     pub(crate) fn authenticate(&self, presented: Option<&str>) -> Result<Principal, Refusal> {
         if self.mode == AuthMode::Disabled {
-            return Ok(Principal { name: None, phones: Vec::new(), wabas: Vec::new() });
+            return Ok(Principal { name: None, tenant: None, phones: Vec::new(), wabas: Vec::new() });
         }
         let Some(presented) = presented.map(str::trim).filter(|k| !k.is_empty()) else {
             return Err(Refusal::MissingKey);
@@ -160,7 +195,12 @@ impl Keys {
             }
         }
         match found {
-            Some(k) => Ok(Principal { name: Some(k.name.clone()), phones: k.phones.clone(), wabas: k.wabas.clone() }),
+            Some(k) => Ok(Principal {
+                name: Some(k.name.clone()),
+                tenant: Some(k.tenant.clone()),
+                phones: k.phones.clone(),
+                wabas: k.wabas.clone(),
+            }),
             None => Err(Refusal::UnknownKey),
         }
     }
@@ -179,47 +219,59 @@ pub(crate) fn presented_key(headers: &axum::http::HeaderMap) -> Option<&str> {
 mod tests {
     use super::*;
 
+    fn key(sha: &str, tenant: Option<&str>, phones: &[&str], wabas: &[&str]) -> ApiKeyConfig {
+        ApiKeyConfig {
+            sha256: sha.to_string(),
+            tenant: tenant.map(str::to_string),
+            phone_number_ids: phones.iter().map(|p| p.to_string()).collect(),
+            waba_ids: wabas.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+
     fn keys() -> Keys {
         let mut map = BTreeMap::new();
-        map.insert(
-            "crm".to_string(),
-            ApiKeyConfig { sha256: key_sha256("k-crm"), phone_number_ids: vec!["2002".into()], waba_ids: vec![] },
-        );
-        map.insert(
-            "ops".to_string(),
-            ApiKeyConfig { sha256: key_sha256("k-ops"), phone_number_ids: vec![], waba_ids: vec!["1001".into()] },
-        );
-        Keys::new(AuthMode::Required, &map).expect("valid keys")
+        map.insert("crm".to_string(), key(&key_sha256("k-crm"), Some("crm"), &["2002"], &[]));
+        map.insert("ops".to_string(), key(&key_sha256("k-ops"), Some("crm"), &[], &["1001"]));
+        map.insert("all".to_string(), key(&key_sha256("k-all"), Some("shop"), &[], &[]));
+        Keys::new(AuthMode::Required, &map, TenancyMode::Registry).expect("valid keys")
     }
 
     #[test]
-    fn keys_authenticate_and_scope() {
+    fn keys_authenticate_and_narrow_within_their_tenant() {
         let k = keys();
         assert_eq!(k.authenticate(None).expect_err("missing"), Refusal::MissingKey);
         assert_eq!(k.authenticate(Some("  ")).expect_err("blank"), Refusal::MissingKey);
         assert_eq!(k.authenticate(Some("k-crm2")).expect_err("unknown"), Refusal::UnknownKey);
         let crm = k.authenticate(Some("k-crm")).expect("crm");
-        assert_eq!(crm.name.as_deref(), Some("crm"));
-        assert!(crm.may_use("9", "2002"));
-        assert!(!crm.may_use("1001", "2003"));
+        assert_eq!((crm.name.as_deref(), crm.tenant()), (Some("crm"), Some("crm")));
+        assert!(crm.narrowed_to("2002", "9"));
+        assert!(!crm.narrowed_to("2003", "1001"));
         let ops = k.authenticate(Some("k-ops")).expect("ops");
-        assert!(ops.may_use("1001", "7777") && !ops.may_use("1002", "2002"));
-        let open = Keys::new(AuthMode::Disabled, &BTreeMap::new()).expect("empty");
-        assert!(open.authenticate(None).expect("disabled").may_use("1", "2"));
+        assert!(ops.narrowed_to("7777", "1001") && !ops.narrowed_to("2002", "1002"));
+        let all = k.authenticate(Some("k-all")).expect("all");
+        assert_eq!(all.tenant(), Some("shop"));
+        assert!(all.narrowed_to("1", "2"), "no narrowing: every number of the tenant");
+        let open = Keys::new(AuthMode::Disabled, &BTreeMap::new(), TenancyMode::Registry).expect("empty");
+        let anyone = open.authenticate(None).expect("disabled");
+        assert!(anyone.narrowed_to("1", "2") && anyone.tenant().is_none());
     }
 
     #[test]
     fn bad_key_config_is_a_precise_error() {
         let mut map = BTreeMap::new();
-        map.insert(
-            "a".to_string(),
-            ApiKeyConfig { sha256: "zz".into(), phone_number_ids: vec!["1".into()], waba_ids: vec![] },
-        );
-        assert!(Keys::new(AuthMode::Required, &map).err().is_some_and(|e| e.contains("api_keys.a.sha256")));
-        map.insert(
-            "a".to_string(),
-            ApiKeyConfig { sha256: key_sha256("x"), phone_number_ids: vec![], waba_ids: vec![] },
-        );
-        assert!(Keys::new(AuthMode::Required, &map).err().is_some_and(|e| e.contains("must list")));
+        map.insert("a".to_string(), key("zz", Some("crm"), &["1"], &[]));
+        let err =
+            |map: &BTreeMap<String, ApiKeyConfig>| Keys::new(AuthMode::Required, map, TenancyMode::Registry).err();
+        assert!(err(&map).is_some_and(|e| e.contains("api_keys.a.sha256")));
+        map.insert("a".to_string(), key(&key_sha256("x"), None, &["1"], &[]));
+        assert!(err(&map).is_some_and(|e| e.contains("api_keys.a.tenant is required")), "{:?}", err(&map));
+        map.insert("a".to_string(), key(&key_sha256("x"), Some("Not A Tenant"), &[], &[]));
+        assert!(err(&map).is_some_and(|e| e.contains("api_keys.a.tenant must be")));
+        map.insert("a".to_string(), key(&key_sha256("x"), Some("crm"), &["+1"], &[]));
+        assert!(err(&map).is_some_and(|e| e.contains("ids must be digits")));
+        // Dev mode: no tenant needed; every key acts for `default`.
+        map.insert("a".to_string(), key(&key_sha256("x"), None, &[], &[]));
+        let dev = Keys::new(AuthMode::Required, &map, TenancyMode::Dev).expect("dev keys");
+        assert_eq!(dev.authenticate(Some("x")).expect("key").tenant(), Some(DEFAULT_TENANT));
     }
 }

@@ -1,15 +1,17 @@
 //! Signed HTTP callbacks to producers: every outcome event of the feed POSTed as JSON to a producer's URL.
 //!
-//! Each configured callback (`[callbacks.<name>]`) is a durable pull consumer `callback-<name>` on
-//! [`FEED_STREAM`](crate::feed::FEED_STREAM), filtered to its senders (`bw.feed.v1.<phone_number_id>.>`, or
-//! `bw.feed.v1.>` for `"*"`) and shared by every ingest instance, so each event is handled by one instance at
-//! a time. The consumer starts at new events (a first start does not replay the feed's 7 days); after that it
-//! resumes where it stopped.
+//! Each configured callback (`[callbacks.<name>]`) belongs to one tenant and is a durable pull consumer
+//! `callback-<name>` on [`FEED_STREAM`](crate::feed::FEED_STREAM), filtered to that tenant's subjects only
+//! (`bw.feed.v1.<tenant>.<phone_number_id>.>` per listed sender, or `bw.feed.v1.<tenant>.>` for `"*"`), so a
+//! callback never carries another tenant's events. Listed senders the registry does not assign to the tenant are
+//! left out at start-up (with a warning). The consumer is shared by every ingest instance, so each event is
+//! handled by one instance at a time. The consumer starts at new events (a first start does not replay the
+//! feed's 7 days); after that it resumes where it stopped.
 //!
 //! One event is one POST of [`body_of`] (a stable JSON shape, no recipient and no body: events carry none) with
 //! `Content-Type: application/json`, [`SIGNATURE_HEADER`] (`sha256=<hex HMAC-SHA256 of the exact body keyed
 //! with the callback's secret>`, the scheme of Meta's `X-Hub-Signature-256`), [`EVENT_ID_HEADER`]
-//! (`<operation_id>.<revision>`, the feed's message id) and [`ATTEMPT_HEADER`] (1, 2, ...). Delivery is at
+//! (`<operation_id>.<revision>`, the producer's own id) and [`ATTEMPT_HEADER`] (1, 2, ...). Delivery is at
 //! least once, like Meta's webhooks: a crash between the answer and the acknowledgement repeats an event, so a
 //! receiver treats an event id it already processed as done. Events of one operation may arrive out of order
 //! (retries, concurrency): `revision` increases with every change of an operation; keep the highest.
@@ -32,6 +34,8 @@ use crate::secret;
 use async_nats::jetstream::{self, consumer, kv};
 use bw_common::disposition::{Label, NAK_DELAY_MAX, NAK_DELAY_MIN, Settle, apply};
 use bw_common::proto::{OutcomeEvent, OutcomeKind};
+use bw_common::registry::{Owner, RegistryView};
+use bw_common::tenancy::{self, DEFAULT_TENANT, TenancyMode};
 use bw_common::time::now_ms;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -44,7 +48,7 @@ pub const CONSUMER_PREFIX: &str = "callback-";
 pub const STATE_BUCKET: &str = "BW_CALLBACK_RETRIES";
 /// Signature of the body: `sha256=<hex HMAC-SHA256 of the exact body keyed with the callback's secret>`.
 pub const SIGNATURE_HEADER: &str = "X-Breakwater-Signature-256";
-/// The event's id, `<operation_id>.<revision>`: the receiver's deduplication key.
+/// The event's id, `<operation_id>.<revision>` (the producer's own id): the receiver's deduplication key.
 pub const EVENT_ID_HEADER: &str = "X-Breakwater-Event-Id";
 /// Which attempt at delivering this event the request is (1, 2, ...).
 pub const ATTEMPT_HEADER: &str = "X-Breakwater-Delivery-Attempt";
@@ -102,6 +106,9 @@ pub struct CallbackConfig {
     /// HMAC key of the signature header (set it through `BW_INGEST__CALLBACKS__<NAME>__SECRET`).
     #[serde(default, deserialize_with = "secret::string")]
     pub secret: String,
+    /// The tenant whose events are delivered (required with `tenancy.mode = "registry"`; dev mode: `default`).
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// Senders whose events are delivered; `["*"]` for every sender.
     #[serde(default, deserialize_with = "secret::id_list")]
     pub phone_number_ids: Vec<String>,
@@ -127,6 +134,7 @@ impl std::fmt::Debug for CallbackConfig {
         f.debug_struct("CallbackConfig")
             .field("url", &masked_url(&self.url))
             .field("secret", &"<redacted>")
+            .field("tenant", &self.tenant)
             .field("phone_number_ids", &self.phone_number_ids)
             .field("kinds", &self.kinds)
             .field("timeout_ms", &self.timeout_ms)
@@ -162,9 +170,17 @@ pub fn kind_names() -> Vec<String> {
     (1..=64).filter_map(|i| OutcomeKind::try_from(i).ok()).map(kind_name).collect()
 }
 
+/// The tenant a callback delivers the events of (`default` in dev mode, where it owns every number).
+pub fn tenant_of(c: &CallbackConfig, mode: TenancyMode) -> &str {
+    match (mode, c.tenant.as_deref()) {
+        (TenancyMode::Registry, Some(t)) => t,
+        _ => DEFAULT_TENANT,
+    }
+}
+
 /// Checks one callback's config. Messages name the key, never the secret (nor the URL, which may hold
 /// credentials).
-pub fn validate(name: &str, c: &CallbackConfig) -> Result<(), String> {
+pub fn validate(name: &str, c: &CallbackConfig, mode: TenancyMode) -> Result<(), String> {
     if name.is_empty()
         || name.len() > 64
         || !name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
@@ -175,6 +191,21 @@ pub fn validate(name: &str, c: &CallbackConfig) -> Result<(), String> {
         ));
     }
     let key = |k: &str| format!("callbacks.{name}.{k}");
+    match (c.tenant.as_deref(), mode) {
+        (Some(t), _) if !bw_common::tenancy::valid_tenant(t) => {
+            return Err(format!(
+                "{} must be 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit",
+                key("tenant")
+            ));
+        }
+        (None, TenancyMode::Registry) => {
+            return Err(format!(
+                "{} is required (tenancy.mode = \"registry\"): the tenant whose events the callback delivers",
+                key("tenant")
+            ));
+        }
+        _ => {}
+    }
     match reqwest::Url::parse(&c.url) {
         Err(_) => return Err(format!("{} must be an absolute http:// or https:// URL (value not shown)", key("url"))),
         Ok(u) if !matches!(u.scheme(), "http" | "https") => {
@@ -239,12 +270,12 @@ pub fn consumer_name(name: &str) -> String {
     format!("{CONSUMER_PREFIX}{name}")
 }
 
-/// The feed subjects a callback reads.
-pub fn filters(phone_number_ids: &[String]) -> Vec<String> {
+/// The feed subjects a callback of `tenant` reads: only that tenant's.
+pub fn filters(tenant: &str, phone_number_ids: &[String]) -> Vec<String> {
     if phone_number_ids.iter().any(|p| p == "*") {
-        return vec!["bw.feed.v1.>".to_string()];
+        return vec![tenancy::feed_filter(tenant)];
     }
-    let mut out: Vec<String> = phone_number_ids.iter().map(|p| crate::feed::feed_filter(p)).collect();
+    let mut out: Vec<String> = phone_number_ids.iter().map(|p| tenancy::feed_sender_filter(tenant, p)).collect();
     out.sort();
     out.dedup();
     out
@@ -263,7 +294,7 @@ fn rfc3339(ms: i64) -> Option<String> {
 ///  "at_ms": 1796183919004, "attempts": 1, "category": "transactional", "code": 131026, "details": "...",
 ///  "event_id": "order-81723.42", "flagged_unknown": false, "incident": "...", "kind": "failed",
 ///  "operation_id": "order-81723", "phone_number_id": "106540352242922", "replays": 0, "revision": 42,
-///  "state": "failed", "waba_id": "102290129340398", "wamid": "wamid.HBgL..."}
+///  "state": "failed", "tenant": "crm", "waba_id": "102290129340398", "wamid": "wamid.HBgL..."}
 /// ```
 ///
 /// `code` (Meta's error code), `details` (a reason without personal data), `incident` (breaker incident id),
@@ -275,6 +306,7 @@ pub fn body_of(e: &OutcomeEvent) -> Vec<u8> {
     };
     put("event_id", format!("{}.{}", e.operation_id, e.revision).into());
     put("operation_id", e.operation_id.clone().into());
+    put("tenant", e.tenant.clone().into());
     put("revision", e.revision.into());
     put("phone_number_id", e.phone_number_id.clone().into());
     put("waba_id", e.waba_id.clone().into());
@@ -459,14 +491,17 @@ pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize, max_byt
     Ok(store)
 }
 
-/// Creates (or updates, when its senders changed) the durable consumer of a callback on BW_FEED.
+/// Creates (or updates, when its tenant or senders changed) the durable consumer of a callback on BW_FEED;
+/// `phone_number_ids` are the configured ones the registry confirmed as `tenant`'s ([`owned_senders`]).
 pub(crate) async fn consumer(
     js: &jetstream::Context,
     name: &str,
     c: &CallbackConfig,
+    tenant: &str,
+    phone_number_ids: &[String],
 ) -> anyhow::Result<consumer::pull::Stream> {
     let stream = js.get_stream(crate::feed::FEED_STREAM).await?;
-    let mut filters = filters(&c.phone_number_ids);
+    let mut filters = filters(tenant, phone_number_ids);
     let mut config = consumer::pull::Config {
         durable_name: Some(consumer_name(name)),
         description: Some(format!("Breakwater ingest: HTTP callback {name}")),
@@ -482,9 +517,37 @@ pub(crate) async fn consumer(
     } else {
         config.filter_subjects = filters;
     }
-    // Create or update: a changed list of senders takes effect at the next start.
+    // Create or update: a changed tenant or list of senders (or the filters from before tenants) takes effect at
+    // the next start.
     let consumer = stream.create_consumer(config).await?;
     Ok(consumer.stream().max_messages_per_batch(c.max_in_flight.max(1)).messages().await?)
+}
+
+/// The configured senders of a callback that `registry` assigns to `tenant` (all of them, `"*"` included, in
+/// dev mode); each other one is left out with a warning. Err when the registry cannot be read.
+pub(crate) async fn owned_senders(
+    name: &str,
+    c: &CallbackConfig,
+    tenant: &str,
+    registry: &RegistryView,
+) -> Result<Vec<String>, bw_common::registry::RegistryError> {
+    let mut out = Vec::new();
+    for phone in &c.phone_number_ids {
+        if phone == "*" || registry.is_dev() {
+            out.push(phone.clone());
+            continue;
+        }
+        match registry.owner(phone, "").await? {
+            Owner::Known { tenant: owner, .. } if owner == tenant => out.push(phone.clone()),
+            _ => tracing::warn!(
+                callback = %name,
+                phone_number_id = %phone,
+                tenant = %tenant,
+                "callback sender left out: the sender registry does not assign it to the callback's tenant"
+            ),
+        }
+    }
+    Ok(out)
 }
 
 /// One running callback.
@@ -725,6 +788,7 @@ mod tests {
         CallbackConfig {
             url: "https://crm.example/x".into(),
             secret: "s".into(),
+            tenant: None,
             phone_number_ids: vec!["*".into()],
             kinds: vec![],
             timeout_ms: defaults::TIMEOUT_MS,
@@ -795,6 +859,26 @@ mod tests {
     }
 
     #[test]
+    fn filters_stay_inside_the_tenant() {
+        assert_eq!(filters("crm", &["*".to_string()]), vec!["bw.feed.v1.crm.>"]);
+        assert_eq!(
+            filters("crm", &["2003".to_string(), "2002".to_string(), "2002".to_string()]),
+            vec!["bw.feed.v1.crm.2002.>", "bw.feed.v1.crm.2003.>"]
+        );
+        let mut c = policy_config();
+        assert!(
+            validate("crm", &c, TenancyMode::Registry).is_err_and(|e| e.contains("callbacks.crm.tenant is required"))
+        );
+        assert_eq!(tenant_of(&c, TenancyMode::Dev), DEFAULT_TENANT);
+        c.tenant = Some("crm".into());
+        assert!(validate("crm", &c, TenancyMode::Registry).is_ok());
+        assert_eq!(tenant_of(&c, TenancyMode::Registry), "crm");
+        assert_eq!(tenant_of(&c, TenancyMode::Dev), DEFAULT_TENANT, "dev mode: every number is default's");
+        c.tenant = Some("a.b".into());
+        assert!(validate("crm", &c, TenancyMode::Dev).is_err_and(|e| e.contains("callbacks.crm.tenant must be")));
+    }
+
+    #[test]
     fn urls_are_shown_without_credentials_or_query() {
         assert_eq!(
             masked_url("https://bot:hunter2@crm.example:8443/hooks/bw?token=abc#x"),
@@ -805,6 +889,7 @@ mod tests {
         let c = CallbackConfig {
             url: "https://u:pw@crm.example/cb?k=v".into(),
             secret: "s3cr3t-value".into(),
+            tenant: Some("crm".into()),
             phone_number_ids: vec!["*".into()],
             kinds: vec![],
             timeout_ms: 1,
@@ -821,6 +906,7 @@ mod tests {
     fn the_body_names_the_event_and_leaves_out_what_is_unset() {
         let e = OutcomeEvent {
             operation_id: "op-1".into(),
+            tenant: "crm".into(),
             revision: 42,
             kind: OutcomeKind::DeadLettered as i32,
             state: bw_common::proto::OperationState::Dlq as i32,
@@ -830,6 +916,7 @@ mod tests {
         };
         let v: serde_json::Value = serde_json::from_slice(&body_of(&e)).expect("json");
         assert_eq!(v["event_id"], "op-1.42");
+        assert_eq!(v["tenant"], "crm");
         assert_eq!(v["kind"], "dead_lettered");
         assert_eq!(v["state"], "dlq");
         assert_eq!(v["at"], "2026-12-02T03:58:39.004Z");

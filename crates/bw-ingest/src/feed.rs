@@ -4,7 +4,8 @@
 //! ([`FEED_CONSUMER`]) on the stream behind the ledger KV bucket (`KV_BW_LEDGER`; one per partition with
 //! `nats.ledger_partitions` > 1, each publisher reading every partition), shared by every ingest
 //! instance. Each ledger revision becomes one [`OutcomeEvent`] published to [`FEED_STREAM`] on
-//! `bw.feed.v1.<phone_number_id>.<operation_id>` with `Nats-Msg-Id = <operation_id>.<revision>`: a redelivery
+//! `bw.feed.v1.<tenant>.<phone_number_id>.<operation_id>` (`tenancy::feed_subject`: the tenant and the producer's
+//! own id, both taken from the ledger key) with `Nats-Msg-Id = <operation key>.<revision>`: a redelivery
 //! after a crash, or two instances racing, store it once. Then the revision is acked. The consumer is created
 //! with "new revisions only", so a first start does not replay the whole ledger; after that it resumes where
 //! it stopped. BW_LEDGER keeps one revision per key: an entry that changes again before the publisher reads it
@@ -13,13 +14,17 @@
 //!
 //! Events carry no recipient and no body (the ledger has neither). The status query (`bw.status.v1.<phone>`,
 //! NATS request/reply, and `GET /v1/messages/{operation_id}`) answers the current entry and its journey: the
-//! events the feed holds for the operation, oldest first.
+//! events the feed holds for the operation, oldest first. It answers only the asking tenant's operations: the
+//! tenant of the subject's number (or of the HTTP key) scopes the id into its operation key, and the answer goes
+//! only to the tenant's inbox (a query naming another reply subject is not answered at all).
 
 use crate::metrics::Metrics;
 use async_nats::jetstream::{self, consumer, stream};
 use bw_common::disposition::{Label, Settle, apply};
 use bw_common::ledger::Ledger;
 use bw_common::proto::{LedgerEntry, OperationState, OutcomeEvent, OutcomeKind, StatusQuery, StatusReply};
+use bw_common::registry::Owner;
+use bw_common::tenancy;
 use futures::StreamExt;
 use prost::Message as _;
 use std::sync::Arc;
@@ -38,16 +43,6 @@ pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
 pub const STATUS_ANY: &str = "_";
 /// Longest journey returned.
 const MAX_JOURNEY: usize = 500;
-
-/// The feed subject of an operation.
-pub fn feed_subject(phone_number_id: &str, operation_id: &str) -> String {
-    format!("bw.feed.v1.{phone_number_id}.{operation_id}")
-}
-
-/// The feed subjects of one sender (bind a durable consumer on this filter).
-pub fn feed_filter(phone_number_id: &str) -> String {
-    format!("bw.feed.v1.{phone_number_id}.>")
-}
 
 /// The status query subject of a sender.
 pub fn status_subject(phone_number_id: &str) -> String {
@@ -77,10 +72,12 @@ pub fn kind_of(entry: &LedgerEntry) -> OutcomeKind {
     }
 }
 
-/// The event of one ledger revision.
+/// The event of one ledger revision: the producer's own operation id and its tenant, from the entry's key.
 pub fn event_of(entry: &LedgerEntry, revision: u64) -> OutcomeEvent {
+    let (tenant, operation_id) = tenancy::split_operation_key(&entry.operation_id);
     OutcomeEvent {
-        operation_id: entry.operation_id.clone(),
+        operation_id: operation_id.to_string(),
+        tenant: tenant.to_string(),
         revision,
         kind: kind_of(entry) as i32,
         state: entry.state,
@@ -97,7 +94,6 @@ pub fn event_of(entry: &LedgerEntry, revision: u64) -> OutcomeEvent {
         accepted_at_unix_ms: entry.accepted_at_unix_ms,
         at_unix_ms: entry.updated_at_unix_ms,
         trace_id: bw_common::telemetry::trace_id_of(&entry.traceparent),
-        tenant: bw_common::tenancy::split_operation_key(&entry.operation_id).0.to_string(),
     }
 }
 
@@ -202,7 +198,7 @@ impl Publisher {
         let event = event_of(&entry, revision);
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", format!("{}.{revision}", entry.operation_id).as_str());
-        let subject = feed_subject(&entry.phone_number_id, &entry.operation_id);
+        let subject = tenancy::feed_subject(&event.tenant, &entry.phone_number_id, &event.operation_id);
         match bw_common::nats::publish_durable(&self.js, subject, headers, event.encode_to_vec().into()).await {
             Ok(_) => Settle::ack(Published::Event),
             Err(e) => {
@@ -213,15 +209,16 @@ impl Publisher {
     }
 }
 
-/// The events the feed holds for an operation, oldest first (at most [`MAX_JOURNEY`]).
+/// The events the feed holds for an operation (its key's tenant and id), oldest first (at most [`MAX_JOURNEY`]).
 pub(crate) async fn journey(
     js: &jetstream::Context,
     phone_number_id: &str,
-    operation_id: &str,
+    key: &str,
 ) -> Result<Vec<OutcomeEvent>, String> {
+    let (tenant, operation_id) = tenancy::split_operation_key(key);
     let stream = js.get_stream(FEED_STREAM).await.map_err(|e| format!("feed unavailable: {e}"))?;
     let config = consumer::pull::Config {
-        filter_subject: feed_subject(phone_number_id, operation_id),
+        filter_subject: tenancy::feed_subject(tenant, phone_number_id, operation_id),
         deliver_policy: consumer::DeliverPolicy::All,
         ack_policy: consumer::AckPolicy::None,
         inactive_threshold: Duration::from_secs(30),
@@ -251,19 +248,25 @@ pub(crate) async fn journey(
     Ok(out)
 }
 
-/// Answers a status query. `sender` is the phone number id the asker may see (None: any, for operators).
+/// Answers a status query for `tenant`'s `operation_id` (its own id; None: an operator, who names the operation
+/// key). `sender` is the phone number id the asker may see (None: any).
 pub(crate) async fn status(
     ledger: &Ledger,
     js: &jetstream::Context,
+    tenant: Option<&str>,
     operation_id: &str,
     sender: Option<&str>,
 ) -> StatusReply {
     let mut reply = StatusReply { operation_id: operation_id.to_string(), ..Default::default() };
-    if !bw_common::ledger::valid_operation_id(operation_id) {
-        reply.error = "operation_id must be 1..=128 characters of [A-Za-z0-9_=.-]".into();
-        return reply;
-    }
-    let current = match ledger.get(operation_id).await {
+    let key = match tenant {
+        Some(t) if bw_common::ledger::valid_operation_id(operation_id) => tenancy::operation_key(t, operation_id),
+        None if tenancy::valid_operation_key(operation_id) => operation_id.to_string(),
+        _ => {
+            reply.error = "operation_id must be 1..=128 characters of [A-Za-z0-9_=.-]".into();
+            return reply;
+        }
+    };
+    let current = match ledger.get(&key).await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "ledger unavailable for a status query");
@@ -275,7 +278,7 @@ pub(crate) async fn status(
         return reply;
     };
     reply.found = true;
-    match journey(js, &current.entry.phone_number_id, operation_id).await {
+    match journey(js, &current.entry.phone_number_id, &key).await {
         Ok(events) => reply.journey = events,
         Err(e) => reply.error = e,
     }
@@ -290,11 +293,20 @@ pub(crate) async fn subscribe_status(nats: &async_nats::Client) -> anyhow::Resul
         .map_err(|e| anyhow::anyhow!("cannot subscribe to {STATUS_WILDCARD}: {e}"))
 }
 
+/// Who asks a status query on `bw.status.v1.<token>`.
+enum Asker {
+    /// An operator ([`STATUS_ANY`]): any operation, named by its key.
+    Operator,
+    /// The tenant owning the subject's number.
+    Tenant(String),
+    /// The number is not registered, or the registry could not be read: nothing to answer but why.
+    Nobody(&'static str),
+}
+
 /// Serves the status-query subscription (see [`subscribe_status`]) until `shutdown`.
 pub(crate) async fn serve_status(
     mut sub: async_nats::Subscriber,
-    ledger: Ledger,
-    js: jetstream::Context,
+    intake: Arc<crate::intake::Intake>,
     nats: async_nats::Client,
     tracker: TaskTracker,
     shutdown: CancellationToken,
@@ -306,16 +318,42 @@ pub(crate) async fn serve_status(
             next = sub.next() => match next { Some(m) => m, None => break },
         };
         let Ok(permit) = slots.clone().acquire_owned().await else { break };
-        let (ledger, js, nats) = (ledger.clone(), js.clone(), nats.clone());
+        let (intake, nats) = (intake.clone(), nats.clone());
         tracker.spawn(async move {
             let _permit = permit;
             let token = msg.subject.as_str().rsplit('.').next().unwrap_or("").to_string();
-            let reply = match StatusQuery::decode(msg.payload.as_ref()) {
-                Ok(q) => {
-                    let sender = if token == STATUS_ANY { None } else { Some(token.as_str()) };
-                    status(&ledger, &js, &q.operation_id, sender).await
+            let asker = if token == STATUS_ANY {
+                Asker::Operator
+            } else {
+                match intake.registry.owner(&token, "").await {
+                    Ok(Owner::Known { tenant, .. }) => Asker::Tenant(tenant),
+                    Ok(Owner::Unregistered) => Asker::Nobody("phone_number_id is not in the sender registry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sender registry unavailable for a status query");
+                        Asker::Nobody("sender registry unavailable; retry")
+                    }
                 }
-                Err(_) => StatusReply { error: "body is not a protobuf StatusQuery".into(), ..Default::default() },
+            };
+            let tenant = match &asker {
+                Asker::Tenant(t) => Some(t.as_str()),
+                Asker::Operator | Asker::Nobody(_) => None,
+            };
+            // Checked before anything is read: a query whose reply subject is not the asker's inbox is not answered.
+            if let Some(to) = &msg.reply
+                && !intake.reply_allowed(tenant, to)
+            {
+                intake.refuse_reply("status", to);
+                return;
+            }
+            let reply = match (StatusQuery::decode(msg.payload.as_ref()), &asker) {
+                (Err(_), _) => StatusReply { error: "body is not a protobuf StatusQuery".into(), ..Default::default() },
+                (Ok(q), Asker::Nobody(why)) => {
+                    StatusReply { operation_id: q.operation_id, error: why.to_string(), ..Default::default() }
+                }
+                (Ok(q), Asker::Operator) => status(&intake.ledger, &intake.js, None, &q.operation_id, None).await,
+                (Ok(q), Asker::Tenant(t)) => {
+                    status(&intake.ledger, &intake.js, Some(t), &q.operation_id, Some(token.as_str())).await
+                }
             };
             if let Some(to) = msg.reply
                 && let Err(e) = nats.publish(to, reply.encode_to_vec().into()).await

@@ -6,7 +6,7 @@
 //! durably in BW_WEBHOOKS (awaiting the JetStream ack). Parsing happens later, in the processor.
 
 use crate::auth;
-use crate::intake::{Intake, Source};
+use crate::intake::{Caller, Intake, Source};
 use crate::metrics::Metrics;
 use crate::validate::Rejection;
 use crate::webhook;
@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bw_common::names;
 use bw_common::proto::{Category, IntakeReply, RejectReason, SendRequest, StoredWebhook, send_request::Payload};
+use bw_common::registry::Owner;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -358,6 +359,7 @@ fn http_status(reply: &IntakeReply) -> StatusCode {
     match reply.reason() {
         RejectReason::Unavailable | RejectReason::StorageFull => StatusCode::SERVICE_UNAVAILABLE,
         RejectReason::Oversize => StatusCode::PAYLOAD_TOO_LARGE,
+        RejectReason::SenderNotRegistered | RejectReason::SenderNotOwned => StatusCode::FORBIDDEN,
         _ => StatusCode::BAD_REQUEST,
     }
 }
@@ -494,11 +496,18 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
         };
         match decoded {
             Ok((request, len)) => {
-                if !principal.may_use(&request.waba_id, &request.phone_number_id) {
+                // A key narrowed to some of its tenant's numbers: checked on the registry's WABA of the number. A
+                // number of another tenant (or none) is refused by the intake with its precise reason.
+                if let Some(tenant) = principal.tenant()
+                    && let Ok(Owner::Known { tenant: owner, waba_id, .. }) =
+                        intake.registry.owner(&request.phone_number_id, &request.waba_id).await
+                    && owner == tenant
+                    && !principal.narrowed_to(&request.phone_number_id, &waba_id)
+                {
                     tracing::info!(key = principal.name.as_deref().unwrap_or(""), phone_number_id = %request.phone_number_id, "api key not allowed for this sender");
                     return Err(auth::Refusal::Forbidden);
                 }
-                Ok(intake.handle(request, &raw, len, Source::Http, &span).await)
+                Ok(intake.handle(request, &raw, len, Source::Http, Caller::Key(principal.tenant()), &span).await)
             }
             Err((op, r)) => {
                 let op = if bw_common::ledger::valid_operation_id(&op) { op } else { String::new() };
@@ -562,14 +571,16 @@ async fn get_message(
     if !state.status_enabled {
         return http_error(StatusCode::NOT_FOUND, "NOT_FOUND", "status queries are disabled on this instance");
     }
-    let reply = crate::feed::status(&state.ledger, &state.js, &operation_id, None).await;
+    // The key's tenant scopes the id: another tenant's operation of the same id is a different key, so it is
+    // answered 404 like an unknown one (its existence is not disclosed).
+    let reply = crate::feed::status(&state.ledger, &state.js, principal.tenant(), &operation_id, None).await;
     if !reply.error.is_empty() && !reply.found {
         let status =
             if reply.error.contains("unavailable") { StatusCode::SERVICE_UNAVAILABLE } else { StatusCode::BAD_REQUEST };
         return http_error(status, "ERROR", &reply.error);
     }
-    // An operation of a sender the key does not list is answered like an unknown one (no existence leak).
-    let current = reply.current.as_ref().filter(|c| principal.may_use(&c.waba_id, &c.phone_number_id));
+    // An operation of a sender the key's narrowing leaves out is answered like an unknown one (no existence leak).
+    let current = reply.current.as_ref().filter(|c| principal.narrowed_to(&c.phone_number_id, &c.waba_id));
     let Some(current) = current else {
         return http_error(StatusCode::NOT_FOUND, "NOT_FOUND", "no such operation for this API key");
     };
@@ -577,6 +588,7 @@ async fn get_message(
     let journey: Vec<serde_json::Value> = reply.journey.iter().map(|e| event_json(e, tz)).collect();
     let body = serde_json::json!({
         "operation_id": reply.operation_id,
+        "tenant": current.tenant,
         "state": current.state().label(),
         "event": event_json(current, tz)["event"],
         "waba_id": current.waba_id,

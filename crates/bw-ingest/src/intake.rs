@@ -1,6 +1,14 @@
 //! Producer intake: validate a send request, store it durably in BW_SEND and create its ledger entry, or
 //! keep the rejected input in BW_REJECTED. Shared by the NATS request/reply listener and the HTTP route.
 //!
+//! Tenancy: the tenant of a request is the sender registry's owner of its number (on NATS the subject's number;
+//! over HTTP the key's tenant, which must own it), never anything the request says; the request's waba_id must be
+//! the registered one. A NATS reply goes only under the tenant's inbox prefix (`tenancy::reply_allowed`): a
+//! request naming any other reply subject is not processed at all, since ingest's user may publish to internal
+//! subjects (the ledger's KV) and the requester chooses the subject. The accepted request's `operation_id` is
+//! replaced by its operation key (`tenancy::operation_key`), which everything after this module uses; replies
+//! show the producer its own id.
+//!
 //! Order on acceptance: ledger check (a retry after the dedup window) → for a category that keeps per-recipient
 //! order, registration in the recipient's order set (`bw_breaker::OrderBook`; a failure refuses the request as
 //! UNAVAILABLE, a retry keeps its first place) → publish to BW_SEND with
@@ -19,6 +27,8 @@ use async_nats::jetstream;
 use bw_common::ledger::Ledger;
 use bw_common::names;
 use bw_common::proto::{IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest};
+use bw_common::registry::{Owner, RegistryView, SenderRefusal};
+use bw_common::tenancy::{self, TenancyMode};
 use bw_common::time::now_ms;
 use futures::StreamExt;
 use prost::Message as _;
@@ -54,6 +64,16 @@ impl Source<'_> {
     }
 }
 
+/// Who sends a request, as far as tenancy goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Caller<'a> {
+    /// NATS: the owner of the subject's number is the tenant (looked up before the reply subject was checked;
+    /// None when the registry could not be read then).
+    Subject(Option<&'a Owner>),
+    /// HTTP: the key's tenant, which must own the number (None: authentication disabled, whoever owns it).
+    Key(Option<&'a str>),
+}
+
 static INTAKE_PREFIX: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| names::intake_subject(""));
 
 /// Bytes of a rejected input kept in its BW_REJECTED record when the whole input does not fit in one.
@@ -76,6 +96,9 @@ pub(crate) struct Intake {
     pub limits: Limits,
     pub metrics: Metrics,
     pub bodies: crate::bodies::Bodies,
+    /// Who owns which sender (every number the tenant `default`'s in dev mode).
+    pub registry: RegistryView,
+    pub tenancy: TenancyMode,
     /// How full BW_SEND and the ledger are.
     pub capacity: Arc<crate::capacity::Capacity>,
 }
@@ -101,6 +124,27 @@ fn reply_rejected(operation_id: &str, rejection: &Rejection) -> IntakeReply {
     }
 }
 
+/// The precise rejection of a sender the caller may not use. Sender ids are Meta's ids, not personal data.
+fn sender_rejection(refusal: SenderRefusal, phone_number_id: &str) -> Rejection {
+    match refusal {
+        SenderRefusal::NotRegistered => Rejection::new(
+            RejectReason::SenderNotRegistered,
+            format!(
+                "phone_number_id {phone_number_id} is not in the sender registry; an operator registers it to \
+                 its tenant with `bwctl senders add`"
+            ),
+        ),
+        SenderRefusal::NotOwned => Rejection::new(
+            RejectReason::SenderNotOwned,
+            format!("phone_number_id {phone_number_id} is not one of this API key's tenant's senders"),
+        ),
+        SenderRefusal::WabaMismatch => Rejection::new(
+            RejectReason::WabaMismatch,
+            format!("waba_id is not the WABA registered for phone_number_id {phone_number_id}"),
+        ),
+    }
+}
+
 fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
     IntakeReply { accepted: true, operation_id: operation_id.to_string(), duplicate, ..Default::default() }
 }
@@ -108,13 +152,19 @@ fn reply_accepted(operation_id: &str, duplicate: bool) -> IntakeReply {
 impl Intake {
     /// Handles raw protobuf bytes (NATS, or HTTP with a protobuf body). Input over the size limit is refused
     /// before it is decoded (decoding is the costly part, and its operation id is not needed to refuse it).
-    pub(crate) async fn handle_bytes(&self, raw: &[u8], source: Source<'_>, span: &tracing::Span) -> IntakeReply {
+    pub(crate) async fn handle_bytes(
+        &self,
+        raw: &[u8],
+        source: Source<'_>,
+        caller: Caller<'_>,
+        span: &tracing::Span,
+    ) -> IntakeReply {
         if raw.len() > self.limits.max_request_bytes {
             let r = validate::oversize(raw.len(), &self.limits);
             return self.reject(raw, source, "", r).await;
         }
         match decode(raw) {
-            Ok(request) => self.handle(request, raw, raw.len(), source, span).await,
+            Ok(request) => self.handle(request, raw, raw.len(), source, caller, span).await,
             Err(r) => self.reject(raw, source, "", r).await,
         }
     }
@@ -126,11 +176,36 @@ impl Intake {
         raw: &[u8],
         encoded_len: usize,
         source: Source<'_>,
+        caller: Caller<'_>,
         span: &tracing::Span,
     ) -> IntakeReply {
         span.record("operation_id", request.operation_id.as_str());
         match validate::validate(&request, source.subject_phone(), encoded_len, &self.limits, now_ms()) {
-            Ok(category) => self.accept(request, category, source, span).await,
+            Ok(category) => {
+                let owner = match caller {
+                    // The subject's number is the body's (validated): its owner is already known.
+                    Caller::Subject(Some(owner)) if !self.registry.is_dev() => Ok(owner.clone()),
+                    _ => self.registry.owner(&request.phone_number_id, &request.waba_id).await,
+                };
+                let owner = match owner {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sender registry unavailable at intake");
+                        return self.unavailable(source, &request.operation_id, "sender registry unavailable");
+                    }
+                };
+                let tenant = match caller {
+                    Caller::Subject(_) => None,
+                    Caller::Key(tenant) => tenant,
+                };
+                match owner.admit(tenant, &request.waba_id) {
+                    Ok(tenant) => self.accept(request, tenant, category, source, span).await,
+                    Err(refusal) => {
+                        let r = sender_rejection(refusal, &request.phone_number_id);
+                        self.reject(raw, source, &request.operation_id, r).await
+                    }
+                }
+            }
             Err(r) => {
                 let op = if bw_common::ledger::valid_operation_id(&request.operation_id) {
                     request.operation_id.clone()
@@ -204,15 +279,41 @@ impl Intake {
         reply_rejected(op, &r)
     }
 
+    /// Whether a reply to `reply` may be published for a request of `tenant` (None: not known, the sender is
+    /// not registered or the registry unreadable: then only the dev rule's inboxes, and the answer carries
+    /// nothing of any tenant).
+    pub(crate) fn reply_allowed(&self, tenant: Option<&str>, reply: &str) -> bool {
+        match tenant {
+            Some(t) => tenancy::reply_allowed(self.tenancy, t, reply),
+            None => tenancy::reply_allowed(TenancyMode::Dev, tenancy::DEFAULT_TENANT, reply),
+        }
+    }
+
+    /// Counts and logs a request whose reply subject is not the requester's inbox: it is not processed. Only the
+    /// subject's first token is logged (the rest may name an operation or a number).
+    pub(crate) fn refuse_reply(&self, source: &'static str, reply: &str) {
+        self.metrics.reply_refused(source);
+        tracing::warn!(
+            source,
+            reply_head = tenancy::subject_head(reply),
+            "request refused: its reply subject is not under the requester's inbox prefix; not processed"
+        );
+    }
+
+    /// `request` is valid and its sender is `tenant`'s: stored under its operation key.
     async fn accept(
         &self,
         mut request: SendRequest,
+        tenant: &str,
         category: bw_common::proto::Category,
         source: Source<'_>,
         span: &tracing::Span,
     ) -> IntakeReply {
+        // The producer's own id answers the producer; the key identifies the operation everywhere inside.
         let op = request.operation_id.clone();
-        match self.ledger.get(&op).await {
+        let key = tenancy::operation_key(tenant, &op);
+        request.operation_id = key.clone();
+        match self.ledger.get(&key).await {
             Ok(Some(_)) => {
                 self.metrics.intake(source.label(), "duplicate", "");
                 return reply_accepted(&op, true);
@@ -233,7 +334,7 @@ impl Intake {
         if let Some(order) = self.order.as_ref().filter(|o| o.cfg.keeps(category)) {
             let scope = bw_breaker::Scope::new(&request.waba_id, &request.phone_number_id);
             let recipient_key = bw_common::mask::recipient_key(&request.recipient);
-            if let Err(e) = order.book.register(&scope, &recipient_key, &op).await {
+            if let Err(e) = order.book.register(&scope, &recipient_key, &key).await {
                 tracing::warn!(error = %e, "order set unavailable at intake");
                 return self.unavailable(source, &op, "order could not be recorded");
             }
@@ -242,7 +343,7 @@ impl Intake {
         let accepted_at = now_ms();
         request.accepted_at_unix_ms = accepted_at;
         let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", op.as_str());
+        headers.insert("Nats-Msg-Id", key.as_str());
         bw_common::telemetry::inject(span, &mut headers);
         let subject = self.send.outbox_subject(names::Lane::for_category(category), &request.phone_number_id);
         let duplicate =
@@ -311,10 +412,25 @@ pub(crate) async fn serve_nats(
         let nats = nats.clone();
         tracker.spawn(async move {
             let _permit = permit;
+            let source = Source::Nats { subject: msg.subject.as_str() };
+            // The tenant decides where a reply may go, so it is known before anything else is done.
+            let owner = match intake.registry.owner(source.subject_phone().unwrap_or(""), "").await {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    tracing::warn!(error = %e, "sender registry unavailable at intake");
+                    None
+                }
+            };
+            if let Some(to) = &msg.reply
+                && !intake.reply_allowed(owner.as_ref().and_then(Owner::tenant), to)
+            {
+                intake.refuse_reply("intake", to);
+                return;
+            }
             let span = tracing::info_span!("ingest.intake", source = "nats", operation_id = tracing::field::Empty);
             bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
             let reply = intake
-                .handle_bytes(&msg.payload, Source::Nats { subject: msg.subject.as_str() }, &span)
+                .handle_bytes(&msg.payload, source, Caller::Subject(owner.as_ref()), &span)
                 .instrument(span.clone())
                 .await;
             if let Some(to) = msg.reply

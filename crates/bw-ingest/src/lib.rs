@@ -40,6 +40,7 @@ use async_nats::jetstream::consumer::{self, pull};
 use bw_common::config::{AdminConfig, ConfigError, NatsConfig, RedisConfig, TelemetryConfig};
 use bw_common::names;
 use bw_common::service::{Deps, ServiceConfig};
+use bw_common::tenancy::{TenancyConfig, TenancyMode};
 use futures::StreamExt;
 use serde::Deserialize;
 use std::future::Future;
@@ -73,6 +74,9 @@ pub struct Config {
     /// Signed HTTP callbacks to producers, by name (none by default).
     #[serde(default)]
     pub callbacks: std::collections::BTreeMap<String, CallbackConfig>,
+    /// Who owns which sender: the sender registry (compiled default) or dev mode.
+    #[serde(default)]
+    pub tenancy: TenancyConfig,
     /// Where outgoing requests (callbacks) may connect.
     pub egress: EgressConfig,
 }
@@ -285,7 +289,7 @@ impl Config {
         if self.webhook.max_body_bytes == 0 || self.intake.max_request_bytes == 0 {
             return invalid("webhook.max_body_bytes and intake.max_request_bytes must be > 0");
         }
-        auth::Keys::new(self.intake.auth, &self.intake.api_keys)?;
+        auth::Keys::new(self.intake.auth, &self.intake.api_keys, self.tenancy.mode)?;
         if self.feed.display_time_zone.parse::<chrono_tz::Tz>().is_err() {
             return invalid("feed.display_time_zone must be an IANA zone name such as America/Argentina/Buenos_Aires");
         }
@@ -320,7 +324,7 @@ impl Config {
             return invalid("order.ttl_ms must be > 0");
         }
         for (name, c) in &self.callbacks {
-            callback::validate(name, c)?;
+            callback::validate(name, c, self.tenancy.mode)?;
             let url = reqwest::Url::parse(&c.url).map_err(|_| format!("callbacks.{name}.url is not a URL"))?;
             if let Err(refused) = egress.check_literal(&url) {
                 return Err(refused_destination(name, refused));
@@ -374,6 +378,19 @@ const LOCAL_APP_SECRETS: [&str; 5] =
 
 /// Start-up warnings about the configuration (never printing a secret).
 fn warn_about(cfg: &Config, keys: &auth::Keys) {
+    if cfg.tenancy.mode == TenancyMode::Dev {
+        tracing::warn!(
+            "tenancy.mode = \"dev\": any producer may send as any number (every number is the tenant `default`'s); \
+             run with the sender registry (bwctl senders add) outside the local stack"
+        );
+        let named = |t: &Option<String>| t.as_deref().is_some_and(|t| t != bw_common::tenancy::DEFAULT_TENANT);
+        for (name, _) in cfg.intake.api_keys.iter().filter(|(_, k)| named(&k.tenant)) {
+            tracing::warn!(key = %name, "intake.api_keys.{name}.tenant is ignored in dev mode: the key acts for `default`");
+        }
+        for (name, _) in cfg.callbacks.iter().filter(|(_, c)| named(&c.tenant)) {
+            tracing::warn!(callback = %name, "callbacks.{name}.tenant is ignored in dev mode: it reads `default`'s events");
+        }
+    }
     if cfg.webhook.app_secret.is_empty() {
         tracing::warn!("webhook.app_secret is empty: every webhook delivery will be refused with 401");
     } else if LOCAL_APP_SECRETS.contains(&cfg.webhook.app_secret.as_str())
@@ -542,6 +559,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     ));
     capacity.refresh(&deps.js).await;
     let egress = Arc::new(egress::Policy::from_config(&cfg.egress.allow_cidrs).map_err(|e| anyhow::anyhow!(e))?);
+    let registry = bw_common::registry::view_for(cfg.tenancy.mode, &deps, cfg.nats.replicas, shutdown.clone()).await?;
     let display_tz: chrono_tz::Tz = cfg.feed.display_time_zone.parse().unwrap_or(chrono_tz::UTC);
     let order = match (&deps.redis, cfg.order.keep.is_empty()) {
         (_, true) => None,
@@ -567,9 +585,12 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         ledger: ledger.clone(),
         limits: cfg.intake.limits(),
         metrics: metrics.clone(),
+        registry: registry.clone(),
+        tenancy: cfg.tenancy.mode,
         capacity: capacity.clone(),
     });
-    let keys = auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys).map_err(|e| anyhow::anyhow!(e))?;
+    let keys =
+        auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys, cfg.tenancy.mode).map_err(|e| anyhow::anyhow!(e))?;
     warn_about(&cfg, &keys);
     let state = http::HttpState {
         intake: intake.clone(),
@@ -634,8 +655,22 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
                     return Err(anyhow::anyhow!("invalid configuration: {}", refused_destination(name, refused)));
                 }
             }
-            let messages =
-                deps.startup_step("callback consumer", budget, || callback::consumer(&deps.js, name, c)).await?;
+            let tenant = callback::tenant_of(c, cfg.tenancy.mode);
+            let senders = deps
+                .startup_step("callback senders", budget, || callback::owned_senders(name, c, tenant, &registry))
+                .await?;
+            if senders.is_empty() {
+                // No filter left would mean every tenant's events: the callback does not run.
+                tracing::error!(
+                    callback = %name,
+                    tenant = %tenant,
+                    "callback not started: none of its phone_number_ids is registered to its tenant"
+                );
+                continue;
+            }
+            let messages = deps
+                .startup_step("callback consumer", budget, || callback::consumer(&deps.js, name, c, tenant, &senders))
+                .await?;
             let cb = callback::Callback::new(name, c, retry_state.clone(), metrics.clone(), egress.clone())?;
             callbacks.push((Arc::new(cb), messages, c.max_in_flight, callback::consumer_name(name)));
         }
@@ -726,11 +761,11 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         );
     }
     if cfg.feed.status_enabled {
-        let (ledger, js, nats) = (ledger.clone(), deps.js.clone(), deps.nats.clone());
+        let (intake, nats) = (intake.clone(), deps.nats.clone());
         let (tracker2, token) = (tracker.clone(), shutdown.clone());
         let sub = feed::subscribe_status(&nats).await?;
         tracker.spawn(async move {
-            if let Err(e) = feed::serve_status(sub, ledger, js, nats, tracker2, token).await {
+            if let Err(e) = feed::serve_status(sub, intake, nats, tracker2, token).await {
                 tracing::error!(error = %e, "status query listener stopped");
             }
         });
@@ -772,7 +807,8 @@ mod tests {
         let cfg = Config::load(None, &HashMap::new()).expect("defaults load");
         assert_eq!(cfg.intake.auth, AuthMode::Required);
         assert!(cfg.intake.api_keys.is_empty());
-        let keys = auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys).expect("keys");
+        assert_eq!(cfg.tenancy.mode, TenancyMode::Registry, "the sender registry is the compiled default");
+        let keys = auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys, cfg.tenancy.mode).expect("keys");
         assert!(keys.authenticate(None).is_err() && keys.authenticate(Some("anything")).is_err());
     }
 
@@ -785,6 +821,7 @@ mod tests {
                 ("BW_INGEST__WEBHOOK__VERIFY_TOKEN", "8675309123"),
                 ("BW_INGEST__WEBHOOK__APP_SECRET", "0012e5"),
                 ("BW_INGEST__INTAKE__API_KEYS__CRM__SHA256", &hash),
+                ("BW_INGEST__INTAKE__API_KEYS__CRM__TENANT", "crm"),
                 ("BW_INGEST__INTAKE__API_KEYS__CRM__PHONE_NUMBER_IDS", "[106540352242922]"),
             ]),
         )
@@ -803,6 +840,17 @@ mod tests {
         std::fs::write(&file, "[webhook]\nverify_token = 8675309.123\n").expect("write");
         let err = Config::load(Some(&file), &HashMap::new()).expect_err("float refused").to_string();
         assert!(err.contains("quoted string") && !err.contains("8675309"), "{err}");
+        // A key without its tenant (registry mode): a config error naming the key.
+        let err = Config::load(None, &env(&[("BW_INGEST__INTAKE__API_KEYS__CRM__SHA256", &hash)]))
+            .expect_err("no tenant")
+            .to_string();
+        assert!(err.contains("intake.api_keys.crm.tenant is required") && !err.contains(&hash), "{err}");
+        let dev = Config::load(
+            None,
+            &env(&[("BW_INGEST__INTAKE__API_KEYS__CRM__SHA256", &hash), ("BW_INGEST__TENANCY__MODE", "dev")]),
+        )
+        .expect("dev mode needs no tenant");
+        assert_eq!(dev.tenancy.mode, TenancyMode::Dev);
         // A bad key hash names the key, never the hash.
         let err = Config::load(None, &env(&[("BW_INGEST__INTAKE__API_KEYS__CRM__SHA256", "123456789")]))
             .expect_err("bad hash")

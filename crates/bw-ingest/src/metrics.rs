@@ -35,6 +35,9 @@ pub(crate) struct Metrics {
     pub refused: Family<Labels, Counter>,
     /// Ledger revisions handled by the feed publisher: published, deleted, undecodable, retry.
     pub feed: Family<Labels, Counter>,
+    /// NATS requests not processed because their reply subject is not under the requester's inbox prefix, by
+    /// source (intake, status).
+    pub reply_refused: Family<Labels, Counter>,
     /// Feed events handled by the HTTP callbacks, by callback and result: delivered, retried, refused, expired,
     /// waiting, skipped, undecodable.
     pub callbacks: Family<Labels, Counter>,
@@ -70,6 +73,7 @@ impl Metrics {
             reconciler: Family::default(),
             refused: Family::default(),
             feed: Family::default(),
+            reply_refused: Family::default(),
             callbacks: Family::default(),
             callback_request_seconds: Family::new_with_constructor(request_buckets),
             callback_delivery_seconds: Family::new_with_constructor(delivery_buckets),
@@ -99,6 +103,11 @@ impl Metrics {
             r.register("bw_duplicates_dropped", "Duplicate deliveries dropped by kind", m.duplicates_dropped.clone());
             r.register("bw_inbound_forwarded", "Inbound customer messages forwarded", m.inbound_forwarded.clone());
             r.register("bw_intake_refused", "HTTP requests refused before validation, by reason", m.refused.clone());
+            r.register(
+                "bw_intake_reply_refused",
+                "NATS requests not processed: reply subject outside the requester's inbox prefix, by source",
+                m.reply_refused.clone(),
+            );
             r.register("bw_feed_events", "Ledger revisions handled by the feed publisher, by result", m.feed.clone());
             r.register("bw_reconciler_decisions", "Unknown-outcome reconciler decisions", m.reconciler.clone());
             r.register(
@@ -160,6 +169,10 @@ impl Metrics {
 
     pub(crate) fn refused(&self, reason: &str) {
         self.refused.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    pub(crate) fn reply_refused(&self, source: &str) {
+        self.reply_refused.get_or_create(&vec![("source", source.to_string())]).inc();
     }
 
     pub(crate) fn feed(&self, result: &str) {

@@ -276,9 +276,9 @@ impl Processor {
     }
 
     /// True when the status names its operation (`biz_opaque_callback_data`, which the dispatcher sets to the
-    /// operation id); otherwise only the wamid link can.
+    /// operation key: a tenant's keys hold a `/`); otherwise only the wamid link can.
     fn names_operation(s: &StatusUpdate) -> bool {
-        !s.operation_id.is_empty() && bw_common::ledger::valid_operation_id(&s.operation_id)
+        !s.operation_id.is_empty() && bw_common::tenancy::valid_operation_key(&s.operation_id)
     }
 
     /// The operation a status belongs to: the one its callback data `named` (see [`Self::names_operation`]),

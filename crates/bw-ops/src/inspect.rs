@@ -159,6 +159,7 @@ pub fn quarantine_reason_label(reason: QuarantineReason) -> &'static str {
         QuarantineReason::UnknownReview => "unknown_review",
         QuarantineReason::WindowClosed => "window_closed",
         QuarantineReason::Operator => "operator",
+        QuarantineReason::SenderRevoked => "sender_revoked",
     }
 }
 
@@ -170,6 +171,7 @@ pub fn parse_quarantine_reason(label: &str) -> Option<QuarantineReason> {
         QuarantineReason::UnknownReview,
         QuarantineReason::WindowClosed,
         QuarantineReason::Operator,
+        QuarantineReason::SenderRevoked,
         QuarantineReason::Unspecified,
     ]
     .into_iter()

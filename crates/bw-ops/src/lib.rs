@@ -6,7 +6,9 @@
 //! release: [`incident`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
 //! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
 //! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]), the offline change of
-//! the ledger's partition count ([`repartition`]) and a small token bucket ([`pace`]).
+//! the ledger's partition count ([`repartition`]), the producers' NATS users generated from the sender registry
+//! ([`senders`]), the move of ledger entries from before tenants to their tenant's key ([`tenants`]) and a
+//! small token bucket ([`pace`]).
 //!
 //! What must not live here: anything that talks to Meta or to Redis. This crate depends on `bw-common` only;
 //! services may depend on it, it never depends on a service.
@@ -22,6 +24,8 @@ pub mod ops;
 pub mod pace;
 pub mod repartition;
 pub mod scan;
+pub mod senders;
+pub mod tenants;
 
 use bw_common::ledger::LedgerError;
 use bw_common::nats::PublishError;

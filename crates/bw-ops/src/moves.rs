@@ -18,6 +18,7 @@ use bw_common::proto::{
     Attempt, DlqEnvelope, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason, SendRequest,
     Signal, send_request,
 };
+use bw_common::registry::RegistryView;
 use bw_common::{names, telemetry, time::now_ms};
 use prost::Message;
 use std::time::Duration;
@@ -162,6 +163,7 @@ impl Outcome {
             Outcome::Expired => "expired",
             Outcome::Quarantined(QuarantineReason::Poison) => "poison",
             Outcome::Quarantined(QuarantineReason::WindowClosed) => "window_closed",
+            Outcome::Quarantined(QuarantineReason::SenderRevoked) => "sender_revoked",
             Outcome::Quarantined(_) => "quarantined",
             Outcome::NotYet(_) => "not_before",
             Outcome::Changed => "changed",
@@ -186,6 +188,9 @@ pub struct Mover {
     send: names::SendPartitions,
     ledger: Ledger,
     rules: Rules,
+    /// With a registry (the replay service in registry mode), a DLQ entry is replayed only while its sender may
+    /// still send it; without one (bwctl, dev mode) the dispatcher's own check before the send applies.
+    registry: Option<RegistryView>,
 }
 
 fn entry_from(request: &SendRequest, replays: u32, state: OperationState) -> LedgerEntry {
@@ -195,7 +200,27 @@ fn entry_from(request: &SendRequest, replays: u32, state: OperationState) -> Led
 impl Mover {
     /// A mover over the topology's buckets.
     pub fn new(js: jetstream::Context, buckets: &Buckets, rules: Rules) -> Mover {
-        Mover { js, send: buckets.send, ledger: Ledger::new(buckets), rules }
+        Mover { js, send: buckets.send, ledger: Ledger::new(buckets), rules, registry: None }
+    }
+
+    /// Checks each DLQ entry's sender (and failover target) against `registry` before replaying it: an entry
+    /// whose number the registry no longer assigns to the operation's tenant, under the request's WABA, goes to
+    /// the quarantine (`SENDER_REVOKED`) instead.
+    pub fn with_registry(mut self, registry: RegistryView) -> Mover {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Why `request`, going out as `target` when one is set, may not be replayed (None: it may).
+    async fn revoked(&self, request: &SendRequest, target: Option<&Target>) -> Result<Option<String>, OpsError> {
+        let Some(registry) = &self.registry else { return Ok(None) };
+        let mut outgoing = request.clone();
+        if let Some(t) = target {
+            outgoing.waba_id = t.waba_id.clone();
+            outgoing.phone_number_id = t.phone_number_id.clone();
+        }
+        let refusal = registry.revoked(&outgoing).await.map_err(|e| OpsError::nats("sender registry", e))?;
+        Ok(refusal.map(|r| r.revoked_detail(&outgoing.phone_number_id)))
     }
 
     /// How BW_SEND is split (where a replayed entry goes back to).
@@ -255,6 +280,11 @@ impl Mover {
             }
             Check::NotYet { wait_ms } => Ok(Outcome::NotYet(Duration::from_millis(wait_ms.max(1) as u64))),
             Check::Elsewhere(why) => Ok(Outcome::Skipped(why.into())),
+            Check::Resume { .. } | Check::Replay { .. } if let Some(detail) = self.revoked(request, target).await? => {
+                let reason = QuarantineReason::SenderRevoked;
+                let error = envelope.last_error.clone();
+                self.quarantine(request, reason, &detail, &envelope.incident_id, error).await
+            }
             Check::Resume { replay } => {
                 if let Some(g) = gate
                     && !g.pass().await

@@ -15,6 +15,9 @@ pub struct Config {
     pub replay: ReplayConfig,
     #[serde(default)]
     pub failover: FailoverConfig,
+    /// Whether DLQ entries' senders are checked against the sender registry before a replay (the default).
+    #[serde(default)]
+    pub tenancy: bw_common::tenancy::TenancyConfig,
 }
 
 /// The `[replay]` section.

@@ -18,6 +18,10 @@
 //! the DLQ until an operator releases the incident; each drain counts what it did per incident in BW_INCIDENTS,
 //! and after a drain of a CLOSED scope an incident with nothing left gets its "replayed" event, once.
 //!
+//! Tenancy: in registry mode (the compiled default) an entry is replayed only while the sender registry still
+//! assigns its number (or its failover target's) to the operation's tenant under the request's WABA; otherwise
+//! it goes to the quarantine (`SENDER_REVOKED`), never back to a lane.
+//!
 //! What it must not do: talk to Meta, or send anything whose ledger entry says Meta accepted it.
 //! Entry point: [`run`].
 
@@ -174,8 +178,16 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         via: "replay".into(),
     };
     let grace = Duration::from_millis(cfg.replay.shutdown_grace_ms);
+    let registry = bw_common::registry::view_for(cfg.tenancy.mode, &deps, cfg.nats.replicas, shutdown.clone()).await?;
+    let mover = Mover::new(deps.js.clone(), &deps.buckets, rules);
+    let mover = if registry.is_dev() {
+        tracing::info!("tenancy.mode = \"dev\": DLQ entries' senders are not checked against the sender registry");
+        mover
+    } else {
+        mover.with_registry(registry)
+    };
     let ctx = Arc::new(Ctx {
-        mover: Mover::new(deps.js.clone(), &deps.buckets, rules),
+        mover,
         js: deps.js.clone(),
         leases,
         incidents,

@@ -3,6 +3,10 @@
 //! environment variables) and serves its own admin port; `--with-simulator` also starts the Meta simulator
 //! and points the dispatcher and its webhooks at it. Stop with SIGTERM or Ctrl-C.
 //!
+//! Tenancy: the stack runs ingest, the dispatcher and replay in dev mode (`tenancy.mode = "dev"`: the tenant
+//! `default` owns every number, nothing to register) unless the environment sets a mode
+//! (`BW_INGEST__TENANCY__MODE=registry`, and the same for the dispatcher and replay); it says so at start.
+//!
 //! Example: `scripts/setup.sh --start && cargo run --release -p bw-stack -- --with-simulator`; add
 //! `--otlp http://127.0.0.1:4318/v1/traces` to export traces (to Jaeger, for instance).
 
@@ -26,6 +30,19 @@ struct Args {
     /// name `bw-stack`; span names (`ingest.intake`, `dispatch`, `meta.send`, `replay.entry`...) tell them apart.
     #[arg(long, value_name = "URL")]
     otlp: Option<String>,
+}
+
+/// The services that check senders, by their environment prefix.
+const TENANCY_SERVICES: [&str; 3] = ["INGEST", "DISPATCHER", "REPLAY"];
+
+/// Dev mode for every service whose mode the environment does not set; true when any runs in it.
+fn dev_mode_unless_set(env: &mut HashMap<String, String>) -> bool {
+    let mut dev = false;
+    for service in TENANCY_SERVICES {
+        let mode = env.entry(format!("BW_{service}__TENANCY__MODE")).or_insert_with(|| "dev".to_string());
+        dev |= mode.trim() == "dev";
+    }
+    dev
 }
 
 /// Credentials of the local stack when the environment sets none.
@@ -53,6 +70,12 @@ fn start<C, F, Fut>(
 
 async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
     let mut env = bw_common::config::process_env();
+    if dev_mode_unless_set(&mut env) {
+        tracing::warn!(
+            "dev mode: any producer may send as any number (set BW_INGEST__TENANCY__MODE, \
+             BW_DISPATCHER__TENANCY__MODE and BW_REPLAY__TENANCY__MODE to registry to use the sender registry)"
+        );
+    }
     let sim = if args.with_simulator {
         // Local credentials unless the environment sets others; the simulator takes whichever the services use.
         for (key, value) in
@@ -155,4 +178,28 @@ fn main() {
         }
     });
     std::process::exit(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stack_runs_in_dev_mode_unless_the_environment_says_otherwise() {
+        let mut env = HashMap::new();
+        assert!(dev_mode_unless_set(&mut env));
+        for service in ["ingest", "dispatcher", "replay"] {
+            let key = format!("BW_{}__TENANCY__MODE", service.to_ascii_uppercase());
+            assert_eq!(env.get(&key).map(String::as_str), Some("dev"), "{key}");
+        }
+        let ingest: bw_ingest::Config = load("ingest", bw_ingest::DEFAULT_CONFIG, &env).expect("ingest loads");
+        assert_eq!(ingest.tenancy.mode, bw_common::tenancy::TenancyMode::Dev);
+
+        let mut env: HashMap<String, String> =
+            TENANCY_SERVICES.iter().map(|s| (format!("BW_{s}__TENANCY__MODE"), "registry".to_string())).collect();
+        assert!(!dev_mode_unless_set(&mut env), "the environment's mode wins");
+        let dispatcher: bw_dispatcher::Config =
+            load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env).expect("dispatcher loads");
+        assert_eq!(dispatcher.tenancy.mode, bw_common::tenancy::TenancyMode::Registry);
+    }
 }

@@ -2,14 +2,20 @@
 //
 // It encodes a protobuf `bw.v1.SendRequest` (schema read from proto/bw/v1/send.proto), sends it to ingest with
 // NATS request/reply on `bw.send.v1.<phone_number_id>`, and prints the `IntakeReply`. On a timeout or "no
-// responders" (or REJECT_REASON_UNAVAILABLE) it retries with the SAME operation id: ingest deduplicates by
-// operation id, so retrying can never send a message twice.
+// responders" (or REJECT_REASON_UNAVAILABLE) it retries with the SAME operation id: ingest stores each operation
+// id of a tenant once, so retrying can never send a message twice.
 //
-// Then it follows the operation's outcomes: it binds its own durable consumer on the outcome feed (stream
-// BW_FEED, subject bw.feed.v1.<phone_number_id>.>, one bw.v1.OutcomeEvent per state change) and prints the events
-// of this operation until a final one (or FOLLOW_SECONDS), and asks the status query (bw.status.v1.<phone>).
+// Then it follows the operation's outcomes: it binds its tenant's durable consumer feed-<tenant> on the outcome
+// feed (stream BW_FEED, subject bw.feed.v1.<tenant>.<phone_number_id>.>, one bw.v1.OutcomeEvent per state change)
+// and prints the events of this operation until a final one (or FOLLOW_SECONDS), and asks the status query
+// (bw.status.v1.<phone>).
 //
-// Usage: NATS_URL=nats://127.0.0.1:4222 npm run --silent send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
+// It runs as a tenant of the sender registry (BW_TENANT, default "default"): the number must be registered to it
+// (bwctl senders add), it connects as the tenant's NATS user producer-<tenant> with NATS_PASSWORD (none: no
+// credentials, a local server without accounts) and takes replies on the tenant's inbox prefix _INBOX_<tenant>,
+// the only one its user may read and the only one ingest answers to.
+//
+// Usage: NATS_URL=nats://127.0.0.1:4222 BW_TENANT=crm NATS_PASSWORD=... npm run --silent send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>
 
 import { AckPolicy, DeliverPolicy, connect, headers, type NatsConnection } from "nats";
 import protobuf from "protobufjs";
@@ -43,18 +49,30 @@ interface OutcomeEvent {
 const FINAL = new Set(["OUTCOME_KIND_DELIVERED", "OUTCOME_KIND_READ", "OUTCOME_KIND_FAILED",
   "OUTCOME_KIND_QUARANTINED", "OUTCOME_KIND_EXPIRED"]);
 
-// Prints the feed events of one operation, through the producer's own durable consumer, until a final one.
-async function follow(nc: NatsConnection, phoneNumberId: string, operationId: string, durable: string,
+// Prints the feed events of one operation, through the tenant's durable consumer, until a final one.
+async function follow(nc: NatsConnection, tenant: string, phoneNumberId: string, operationId: string,
   seconds: number): Promise<void> {
   const root = await loadFeed();
   const Event = root.lookupType("bw.v1.OutcomeEvent");
   const jsm = await nc.jetstreamManager();
-  await jsm.consumers.add("BW_FEED", {
-    durable_name: durable,
-    filter_subject: `bw.feed.v1.${phoneNumberId}.>`,
-    ack_policy: AckPolicy.Explicit,
-    deliver_policy: DeliverPolicy.All,
-  });
+  // With a `name` the client creates the consumer through the subject that carries its filter
+  // ($JS.API.CONSUMER.CREATE.BW_FEED.feed-<tenant>.<filter>), the only create a tenant's user may use; nothing
+  // reads BW_FEED's stream info, which a tenant may not.
+  const durable = `feed-${tenant}`;
+  const filter = `bw.feed.v1.${tenant}.${phoneNumberId}.>`;
+  try {
+    await jsm.consumers.add("BW_FEED", {
+      name: durable,
+      durable_name: durable,
+      filter_subject: filter,
+      ack_policy: AckPolicy.Explicit,
+      deliver_policy: DeliverPolicy.All,
+    });
+  } catch (e) {
+    // The tenant's consumer exists with another number's filter: moved to this one (it keeps its position).
+    if (!String(e).includes("already exists")) throw e;
+    await jsm.consumers.update("BW_FEED", durable, { filter_subject: filter });
+  }
   const consumer = await nc.jetstream().consumers.get("BW_FEED", durable);
   const deadline = Date.now() + seconds * 1000;
   while (Date.now() < deadline) {
@@ -121,7 +139,13 @@ async function main(): Promise<void> {
     console.error("usage: npm run --silent send -- <operation_id> <waba_id> <phone_number_id> <+recipient> <text>");
     process.exit(64);
   }
-  const nc = await connect({ servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222" });
+  const tenant = process.env.BW_TENANT ?? "default";
+  const password = process.env.NATS_PASSWORD;
+  const nc = await connect({
+    servers: process.env.NATS_URL ?? "nats://127.0.0.1:4222",
+    inboxPrefix: `_INBOX_${tenant}`,
+    ...(password ? { user: `producer-${tenant}`, pass: password } : {}),
+  });
   try {
     const reply = await send(nc, {
       operationId,
@@ -136,7 +160,7 @@ async function main(): Promise<void> {
     process.exitCode = reply.accepted ? 0 : 1;
     if (reply.accepted) {
       const seconds = Number(process.env.FOLLOW_SECONDS ?? "60");
-      await follow(nc, phoneNumberId, operationId, process.env.FEED_DURABLE ?? "producer-ts", seconds);
+      await follow(nc, tenant, phoneNumberId, operationId, seconds);
       console.log(JSON.stringify(await status(nc, phoneNumberId, operationId)));
     }
   } finally {

@@ -193,6 +193,9 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
         cluster_topology(&urls, "e2e-clusters", (LEDGER_PARTITIONS, SEND_PARTITIONS), WAIT).await;
     let send = buckets.send;
     assert_eq!((send.of(PHONE_A), send.of(PHONE_B)), (0, 1), "one sender in each send partition");
+    // The senders, registered to the tenant `default` in the replicated registry the services read.
+    bw_common::registry::Registry::open(&js, 3).await.expect("replicated sender registry");
+    bw_e2e::register_senders(&js, &[(PHONE_A, WABA_ID), (PHONE_B, WABA_ID)]).await;
     let mut transitions = Vec::new();
     for phone in [PHONE_A, PHONE_B] {
         transitions.push(client.subscribe(names::breaker_subject(phone)).await.expect("subscribe transitions"));
@@ -236,7 +239,7 @@ async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_
     // `dispatcher_settings` without its no-trip breaker limits; `common` comes after it so the cluster wins.
     let mut dispatcher: Vec<(&str, String)> = dispatcher_settings(&urls, &nowhere, &sim.base_url())
         .into_iter()
-        .filter(|(k, _)| !k.starts_with("breaker."))
+        .filter(|(k, _)| !k.starts_with("breaker.") && !k.starts_with("tenancy."))
         .collect();
     dispatcher.extend(common(&[]));
     // The unknown-outcome review of the ingest settings above: the dispatcher sets it on each entry.

@@ -271,6 +271,8 @@ pub(super) fn dispatcher_settings(nats_url: &str, redis_url: &str, meta_url: &st
         ("dispatch.retry_cap_ms", "500".to_string()),
         ("dispatch.idle_wait_ms", "50".to_string()),
         ("dispatch.shutdown_grace_ms", "2000".to_string()),
+        // Dev tenancy, like the harness's relaxed services: these tests are about processes and servers.
+        ("tenancy.mode", "dev".to_string()),
     ];
     s.extend(breaker(300));
     s
@@ -283,6 +285,7 @@ pub(super) fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 /// Connects to a NATS cluster (`urls`, comma-separated) and creates the replicated (R3) topology with the ledger in
 /// `ledger_partitions` partitions, waiting up to `wait` for the cluster to elect its JetStream meta leader first.
+/// The client takes its replies on the tenant `default`'s inbox prefix, so it can also send as that producer.
 pub(super) async fn cluster_topology(
     urls: &str,
     name: &str,
@@ -293,6 +296,7 @@ pub(super) async fn cluster_topology(
         replicas: 3,
         ledger_partitions,
         send_partitions,
+        inbox_prefix: bw_common::tenancy::inbox_prefix(bw_common::tenancy::DEFAULT_TENANT),
         ..bw_common::config::NatsConfig::single(urls, name)
     };
     let client = bw_common::nats::connect(&nats_cfg, "e2e", wait).await.expect("cluster reachable");

@@ -123,6 +123,7 @@ async fn a_replay_process_killed_mid_drain_leaves_the_rest_to_the_other() {
     let replay = |i: usize| {
         vec![
             ("nats.url", h.nats.url()),
+            ("tenancy.mode", "dev".to_string()),
             ("replay.instance_id", format!("replay-{i}")),
             ("replay.soak_ms", "200".to_string()),
             ("replay.rate_per_s", "100".to_string()),

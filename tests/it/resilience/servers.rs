@@ -59,6 +59,9 @@ async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
     let info = js.get_stream(names::SEND_STREAM).await.expect("stream").info().await.expect("info").clone();
     assert_eq!(info.config.num_replicas, 3, "BW_SEND is replicated on all three nodes");
 
+    // Ingest at its compiled tenancy: the sender registered to the tenant `default` in the replicated registry.
+    bw_common::registry::Registry::open(&js, 3).await.expect("replicated sender registry");
+    bw_e2e::register_senders(&js, &[(PHONE, WABA_ID)]).await;
     let mut procs = services("nats-cluster", &["dispatcher", "ingest"]);
     procs
         .spawn(

@@ -27,6 +27,8 @@ fn signal(pid: u32, sig: &str) {
 async fn sends_held_up_by_a_stalled_broker_do_not_leave_as_one_burst_when_it_resumes() {
     let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
     h.start_ingest(&[("webhook.process", "false".into())]).await;
+    // The dispatchers check the sender registry (the compiled default).
+    h.register(&[PHONE]).await;
     let mut procs = services("stall", &["dispatcher"]);
     let settings = vec![
         ("nats.url", h.nats.url()),

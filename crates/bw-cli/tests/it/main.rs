@@ -3,6 +3,7 @@
 
 mod deploy;
 mod operator;
+mod senders;
 
 use bw_cli::{Cli, EXIT_LOST, run};
 use bw_common::config::NatsConfig;

@@ -1,5 +1,6 @@
-//! NATS accounts (deploy/nats/accounts.conf, the very file): a producer user sends and follows its feed, and is
-//! refused on internal subjects, the ledger and stream administration.
+//! NATS accounts (deploy/nats/accounts.conf, the very file, with its producers' region generated for the tenant
+//! `crm`): the tenant's producer user sends and follows its feed, and is refused on internal subjects, the ledger
+//! and stream administration.
 
 use crate::support::{WAIT, test_config};
 use bw_client::{Client, Request};
@@ -13,7 +14,13 @@ const PHONE: &str = "2002";
 async fn a_producer_user_is_refused_on_internal_subjects() {
     let server = crate::support::accounts_server();
     let port = server.port();
-    // Ingest runs as its own user, on its own inbox prefix.
+    // The operator registers the number to `crm`; ingest runs as its own user, on its own inbox prefix, at the
+    // compiled default tenancy (the registry).
+    let operator = async_nats::ConnectOptions::with_user_and_password("operator".into(), "op-pw".into())
+        .connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("operator connects");
+    crate::support::register(&async_nats::jetstream::new(operator), PHONE, WABA, "crm").await;
     let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
@@ -23,8 +30,7 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ingest ready");
 
     let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<String>();
-    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), "crm-pw".into())
-        .custom_inbox_prefix("_INBOX_producer-crm")
+    let producer = bw_client::tenant_options("crm", "crm-pw")
         .event_callback(move |ev| {
             let tx = tx.clone();
             async move {
@@ -40,9 +46,9 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     let reply = client.send(&Request::text("acct-1", WABA, PHONE, "+5491155551234", "hi").build()).await;
     assert!(reply.expect("answered").accepted);
     let producer_js = async_nats::jetstream::new(producer.clone());
-    let mut feed = bw_client::follow(&producer_js, PHONE, "crm").await.expect("feed consumer allowed");
-    let item = tokio::time::timeout(WAIT, feed.next()).await.expect("event in time").expect("open").expect("event");
-    assert_eq!(item.event.kind(), OutcomeKind::Accepted);
+    let mut feed = bw_client::follow(&producer_js, "crm", Some(PHONE)).await.expect("its own feed consumer");
+    let item = tokio::time::timeout(WAIT, feed.next()).await.expect("in time").expect("open").expect("event");
+    assert_eq!((item.event.kind(), item.event.operation_id.as_str()), (OutcomeKind::Accepted, "acct-1"));
     item.ack().await.expect("ack allowed");
     assert!(client.status(PHONE, "acct-1").await.expect("status allowed").found);
 
@@ -78,7 +84,7 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     let send = deps.js.get_stream(names::SEND_STREAM).await.expect("stream").get_info().await.expect("info");
     assert_eq!(send.state.messages, 1);
     let ledger = bw_common::ledger::Ledger::new(&deps.buckets);
-    assert!(ledger.get("acct-1").await.expect("ledger").is_some());
+    assert!(ledger.get("crm/acct-1").await.expect("ledger").is_some());
     token.cancel();
     ingest.await.expect("joins").expect("stops");
 }
@@ -91,6 +97,9 @@ async fn ingest_gives_existing_streams_their_byte_limits_as_its_own_user() {
     let port = server.port();
     let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
+    // Dev mode: what is checked here is the streams' byte limits; the sender registry's rights are
+    // tests/it/permissions.rs's.
+    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
     // The older layout, created by the ingest user itself (as an older version did): no byte limits.
     let old = async_nats::ConnectOptions::with_user_and_password("ingest".into(), "ingest-pw".into())
         .custom_inbox_prefix("_INBOX_ingest")

@@ -106,6 +106,7 @@ fn callback(url: &str) -> CallbackConfig {
     CallbackConfig {
         url: url.to_string(),
         secret: SECRET.into(),
+        tenant: Some(bw_common::tenancy::DEFAULT_TENANT.into()),
         phone_number_ids: vec![PHONE.into()],
         kinds: vec![],
         timeout_ms: 5_000,
@@ -325,10 +326,12 @@ fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
 const URL_KEY: &str = "BW_INGEST__CALLBACKS__CRM__URL";
 const SECRET_KEY: &str = "BW_INGEST__CALLBACKS__CRM__SECRET";
 const PHONES_KEY: &str = "BW_INGEST__CALLBACKS__CRM__PHONE_NUMBER_IDS";
+const TENANT_KEY: &str = "BW_INGEST__CALLBACKS__CRM__TENANT";
 
 #[test]
 fn callback_configs_that_cannot_work_are_refused_without_the_secret() {
-    let ok = [(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "[\"2002\"]")];
+    let ok =
+        [(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "[\"2002\"]"), (TENANT_KEY, "crm")];
     let load = |over: &[(&str, &str)]| {
         let mut pairs: Vec<(&str, &str)> =
             ok.iter().filter(|(k, _)| !over.iter().any(|(o, _)| o == k)).copied().collect();
@@ -342,6 +345,8 @@ fn callback_configs_that_cannot_work_are_refused_without_the_secret() {
         (&[(SECRET_KEY, "")], "callbacks.crm.secret is empty"),
         (&[(PHONES_KEY, "")], "callbacks.crm.phone_number_ids is empty"),
         (&[(PHONES_KEY, "[]")], "callbacks.crm.phone_number_ids is empty"),
+        (&[(TENANT_KEY, "")], "callbacks.crm.tenant is required"),
+        (&[(TENANT_KEY, "CRM")], "callbacks.crm.tenant must be"),
         (&[("BW_INGEST__CALLBACKS__CRM__TIMEOUT_MS", "0")], "callbacks.crm.timeout_ms must be > 0"),
         (&[("BW_INGEST__CALLBACKS__CRM__KINDS", "[\"deliverd\"]")], "callbacks.crm.kinds: unknown kind `deliverd`"),
         (&[("BW_INGEST__CALLBACKS__CRM__RETRY_MS", "[]")], "callbacks.crm.retry_ms"),
@@ -364,6 +369,7 @@ fn the_binary_exits_64_on_an_invalid_callback_without_printing_the_secret() {
         .env(URL_KEY, "ftp://crm.example/hooks")
         .env(SECRET_KEY, SECRET)
         .env(PHONES_KEY, "*")
+        .env(TENANT_KEY, "crm")
         .env("BW_INGEST__NATS__URL", format!("nats://127.0.0.1:{}", bw_testkit::free_port()))
         .output()
         .expect("binary runs");
@@ -378,16 +384,19 @@ fn compiled_defaults_run_no_callback_and_fill_a_configured_one_with_the_document
     let cfg = Config::load(None, &HashMap::new()).expect("defaults load");
     assert!(cfg.callbacks.is_empty(), "no callback by default");
     // Configured through the environment only, with every optional key at its compiled default.
-    let cfg =
-        Config::load(None, &env(&[(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "*")]))
-            .expect("a minimal callback loads and validates");
+    let cfg = Config::load(
+        None,
+        &env(&[(URL_KEY, "https://crm.example/hooks"), (SECRET_KEY, SECRET), (PHONES_KEY, "*"), (TENANT_KEY, "crm")]),
+    )
+    .expect("a minimal callback loads and validates");
     let c = &cfg.callbacks["crm"];
     assert_eq!(c.phone_number_ids, vec!["*".to_string()]);
     assert_eq!(c.retry_ms, vec![1_000, 5_000, 30_000, 120_000, 600_000, 3_600_000]);
     assert_eq!((c.timeout_ms, c.max_in_flight), (5_000, 16));
     assert_eq!((c.retry_after_max_ms, c.max_age_ms), (3_600_000, 86_400_000));
     assert!(c.kinds.is_empty());
-    assert_eq!(bw_ingest::callback::filters(&c.phone_number_ids), vec!["bw.feed.v1.>".to_string()]);
+    assert_eq!(c.tenant.as_deref(), Some("crm"));
+    assert_eq!(bw_ingest::callback::filters("crm", &c.phone_number_ids), vec!["bw.feed.v1.crm.>".to_string()]);
     // The commented example in default.toml, uncommented, is valid and states the same defaults.
     let mut example = String::new();
     let mut inside = false;
@@ -429,6 +438,9 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
     let port = server.port();
     let mut cfg = support::test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
+    // Dev mode (every number the tenant `default`'s, replies below any tenant's inbox prefix): what is checked here
+    // is that callbacks need nothing the ingest user lacks.
+    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
     with(&url, |_| {})(&mut cfg);
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
     let token = tokio_util::sync::CancellationToken::new();
@@ -443,8 +455,7 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
         "ingest ready as its user: {:?}",
         violations()
     );
-    let producer = async_nats::ConnectOptions::with_user_and_password("producer-crm".into(), "crm-pw".into())
-        .custom_inbox_prefix("_INBOX_producer-crm")
+    let producer = bw_client::tenant_options("crm", "crm-pw")
         .connect(format!("127.0.0.1:{port}"))
         .await
         .expect("producer connects");
@@ -480,6 +491,72 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
     tokio::time::timeout(WAIT, ingest).await.expect("stops").expect("joins").expect("ok");
 }
 
+#[tokio::test]
+async fn a_callback_delivers_only_its_tenants_events() {
+    let (receiver, url) = Receiver::start(vec![], None).await;
+    // The CRM's callback lists its own number and the shop's: the shop's is left out at start-up.
+    let senders = [("4001", WABA, "crm"), ("4002", "1002", "shop")];
+    let env = support::start_registered(
+        &senders,
+        with(&url, |c| {
+            c.tenant = Some("crm".into());
+            c.phone_number_ids = vec!["4001".into(), "4002".into()];
+        }),
+    )
+    .await;
+    let stream = env.js.get_stream(bw_ingest::feed::FEED_STREAM).await.expect("feed stream");
+    let info = stream.consumer_info("callback-crm").await.expect("callback consumer");
+    assert_eq!(info.config.filter_subject, "bw.feed.v1.crm.4001.>", "{:?}", info.config);
+    assert!(info.config.filter_subjects.is_empty(), "{:?}", info.config);
+
+    let crm = Client::new(support::producer(&env.server.url(), "crm").await);
+    let shop = Client::new(support::producer(&env.server.url(), "shop").await);
+    assert!(shop.send(&Request::text("cb-t", "1002", "4002", RECIPIENT, BODY_TEXT).build()).await.expect("r").accepted);
+    assert!(crm.send(&Request::text("cb-t", WABA, "4001", RECIPIENT, BODY_TEXT).build()).await.expect("r").accepted);
+    assert!(receiver.wait_for("cb-t", 1).await, "{:?}", receiver.seen());
+    assert!(settled(&env).await);
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1, "the shop's event of the same id is not the CRM's: {seen:?}");
+    let v: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("json");
+    assert_eq!((v["tenant"].as_str(), v["operation_id"].as_str()), (Some("crm"), Some("cb-t")), "{v}");
+    assert_eq!(v["phone_number_id"], "4001");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_callback_consumer_with_a_filter_from_before_tenants_is_updated_at_start() {
+    let (_receiver, url) = Receiver::start(vec![], None).await;
+    let mut env = start(with(&url, |_| {})).await;
+    env.token.cancel();
+    let task = env.task.take().expect("running");
+    tokio::time::timeout(WAIT, task).await.expect("stops").expect("joins").expect("ok");
+    // The consumer as it was before tenants: the sender's subjects without a tenant token.
+    let stream = env.js.get_stream(bw_ingest::feed::FEED_STREAM).await.expect("feed stream");
+    let old = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some("callback-crm".into()),
+        filter_subject: format!("bw.feed.v1.{PHONE}.>"),
+        deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::New,
+        ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: std::time::Duration::from_secs(30),
+        max_deliver: -1,
+        max_ack_pending: 50_000,
+        ..Default::default()
+    };
+    stream.create_consumer(old).await.expect("old consumer");
+    // Started again: the filter is the tenant's.
+    let mut cfg = support::test_config(&env.server.url());
+    with(&url, |_| {})(&mut cfg);
+    let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
+    let token = tokio_util::sync::CancellationToken::new();
+    let again = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
+    let health = deps.health.clone();
+    assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ready again");
+    let info = stream.consumer_info("callback-crm").await.expect("consumer");
+    assert_eq!(info.config.filter_subject, format!("bw.feed.v1.default.{PHONE}.>"));
+    token.cancel();
+    tokio::time::timeout(WAIT, again).await.expect("stops").expect("joins").expect("ok");
+}
+
 /// SSRF: at the compiled defaults a callback aimed at the metadata service, a private network or this machine
 /// is a configuration error naming the callback and the kind of address (never the address); allowed
 /// explicitly, 127.0.0.1 works (every test above).
@@ -495,9 +572,10 @@ fn callback_destinations_inside_are_refused_by_default_and_named_precisely() {
         ("http://224.0.0.1/hooks", "multicast"),
         ("http://[fd00::1]/hooks", "unique-local"),
     ] {
-        let err = Config::load(None, &env(&[(URL_KEY, url), (SECRET_KEY, SECRET), (PHONES_KEY, "*")]))
-            .expect_err("refused")
-            .to_string();
+        let err =
+            Config::load(None, &env(&[(URL_KEY, url), (SECRET_KEY, SECRET), (PHONES_KEY, "*"), (TENANT_KEY, "crm")]))
+                .expect_err("refused")
+                .to_string();
         assert!(err.contains("callbacks.crm.url") && err.contains(&format!("a {range} address")), "{url}: {err}");
         assert!(err.contains("egress.allow_cidrs"), "{err}");
         let host = reqwest::Url::parse(url).expect("url").host_str().expect("host").to_string();
@@ -507,6 +585,7 @@ fn callback_destinations_inside_are_refused_by_default_and_named_precisely() {
         (URL_KEY, "http://127.0.0.1:9000/hooks"),
         (SECRET_KEY, SECRET),
         (PHONES_KEY, "*"),
+        (TENANT_KEY, "crm"),
         ("BW_INGEST__EGRESS__ALLOW_CIDRS", "[\"127.0.0.1\"]"),
     ]);
     assert!(Config::load(None, &allowed).is_ok(), "allowed explicitly");
@@ -525,6 +604,8 @@ async fn a_callback_host_resolving_to_loopback_stops_start_up_unless_allowed() {
     let server = bw_testkit::NatsServer::start();
     let mut cfg = support::test_config(&server.url());
     cfg.callbacks.insert("crm".into(), callback(&by_name));
+    let admin = async_nats::connect(server.url()).await.expect("connects");
+    support::register(&async_nats::jetstream::new(admin), PHONE, WABA, bw_common::tenancy::DEFAULT_TENANT).await;
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
     let token = tokio_util::sync::CancellationToken::new();
     let run = bw_ingest::run(cfg.clone(), deps.clone(), token.clone());
@@ -536,7 +617,8 @@ async fn a_callback_host_resolving_to_loopback_stops_start_up_unless_allowed() {
     let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
     let health = deps.health.clone();
     assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ready");
-    let reply = Client::new(deps.nats.clone())
+    let producer = support::producer(&server.url(), bw_common::tenancy::DEFAULT_TENANT).await;
+    let reply = Client::new(producer)
         .send(&Request::text("cb-localhost", WABA, PHONE, RECIPIENT, BODY_TEXT).build())
         .await
         .expect("reply");

@@ -3,6 +3,7 @@
 use crate::support::{self, APP_SECRET, WAIT, start};
 use bw_client::{Client, Request};
 use bw_common::proto::{OperationState, OutcomeKind};
+use bw_common::tenancy::DEFAULT_TENANT;
 use bw_ingest::webhook::sign;
 
 const WABA: &str = "1001";
@@ -21,12 +22,8 @@ fn status_body(wamid: &str, status: &str, op: &str) -> String {
 async fn every_state_change_reaches_the_senders_feed_and_the_status_query() {
     let env = start(|_| {}).await;
     let client = Client::new(env.nats.clone());
-    let mut feed = bw_client::follow(&env.js, PHONE, "crm-test").await.expect("feed consumer");
-    let mut next_kind = async || {
-        let item = tokio::time::timeout(WAIT, feed.next()).await.expect("an event in time").expect("open").expect("ok");
-        item.ack().await.expect("ack");
-        item.event
-    };
+    let mut feed = support::Feed::follow(&env.js, DEFAULT_TENANT, PHONE, "crm-test").await;
+    let mut next_kind = async || feed.next().await.0;
     let op = "feed-1";
     let reply = client.send(&Request::text(op, WABA, PHONE, "+5491155551234", "hi").build()).await.expect("reply");
     assert!(reply.accepted);

@@ -342,6 +342,7 @@ async fn http_intake_is_authenticated_and_strict_at_the_compiled_defaults() {
             "other".into(),
             bw_ingest::ApiKeyConfig {
                 sha256: bw_ingest::key_sha256("other-key"),
+                tenant: Some(bw_common::tenancy::DEFAULT_TENANT.into()),
                 phone_number_ids: vec![],
                 waba_ids: vec!["9009".into()],
             },

@@ -11,4 +11,5 @@ mod limits;
 mod reconcile;
 mod shared;
 mod support;
+mod tenancy;
 mod webhooks;

@@ -16,6 +16,8 @@ use bw_testkit::NatsServer;
 use prost::Message;
 use std::time::Duration;
 
+mod tenants;
+
 const PHONE: &str = "1001";
 
 async fn setup() -> (NatsServer, Deps) {

@@ -660,6 +660,9 @@ pub enum QuarantineReason {
     WindowClosed = 4,
     /// An operator moved it here.
     Operator = 5,
+    /// Never sent: since it was accepted, its sender left the sender registry, moved to another tenant or got another
+    /// WABA (the detail says which). The dispatcher and replay put it here instead of sending it.
+    SenderRevoked = 6,
 }
 impl QuarantineReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -674,6 +677,7 @@ impl QuarantineReason {
             Self::UnknownReview => "QUARANTINE_REASON_UNKNOWN_REVIEW",
             Self::WindowClosed => "QUARANTINE_REASON_WINDOW_CLOSED",
             Self::Operator => "QUARANTINE_REASON_OPERATOR",
+            Self::SenderRevoked => "QUARANTINE_REASON_SENDER_REVOKED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -685,6 +689,7 @@ impl QuarantineReason {
             "QUARANTINE_REASON_UNKNOWN_REVIEW" => Some(Self::UnknownReview),
             "QUARANTINE_REASON_WINDOW_CLOSED" => Some(Self::WindowClosed),
             "QUARANTINE_REASON_OPERATOR" => Some(Self::Operator),
+            "QUARANTINE_REASON_SENDER_REVOKED" => Some(Self::SenderRevoked),
             _ => None,
         }
     }

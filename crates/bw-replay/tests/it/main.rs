@@ -1,5 +1,7 @@
 //! bw-replay against a real nats-server: replay only while CLOSED and exactly once (two instances), the
 //! checks before sending, poison, pacing, the lane-depth bound, and an operator replay racing the service.
+//! Replay runs at the compiled default tenancy (the sender registry): the test senders are registered to the
+//! tenant `default` ([`register_senders`]), so their operation keys are the bare ids.
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
@@ -17,6 +19,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 const PHONE: &str = "1001";
+/// The failover tests' secondary sender.
+const SECONDARY: &str = "2002";
 const WAIT: Duration = Duration::from_secs(20);
 
 struct Replay {
@@ -37,7 +41,32 @@ async fn deps(nats: &NatsServer) -> Deps {
     Deps::connect("replay-test", &cfg, None, Duration::from_secs(10)).await.expect("connect")
 }
 
+/// Registers the test senders (WABA 9) to the tenant `default`, as `bwctl senders add` does.
+async fn register_senders(deps: &Deps) {
+    let registry = bw_common::registry::Registry::open(&deps.js, 1).await.expect("registry");
+    for phone in [PHONE, SECONDARY] {
+        let record = SenderRecord {
+            phone_number_id: phone.into(),
+            waba_id: "9".into(),
+            tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+            ..Default::default()
+        };
+        registry.add(&record).await.expect("registered");
+    }
+}
+
+/// Starts replay with the test senders registered first.
 async fn start(nats: &NatsServer, overrides: &[(&str, &str)]) -> Replay {
+    register_senders(&deps(nats).await).await;
+    launch(nats, overrides).await
+}
+
+/// Starts replay with the registry as it is.
+async fn start_unregistered(nats: &NatsServer) -> Replay {
+    launch(nats, &[]).await
+}
+
+async fn launch(nats: &NatsServer, overrides: &[(&str, &str)]) -> Replay {
     let mut env: HashMap<String, String> = [
         ("NATS__URL", nats.url().as_str()),
         ("ADMIN__LISTEN", "127.0.0.1:0"),
@@ -366,7 +395,6 @@ async fn operator_replay_alongside_the_service_does_not_duplicate() {
 async fn failover_moves_eligible_categories_to_the_secondary_sender() {
     let nats = NatsServer::start();
     let deps = deps(&nats).await;
-    const SECONDARY: &str = "2002";
     for i in 0..5 {
         let mut order = template(&format!("tx-{i}"));
         order.category = Category::Transactional as i32;
@@ -509,4 +537,51 @@ async fn a_priority_entry_dead_lettered_while_the_marketing_lane_is_full_still_g
     assert_eq!(rp_depth(&deps).await, depth, "the marketing lane kept its bound");
     assert_eq!(ledger(&deps, "order-late").await.state(), OperationState::Queued);
     r.stop().await;
+}
+
+#[tokio::test]
+async fn an_entry_whose_sender_left_the_registry_is_quarantined_not_replayed() {
+    let nats = NatsServer::start();
+    let deps = deps(&nats).await;
+    register_senders(&deps).await;
+    put_dlq(&deps, template("gone-1"), 0, 0).await;
+    let mut other = template("crm/moved-1");
+    other.operation_id = bw_common::tenancy::operation_key("crm", "moved-1");
+    put_dlq(&deps, other, 0, 0).await;
+    // After acceptance the number left the registry, then came back registered to the tenant `default`: the
+    // default tenant's entry is replayed, the CRM's is not (its number is now another tenant's).
+    let registry = bw_common::registry::Registry::open(&deps.js, 1).await.expect("registry");
+    assert!(registry.remove(PHONE).await.expect("removed"));
+    set_scope(&deps, BreakerState::Closed, 0).await;
+    let replay = start(&nats, &[]).await;
+    assert!(wait_until(WAIT, || async { dlq_depth(&deps).await == 0 }).await, "dlq not drained");
+    replay.stop().await;
+    let lane = rp_lane(&deps).await;
+    assert_exactly_once(&lane, &["gone-1".to_string()].into_iter().collect());
+    let key = bw_common::tenancy::operation_key("crm", "moved-1");
+    let entry = ledger(&deps, &key).await;
+    assert_eq!(entry.state(), OperationState::Quarantined);
+    assert_eq!(
+        entry.reason,
+        format!("not sent: phone_number_id {PHONE} is now registered to another tenant than the operation's")
+    );
+    let (quarantined, _) = bw_ops::inspect::quarantine_items(&deps.js, Some(PHONE)).await.expect("quarantine");
+    let reasons: Vec<(String, QuarantineReason)> = quarantined
+        .iter()
+        .map(|q| (q.entry.request.as_ref().expect("request").operation_id.clone(), q.entry.reason()))
+        .collect();
+    assert_eq!(reasons, vec![(key, QuarantineReason::SenderRevoked)]);
+
+    // Removed for good: the next entry is quarantined as unregistered.
+    assert!(registry.remove(PHONE).await.expect("removed"));
+    put_dlq(&deps, template("gone-2"), 0, 0).await;
+    let replay = start_unregistered(&nats).await;
+    assert!(wait_until(WAIT, || async { dlq_depth(&deps).await == 0 }).await, "dlq not drained");
+    replay.stop().await;
+    let entry = ledger(&deps, "gone-2").await;
+    assert_eq!(entry.state(), OperationState::Quarantined);
+    assert!(entry.reason.contains("is no longer in the sender registry"), "{}", entry.reason);
+    assert_exactly_once(&rp_lane(&deps).await, &["gone-1".to_string()].into_iter().collect());
+    let report = bw_ops::account::account(&deps.js, &deps.buckets).await.expect("account");
+    assert!(report.is_clean(), "{report}");
 }
