@@ -97,9 +97,6 @@ async fn ingest_gives_existing_streams_their_byte_limits_as_its_own_user() {
     let port = server.port();
     let mut cfg = test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
-    // Dev mode: what is checked here is the streams' byte limits; the sender registry's rights are
-    // tests/it/permissions.rs's.
-    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
     // The older layout, created by the ingest user itself (as an older version did): no byte limits.
     let old = async_nats::ConnectOptions::with_user_and_password("ingest".into(), "ingest-pw".into())
         .custom_inbox_prefix("_INBOX_ingest")

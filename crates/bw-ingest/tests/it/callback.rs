@@ -436,12 +436,16 @@ async fn callbacks_run_as_the_ingest_nats_user_without_a_permissions_violation()
     let (receiver, url) = Receiver::start(vec![Reply::Status(500)], None).await;
     let server = crate::support::accounts_server();
     let port = server.port();
+    // The operator registers the number to `crm`, whose callback this is; ingest runs as its own user at the
+    // compiled default tenancy.
+    let operator = async_nats::ConnectOptions::with_user_and_password("operator".into(), "op-pw".into())
+        .connect(format!("127.0.0.1:{port}"))
+        .await
+        .expect("operator connects");
+    support::register(&async_nats::jetstream::new(operator), PHONE, WABA, "crm").await;
     let mut cfg = support::test_config(&format!("nats://ingest:ingest-pw@127.0.0.1:{port}"));
     cfg.nats.inbox_prefix = "_INBOX_ingest".into();
-    // Dev mode (every number the tenant `default`'s, replies below any tenant's inbox prefix): what is checked here
-    // is that callbacks need nothing the ingest user lacks.
-    cfg.tenancy.mode = bw_common::tenancy::TenancyMode::Dev;
-    with(&url, |_| {})(&mut cfg);
+    with(&url, |c| c.tenant = Some("crm".into()))(&mut cfg);
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("service connects");
     let token = tokio_util::sync::CancellationToken::new();
     let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
