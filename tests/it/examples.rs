@@ -255,29 +255,35 @@ fn rust_line(line: &str) -> std::collections::HashMap<String, String> {
 }
 
 /// `crates/bw-client/examples/producer.rs`: `NATS_URL=... BW_TENANT=... NATS_PASSWORD=... FOLLOW_SECONDS=60 cargo run -q
-/// -p bw-client --example producer -- <op> <waba> <phone> <+recipient> <text>` from the repository root.
+/// -p bw-client --example producer -- <op> <waba> <phone> <+recipient> <text>` from the repository root (the build
+/// and the run as two steps).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_rust_producer_example_sends_once_and_follows_its_message_to_a_final_event() {
     const TENANT: &str = "billing";
     const PHONE: &str = "106540352249103";
     const OP: &str = "example-rs-order-42";
-    // Built first, outside the example's guard: a first build (or cargo waiting for its package lock) is not the
-    // example hanging.
+    // `cargo run` is `cargo build` then the executable: built first, outside the example's guard (a first build,
+    // or cargo waiting for its package cache lock, is not the example hanging), then the executable cargo names
+    // runs under the guard.
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let built = tokio::process::Command::new(env!("CARGO"))
-        .args(["build", "-q", "-p", "bw-client", "--example", "producer"])
+        .args(["build", "-q", "-p", "bw-client", "--example", "producer", "--message-format=json"])
         .current_dir(&root)
-        .status()
+        .stderr(Stdio::inherit())
+        .output()
         .await
         .expect("cargo runs");
-    assert!(built.success(), "the Rust example does not build");
+    assert!(built.status.success(), "the Rust example does not build");
+    let executable = String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|m| m["target"]["name"] == "producer" && m["target"]["kind"][0] == "example")
+        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .expect("cargo names the example's executable");
     let s = stack(TENANT, PHONE).await;
 
-    let mut cmd = tokio::process::Command::new(env!("CARGO"));
-    cmd.args(["run", "-q", "-p", "bw-client", "--example", "producer", "--", OP, WABA_ID, PHONE, RECIPIENT])
-        .arg("Your order shipped")
-        .current_dir(&root)
-        .env("FOLLOW_SECONDS", "60");
+    let mut cmd = tokio::process::Command::new(executable);
+    cmd.args([OP, WABA_ID, PHONE, RECIPIENT, "Your order shipped"]).current_dir(&root).env("FOLLOW_SECONDS", "60");
     tenant_env(&mut cmd, &s, TENANT);
     let (status, stdout, stderr) = run(cmd).await;
     let output = format!("{stdout}{stderr}");
