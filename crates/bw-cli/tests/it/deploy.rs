@@ -804,8 +804,8 @@ fn url_credentials(urls: &str) -> Option<&str> {
 }
 
 /// The NATS users of every NATS user's password variable, as accounts.conf names them.
-const NATS_USERS: [&str; 7] =
-    ["ingest", "dispatcher", "replay", "breaker-coordinator", "alerting", "operator", "producer"];
+/// Producers' users are generated per tenant (`bwctl senders nats-accounts`); the committed file has none.
+const NATS_USERS: [&str; 6] = ["ingest", "dispatcher", "replay", "breaker-coordinator", "alerting", "operator"];
 
 /// `BW_NATS_<USER>_PASSWORD`, the variable accounts.conf reads a user's password from.
 fn nats_password_var(user: &str) -> String {
