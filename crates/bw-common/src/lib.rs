@@ -9,6 +9,7 @@
 //! What must not live here: service logic. Services depend on this crate, never on each other.
 
 pub mod admin;
+pub mod api_versions;
 pub mod classify;
 pub mod config;
 pub mod disposition;

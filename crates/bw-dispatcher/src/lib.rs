@@ -75,6 +75,9 @@ pub struct Config {
 pub struct MetaConfig {
     pub base_url: String,
     pub api_version: String,
+    /// Start even though `api_version` has ended (`bw_common::api_versions::check`).
+    #[serde(default)]
+    pub allow_expired_api_version: bool,
     /// The Meta app the token belongs to: app-wide limits (code 4) pause every number on it. Empty: the
     /// token's fingerprint stands for the app.
     #[serde(default, deserialize_with = "bw_common::config::text")]
@@ -336,7 +339,15 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     if let Some(warning) = credentials_warning(&cfg.meta) {
         tracing::warn!("{warning}");
     }
+    let version = &cfg.meta.api_version;
+    let today = bw_common::api_versions::today();
+    match bw_common::api_versions::check(version, today, cfg.meta.allow_expired_api_version) {
+        Err(refusal) => anyhow::bail!("{refusal}"),
+        Ok(Some(warning)) => tracing::warn!("{warning}"),
+        Ok(None) => {}
+    }
     let metrics = metrics::Metrics::register(&deps.metrics);
+    metrics.watch_api_version(version, shutdown.clone());
     let breaker = bw_breaker::Breaker::with_conn(deps.redis.clone(), Some(deps.nats.clone()), cfg.breaker.clone());
     breaker.register_metrics(&deps.metrics);
     // App pauses and token halts are keyed by this account (a new token is not under the old one's halt).

@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     pub order_healed: Counter,
     /// Admitted sends that reached the wire too late for their send slot and went back to admission.
     pub late_slots: Counter,
+    /// Days the configured Graph API version stays usable (negative once ended), by version.
+    pub api_version_days_left: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -44,6 +46,7 @@ impl Metrics {
             no_usage_headers: Counter::default(),
             order_healed: Counter::default(),
             late_slots: Counter::default(),
+            api_version_days_left: Family::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
@@ -71,6 +74,11 @@ impl Metrics {
                 "Admitted sends that reached the wire too late for their send slot and went back to admission",
                 m.late_slots.clone(),
             );
+            r.register(
+                "bw_meta_api_version_days_left",
+                "Days the configured Graph API version stays usable; negative once Meta serves it with an older one",
+                m.api_version_days_left.clone(),
+            );
         }
         m
     }
@@ -81,6 +89,28 @@ impl Metrics {
 
     pub(crate) fn decision(&self, reason: &str) {
         self.decisions.get_or_create(&vec![("reason", reason.to_string())]).inc();
+    }
+
+    /// Sets `bw_meta_api_version_days_left` now and then hourly until `shutdown`, so the gauge counts down in a
+    /// long-running process. A version the table does not know exports nothing (start-up warned about it).
+    pub(crate) fn watch_api_version(&self, version: &str, shutdown: tokio_util::sync::CancellationToken) {
+        let gauge = self.api_version_days_left.get_or_create(&vec![("version", version.to_string())]).clone();
+        let version = version.to_string();
+        let set = move || {
+            if let Some(days) = bw_common::api_versions::days_left(&version, bw_common::api_versions::today()) {
+                gauge.set(days);
+            }
+        };
+        set();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => set(),
+                }
+            }
+        });
     }
 
     pub(crate) fn meta_response(&self, code: &str) {
