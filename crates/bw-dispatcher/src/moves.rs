@@ -385,6 +385,7 @@ impl Worker {
             detail: format!("meta code {}: {}", err.meta_code, err.details),
             quarantined_at_unix_ms: now_ms(),
             incident_id: String::new(),
+            scope_key: String::new(),
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
@@ -423,6 +424,7 @@ impl Worker {
             detail: detail.clone(),
             quarantined_at_unix_ms: now,
             incident_id: String::new(),
+            scope_key: String::new(),
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };

@@ -417,6 +417,7 @@ impl Mover {
             detail: detail.to_string(),
             quarantined_at_unix_ms: now_ms(),
             incident_id: incident_id.to_string(),
+            scope_key: String::new(),
         };
         let mut headers = async_nats::HeaderMap::new();
         let msg_id = quarantine_msg_id(op, replays, quarantine_reason_label(reason));
