@@ -3,6 +3,10 @@
 //! templates flow, and `bwctl quarantine release` sends each held message once; an unclassified code quarantines
 //! by code without a replay loop; 131049 holds marketing to that recipient from every sender of the tenant while
 //! a utility message flows; 131050 makes later marketing to the user fail fast; marketing to +1 fails fast.
+//!
+//! The codes are answered synchronously (`Mode::Sync`), which tests the dispatcher's answer path alone. Meta reports
+//! 131049 and 131050 in `failed` status webhooks (the reference lists them as asynchronous); those reach the same
+//! gates once asynchronous failures re-enter the dispatcher (#40 item 3), and need a test of their own there.
 
 use bw_common::names;
 use bw_common::nats::publish_durable;
