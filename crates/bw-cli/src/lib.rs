@@ -46,8 +46,9 @@ pub struct Cli {
     /// Prefer the environment variable: a flag shows in the shell history and the process list.
     #[arg(long, env = "BW_OPERATOR_TOKEN", hide_env_values = true, global = true)]
     pub operator_token: Option<OperatorToken>,
-    /// The breaker's Redis, where template holds live (`bwctl quarantine ls|release`).
-    #[arg(long, env = "BW_REDIS_URL", default_value = "redis://127.0.0.1:6379", global = true)]
+    /// The breaker's Redis, where template holds live (`bwctl quarantine ls|release`). A single node; its URL
+    /// may hold a password, so its environment value is never shown.
+    #[arg(long, env = "BW_REDIS_URL", hide_env_values = true, default_value = "redis://127.0.0.1:6379", global = true)]
     pub redis_url: String,
     #[command(subcommand)]
     pub command: Command,
