@@ -104,7 +104,8 @@ impl Worker {
             match holds.read_cached(&key).await {
                 Ok(Some(hold)) => {
                     let detail = held_detail(&key, hold.code);
-                    tracing::info!(parent: &w.span, scope = %key, code = hold.code, "template held; quarantined unsent");
+                    let code = hold.code;
+                    tracing::info!(parent: &w.span, scope = %key, code, "template held; quarantined unsent");
                     self.metrics.quarantine_held(&key.to_string(), hold.code);
                     self.quarantine_unsent_scoped(w, QuarantineReason::TemplateHeld, detail, key.to_string()).await;
                     return None;
