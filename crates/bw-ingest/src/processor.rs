@@ -203,6 +203,12 @@ impl Processor {
         for e in &parsed.errors {
             self.value_error(e).await;
         }
+        // Fields beyond `messages` and value-level errors: typed account signals (`crate::signals`).
+        if (parsed.ignored_changes > 0 || !parsed.errors.is_empty())
+            && let Err(e) = self.account_signals(&stored.body, &stored.body_sha256).await
+        {
+            failed.get_or_insert(Retry(e));
+        }
         if parsed.unknown_statuses > 0 {
             self.metrics.status("unrecognised");
         }

@@ -3,7 +3,8 @@
 //!
 //! Envelope (meta-cloud-api.md §4.4): `{"object":"whatsapp_business_account","entry":[{"id":"<WABA_ID>",
 //! "changes":[{"field":"messages","value":{"metadata":{"phone_number_id":..},"statuses":[..],"messages":[..],
-//! "errors":[..]}}]}]}`. Unknown fields are ignored, so new Meta fields never break parsing.
+//! "errors":[..]}}]}]}`. Unknown fields are ignored, so new Meta fields never break parsing; the changes of
+//! other fields (and value-level errors again, as typed signals) are read by `crate::signals`.
 
 use bw_common::proto::{DeliveryStatus, InboundMessage, StatusUpdate};
 use hmac::{KeyInit, Mac};
@@ -125,7 +126,7 @@ pub struct Parsed {
     pub unknown_statuses: usize,
     pub inbound: Vec<InboundMessage>,
     pub errors: Vec<ValueError>,
-    /// Changes of other fields (template updates, account alerts...), ignored.
+    /// Changes of other fields (account, template, user signals...): parsed by `crate::signals`, not here.
     pub ignored_changes: usize,
 }
 
