@@ -219,6 +219,15 @@ impl Engine {
                 format!("Meta reported failed deliveries for {shown} (code {})", s.meta_code),
             ),
             "dlq_limit" => (Rule::DlqLimit, Severity::Critical, format!("DLQ limit reached for {shown}: {}", s.detail)),
+            // Meta's account signals, applied by the coordinator (deploy/runbooks/account-signals.md).
+            "account_restricted" => (
+                Rule::AccountRestricted,
+                Severity::Critical,
+                format!("Meta restricted {shown}; its numbers are held: {}", s.detail),
+            ),
+            "account_alert" => {
+                (Rule::AccountAlert, Severity::Warning, format!("Meta says about {shown}: {}", s.detail))
+            }
             "quota" => {
                 let Some(percent) = parse_percent(&s.detail) else {
                     return Err(EventError::Malformed {

@@ -24,10 +24,12 @@ pub enum Rule {
     StatusErrors,
     DlqLimit,
     SendUnserved,
+    AccountRestricted,
+    AccountAlert,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 14] = [
         Rule::BreakerOpen,
         Rule::DlqDepth,
         Rule::DlqOldestAge,
@@ -40,6 +42,8 @@ impl Rule {
         Rule::StatusErrors,
         Rule::DlqLimit,
         Rule::SendUnserved,
+        Rule::AccountRestricted,
+        Rule::AccountAlert,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +60,8 @@ impl Rule {
             Rule::StatusErrors => "status_errors",
             Rule::DlqLimit => "dlq_limit",
             Rule::SendUnserved => "send_unserved",
+            Rule::AccountRestricted => "account_restricted",
+            Rule::AccountAlert => "account_alert",
         }
     }
 
@@ -74,6 +80,7 @@ impl Rule {
             Rule::QuotaUsage => "quota-exhausted.md",
             Rule::CredentialsInvalid => "invalid-credentials.md",
             Rule::SendUnserved => "service-down.md",
+            Rule::AccountRestricted | Rule::AccountAlert => "account-signals.md",
         }
     }
 
@@ -81,7 +88,13 @@ impl Rule {
     pub fn resolves_when_quiet(self) -> bool {
         matches!(
             self,
-            Rule::QuotaUsage | Rule::CredentialsInvalid | Rule::PoisonMessages | Rule::StatusErrors | Rule::DlqLimit
+            Rule::QuotaUsage
+                | Rule::CredentialsInvalid
+                | Rule::PoisonMessages
+                | Rule::StatusErrors
+                | Rule::DlqLimit
+                | Rule::AccountRestricted
+                | Rule::AccountAlert
         )
     }
 }
