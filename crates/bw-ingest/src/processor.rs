@@ -166,7 +166,14 @@ impl Processor {
         }
         let parsed = match webhook::parse(&stored.body) {
             Ok(p) => p,
-            Err(e) => return self.keep_bad_json(&stored, &e.to_string()).await,
+            Err(e) => {
+                // The typed parser refuses the whole body; account signals are read change by change, so a
+                // restriction beside a malformed item still applies (`crate::signals`).
+                if self.account_signals(&stored.body, &stored.body_sha256).await.is_err() {
+                    return Settle::nak(Processed::Retry, RETRY_LATER);
+                }
+                return self.keep_bad_json(&stored, &e.to_string()).await;
+            }
         };
         let mut failed: Option<Retry> = None;
         // Group statuses by message, keeping document order inside a group.

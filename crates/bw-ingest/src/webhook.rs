@@ -162,7 +162,9 @@ fn seconds(v: &serde_json::Value) -> i64 {
 
 /// Parses a webhook body.
 pub fn parse(body: &[u8]) -> Result<Parsed, ParseError> {
-    let envelope: Envelope = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    // serde quotes the offending value ("invalid type: string \"16505551234\""): scrubbed, as it is logged and kept.
+    let envelope: Envelope =
+        serde_json::from_slice(body).map_err(|e| ParseError::Json(crate::signals::scrub(&e.to_string())))?;
     if envelope.object != "whatsapp_business_account" {
         return Err(ParseError::Object(envelope.object.chars().take(64).collect()));
     }

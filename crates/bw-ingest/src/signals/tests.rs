@@ -335,3 +335,17 @@ fn scrub_cuts_and_hides_digit_runs() {
     assert_eq!(tier_users("TIER_100K"), 100_000);
     assert_eq!(tier_users("nonsense"), 0);
 }
+
+#[test]
+fn a_body_the_envelope_parser_refuses_never_echoes_a_number() {
+    let bad = body("account_update", r#"{"errors":[{"code":"16505551234"}]}"#);
+    let e = crate::webhook::parse(&bad).expect_err("a string code is refused by the typed parser");
+    let text = e.to_string();
+    assert!(text.contains("invalid type") && !text.contains("16505551234"), "{text}");
+    // The signals parser reads Meta's digit-string integers, and names what is still wrong.
+    let kept = extract(&bad, "s", 1).expect("parsed").kept;
+    assert_eq!(
+        kept[0].error.as_ref().map(|e| e.to_string()),
+        Some("webhook field `account_update`: `event` is missing".into())
+    );
+}

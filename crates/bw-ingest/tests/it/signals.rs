@@ -87,5 +87,17 @@ async fn restriction_unknown_and_malformed_fields_are_stored_published_and_count
     let kept = RejectedRequest::decode(kept.payload.as_ref()).expect("RejectedRequest");
     assert_eq!(kept.error, "webhook field `user_preferences`: `user_preferences[0].wa_id` is not a phone number");
     assert!(String::from_utf8_lossy(&kept.raw).contains("16505551234"), "the raw value is kept whole");
+
+    // A value the typed envelope parser refuses (a string error code) beside a ban in the same delivery: the
+    // delivery is kept in BW_REJECTED as before, and the ban is still published.
+    let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA, "changes": [
+        {"field": "messages", "value": {"errors": [{"code": "x16505551234"}]}},
+        {"field": "account_update", "value": {"event": "DISABLED_UPDATE", "ban_info": {"waba_ban_state": "DISABLE"}}}]}]})
+    .to_string();
+    assert_eq!(post_signed(&env, &body).await, 200);
+    let banned = || async { matches!(signal(&env, "account_update").await.kind, Some(Kind::Ban(_))) };
+    assert!(bw_testkit::wait_until(WAIT, banned).await, "the ban is published");
+    assert!(wait_metric(&env, r#"bw_webhooks_processed_total{result="bad_json"} 1"#).await);
+    assert!(wait_metric(&env, r#"bw_webhook_fields_total{field="messages",result="malformed"} 1"#).await);
     env.stop().await;
 }
