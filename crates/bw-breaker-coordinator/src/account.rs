@@ -195,7 +195,11 @@ impl Coordinator {
                     None => break,
                 },
             };
-            let span = tracing::info_span!("coordinator.account_signal", subject = %msg.subject, result = tracing::field::Empty);
+            let span = tracing::info_span!(
+                "coordinator.account_signal",
+                subject = %msg.subject,
+                result = tracing::field::Empty
+            );
             let settle = self.account_signal(&msg.payload).instrument(span.clone()).await;
             apply(&msg, settle, &span, |result| {
                 self.inner
@@ -223,7 +227,8 @@ impl Coordinator {
         }
         for action in actions {
             if let Err(e) = self.act(&signal, action).await {
-                tracing::warn!(error = %e, field = %signal.field, waba_id = %signal.waba_id, "account signal not applied yet");
+                let (field, waba_id) = (&signal.field, &signal.waba_id);
+                tracing::warn!(error = %e, %field, %waba_id, "account signal not applied yet");
                 return Settle::nak(Handled::Retry, RETRY_LATER);
             }
         }

@@ -122,7 +122,8 @@ fn account_alert() {
     let k = kinds(
         "account_alerts",
         r#"{"entity_type":"BUSINESS","entity_id":"506914307656634","alert_info":{"alert_severity":"WARNING",
-           "alert_status":"ACTIVE","alert_type":"INCREASED_CAPABILITIES_ELIGIBILITY_DEFERRED","alert_description":"Deferred"}}"#,
+           "alert_status":"ACTIVE","alert_type":"INCREASED_CAPABILITIES_ELIGIBILITY_DEFERRED",
+           "alert_description":"Deferred"}}"#,
     );
     assert_eq!(
         k,
@@ -167,14 +168,16 @@ fn template_status_quality_and_category() {
     );
     let k = kinds(
         "template_category_update",
-        r#"{"message_template_id":278077987957091,"message_template_name":"welcome_template","message_template_language":"en-US",
+        r#"{"message_template_id":278077987957091,"message_template_name":"welcome_template",
+           "message_template_language":"en-US",
            "new_category":"UTILITY","correct_category":"MARKETING","category_update_timestamp":1746169200}"#,
     );
     assert!(matches!(&k[..], [Kind::TemplateCategory(c)]
         if c.correct_category == "MARKETING" && c.takes_effect_unix_s == 1746169200 && c.new_category == "UTILITY"));
     let k = kinds(
         "template_category_update",
-        r#"{"message_template_id":278077987957091,"message_template_name":"welcome_template","message_template_language":"en-US",
+        r#"{"message_template_id":278077987957091,"message_template_name":"welcome_template",
+           "message_template_language":"en-US",
            "previous_category":"UTILITY","new_category":"MARKETING"}"#,
     );
     assert!(
@@ -184,7 +187,8 @@ fn template_status_quality_and_category() {
 
 #[test]
 fn user_preferences_and_echoes_name_users_by_hash_only() {
-    let value = r#"{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},
+    let value = r#"{"messaging_product":"whatsapp",
+        "metadata":{"display_phone_number":"15550783881","phone_number_id":"106540352242922"},
         "contacts":[{"wa_id":"16505551234","user_id":"US.13491208655302741918"}],
         "user_preferences":[{"wa_id":"16505551234","user_id":"US.13491208655302741918","category":"marketing_messages",
         "detail":"User requested to stop marketing messages","value":"stop","timestamp":1731705721}]}"#;
@@ -207,7 +211,8 @@ fn user_preferences_and_echoes_name_users_by_hash_only() {
     assert!(matches!(&k[..], [Kind::UserPreference(p)] if p.recipient_key_hash.len() == 16 && p.value == "resume"));
 
     let echo = r#"{"messaging_product":"whatsapp","metadata":{"phone_number_id":"106540352242922"},
-        "message_echoes":[{"from":"15550783881","to":"16505551234","id":"wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBI","timestamp":"1750030073",
+        "message_echoes":[{"from":"15550783881","to":"16505551234","id":"wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBI",
+        "timestamp":"1750030073",
         "type":"text","text":{"body":"We'll call you back"}}]}"#;
     let out = extract(&body("smb_message_echoes", echo), "s", 1).expect("parsed");
     let shown = format!("{:?}", out.items);
@@ -268,7 +273,8 @@ fn malformed_changes_name_their_path_and_never_echo_a_value() {
         ),
         (
             "account_update",
-            r#"{"event":"ACCOUNT_RESTRICTION","restriction_info":[{"restriction_type":"R","expiration":"+16505551234x"}]}"#,
+            r#"{"event":"ACCOUNT_RESTRICTION",
+                "restriction_info":[{"restriction_type":"R","expiration":"+16505551234x"}]}"#,
             "restriction_info[0].expiration",
             "is not an integer or a string of digits",
         ),

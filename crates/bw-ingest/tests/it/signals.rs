@@ -74,7 +74,8 @@ async fn restriction_unknown_and_malformed_fields_are_stored_published_and_count
 
     // A malformed change beside a good one: the good one goes through, the bad one is kept with its path.
     let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA, "changes": [
-        {"field": "user_preferences", "value": {"user_preferences": [{"wa_id": {"n": "16505551234"}, "value": "stop"}]}},
+        {"field": "user_preferences",
+         "value": {"user_preferences": [{"wa_id": {"n": "16505551234"}, "value": "stop"}]}},
         {"field": "account_alerts", "value": {"entity_type": "BUSINESS", "entity_id": "506914307656634",
             "alert_info": {"alert_type": "OBA_APPROVED", "alert_severity": "INFORMATIONAL"}}}]}]})
     .to_string();
@@ -92,7 +93,8 @@ async fn restriction_unknown_and_malformed_fields_are_stored_published_and_count
     // delivery is kept in BW_REJECTED as before, and the ban is still published.
     let body = serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": WABA, "changes": [
         {"field": "messages", "value": {"errors": [{"code": "x16505551234"}]}},
-        {"field": "account_update", "value": {"event": "DISABLED_UPDATE", "ban_info": {"waba_ban_state": "DISABLE"}}}]}]})
+        {"field": "account_update",
+         "value": {"event": "DISABLED_UPDATE", "ban_info": {"waba_ban_state": "DISABLE"}}}]}]})
     .to_string();
     assert_eq!(post_signed(&env, &body).await, 200);
     let banned = || async { matches!(signal(&env, "account_update").await.kind, Some(Kind::Ban(_))) };
