@@ -114,6 +114,11 @@ async fn an_account_restriction_pauses_only_its_waba_until_the_expiration() {
         assert!(e.first_accepted_ms as i64 >= until - 1_000, "{op} accepted at {} before {until}", e.first_accepted_ms);
     }
     assert_eq!(h.sim.counters().account_state("368"), 0, "nothing reached Meta while it was restricted");
+    // They waited in their lane (a pause shorter than the dispatcher's `long_pause_ms`) or in the DLQ, from
+    // which replay sends them once the pause is over: never more than one replay, no bounce.
+    for op in &held {
+        assert!(h.ledger_entry(op).await.expect("ledger").entry.replays <= 1, "{op}: at most one replay");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
