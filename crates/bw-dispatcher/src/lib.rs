@@ -25,6 +25,7 @@
 //!
 //! Entry point: [`run`].
 
+mod attempt;
 mod late;
 mod meta;
 mod metrics;

@@ -814,7 +814,8 @@ impl Worker {
             self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
         }
-        Some(work)
+        // A new attempt after an asynchronous failure is first routed as that failure (attempt.rs).
+        self.reenter(work).await
     }
 
     fn policy(&self) -> Policy {
@@ -847,7 +848,7 @@ impl Worker {
     }
 
     /// Carries out what [`route::after_answer`] decided for Meta's answer.
-    async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
+    pub(crate) async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
         let next = route::after_answer(&answer, &self.tries(&w), &self.policy());
         let err = match &answer {
             MetaAnswer::Accepted { usage_percent, .. } => {
@@ -939,7 +940,7 @@ impl Worker {
 /// those scopes, with Meta's code); holds pause exactly their scope (token, app, WABA or number) for the
 /// answer's hint or the default pause, or until lifted; a transient code with a pause of its own (maintenance)
 /// counts as a failure and pauses the number; permanent and unclassified errors never count.
-fn outcome_kinds(answer: &MetaAnswer) -> Vec<OutcomeKind> {
+pub(crate) fn outcome_kinds(answer: &MetaAnswer) -> Vec<OutcomeKind> {
     let MetaAnswer::Rejected { meaning, code, retry_after_ms, .. } = answer else {
         return vec![match answer {
             MetaAnswer::Accepted { .. } => OutcomeKind::Success,

@@ -115,10 +115,11 @@ impl Processor {
                 next.last_code = code;
                 next.in_flight_since_unix_ms = 0;
                 next.in_flight_token.clear();
+                // No number for the new attempt: the dispatcher counts routing this failure as a try of its own
+                // (`attempts` grows by one for it, then by one for the send), as it counts a synchronous one.
                 next.reason = format!(
-                    "attempt {attempt} failed after acceptance ({code}, {}); queued as attempt {}",
-                    class.label(),
-                    attempt + 1
+                    "attempt {attempt} failed after acceptance ({code}, {}); queued as a new attempt",
+                    class.label()
                 );
                 Some(next)
             })
