@@ -2,7 +2,8 @@
 //! dispatcher at their compiled defaults: a `failed` status with a retriable code sends the operation back as a
 //! new attempt, which Meta then delivers once; a permanent code ends FAILED and nothing is sent again; an async
 //! 130429 cuts the number's learned rate as a synchronous one does; a failed status of an earlier attempt after
-//! the retry went out changes nothing but the journey; a webhook Meta delivers twice queues one new attempt.
+//! the retry went out changes nothing but the journey; a webhook Meta delivers twice queues one new attempt;
+//! `bwctl op resend` sends a FAILED operation again as a new attempt and refuses a delivered one.
 
 use bw_breaker::{Breaker, BreakerConfig, Scope};
 use bw_common::proto::*;
@@ -240,4 +241,40 @@ async fn a_duplicated_failed_webhook_queues_one_new_attempt() {
     assert_eq!(e.async_failures, 1, "{e:?}");
     assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1));
     assert!(REACHED.contains(&e.state()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resend_requeues_a_failed_operation_and_refuses_a_delivered_one() {
+    const PHONE: &str = "106540352240006";
+    let mut h = Harness::start(sim(true)).await;
+    h.sim.set_scenario(fail_first_async(PHONE, 131026));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+
+    let op = submit(&h, PHONE, "async-resend").await;
+    assert!(h.wait_state(&op, &[OperationState::Failed], WAIT).await, "{:?}", entry(&h, &op).await);
+    assert_eq!(accepted_and_failed(&h, &op), (1, 1, 0));
+
+    // The cause was fixed: the operator sends it again with a reason.
+    let url = h.nats.url();
+    let why = "recipient re-registered, confirmed by support";
+    let (code, out) = crate::bwctl(&url, &["op", "resend", &op, "--reason", why, "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("as a new attempt (resend 1)"), "{out}");
+    assert!(h.wait_state(&op, &REACHED, WAIT).await, "{:?}", entry(&h, &op).await);
+    assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1), "one copy reached the user");
+    let e = entry(&h, &op).await;
+    assert_eq!((e.resends, e.attempts), (1, 2), "{e:?}");
+    let told = bw_testkit::wait_until(WAIT, || async {
+        journey(&h, &op).await.contains(&format!("operator resend 1 after failed: {why}"))
+    })
+    .await;
+    assert!(told, "{}", journey(&h, &op).await);
+
+    // Delivered now: a resend is refused with the reason, and nothing changes.
+    let (code, out) = crate::bwctl(&url, &["op", "resend", &op, "--reason", "again", "--yes"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.starts_with("refused: the outcome is") && out.contains("the message reached the recipient"), "{out}");
+    assert_eq!(entry(&h, &op).await.resends, 1);
+    assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1), "nothing was sent again");
 }

@@ -23,6 +23,7 @@ pub mod names;
 pub mod ops;
 pub mod pace;
 pub mod repartition;
+pub mod resend;
 pub mod scan;
 pub mod senders;
 pub mod tenants;
