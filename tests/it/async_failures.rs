@@ -1,9 +1,10 @@
 //! Asynchronous failures follow the same table as synchronous ones, against the simulator with ingest and the
 //! dispatcher at their compiled defaults: a `failed` status with a retriable code sends the operation back as a
 //! new attempt, which Meta then delivers once; a permanent code ends FAILED and nothing is sent again; an async
-//! 130429 cuts the number's learned rate as a synchronous one does; a failed status of an earlier attempt after
-//! the retry went out changes nothing but the journey; a webhook Meta delivers twice queues one new attempt;
-//! `bwctl op resend` sends a FAILED operation again as a new attempt and refuses a delivered one.
+//! 130429 cuts the number's learned rate as a synchronous one does, an async 131049 defers a marketing message to
+//! its recipient's cool-off; a failed status of an earlier attempt after the retry went out changes nothing but
+//! the journey; a webhook Meta delivers twice queues one new attempt; `bwctl op resend` sends a FAILED operation
+//! again as a new attempt and refuses a delivered one.
 
 use bw_breaker::{Breaker, BreakerConfig, Scope};
 use bw_common::proto::*;
@@ -38,10 +39,14 @@ fn fail_first_async(phone: &str, code: i64) -> Scenario {
 }
 
 async fn submit(h: &Harness, phone: &str, op: &str) -> String {
+    submit_as(h, phone, op, Category::Transactional).await
+}
+
+async fn submit_as(h: &Harness, phone: &str, op: &str, category: Category) -> String {
     bw_e2e::register_senders(&h.js, &[(phone, WABA_ID)]).await;
     let request = bw_client::Request::template(op, WABA_ID, phone, "+5491166000001", "order_confirmation", "es_AR")
         .param("1")
-        .category(Category::Transactional)
+        .category(category)
         .build();
     let reply = h.producer().send(&request).await.expect("ingest answers");
     assert!(reply.accepted, "{}", reply.error);
@@ -160,6 +165,29 @@ async fn an_async_130429_slows_the_number_and_the_message_is_delivered_once() {
     assert!(slowed, "{:?}", breaker.status(&scope).await);
     assert!(h.wait_state(&op, &REACHED, WAIT).await, "{:?}", entry(&h, &op).await);
     assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_131049_defers_the_marketing_message_to_its_recipients_cool_off() {
+    const PHONE: &str = "106540352240007";
+    let mut h = Harness::start(sim(true)).await;
+    h.sim.set_scenario(fail_first_async(PHONE, 131049));
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+
+    let op = submit_as(&h, PHONE, "async-marketing-limit", Category::Marketing).await;
+    // Routed as a synchronous 131049: the DLQ until the recipient's 24 h cool-off ends, not sent again now and
+    // not FAILED (Meta did not deliver it, and it may go once the cool-off is over).
+    assert!(h.wait_state(&op, &[OperationState::Dlq], WAIT).await, "{:?}", entry(&h, &op).await);
+    let e = entry(&h, &op).await;
+    assert_eq!((e.last_code, e.async_failures), (131049, 1), "{e:?}");
+    let mut dlq = h.js.get_stream(bw_common::names::DLQ_STREAM).await.expect("BW_DLQ");
+    let last = dlq.info().await.expect("info").state.last_sequence;
+    let stored = dlq.get_raw_message(last).await.expect("the dead letter");
+    let envelope = <DlqEnvelope as prost::Message>::decode(stored.payload.as_ref()).expect("envelope");
+    let wait_ms = envelope.not_before_unix_ms - envelope.dead_lettered_at_unix_ms;
+    assert!(wait_ms >= 24 * 3_600_000 - 60_000, "not before the 24 h cool-off: {wait_ms} ms");
+    assert_eq!(accepted_and_failed(&h, &op), (1, 1, 0), "not sent again inside the cool-off");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
