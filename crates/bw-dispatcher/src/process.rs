@@ -52,6 +52,8 @@ pub(crate) struct Worker {
     /// How long the on-the-wire mark's write takes here (`MarkLead`): the mark starts that long before the send
     /// slot, so the request leaves at its slot instead of a write's latency after it.
     pub(crate) mark_lead: MarkLead,
+    /// Quarantine scopes and recipient marketing state (`gates.rs`).
+    pub(crate) gates: crate::gates::Gates,
 }
 
 /// A running estimate of the on-the-wire mark's write latency in this process, microseconds: a fast rise
@@ -814,8 +816,10 @@ impl Worker {
             self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
         }
-        // A new attempt after an asynchronous failure is first routed as that failure (attempt.rs).
-        self.reenter(work).await
+        // A new attempt after an asynchronous failure is first routed as that failure (attempt.rs); an ordinary
+        // send, that new attempt's included, then passes the gates.
+        let work = self.reenter(work).await?;
+        self.gate(work).await
     }
 
     fn policy(&self) -> Policy {
@@ -850,6 +854,7 @@ impl Worker {
     /// Carries out what [`route::after_answer`] decided for Meta's answer.
     pub(crate) async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
         let next = route::after_answer(&answer, &self.tries(&w), &self.policy());
+        self.note_marketing_answer(&w, &answer).await;
         let err = match &answer {
             MetaAnswer::Accepted { usage_percent, .. } => {
                 self.metrics.meta_response("200");
@@ -895,6 +900,12 @@ impl Worker {
                     self.signal(kind, &w, &err).await;
                 }
                 self.dead_letter(w, reason, "", err, not_before_ms).await;
+            }
+            Next::Quarantine {
+                reason: reason @ (QuarantineReason::TemplateHeld | QuarantineReason::Unclassified),
+                ..
+            } => {
+                self.quarantine_scoped(w, reason, err, &answer).await;
             }
             Next::Quarantine { reason, signal } => {
                 if let Some(kind) = signal {
