@@ -51,12 +51,24 @@ pub struct ScopeLimits {
     pub pair_burst: u32,
     /// Cap of the per-pair back-off after consecutive 131056 (4^X s: 1, 4, 16, 64 s ...), ms.
     pub pair_backoff_max_ms: u64,
-    /// Fast trip: this many transient failures of distinct recipients within `fast_trip_window_ms` of the
-    /// first, at or above `failure_threshold` of the calls in that time, open the breaker even when the sliding
-    /// window holds fewer than `min_calls` calls (0: off). A message failing again on its retries counts once.
+    /// Fast trip: distinct recipients that must have failed transiently within `fast_trip_window_ms` (of the
+    /// first) besides the evidence below (0: fast trip off). A message failing again on its retries counts once,
+    /// so retries of one message never fast-trip.
     pub fast_trip_failures: u32,
-    /// Fast trip: length of the short window opened by a transient failure, ms.
+    /// Fast trip: length of the short window opened by a transient failure in which the distinct recipients
+    /// are counted, ms.
     pub fast_trip_window_ms: u64,
+    /// Fast trip: the outage failure rate the evidence is weighed against (0..1; at or below
+    /// `failure_threshold`, or 1, the fast trip is off: nothing to tell apart).
+    /// Each call adds ln(q/p) when it failed and ln((1-q)/(1-p)) when it succeeded (p the threshold, q this),
+    /// the evidence never drops below 0 and is summed per batch, so the order within a batch does not matter
+    /// ([`crate::evidence`]). 0.2: the outage to catch within about a second at Meta's default rate.
+    pub fast_trip_outage_rate: f64,
+    /// Fast trip: evidence (natural log of a likelihood ratio) that opens the breaker. 14 means the recent
+    /// calls are e^14 (1.2 million) times likelier at `fast_trip_outage_rate` than at the threshold; at 74
+    /// calls/s a steady 4 % trips no 10-minute run in 4,000 simulated (2 % far fewer) and a 20 % outage trips
+    /// after a median 1.2 s (p90 2.1 s). A bare count (3 failures in 2 s) tripped on 2 % noise.
+    pub fast_trip_evidence: f64,
     /// AIMD: the adaptive share of `rate_per_s` is multiplied by this on a 130429.
     pub aimd_decrease: f64,
     /// AIMD: share of `rate_per_s` given back per success (never above the configured rate).
@@ -108,6 +120,8 @@ impl Default for ScopeLimits {
             pair_backoff_max_ms: 3_600_000,
             fast_trip_failures: 3,
             fast_trip_window_ms: 2_000,
+            fast_trip_outage_rate: 0.2,
+            fast_trip_evidence: 14.0,
             aimd_decrease: 0.7,
             aimd_increase: 0.002,
             aimd_min: 0.1,
@@ -149,6 +163,8 @@ impl ScopeLimits {
             ("pair_backoff_max_ms", self.pair_backoff_max_ms.to_string()),
             ("fast_trip_failures", self.fast_trip_failures.to_string()),
             ("fast_trip_window_ms", self.fast_trip_window_ms.to_string()),
+            ("fast_trip_outage_rate", self.fast_trip_outage_rate.to_string()),
+            ("fast_trip_evidence", self.fast_trip_evidence.to_string()),
             ("aimd_decrease", self.aimd_decrease.to_string()),
             ("aimd_increase", self.aimd_increase.to_string()),
             ("aimd_min", self.aimd_min.to_string()),
@@ -205,6 +221,10 @@ impl ScopeLimits {
         }
         if self.pair_burst == 0 || self.pair_interval_ms == 0 {
             return Err("`pair_burst` and `pair_interval_ms` must be positive".into());
+        }
+        unit("fast_trip_outage_rate", self.fast_trip_outage_rate)?;
+        if !(self.fast_trip_evidence.is_finite() && self.fast_trip_evidence > 0.0) {
+            return Err(format!("`fast_trip_evidence` must be positive, got {}", self.fast_trip_evidence));
         }
         if self.replay_headroom < 0.0 {
             return Err("`replay_headroom` must not be negative".into());
