@@ -22,15 +22,16 @@
 --                 in parent_pause.lua covers every number on the token)
 --   permanent     neither a call nor a failure; resets the rate-limit streak
 --   neutral       nothing (app / WABA rate limits: recorded on their own keys by parent_pause.lua)
--- CLOSED trips to OPEN when failures * 1000 >= calls * threshold_permille with at least min_calls calls in the
--- window, after consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: the
--- evidence that the number fails at fast_trip_outage_rate rather than at the threshold (a CUSUM of per-call
--- log-likelihood ratios, summed per batch, so the order within a batch does not matter) reaches
--- fast_trip_evidence, and fast_trip_failures distinct recipients failed within fast_trip_window_ms. The fast
--- trip needs no min_calls, so it trips even while rate-limit pauses keep the sliding window thin; one message
--- failing on every retry is one recipient, so retries alone never fast-trip. Defaults (q = 0.2, 14): in a
--- seeded simulation at 74 calls/s no 10-minute run at 4 % tripped and a 20 % outage tripped after a median
--- 1.2 s (tests/it/evidence.rs, bw_breaker::evidence). HALF_OPEN closes after close_after_successes canary
+-- CLOSED trips to OPEN when the window holds at least min_calls calls and evidence that the number fails more
+-- often than the threshold (failures * 1000 >= calls * threshold_permille, and the Wilson lower bound at
+-- z = failure_z reaches it: failures - calls p >= z sqrt(calls p (1 - p)); checked once per batch), after
+-- consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: the evidence that the
+-- number fails at fast_trip_outage_rate rather than at the threshold (a CUSUM of per-call log-likelihood
+-- ratios, summed per batch, so the order within a batch does not matter) reaches fast_trip_evidence, and
+-- fast_trip_failures distinct recipients failed within fast_trip_window_ms. The fast trip needs no min_calls,
+-- so it trips even while rate-limit pauses keep the sliding window thin; one message failing on every retry is
+-- one recipient, so retries alone never fast-trip. Measured figures at the defaults: docs/performance.md
+-- ("Breaker trips on evidence"). HALF_OPEN closes after close_after_successes canary
 -- successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
@@ -76,21 +77,32 @@ local function trip_on_failures(reason)
   go(S, c, now, OPEN, reason, T, rand, tag)
 end
 
-local function trip_rate(st)
-  if st ~= CLOSED then return end
+-- The sliding window trips on evidence, not on the bare rate (bw_breaker::evidence::window_trips mirrors it):
+-- at least min_calls calls, the rate at or above the threshold (exact per-mille compare), and the Wilson lower
+-- bound of the rate, z = failure_z, at or above it too: fails - calls p >= z sqrt(calls p (1 - p)). A 10 s
+-- window of 750 calls at a steady 4 % touches 5 % about once a minute, so the bare rate tripped healthy numbers.
+-- Checked once per batch, after every outcome is in the window, so order within a batch does not matter.
+local function window_trips(calls, fails)
+  if calls <= 0 or calls < num(c.min_calls, 50) or fails * 1000 < calls * c.threshold_permille then return false end
+  -- z 0 is the bare rate, decided by the exact compare above (7 - 100 * 0.07 is below 0 in floats).
+  local p, z = num(c.failure_threshold, 0.05), num(c.failure_z, 0)
+  return z <= 0 or fails - calls * p >= z * math.sqrt(calls * p * (1 - p))
+end
+
+local function trip_rate()
+  if num(S[F.state], CLOSED) ~= CLOSED then return end
   local calls, fails = window_sum(S, c, now)
-  if calls > 0 and calls >= num(c.min_calls, 50) and fails * 1000 >= calls * c.threshold_permille then
-    trip_on_failures(string.format('failure rate %.3f over %d calls', fails / calls, calls))
+  if window_trips(calls, fails) then
+    trip_on_failures(string.format('failure rate %.3f over %d calls (Wilson bound at z %g reaches %g)', fails / calls,
+      calls, num(c.failure_z, 0), num(c.failure_threshold, 0.05)))
   end
 end
 
--- One failed call: into the window, then trip when HALF_OPEN, or when CLOSED and the rate crosses the threshold.
+-- One failed call: into the window, then trip when HALF_OPEN (the window is checked at the end of the batch).
 local function failure(st)
   window_add(S, c, now, 1, 1)
   if st == HALF_OPEN then
     trip_on_failures('failure while half open')
-  else
-    trip_rate(st)
   end
 end
 
@@ -240,6 +252,7 @@ for i = 1, n do
   end
 end
 
+if batch_fails > 0 then trip_rate() end
 fast_check(batch_calls, batch_fails)
 for j = 1, m do
   redis.call('ZREM', KEYS[2 + n + j], ARGV[3 + 3 * n + j])

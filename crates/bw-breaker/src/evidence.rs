@@ -1,4 +1,8 @@
-//! The fast trip's decision, mirrored from `lua/record_outcomes.lua` (`fast_llr`, `fast_check`): a CUSUM of
+//! The breaker's trip decisions on evidence, mirrored from `lua/record_outcomes.lua`: the sliding window's
+//! ([`window_trips`], Lua `window_trips`: a Wilson lower bound of the window's failure rate) and the fast trip's
+//! (Lua `fast_llr`, `fast_check`), and [`sim`], which replays seeded traffic through both.
+//!
+//! The fast trip is a CUSUM of
 //! per-call log-likelihood ratios between the outage rate q (`fast_trip_outage_rate`) and the tolerated rate p
 //! (`failure_threshold`). A failed call adds ln(q/p), a successful one ln((1-q)/(1-p)) (negative); the evidence
 //! is max(0, evidence + the batch's sum) and the breaker opens at `fast_trip_evidence`, once
@@ -118,6 +122,222 @@ impl FastTrip {
         }
         self.value = e.step(self.value, batch.len() as u64, failures);
         e.trips(self.value) && self.open(now_ms) && self.recipients.len() >= self.limits.fast_trip_failures as usize
+    }
+}
+
+/// Whether the sliding window's `calls` and `failures` open a CLOSED breaker (Lua `window_trips`): at least
+/// `min_calls` calls, the rate at or above `failure_threshold` (the exact per-mille compare), and the Wilson lower
+/// bound of the rate at z = `failure_z` at or above it too, i.e. failures - calls p >= z sqrt(calls p (1 - p)).
+/// The expressions are the Lua's, operation for operation, so both round alike.
+pub fn window_trips(limits: &ScopeLimits, calls: u64, failures: u64) -> bool {
+    let permille = (limits.failure_threshold * 1000.0 + 0.5).floor() as u64;
+    if calls == 0 || calls < u64::from(limits.min_calls) || failures * 1000 < calls * permille {
+        return false;
+    }
+    // z 0 is the bare rate, decided by the exact compare above (7 - 100 * 0.07 is below 0 in floats).
+    let (p, z, n, f) = (limits.failure_threshold, limits.failure_z, calls as f64, failures as f64);
+    z <= 0.0 || f - n * p >= z * (n * p * (1.0 - p)).sqrt()
+}
+
+/// The sliding window of one scope as the prelude keeps it (`window_add`, `window_sum`): `window_buckets`
+/// buckets of `window_ms / window_buckets` ms, each holding its bucket number, calls and failures.
+#[derive(Debug, Clone)]
+pub struct Window {
+    bucket_ms: u64,
+    buckets: Vec<(i64, u64, u64)>,
+}
+
+impl Window {
+    /// An empty window for `limits`.
+    pub fn new(limits: &ScopeLimits) -> Window {
+        let n = limits.window_buckets.clamp(1, 60);
+        let window_ms = limits.window_ms.max(u64::from(n));
+        Window { bucket_ms: (window_ms / u64::from(n)).max(1), buckets: vec![(-1, 0, 0); n as usize] }
+    }
+
+    /// Adds calls and failures answered at `now_ms`.
+    pub fn add(&mut self, now_ms: u64, calls: u64, failures: u64) {
+        let n = (now_ms / self.bucket_ms) as i64;
+        let len = self.buckets.len() as i64;
+        let b = &mut self.buckets[(n % len) as usize];
+        if b.0 != n {
+            *b = (n, 0, 0);
+        }
+        b.1 += calls;
+        b.2 += failures;
+    }
+
+    /// (calls, failures) in the window at `now_ms`.
+    pub fn sum(&self, now_ms: u64) -> (u64, u64) {
+        let n = (now_ms / self.bucket_ms) as i64;
+        let len = self.buckets.len() as i64;
+        self.buckets.iter().filter(|b| b.0 > n - len && b.0 <= n).fold((0, 0), |(c, f), b| (c + b.1, f + b.2))
+    }
+}
+
+/// Which check opened the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TripPath {
+    /// The sliding window's Wilson bound ([`window_trips`]).
+    Window,
+    /// The fast trip's evidence ([`FastTrip`]).
+    Fast,
+}
+
+/// One CLOSED scope's trip checks over time, in the script's order: every outcome of a batch into the window,
+/// then the window check (when the batch held a failure), then the fast trip.
+#[derive(Debug, Clone)]
+pub struct ScopeTrips {
+    limits: ScopeLimits,
+    /// The sliding window.
+    pub window: Window,
+    /// The fast trip's state.
+    pub fast: FastTrip,
+}
+
+impl ScopeTrips {
+    /// A fresh CLOSED scope.
+    pub fn new(limits: &ScopeLimits) -> ScopeTrips {
+        ScopeTrips { limits: limits.clone(), window: Window::new(limits), fast: FastTrip::new(limits) }
+    }
+
+    /// Records one batch answered at `now_ms`, each item (recipient key, failed transiently); successes and
+    /// transient failures only (a 130429 is neither a call nor a failure). Returns the path that tripped.
+    pub fn record(&mut self, now_ms: u64, batch: &[(&str, bool)]) -> Option<TripPath> {
+        let failures = batch.iter().filter(|(_, f)| *f).count() as u64;
+        self.window.add(now_ms, batch.len() as u64, failures);
+        if failures > 0 {
+            let (calls, fails) = self.window.sum(now_ms);
+            if window_trips(&self.limits, calls, fails) {
+                return Some(TripPath::Window);
+            }
+        }
+        self.fast.record(now_ms, batch).then_some(TripPath::Fast)
+    }
+}
+
+pub mod sim {
+    //! Seeded traffic through [`ScopeTrips`](super::ScopeTrips), as the dispatcher records it: calls answered
+    //! evenly at `rate_per_s`, recorded in batches every `flush_ms` (the dispatcher flushes outcomes every 20 ms
+    //! or 32 items, so at 75/s a number's batch holds one or two calls). Deterministic: no clock, no threads.
+
+    use super::{ScopeTrips, TripPath};
+    use crate::ScopeLimits;
+
+    /// Tiny deterministic generator (xorshift64*), so a seed gives the same run everywhere.
+    #[derive(Debug, Clone)]
+    pub struct Rng(u64);
+
+    impl Rng {
+        /// A generator for `seed` (any value).
+        pub fn new(seed: u64) -> Rng {
+            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        }
+
+        /// Uniform in [0, 1).
+        pub fn next_f64(&mut self) -> f64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// What Meta answers: shares of the attempts that fail transiently (5xx, 131000, timeouts) and that are
+    /// throttled (130429: neither a call nor a failure of the window); the rest succeed.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Mix {
+        /// Share of transient failures.
+        pub transient: f64,
+        /// Share of 130429 answers.
+        pub throttle: f64,
+    }
+
+    impl Mix {
+        /// Transient failures only.
+        pub fn errors(transient: f64) -> Mix {
+            Mix { transient, throttle: 0.0 }
+        }
+    }
+
+    /// One number's traffic: `before` until `change_ms`, `after` from then, until `end_ms`.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Traffic {
+        /// Attempts answered per second.
+        pub rate_per_s: f64,
+        /// Recording period, ms.
+        pub flush_ms: u64,
+        /// Mix before `change_ms`.
+        pub before: Mix,
+        /// Mix from `change_ms`.
+        pub after: Mix,
+        /// When the mix changes (an outage's start), ms.
+        pub change_ms: u64,
+        /// End of the run, ms.
+        pub end_ms: u64,
+    }
+
+    impl Traffic {
+        /// A steady mix for `end_ms` at 75 attempts/s, recorded every 20 ms.
+        pub fn steady(mix: Mix, end_ms: u64) -> Traffic {
+            Traffic { rate_per_s: 75.0, flush_ms: 20, before: mix, after: mix, change_ms: end_ms, end_ms }
+        }
+
+        /// `before` for `change_ms`, then `after` for `after_ms`, at 75 attempts/s, recorded every 20 ms.
+        pub fn outage(before: Mix, change_ms: u64, after: Mix, after_ms: u64) -> Traffic {
+            Traffic { rate_per_s: 75.0, flush_ms: 20, before, after, change_ms, end_ms: change_ms + after_ms }
+        }
+    }
+
+    /// The first trip of a run: when (ms from the run's start) and which check.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Trip {
+        /// Simulated time of the batch that tripped, ms.
+        pub at_ms: u64,
+        /// The check that tripped.
+        pub path: TripPath,
+    }
+
+    /// One run of `traffic` through a fresh scope at `limits`; the first trip, if any.
+    pub fn run(limits: &ScopeLimits, traffic: &Traffic, seed: u64) -> Option<Trip> {
+        let mut scope = ScopeTrips::new(limits);
+        let mut rng = Rng::new(seed);
+        let step = 1000.0 / traffic.rate_per_s;
+        let mut next_call = 0.0f64;
+        let mut i = 0u64;
+        let mut keys: Vec<String> = Vec::new();
+        let mut fails: Vec<bool> = Vec::new();
+        let mut now = traffic.flush_ms;
+        while now <= traffic.end_ms {
+            keys.clear();
+            fails.clear();
+            while next_call < now as f64 {
+                let mix = if (next_call as u64) < traffic.change_ms { traffic.before } else { traffic.after };
+                let x = rng.next_f64();
+                if x >= mix.throttle {
+                    keys.push(format!("r{i}"));
+                    fails.push(x < mix.throttle + mix.transient);
+                }
+                i += 1;
+                next_call = i as f64 * step;
+            }
+            if !keys.is_empty() {
+                let batch: Vec<(&str, bool)> = keys.iter().map(String::as_str).zip(fails.iter().copied()).collect();
+                if let Some(path) = scope.record(now, &batch) {
+                    return Some(Trip { at_ms: now, path });
+                }
+            }
+            now += traffic.flush_ms;
+        }
+        None
+    }
+
+    /// Quantile `q` (0..1) of sorted `values` (nearest rank).
+    pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+        if sorted.is_empty() {
+            return f64::NAN;
+        }
+        sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
     }
 }
 
