@@ -85,7 +85,7 @@ end
 local function window_trips(calls, fails)
   if calls <= 0 or calls < num(c.min_calls, 50) or fails * 1000 < calls * c.threshold_permille then return false end
   -- z 0 is the bare rate, decided by the exact compare above (7 - 100 * 0.07 is below 0 in floats).
-  local p, z = num(c.failure_threshold, 0.05), num(c.failure_z, 0)
+  local p, z = num(c.failure_threshold, 0.05), num(c.failure_z, 4.5)
   return z <= 0 or fails - calls * p >= z * math.sqrt(calls * p * (1 - p))
 end
 
@@ -94,7 +94,7 @@ local function trip_rate()
   local calls, fails = window_sum(S, c, now)
   if window_trips(calls, fails) then
     trip_on_failures(string.format('failure rate %.3f over %d calls (Wilson bound at z %g reaches %g)', fails / calls,
-      calls, num(c.failure_z, 0), num(c.failure_threshold, 0.05)))
+      calls, num(c.failure_z, 4.5), num(c.failure_threshold, 0.05)))
   end
 end
 
@@ -148,9 +148,9 @@ local function fast_check(calls, fails)
   if llr == nil then return end
   local ev = math.max(0, num(S[F.fast_evidence]) + llr)
   set(S, F.fast_evidence, string.format('%.17g', ev))
-  if ev >= num(c.fast_trip_evidence, 14) and fast_open() and num(S[F.fast_count]) >= need then
+  if ev >= num(c.fast_trip_evidence, 15) and fast_open() and num(S[F.fast_count]) >= need then
     local reason = string.format('fast trip: evidence %.1f >= %g (%d of %d calls failed in this batch, '
-      .. '%d recipients within %d ms)', ev, num(c.fast_trip_evidence, 14), fails, calls, num(S[F.fast_count]),
+      .. '%d recipients within %d ms)', ev, num(c.fast_trip_evidence, 15), fails, calls, num(S[F.fast_count]),
       num(c.fast_trip_window_ms, 2000))
     trip_on_failures(reason)
   end

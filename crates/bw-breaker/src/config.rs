@@ -16,9 +16,9 @@ pub struct ScopeLimits {
     /// The sliding window trips when the Wilson lower bound (z standard deviations) of its failure rate is at or
     /// above `failure_threshold`: failures - calls p >= z sqrt(calls p (1 - p)), and the rate itself at or above
     /// the threshold. 0 gives the bare rate compare, which tripped on a steady 4 % in every simulated 10-minute
-    /// run (a 10 s window of 750 calls at 4 % reaches 5 % about once a minute); 3 still tripped 2.5 % of them,
-    /// 4 none of 1,000 (docs/performance.md). Checked once per recorded batch, so the order of outcomes within a
-    /// batch does not matter ([`crate::evidence::window_trips`]).
+    /// run (a 10 s window of 750 calls at 4 % reaches 5 % about once a minute); z 3 still tripped 52 of 4,000
+    /// runs at 4 %, z 4 one, z 4.5 none (docs/performance.md). Checked once per recorded batch, so the order of
+    /// outcomes within a batch does not matter ([`crate::evidence::window_trips`]).
     pub failure_z: f64,
     /// Length of the sliding window, ms.
     pub window_ms: u64,
@@ -72,10 +72,11 @@ pub struct ScopeLimits {
     /// the evidence never drops below 0 and is summed per batch, so the order within a batch does not matter
     /// ([`crate::evidence`]). 0.2: the outage to catch within about a second at Meta's default rate.
     pub fast_trip_outage_rate: f64,
-    /// Fast trip: evidence (natural log of a likelihood ratio) that opens the breaker. 14 means the recent
-    /// calls are e^14 (1.2 million) times likelier at `fast_trip_outage_rate` than at the threshold; at 74
-    /// calls/s a steady 4 % trips no 10-minute run in 4,000 simulated (2 % far fewer) and a 20 % outage trips
-    /// after a median 1.2 s (p90 2.1 s). A bare count (3 failures in 2 s) tripped on 2 % noise.
+    /// Fast trip: evidence (natural log of a likelihood ratio) that opens the breaker. 15 means the recent
+    /// calls are e^15 (3.3 million) times likelier at `fast_trip_outage_rate` than at the threshold. Simulated
+    /// at 75 calls/s (docs/performance.md): a steady 2 % or 4 % trips none of 4,000 ten-minute runs (14: one
+    /// at 4 %), and a 20 % outage trips one number after a median 1.3 s (p90 2.2 s), not within 0.5 s. A bare
+    /// count (3 failures in 2 s) tripped on 2 % noise.
     pub fast_trip_evidence: f64,
     /// AIMD: the adaptive share of `rate_per_s` is multiplied by this on a 130429.
     pub aimd_decrease: f64,
@@ -108,7 +109,7 @@ impl Default for ScopeLimits {
         ScopeLimits {
             failure_threshold: 0.05,
             min_calls: 50,
-            failure_z: 4.0,
+            failure_z: 4.5,
             window_ms: 10_000,
             window_buckets: 10,
             consecutive_rate_limits: 5,
@@ -130,7 +131,7 @@ impl Default for ScopeLimits {
             fast_trip_failures: 3,
             fast_trip_window_ms: 2_000,
             fast_trip_outage_rate: 0.2,
-            fast_trip_evidence: 14.0,
+            fast_trip_evidence: 15.0,
             aimd_decrease: 0.7,
             aimd_increase: 0.002,
             aimd_min: 0.1,

@@ -332,6 +332,56 @@ pub mod sim {
         None
     }
 
+    /// A prototype measured, not in the scripts: POOLED evidence over `numbers` numbers that share a token (a
+    /// Meta outage hits them all), the same CUSUM as the fast trip fed every number's batch in turn, tripping
+    /// at `needed`. Each number also keeps its own checks. The outage (`traffic.after`) starts on every number at
+    /// once; noise draws are independent per number. Returns the first pooled trip and the first per-number
+    /// trip, ms from the run's start.
+    pub fn run_pooled(
+        limits: &ScopeLimits,
+        traffic: &Traffic,
+        numbers: usize,
+        needed: f64,
+        seed: u64,
+    ) -> (Option<u64>, Option<u64>) {
+        let weights = super::Evidence::of(limits).expect("the fast trip is on");
+        let mut scopes: Vec<ScopeTrips> = (0..numbers).map(|_| ScopeTrips::new(limits)).collect();
+        let mut rngs: Vec<Rng> =
+            (0..numbers as u64).map(|n| Rng::new(seed.wrapping_mul(7919).wrapping_add(n))).collect();
+        let step = 1000.0 / traffic.rate_per_s;
+        let mut next = vec![0u64; numbers];
+        let (mut pooled, mut pooled_at, mut single_at) = (0.0f64, None, None);
+        let mut now = traffic.flush_ms;
+        while now <= traffic.end_ms && (pooled_at.is_none() || single_at.is_none()) {
+            for n in 0..numbers {
+                let mut batch: Vec<(String, bool)> = Vec::new();
+                while (next[n] as f64 * step) < now as f64 {
+                    let at = (next[n] as f64 * step) as u64;
+                    let mix = if at < traffic.change_ms { traffic.before } else { traffic.after };
+                    let x = rngs[n].next_f64();
+                    if x >= mix.throttle {
+                        batch.push((format!("n{n}r{}", next[n]), x < mix.throttle + mix.transient));
+                    }
+                    next[n] += 1;
+                }
+                if batch.is_empty() {
+                    continue;
+                }
+                let items: Vec<(&str, bool)> = batch.iter().map(|(k, f)| (k.as_str(), *f)).collect();
+                if single_at.is_none() && scopes[n].record(now, &items).is_some() {
+                    single_at = Some(now);
+                }
+                let fails = items.iter().filter(|(_, f)| *f).count() as u64;
+                pooled = weights.step(pooled, items.len() as u64, fails);
+                if pooled_at.is_none() && pooled >= needed {
+                    pooled_at = Some(now);
+                }
+            }
+            now += traffic.flush_ms;
+        }
+        (pooled_at, single_at)
+    }
+
     /// Quantile `q` (0..1) of sorted `values` (nearest rank).
     pub fn quantile(sorted: &[f64], q: f64) -> f64 {
         if sorted.is_empty() {
