@@ -30,9 +30,10 @@
 -- ratios, summed per batch, so the order within a batch does not matter) reaches fast_trip_evidence, and
 -- fast_trip_failures distinct recipients failed within fast_trip_window_ms. The fast trip needs no min_calls,
 -- so it trips even while rate-limit pauses keep the sliding window thin; one message failing on every retry is
--- one recipient, so retries alone never fast-trip. Measured figures at the defaults: docs/performance.md
--- ("Breaker trips on evidence"). HALF_OPEN closes after close_after_successes canary
--- successes and re-opens on a failure. FORCED_* states never change here.
+-- one recipient, so retries alone never fast-trip. At the defaults (z 4.5; q 0.2, evidence 15), simulated at 75
+-- calls/s: a steady 2 % or 4 % trips none of 4,000 ten-minute runs, a 20 % outage trips a number after a median
+-- 1.3 s (p90 2.2 s; docs/performance.md, "Breaker trips on evidence"). HALF_OPEN closes after
+-- close_after_successes canary successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
 -- KEYS[2]    state hash of the scope
