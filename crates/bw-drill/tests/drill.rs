@@ -23,10 +23,10 @@ selection = "random"
 name = "outage"
 start_ms = 3000
 duration_ms = 5000
-error_rate = 0.3
+error_rate = 0.5
 latency = { kind = "normal", mean_ms = 60.0, stddev_ms = 20.0 }
 faults = [
-  { kind = "http", status = 503, meta_body = true, weight = 1 },
+  { kind = "http", status = 503, meta_body = true, weight = 4 },
   { kind = "error", code = 130429, weight = 1 },
 ]
 "#;
