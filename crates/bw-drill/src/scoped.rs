@@ -267,6 +267,14 @@ pub struct Noise {
     pub noisy_s: f64,
 }
 
+impl Noise {
+    /// The run saw the noise: the breaker counted at least half the configured rate of its calls as failures.
+    /// A run whose noise never reached the breaker proves nothing about tripping on it.
+    pub fn observed(&self, failure_share: Option<f64>) -> bool {
+        failure_share.is_some_and(|f| f >= self.max_error_rate / 2.0)
+    }
+}
+
 /// The scenario's noise, if it is sub-threshold noise (see [`Noise`]).
 pub fn noise(scenario: &Scenario, threshold: f64) -> Option<Noise> {
     let faulty: Vec<_> = scenario.windows.iter().filter(|w| w.error_rate > 0.0).collect();
@@ -433,5 +441,7 @@ mod tests {
             [("a".to_string(), vec![(1.0, false), (2.0, true)]), ("b".to_string(), vec![(1.0, false); 2])].into();
         assert_eq!(failure_share(&calls), Some(0.25));
         assert_eq!(failure_share(&BTreeMap::new()), None);
+        // 2 % configured: 1.2 % counted is the noise seen; 0.5 % or nothing counted is noise that never arrived.
+        assert!(n.observed(Some(0.012)) && !n.observed(Some(0.005)) && !n.observed(None));
     }
 }

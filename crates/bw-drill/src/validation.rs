@@ -369,14 +369,15 @@ fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &s
                 n.threshold * 100.0,
                 n.noisy_s
             ),
-            "no breaker tripped",
+            "no breaker tripped, with the noise seen (the breaker counted at least half its rate as failures)",
             format!(
                 "{} trips over {} calls; the breaker counted {} of the calls as failures (observed outcomes and breaker transitions)",
                 r.breaker_trips,
                 r.meta_requests,
                 r.failure_share.map(|f| format!("{:.2}%", f * 100.0)).unwrap_or_else(|| "n/a".into())
             ),
-            verdict(r.meta_requests > 0, r.breaker_trips == 0),
+            // Measured only when the noise reached the breaker: a quiet run trips nothing and proves nothing.
+            verdict(r.meta_requests > 0 && n.observed(r.failure_share), r.breaker_trips == 0),
         ),
         None => push(
             "noise",
@@ -477,12 +478,18 @@ mod tests {
 
         // Sub-threshold noise: one trip fails the row and the run.
         let noise = Some(Noise { max_error_rate: 0.02, threshold: 0.05, noisy_s: 600.0 });
-        let r = judged(DrillReport { noise: noise.clone(), breaker_trips: 1, ..base.clone() });
+        let r =
+            judged(DrillReport { noise: noise.clone(), breaker_trips: 1, failure_share: Some(0.02), ..base.clone() });
         assert_eq!(status(&r, "noise"), Some((Status::Failed, true)));
         assert!(!r.passed());
-        let r = judged(DrillReport { noise, breaker_trips: 0, ..base.clone() });
+        let r =
+            judged(DrillReport { noise: noise.clone(), breaker_trips: 0, failure_share: Some(0.019), ..base.clone() });
         assert_eq!(status(&r, "noise"), Some((Status::Passed, true)));
         assert!(r.passed());
+        // No noise reached the breaker: nothing measured, and the run does not pass on it.
+        let r = judged(DrillReport { noise, breaker_trips: 0, failure_share: Some(0.0), ..base.clone() });
+        assert_eq!(status(&r, "noise"), Some((Status::Pending, true)));
+        assert!(!r.passed());
 
         // One WABA restricted: paused in scope, the other kept 95 % of its rate, both held messages sent once.
         let kept = |during: f64| KeptRate {
