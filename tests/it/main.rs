@@ -13,6 +13,7 @@ mod partitions;
 mod pauses;
 mod permissions;
 mod priority;
+mod quarantine;
 mod redaction;
 mod redis_auth;
 mod resilience;

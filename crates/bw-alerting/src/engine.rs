@@ -219,6 +219,32 @@ impl Engine {
                 format!("Meta reported failed deliveries for {shown} (code {})", s.meta_code),
             ),
             "dlq_limit" => (Rule::DlqLimit, Severity::Critical, format!("DLQ limit reached for {shown}: {}", s.detail)),
+            "quarantine_scope" => {
+                // One alert per quarantine scope (a template or a code), never per number or recipient.
+                let Some(key) = quarantine_scope_of(&s.detail) else {
+                    return Err(EventError::Malformed {
+                        what: "quarantine_scope Signal",
+                        subject: subject.into(),
+                        detail: "no scope key in detail".into(),
+                    });
+                };
+                labels.push(("scope_key".into(), key.clone()));
+                let summary = format!(
+                    "messages held in quarantine scope {key} (Meta code {}): held until released or dropped",
+                    s.meta_code
+                );
+                let firing = Firing {
+                    rule: Rule::QuarantineScope,
+                    target: key.clone(),
+                    scope: key,
+                    severity: Severity::Warning,
+                    summary,
+                    at_unix_ms: at,
+                    labels,
+                };
+                self.fire(firing).await?;
+                return Ok(());
+            }
             "quota" => {
                 let Some(percent) = parse_percent(&s.detail) else {
                     return Err(EventError::Malformed {
@@ -244,6 +270,14 @@ impl Engine {
         self.fire(Firing { rule, target, scope, severity, summary, at_unix_ms: at, labels }).await?;
         Ok(())
     }
+}
+
+/// The scope key in a `quarantine_scope` signal's detail ("held in quarantine scope <key>: ..."): a template
+/// ("tpl:<waba>:<language>:<name>") or a code ("code:<code>").
+pub(crate) fn quarantine_scope_of(detail: &str) -> Option<String> {
+    let rest = detail.split_once("quarantine scope ")?.1;
+    let key = rest.split([' ', ',']).next()?.trim_end_matches(':');
+    (key.starts_with("tpl:") || key.starts_with("code:")).then(|| key.to_string())
 }
 
 /// The usage percent in a quota signal's detail: the number after `percent=` (`"usage_percent=85.5"`), else
@@ -278,7 +312,16 @@ fn numbers(text: &str) -> Vec<(usize, usize, f64)> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_percent;
+    use super::{parse_percent, quarantine_scope_of};
+
+    #[test]
+    fn finds_the_quarantine_scope_key() {
+        let d = "held in quarantine scope tpl:100:en_US:promo: Meta refused template promo (en_US) with code 132015";
+        assert_eq!(quarantine_scope_of(d).as_deref(), Some("tpl:100:en_US:promo"));
+        assert_eq!(quarantine_scope_of("held in quarantine scope code:424242: ...").as_deref(), Some("code:424242"));
+        assert_eq!(quarantine_scope_of("held in quarantine scope +15551234567: x"), None);
+        assert_eq!(quarantine_scope_of("nothing"), None);
+    }
 
     #[test]
     fn finds_usage_percent() {

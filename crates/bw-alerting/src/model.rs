@@ -24,10 +24,13 @@ pub enum Rule {
     StatusErrors,
     DlqLimit,
     SendUnserved,
+    /// Messages held by quarantine scope: a template Meta refused (132001, 132007, 132015, 132016) or a code
+    /// Breakwater does not know. Targeted at the scope key (template or code), never a phone number.
+    QuarantineScope,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 13] = [
         Rule::BreakerOpen,
         Rule::DlqDepth,
         Rule::DlqOldestAge,
@@ -40,6 +43,7 @@ impl Rule {
         Rule::StatusErrors,
         Rule::DlqLimit,
         Rule::SendUnserved,
+        Rule::QuarantineScope,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +60,7 @@ impl Rule {
             Rule::StatusErrors => "status_errors",
             Rule::DlqLimit => "dlq_limit",
             Rule::SendUnserved => "send_unserved",
+            Rule::QuarantineScope => "quarantine_scope",
         }
     }
 
@@ -74,6 +79,7 @@ impl Rule {
             Rule::QuotaUsage => "quota-exhausted.md",
             Rule::CredentialsInvalid => "invalid-credentials.md",
             Rule::SendUnserved => "service-down.md",
+            Rule::QuarantineScope => "quarantine-scopes.md",
         }
     }
 
@@ -81,7 +87,12 @@ impl Rule {
     pub fn resolves_when_quiet(self) -> bool {
         matches!(
             self,
-            Rule::QuotaUsage | Rule::CredentialsInvalid | Rule::PoisonMessages | Rule::StatusErrors | Rule::DlqLimit
+            Rule::QuotaUsage
+                | Rule::CredentialsInvalid
+                | Rule::PoisonMessages
+                | Rule::StatusErrors
+                | Rule::DlqLimit
+                | Rule::QuarantineScope
         )
     }
 }

@@ -26,7 +26,9 @@ mod config;
 mod local;
 mod metrics;
 pub mod order;
+pub mod recipient;
 pub mod scripts;
+pub mod templates;
 
 pub use config::{BreakerConfig, ScopeLimits};
 pub use order::{Blocker, OrderBook, OrderRelease, Registration};

@@ -10,6 +10,7 @@
 pub mod dlq;
 pub mod fmt;
 pub mod op;
+pub mod quarantine;
 pub mod senders;
 
 use anyhow::Context as _;
@@ -45,6 +46,10 @@ pub struct Cli {
     /// Prefer the environment variable: a flag shows in the shell history and the process list.
     #[arg(long, env = "BW_OPERATOR_TOKEN", hide_env_values = true, global = true)]
     pub operator_token: Option<OperatorToken>,
+    /// The breaker's Redis, where template holds live (`bwctl quarantine ls|release`). A single node; its URL
+    /// may hold a password, so its environment value is never shown.
+    #[arg(long, env = "BW_REDIS_URL", hide_env_values = true, default_value = "redis://127.0.0.1:6379", global = true)]
+    pub redis_url: String,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -174,6 +179,27 @@ pub enum DlqCommand {
 pub enum QuarantineCommand {
     /// Depth, oldest age and reasons per scope.
     Stats(ScopeArg),
+    /// Quarantine scopes (a held template, an unclassified code): messages, code, age, and the hold.
+    Ls,
+    /// Lift a scope's hold and re-queue each of its held messages once.
+    Release {
+        /// The scope key as `ls` prints it: `tpl:<waba_id>:<language>:<name>` or `code:<code>`.
+        #[arg(long)]
+        scope: String,
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+    },
+    /// End every message held under a scope FAILED, never sent, with the reason in its ledger entry.
+    Drop {
+        /// The scope key as `ls` prints it.
+        #[arg(long)]
+        scope: String,
+        /// Why (kept in each message's ledger entry, shown to its producer).
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        yes: bool,
+    },
     /// Entries, personal data masked.
     Inspect {
         #[command(flatten)]
@@ -528,6 +554,13 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
                 ops::replay_dlq_now(js, buckets, scope.scope.as_deref(), &allow, limit, rate, &mut progress).await?;
             write_batch(out, &report)
         }
+        Command::Quarantine(QuarantineCommand::Ls) => quarantine::ls(js, &cli.redis_url, out).await,
+        Command::Quarantine(QuarantineCommand::Release { scope, rate }) => {
+            quarantine::release(js, buckets, &cli.redis_url, &scope, rate, out).await
+        }
+        Command::Quarantine(QuarantineCommand::Drop { scope, reason, yes }) => {
+            quarantine::drop(js, buckets, &scope, &reason, yes, out).await
+        }
         Command::Quarantine(QuarantineCommand::Replay { select, limit, rate }) => {
             anyhow::ensure!(rate > 0.0, "--rate must be positive");
             let filter = select.filter()?;
@@ -843,7 +876,7 @@ pub(crate) fn write_batch(out: &mut (dyn Write + Send), report: &BatchReport) ->
     Ok(0)
 }
 
-fn confirm(yes: bool, what: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<bool> {
+pub(crate) fn confirm(yes: bool, what: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<bool> {
     if yes {
         return Ok(true);
     }

@@ -25,6 +25,7 @@
 //!
 //! Entry point: [`run`].
 
+mod gates;
 mod late;
 mod meta;
 mod metrics;
@@ -116,6 +117,9 @@ pub struct DispatchConfig {
     pub ack_wait_ms: u64,
     pub unknown_review_ms: u64,
     pub long_pause_ms: u64,
+    /// E.164 prefixes Meta does not deliver marketing templates to: such a message ends FAILED unsent and is
+    /// never replayed (`gates.rs`).
+    pub marketing_undeliverable: Vec<String>,
     pub publish_outcomes: bool,
     pub shutdown_grace_ms: u64,
     pub idle_wait_ms: u64,
@@ -395,6 +399,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         late_allowance: Default::default(),
         late_claims: Default::default(),
         mark_lead: Default::default(),
+        gates: gates::Gates::new(deps.redis.clone()),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));

@@ -32,6 +32,8 @@ pub(crate) struct Metrics {
     pub late_slots: Counter,
     /// Days the configured Graph API version stays usable (negative once ended), by version.
     pub api_version_days_left: Family<Labels, Gauge>,
+    /// Messages quarantined under a quarantine scope, by scope key (a template or a code, never a number).
+    pub quarantine_held: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -47,6 +49,7 @@ impl Metrics {
             order_healed: Counter::default(),
             late_slots: Counter::default(),
             api_version_days_left: Family::default(),
+            quarantine_held: Family::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
@@ -78,6 +81,11 @@ impl Metrics {
                 "bw_meta_api_version_days_left",
                 "Days the configured Graph API version stays usable; negative once Meta serves it with an older one",
                 m.api_version_days_left.clone(),
+            );
+            r.register(
+                "bw_quarantine_held",
+                "Messages held in the quarantine by scope (scope: tpl:<waba>:<language>:<name> or code:<code>)",
+                m.quarantine_held.clone(),
             );
         }
         m
@@ -111,6 +119,11 @@ impl Metrics {
                 }
             }
         });
+    }
+
+    pub(crate) fn quarantine_held(&self, scope: &str, code: i64) {
+        let labels = vec![("scope", scope.to_string()), ("code", code.to_string())];
+        self.quarantine_held.get_or_create(&labels).inc();
     }
 
     pub(crate) fn meta_response(&self, code: &str) {

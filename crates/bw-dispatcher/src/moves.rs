@@ -42,6 +42,8 @@ pub(crate) enum Outcome {
     Quarantined,
     Unknown,
     Expired,
+    /// Ended FAILED without a call (a gate: marketing to an undeliverable country or a suppressed recipient).
+    Failed,
     /// Already sent or moved by an earlier delivery (or owned by another live one): nothing to do.
     AlreadyHandled,
     Undecodable,
@@ -62,6 +64,7 @@ impl Label for Outcome {
             Outcome::Quarantined => "quarantined",
             Outcome::Unknown => "unknown",
             Outcome::Expired => "expired",
+            Outcome::Failed => "failed",
             Outcome::AlreadyHandled => "already_handled",
             Outcome::Undecodable => "undecodable",
             Outcome::MovePending => "move_pending",
@@ -275,6 +278,13 @@ impl Worker {
         err: ErrorInfo,
         not_before_ms: u64,
     ) {
+        let mut w = w;
+        if reason == DlqReason::RecipientDeferred && w.request.keeps_order {
+            // A marketing message cooling off (131049) for a day must not hold later messages to the recipient
+            // (an order confirmation): it leaves the order chain, and its replay is not gated by it.
+            self.release_order(&w).await;
+            w.request.keeps_order = false;
+        }
         let now = now_ms();
         let entry = &w.ledger.entry;
         let (not_before, previous) = if not_before_ms > 0 {
@@ -376,15 +386,43 @@ impl Worker {
     }
 
     pub(crate) async fn to_quarantine(&self, w: Work, reason: QuarantineReason, err: ErrorInfo) {
+        let detail = format!("meta code {}: {}", err.meta_code, err.details);
+        let ledger_reason = format!("permanent error {}", err.meta_code);
+        self.to_quarantine_with(w, reason, err, String::new(), detail, ledger_reason).await;
+    }
+
+    /// Quarantines `w` after Meta's answer under a quarantine scope (`gates.rs`): `detail` (naming the scope)
+    /// is the entry's detail and the ledger's reason, which the producer's feed shows.
+    pub(crate) async fn to_quarantine_scoped(
+        &self,
+        w: Work,
+        reason: QuarantineReason,
+        err: ErrorInfo,
+        scope_key: String,
+        detail: String,
+    ) {
+        self.to_quarantine_with(w, reason, err, scope_key, detail.clone(), detail).await;
+    }
+
+    async fn to_quarantine_with(
+        &self,
+        w: Work,
+        reason: QuarantineReason,
+        err: ErrorInfo,
+        scope_key: String,
+        detail: String,
+        ledger_reason: String,
+    ) {
         let mut request = w.request.clone();
         request.attempts.push(self.attempt_record(&w, &err));
         let entry = QuarantineEntry {
             request: Some(request),
             reason: reason as i32,
             error: Some(err.clone()),
-            detail: format!("meta code {}: {}", err.meta_code, err.details),
+            detail,
             quarantined_at_unix_ms: now_ms(),
             incident_id: String::new(),
+            scope_key,
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
@@ -403,7 +441,7 @@ impl Worker {
                 e.in_flight_token.clear();
                 e.attempts += 1;
                 e.last_code = err.meta_code;
-                e.reason = format!("permanent error {}", err.meta_code);
+                e.reason = ledger_reason.clone();
                 Some(e)
             },
         )
@@ -413,6 +451,17 @@ impl Worker {
     /// Quarantines a message that was never sent (no attempt is counted): `detail` says why, in the entry and as
     /// the ledger's reason, which the producer's feed shows. It ended here, so its recipient's order goes on.
     pub(crate) async fn quarantine_unsent(&self, w: Work, reason: QuarantineReason, detail: String) {
+        self.quarantine_unsent_scoped(w, reason, detail, String::new()).await;
+    }
+
+    /// [`Worker::quarantine_unsent`] under a quarantine scope (a held template, `gates.rs`).
+    pub(crate) async fn quarantine_unsent_scoped(
+        &self,
+        w: Work,
+        reason: QuarantineReason,
+        detail: String,
+        scope_key: String,
+    ) {
         self.release_order(&w).await;
         let now = now_ms();
         let err = ErrorInfo { details: detail.clone(), at_unix_ms: now, ..Default::default() };
@@ -423,6 +472,7 @@ impl Worker {
             detail: detail.clone(),
             quarantined_at_unix_ms: now,
             incident_id: String::new(),
+            scope_key,
         };
         let subject = names::quarantine_subject(&w.request.phone_number_id);
         let event = Event { err: &err, wamid: "", latency_us: 0 };
@@ -480,6 +530,26 @@ impl Worker {
             },
         )
         .await;
+    }
+
+    /// Ends the operation FAILED with `reason` without a call (a gate refused it for good, `gates.rs`). It ended
+    /// here, so its recipient's order goes on.
+    pub(crate) async fn fail_unsent(&self, w: Work, reason: String) {
+        self.release_order(&w).await;
+        let ok = self
+            .update_ledger(&w, |cur| {
+                if !still_ours(cur, &w) {
+                    return None;
+                }
+                let mut e = cur.cloned().unwrap_or_default();
+                e.set_state(OperationState::Failed);
+                e.reason = reason.clone();
+                Some(e)
+            })
+            .await;
+        let err = ErrorInfo { details: reason.clone(), at_unix_ms: now_ms(), ..Default::default() };
+        let event = Event { err: &err, wamid: "", latency_us: 0 };
+        self.settle(&w, done_if(ok, Outcome::Failed), Some(event)).await;
     }
 
     /// Ends the operation EXPIRED with `reason` (it cannot make its deadline; nothing was sent).

@@ -52,6 +52,8 @@ pub(crate) struct Worker {
     /// How long the on-the-wire mark's write takes here (`MarkLead`): the mark starts that long before the send
     /// slot, so the request leaves at its slot instead of a write's latency after it.
     pub(crate) mark_lead: MarkLead,
+    /// Quarantine scopes and recipient marketing state (`gates.rs`).
+    pub(crate) gates: crate::gates::Gates,
 }
 
 /// A running estimate of the on-the-wire mark's write latency in this process, microseconds: a fast rise
@@ -814,7 +816,7 @@ impl Worker {
             self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
         }
-        Some(work)
+        self.gate(work).await
     }
 
     fn policy(&self) -> Policy {
@@ -849,6 +851,7 @@ impl Worker {
     /// Carries out what [`route::after_answer`] decided for Meta's answer.
     async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
         let next = route::after_answer(&answer, &self.tries(&w), &self.policy());
+        self.note_marketing_answer(&w, &answer).await;
         let err = match &answer {
             MetaAnswer::Accepted { usage_percent, .. } => {
                 self.metrics.meta_response("200");
@@ -894,6 +897,12 @@ impl Worker {
                     self.signal(kind, &w, &err).await;
                 }
                 self.dead_letter(w, reason, "", err, not_before_ms).await;
+            }
+            Next::Quarantine {
+                reason: reason @ (QuarantineReason::TemplateHeld | QuarantineReason::Unclassified),
+                ..
+            } => {
+                self.quarantine_scoped(w, reason, err, &answer).await;
             }
             Next::Quarantine { reason, signal } => {
                 if let Some(kind) = signal {

@@ -17,7 +17,8 @@
 //! | hold of the token (190, 0 with an auth subcode, 3, 10, 200–299, 131005) | DLQ "credentials", alert `credentials` (the token is halted) |
 //! | hold of a WABA (368, 131031, 131042, 131063, 131064) or a number (33, 131037, 131045, 133000, 133010, 133015, 133016; a bodiless 401/403 or code 0 without an auth subcode probes) | the hint's or default pause up to `long_pause_ms`: hold back for it; longer or until lifted: DLQ "sender_paused" with the pause's end as not-before; alert `credentials` |
 //! | permanent code (100, 131026, 132000 …) | quarantine, alert `quarantined` |
-//! | any other code, any other 4xx without Meta's body | DLQ "unclassified", alert `unclassified` (a person looks) |
+//! | template code held by scope (132001, 132007, 132015, 132016) | quarantine "template_held" under the template's scope (name, language, WABA), which is held so its later messages wait unsent (`crate::gates`); alert `quarantine_scope` |
+//! | any other code, any other 4xx without Meta's body | quarantine "unclassified" under the code's scope, alert `quarantine_scope` (a person looks; never the DLQ, so replay cannot loop on it) |
 //!
 //! A refusal by the per-recipient order gate (`order_wait`) is always a delayed redelivery in BW_SEND, never
 //! the DLQ, however long the earlier message waits (`crate::order`).
@@ -84,12 +85,16 @@ pub(crate) fn after_answer(answer: &MetaAnswer, tries: &Tries, policy: &Policy) 
                 transient(tries, policy, retry_after_ms.unwrap_or(0).max(paused))
             }
             ErrorClass::RateLimit(scope) => rate_limited(scope, rate_hint(scope, answer), policy),
+            // The template codes the table marks for the quarantine hold the template's scope (crate::gates).
+            ErrorClass::Permanent if meaning.quarantine && meaning.scope == PauseScope::Template => {
+                Next::Quarantine { reason: QuarantineReason::TemplateHeld, signal: Some("quarantine_scope") }
+            }
             ErrorClass::Permanent => {
                 Next::Quarantine { reason: QuarantineReason::PermanentError, signal: Some("quarantined") }
             }
             ErrorClass::Hold => held(meaning.scope, meaning.pause_ms(answer.pause_hint_ms()), policy),
             ErrorClass::Unclassified => {
-                Next::Dlq { reason: DlqReason::Unclassified, not_before_ms: 0, signal: Some("unclassified") }
+                Next::Quarantine { reason: QuarantineReason::Unclassified, signal: Some("quarantine_scope") }
             }
         },
     }
@@ -236,6 +241,10 @@ mod tests {
         }
     }
 
+    fn scoped(reason: QuarantineReason) -> Next {
+        Next::Quarantine { reason, signal: Some("quarantine_scope") }
+    }
+
     fn dlq(reason: DlqReason, not_before_ms: u64, signal: Option<&'static str>) -> Next {
         Next::Dlq { reason, not_before_ms, signal }
     }
@@ -373,7 +382,17 @@ mod tests {
                 FIRST,
                 Next::Quarantine { reason: QuarantineReason::PermanentError, signal: Some("quarantined") },
             ),
-            ("an unknown code", rejected(424242, None), FIRST, dlq(DlqReason::Unclassified, 0, Some("unclassified"))),
+            ("an unknown code", rejected(424242, None), FIRST, scoped(QuarantineReason::Unclassified)),
+            ("132015 template paused", rejected(132015, None), FIRST, scoped(QuarantineReason::TemplateHeld)),
+            ("132001 template missing", rejected(132001, None), FIRST, scoped(QuarantineReason::TemplateHeld)),
+            ("132007 template policy", rejected(132007, None), FIRST, scoped(QuarantineReason::TemplateHeld)),
+            ("132016 template disabled", rejected(132016, None), FIRST, scoped(QuarantineReason::TemplateHeld)),
+            (
+                "132000 parameter count: this message only",
+                rejected(132000, None),
+                FIRST,
+                Next::Quarantine { reason: QuarantineReason::PermanentError, signal: Some("quarantined") },
+            ),
         ];
         for (name, answer, tries, expect) in rows {
             assert_eq!(after_answer(&answer, &tries, &POLICY), expect, "{name}");
@@ -405,7 +424,7 @@ mod tests {
         assert_eq!(route(403, b"<html>Forbidden</html>"), Next::HoldBack { delay_ms: 30_000 });
         let no_code = br#"{"error":{"message":"forbidden"}}"#;
         assert_eq!(route(403, no_code), Next::HoldBack { delay_ms: 30_000 }, "an error body without a code");
-        assert_eq!(route(404, b"no such route"), dlq(DlqReason::Unclassified, 0, Some("unclassified")));
+        assert_eq!(route(404, b"no such route"), scoped(QuarantineReason::Unclassified));
     }
 
     #[test]

@@ -160,6 +160,8 @@ pub fn quarantine_reason_label(reason: QuarantineReason) -> &'static str {
         QuarantineReason::WindowClosed => "window_closed",
         QuarantineReason::Operator => "operator",
         QuarantineReason::SenderRevoked => "sender_revoked",
+        QuarantineReason::TemplateHeld => "template_held",
+        QuarantineReason::Unclassified => "unclassified",
     }
 }
 
@@ -172,6 +174,8 @@ pub fn parse_quarantine_reason(label: &str) -> Option<QuarantineReason> {
         QuarantineReason::WindowClosed,
         QuarantineReason::Operator,
         QuarantineReason::SenderRevoked,
+        QuarantineReason::TemplateHeld,
+        QuarantineReason::Unclassified,
         QuarantineReason::Unspecified,
     ]
     .into_iter()

@@ -2,8 +2,8 @@
 //!
 //! What lives here: the accounting that proves every accepted operation is in exactly one place
 //! ([`account`]), non-consuming reads of the work-queue streams ([`scan`]), DLQ and quarantine inspection and
-//! statistics ([`inspect`]), breaker incidents in the DLQ (stats, replay progress, the finished event, hold and
-//! release: [`incident`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
+//! statistics ([`inspect`]), quarantine scopes listed, released and dropped together ([`quarantine`]), breaker
+//! incidents in the DLQ (stats, replay progress, the finished event, hold and release: [`incident`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
 //! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
 //! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]), the offline change of
 //! the ledger's partition count ([`repartition`]), the producers' NATS users generated from the sender registry
@@ -22,6 +22,7 @@ pub mod moves;
 pub mod names;
 pub mod ops;
 pub mod pace;
+pub mod quarantine;
 pub mod repartition;
 pub mod scan;
 pub mod senders;

@@ -15,8 +15,8 @@ use async_nats::jetstream;
 use bw_common::ledger::Ledger;
 use bw_common::nats::{Buckets, publish_durable};
 use bw_common::proto::{
-    Attempt, DlqEnvelope, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason, SendRequest,
-    Signal, send_request,
+    Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,
+    SendRequest, Signal, send_request,
 };
 use bw_common::registry::RegistryView;
 use bw_common::{names, telemetry, time::now_ms};
@@ -164,6 +164,7 @@ impl Outcome {
             Outcome::Quarantined(QuarantineReason::Poison) => "poison",
             Outcome::Quarantined(QuarantineReason::WindowClosed) => "window_closed",
             Outcome::Quarantined(QuarantineReason::SenderRevoked) => "sender_revoked",
+            Outcome::Quarantined(QuarantineReason::Unclassified) => "unclassified",
             Outcome::Quarantined(_) => "quarantined",
             Outcome::NotYet(_) => "not_before",
             Outcome::Changed => "changed",
@@ -247,6 +248,27 @@ impl Mover {
             return Ok(Outcome::Skipped("dlq entry without a request".into()));
         };
         let op = request.operation_id.as_str();
+        if envelope.reason() == DlqReason::Unclassified {
+            // An unclassified code is never replayed (it would loop until POISON): entries an older dispatcher
+            // left in the DLQ move to the quarantine under the code's scope, for a person.
+            let code = envelope.last_error.as_ref().map_or(0, |e| e.meta_code);
+            let scope = format!("code:{code}");
+            let detail = format!(
+                "held in quarantine scope {scope}: Meta answered code {code}, which Breakwater does not know; waits \
+                 for an operator (moved from the DLQ, never replayed)"
+            );
+            let error = envelope.last_error.clone();
+            return self
+                .quarantine_scoped(
+                    request,
+                    QuarantineReason::Unclassified,
+                    &detail,
+                    &envelope.incident_id,
+                    error,
+                    scope,
+                )
+                .await;
+        }
         let current = self.ledger.get(op).await?.map(|v| v.entry);
         match check_dlq_entry(envelope, current.as_ref(), now_ms(), &self.rules) {
             Check::AlreadyAccepted => Ok(Outcome::AlreadyAccepted),
@@ -408,6 +430,19 @@ impl Mover {
         incident_id: &str,
         error: Option<ErrorInfo>,
     ) -> Result<Outcome, OpsError> {
+        self.quarantine_scoped(request, reason, detail, incident_id, error, String::new()).await
+    }
+
+    /// [`Mover::quarantine`] under a quarantine scope (`QuarantineEntry.scope_key`).
+    pub async fn quarantine_scoped(
+        &self,
+        request: &SendRequest,
+        reason: QuarantineReason,
+        detail: &str,
+        incident_id: &str,
+        error: Option<ErrorInfo>,
+        scope_key: String,
+    ) -> Result<Outcome, OpsError> {
         let op = request.operation_id.as_str();
         let replays = self.ledger.get(op).await?.map(|v| v.entry.replays).unwrap_or(0);
         let entry = QuarantineEntry {
@@ -417,6 +452,7 @@ impl Mover {
             detail: detail.to_string(),
             quarantined_at_unix_ms: now_ms(),
             incident_id: incident_id.to_string(),
+            scope_key,
         };
         let mut headers = async_nats::HeaderMap::new();
         let msg_id = quarantine_msg_id(op, replays, quarantine_reason_label(reason));

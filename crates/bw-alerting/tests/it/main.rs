@@ -335,3 +335,45 @@ async fn signals_fire_escalate_and_resolve_quota_and_credentials() {
     assert_eq!(svc.metric_with("bw_alert_events_total", "result=\"malformed\""), 1.0);
     svc.stop().await;
 }
+
+#[tokio::test]
+async fn a_quarantine_scope_alerts_once_per_template_or_code_whatever_the_number() {
+    let nats = NatsServer::start();
+    let sinks = Receiver::start().await;
+    let svc = Service::start(&nats, &sinks, &[]).await;
+    let signal = |phone: &str, code: i64, detail: &str| Signal {
+        kind: "quarantine_scope".into(),
+        waba_id: "100".into(),
+        phone_number_id: phone.into(),
+        meta_code: code,
+        detail: detail.into(),
+        at_unix_ms: bw_common::time::now_ms(),
+        operation_id: String::new(),
+    };
+    let template = "held in quarantine scope tpl:100:en_US:promo: Meta refused template promo (en_US) with code 132015";
+    let js = &svc.deps.js;
+    // Two numbers of the WABA refused with the same template, and an unknown code: two alerts, by scope.
+    publish(js, names::signal_subject("quarantine_scope"), signal("9001", 132015, template)).await;
+    publish(js, names::signal_subject("quarantine_scope"), signal("9002", 132015, template)).await;
+    let code = "held in quarantine scope code:424242: Meta answered code 424242, which Breakwater does not know";
+    publish(js, names::signal_subject("quarantine_scope"), signal("9001", 424242, code)).await;
+    assert!(
+        wait_until(WAIT, || async {
+            sinks.find("pd", |b| b["dedup_key"] == "quarantine_scope.code_424242").is_some()
+                && sinks.find("pd", |b| b["dedup_key"] == "quarantine_scope.tpl_100_en_US_promo").is_some()
+        })
+        .await
+    );
+    let alert = sinks.find("pd", |b| b["dedup_key"] == "quarantine_scope.tpl_100_en_US_promo").expect("alert");
+    let summary = alert["payload"]["summary"].as_str().unwrap_or_default().to_string();
+    assert!(summary.contains("tpl:100:en_US:promo") && summary.contains("132015"), "{summary}");
+    assert_eq!(alert["links"][0]["href"], "https://runbooks.test/quarantine-scopes.md");
+    let templates = sinks.count_where("pd", |b| b["dedup_key"] == "quarantine_scope.tpl_100_en_US_promo");
+    assert_eq!(templates, 1, "one alert for the template, not one per number");
+    // A signal without a scope key in its detail is refused as malformed, and fires nothing.
+    publish(js, names::signal_subject("quarantine_scope"), signal("9003", 1, "no scope here")).await;
+    assert!(
+        wait_until(WAIT, || async { svc.metric_with("bw_alert_events_total", "result=\"malformed\"") == 1.0 }).await
+    );
+    svc.stop().await;
+}

@@ -13,3 +13,4 @@ mod quota_signal;
 mod scopes;
 mod scripts;
 mod support;
+mod templates;

@@ -796,6 +796,11 @@ pub struct QuarantineEntry {
     pub quarantined_at_unix_ms: i64,
     #[prost(string, tag = "6")]
     pub incident_id: ::prost::alloc::string::String,
+    /// The scope the entry is held under, released or dropped together (`bwctl quarantine release --scope`):
+    /// "tpl:<waba>:<language>:<name>" for a template, "code:<code>" for an unclassified code; empty for the
+    /// per-message reasons.
+    #[prost(string, tag = "70")]
+    pub scope_key: ::prost::alloc::string::String,
 }
 /// An entry of BW_UNKNOWN (subject bw.unknown.v1.<phone_number_id>): a send whose outcome is not known.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -901,6 +906,11 @@ pub enum QuarantineReason {
     /// Never sent: since it was accepted, its sender left the sender registry, moved to another tenant or got another
     /// WABA (the detail says which). The dispatcher and replay put it here instead of sending it.
     SenderRevoked = 6,
+    /// Held with its template (132001, 132007, 132015, 132016): every message of the template (name, language, WABA)
+    /// waits here, unsent, until an operator or the template's status webhook releases the scope (`scope_key`).
+    TemplateHeld = 70,
+    /// Meta answered a code Breakwater does not know: held by code (`scope_key`) for a person; never replayed.
+    Unclassified = 71,
 }
 impl QuarantineReason {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -916,6 +926,8 @@ impl QuarantineReason {
             Self::WindowClosed => "QUARANTINE_REASON_WINDOW_CLOSED",
             Self::Operator => "QUARANTINE_REASON_OPERATOR",
             Self::SenderRevoked => "QUARANTINE_REASON_SENDER_REVOKED",
+            Self::TemplateHeld => "QUARANTINE_REASON_TEMPLATE_HELD",
+            Self::Unclassified => "QUARANTINE_REASON_UNCLASSIFIED",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -928,6 +940,8 @@ impl QuarantineReason {
             "QUARANTINE_REASON_WINDOW_CLOSED" => Some(Self::WindowClosed),
             "QUARANTINE_REASON_OPERATOR" => Some(Self::Operator),
             "QUARANTINE_REASON_SENDER_REVOKED" => Some(Self::SenderRevoked),
+            "QUARANTINE_REASON_TEMPLATE_HELD" => Some(Self::TemplateHeld),
+            "QUARANTINE_REASON_UNCLASSIFIED" => Some(Self::Unclassified),
             _ => None,
         }
     }
