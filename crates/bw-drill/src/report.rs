@@ -324,7 +324,9 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     let journey = crate::journey::compute(&crate::journey::JourneyInputs {
         entries: i.entries,
         oracle: i.oracle,
-        recovery_unix_ms: (i.opts.outage_length_s > 0).then(|| at_ms(outage_end)),
+        // A fault window still open when the run ended (a shortened noise run) had no recovery to measure from.
+        recovery_unix_ms: (i.opts.outage_length_s > 0 && i.samples.last().is_some_and(|s| s.t >= outage_end))
+            .then(|| at_ms(outage_end)),
         closed_unix_ms: &closed_unix_ms,
         sender_rate: i.sender_rate,
         ramp_ms: i.ramp_ms,
