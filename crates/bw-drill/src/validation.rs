@@ -293,9 +293,11 @@ fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &s
                     "WABA {} restricted ({} on every send) {:.0}-{:.0} s: its numbers paused in the WABA scope",
                     w.waba_id, w.code, w.start_s, w.end_s
                 ),
-                "the restricted WABA's numbers refused as waba_paused, 0 of their health breakers tripped; the other WABA's numbers neither paused nor tripped",
+                "the restricted WABA's numbers refused as waba_paused, 0 of their health breakers tripped; \
+                 the other WABA's numbers neither paused nor tripped",
                 format!(
-                    "{} numbers restricted: {} restriction answers, {} waba_paused refusals, {} trips; other numbers: {} waba_paused refusals, {} trips (observed outcomes and breaker transitions)",
+                    "{} numbers restricted: {} restriction answers, {} waba_paused refusals, {} trips; \
+                     other numbers: {} waba_paused refusals, {} trips (observed outcomes and breaker transitions)",
                     w.restricted.len(),
                     w.restriction_answers,
                     w.paused_refusals,
@@ -337,7 +339,8 @@ fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &s
                 format!("messages held by the restriction go out once the operator lifts the pause (at {lifted})"),
                 "every held message accepted by Meta exactly once after the lift (or expired at its deadline)",
                 format!(
-                    "{} held: {} sent once after the lift, {} expired at their deadline, {} sent before the lift, {} sent twice, {} unsent (simulator oracle, ledger)",
+                    "{} held: {} sent once after the lift, {} expired at their deadline, \
+                     {} sent before the lift, {} sent twice, {} unsent (simulator oracle, ledger)",
                     w.held,
                     w.fate(F::SentOnceAfterLift),
                     w.fate(F::Expired),
@@ -371,7 +374,8 @@ fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &s
             ),
             "no breaker tripped, with the noise seen (the breaker counted at least half its rate as failures)",
             format!(
-                "{} trips over {} calls; the breaker counted {} of the calls as failures (observed outcomes and breaker transitions)",
+                "{} trips over {} calls; the breaker counted {} of the calls as failures \
+                 (observed outcomes and breaker transitions)",
                 r.breaker_trips,
                 r.meta_requests,
                 r.failure_share.map(|f| format!("{:.2}%", f * 100.0)).unwrap_or_else(|| "n/a".into())
