@@ -18,6 +18,7 @@ mod redaction;
 mod redis_auth;
 mod resilience;
 mod senders;
+mod signals;
 mod skeleton;
 mod tenant_stack;
 mod tenants;

@@ -245,6 +245,15 @@ impl Engine {
                 self.fire(firing).await?;
                 return Ok(());
             }
+            // Meta's account signals, applied by the coordinator (deploy/runbooks/account-signals.md).
+            "account_restricted" => (
+                Rule::AccountRestricted,
+                Severity::Critical,
+                format!("Meta restricted {shown}; its numbers are held: {}", s.detail),
+            ),
+            "account_alert" => {
+                (Rule::AccountAlert, Severity::Warning, format!("Meta says about {shown}: {}", s.detail))
+            }
             "quota" => {
                 let Some(percent) = parse_percent(&s.detail) else {
                     return Err(EventError::Malformed {

@@ -27,10 +27,12 @@ pub enum Rule {
     /// Messages held by quarantine scope: a template Meta refused (132001, 132007, 132015, 132016) or a code
     /// Breakwater does not know. Targeted at the scope key (template or code), never a phone number.
     QuarantineScope,
+    AccountRestricted,
+    AccountAlert,
 }
 
 impl Rule {
-    pub const ALL: [Rule; 13] = [
+    pub const ALL: [Rule; 15] = [
         Rule::BreakerOpen,
         Rule::DlqDepth,
         Rule::DlqOldestAge,
@@ -44,6 +46,8 @@ impl Rule {
         Rule::DlqLimit,
         Rule::SendUnserved,
         Rule::QuarantineScope,
+        Rule::AccountRestricted,
+        Rule::AccountAlert,
     ];
 
     pub fn name(self) -> &'static str {
@@ -61,6 +65,8 @@ impl Rule {
             Rule::DlqLimit => "dlq_limit",
             Rule::SendUnserved => "send_unserved",
             Rule::QuarantineScope => "quarantine_scope",
+            Rule::AccountRestricted => "account_restricted",
+            Rule::AccountAlert => "account_alert",
         }
     }
 
@@ -80,6 +86,7 @@ impl Rule {
             Rule::CredentialsInvalid => "invalid-credentials.md",
             Rule::SendUnserved => "service-down.md",
             Rule::QuarantineScope => "quarantine-scopes.md",
+            Rule::AccountRestricted | Rule::AccountAlert => "account-signals.md",
         }
     }
 
@@ -93,6 +100,8 @@ impl Rule {
                 | Rule::StatusErrors
                 | Rule::DlqLimit
                 | Rule::QuarantineScope
+                | Rule::AccountRestricted
+                | Rule::AccountAlert
         )
     }
 }

@@ -22,6 +22,7 @@
 //!
 //! What it must not do: change breaker state other than through the `bw-breaker` scripts. Entry point: [`run`].
 
+pub mod account;
 pub mod admin;
 pub mod config;
 pub mod leader;
@@ -738,6 +739,22 @@ impl Coordinator {
                 }
             }
             .instrument(tracing::info_span!("coordinator.events")),
+        );
+
+        // Meta's account signals (`account`): every instance binds the one consumer; retried until it runs.
+        let this = self.clone();
+        let token = stop.clone();
+        tracker.spawn(
+            async move {
+                while let Err(e) = this.clone().consume_account_signals(token.clone()).await {
+                    tracing::warn!(error = %e, "account signals not consumed yet; retrying");
+                    tokio::select! {
+                        _ = token.cancelled() => break,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+            .instrument(tracing::info_span!("coordinator.account")),
         );
 
         let this = self.clone();

@@ -32,6 +32,8 @@ pub(crate) struct Metrics {
     pub overrides_restored: Counter,
     /// Pauses in force over the known scopes, by level (number, waba, app, token), Meta code and lift.
     pub pauses: Family<Labels, Gauge>,
+    /// Meta's account signals handled, by result (applied, ignored, retry, undecodable).
+    pub account_signals: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -75,6 +77,11 @@ impl Metrics {
                 "bw_breaker_pauses",
                 "Pauses in force over the known scopes, by level (number, waba, app, token), Meta code and lift",
                 m.pauses.clone(),
+            );
+            r.register(
+                "bw_breaker_coordinator_account_signals",
+                "Meta's account signals handled, by result (applied, ignored, retry, undecodable)",
+                m.account_signals.clone(),
             );
             r.register(
                 "bw_breaker_coordinator_operator_actions",

@@ -1005,8 +1005,22 @@ impl Breaker {
     /// Pauses `parent` as `spec` says (an operator's or a webhook's pause; answers' pauses come through
     /// [`Breaker::record`]). The scope of `spec` is ignored: `parent` names it. Fails without Redis.
     pub async fn pause(&self, parent: &Parent, spec: PauseSpec) -> Result<ParentStatus, BreakerError> {
+        self.pause_because(parent, spec, None).await
+    }
+
+    /// [`Breaker::pause`] with the reason `bwctl scope` shows (a webhook's own words: "account_update
+    /// ACCOUNT_RESTRICTION ..."); `None` derives it from the code and scope.
+    pub async fn pause_because(
+        &self,
+        parent: &Parent,
+        spec: PauseSpec,
+        reason: Option<&str>,
+    ) -> Result<ParentStatus, BreakerError> {
         let key = parent.key();
-        let (mode, args) = self.pause_args(spec);
+        let (mode, mut args) = self.pause_args(spec);
+        if let Some(reason) = reason {
+            args.reason = reason.to_string();
+        }
         let reply =
             scripts::parent_reply(self.call("parent_pause", scripts::parent_invocation(&key, mode, &args)).await?)?;
         self.noted_pause(parent, &reply);

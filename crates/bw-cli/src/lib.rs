@@ -12,6 +12,7 @@ pub mod fmt;
 pub mod op;
 pub mod quarantine;
 pub mod senders;
+pub mod signals;
 
 use anyhow::Context as _;
 use async_nats::jetstream;
@@ -89,6 +90,9 @@ pub enum Command {
     /// The sender registry: which tenant (producer) owns which number, and the producers' NATS users.
     #[command(subcommand)]
     Senders(senders::SendersCommand),
+    /// The newest account signals Meta sent (restrictions, bans, tiers, templates, alerts...: BW_ACCOUNT), users as
+    /// hashes; deploy/runbooks/account-signals.md.
+    Signals(signals::SignalsArgs),
     /// Prove every accepted operation is in exactly one place; exits 2 when any is lost.
     Account {
         /// File with operation ids a producer got accepted, one per line; any missing counts as lost.
@@ -426,6 +430,7 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     let (js, buckets) = (&conn.js, &conn.buckets);
     match cli.command {
         Command::Scopes => scopes(buckets, out).await,
+        Command::Signals(args) => signals::run(js, &args, out).await,
         Command::Partitions => partitions(js, buckets, out).await,
         Command::Dlq(DlqCommand::Stats(s)) => {
             let (items, bad) = inspect::dlq_items(js, buckets.send, s.scope.as_deref()).await?;

@@ -294,6 +294,26 @@ pub fn inbound_subject(phone_number_id: &str) -> String {
     format!("bw.inbound.v1.{phone_number_id}")
 }
 
+/// Meta's account, number, portfolio and template signals (webhook fields beyond `messages`, and value-level
+/// `errors`), one typed `AccountSignal` per item, kept for their readers (the coordinator applies them).
+pub const ACCOUNT_STREAM: &str = "BW_ACCOUNT";
+/// Subjects captured by BW_ACCOUNT.
+pub const ACCOUNT_SUBJECTS: &str = "bw.account.v1.>";
+/// Durable consumer of the coordinators on BW_ACCOUNT (one delivery at a time: a ban and its reinstatement
+/// must apply in order).
+pub const ACCOUNT_COORDINATOR_CONSUMER: &str = "coordinator-account";
+/// `bw.account.v1.<field>.<waba_id>`. Both come from Meta's (signed) body: a token that is not plain
+/// `[A-Za-z0-9_-]` (at most 64 chars) is written `_`, so no subject can hold a wildcard, a dot or a space.
+pub fn account_subject(field: &str, waba_id: &str) -> String {
+    fn token(raw: &str) -> &str {
+        let ok = !raw.is_empty()
+            && raw.len() <= 64
+            && raw.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if ok { raw } else { "_" }
+    }
+    format!("bw.account.v1.{}.{}", token(field), token(waba_id))
+}
+
 /// Events: breaker transitions, dispatch outcomes, alerts, signals.
 pub const EVENTS_STREAM: &str = "BW_EVENTS";
 /// Breaker transitions: `bw.breaker.v1.<phone_number_id>`.

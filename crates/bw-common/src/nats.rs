@@ -282,6 +282,15 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
                 7 * day,
                 replicas,
             ),
+            // Meta's account signals: few, and each one may hold a WABA for weeks; 30 days of them are the record
+            // behind every webhook pause (`bwctl`, the runbook). DiscardOld at the byte limit, as BW_EVENTS.
+            kept_stream(
+                names::ACCOUNT_STREAM,
+                vec![names::ACCOUNT_SUBJECTS.into()],
+                (1_000_000, limits.events_max_bytes),
+                30 * day,
+                replicas,
+            ),
             // Breaker, signal and alert events, read live by the services; a day of history is a convenience.
             kept_stream(
                 names::EVENTS_STREAM,
@@ -735,7 +744,8 @@ mod partition_tests {
         let streams = stream_configs(&cfg.limits, 1, names::SendPartitions::new(2));
         for c in &streams {
             assert!(c.max_bytes > 0, "{}", c.name);
-            let for_readers = [names::REJECTED_STREAM, names::INBOUND_STREAM, names::EVENTS_STREAM];
+            let for_readers =
+                [names::REJECTED_STREAM, names::INBOUND_STREAM, names::EVENTS_STREAM, names::ACCOUNT_STREAM];
             assert_eq!(c.discard, if for_readers.contains(&c.name.as_str()) { Old } else { New }, "{}", c.name);
         }
         let send = streams.iter().find(|c| c.name == "BW_SEND_1").expect("partition 1");

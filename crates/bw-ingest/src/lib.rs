@@ -28,6 +28,7 @@ mod metrics;
 mod processor;
 mod reconciler;
 mod secret;
+pub mod signals;
 pub mod validate;
 pub mod webhook;
 

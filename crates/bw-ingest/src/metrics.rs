@@ -49,6 +49,9 @@ pub(crate) struct Metrics {
     pub callback_egress_refused: Family<Labels, Counter>,
     /// Sources whose bad webhook signatures are being counted (bounded by webhook.bad_signature_sources).
     pub bad_signature_sources: prometheus_client::metrics::gauge::Gauge,
+    /// Webhook changes beyond `messages` (and value-level errors) by field and result: published, unknown,
+    /// malformed. `field` is one of the fields of meta-cloud-api.md §4.5, else `other`.
+    pub webhook_fields: Family<Labels, Counter>,
 }
 
 fn request_buckets() -> Histogram {
@@ -79,6 +82,7 @@ impl Metrics {
             callback_delivery_seconds: Family::new_with_constructor(delivery_buckets),
             callback_egress_refused: Family::default(),
             bad_signature_sources: Default::default(),
+            webhook_fields: Family::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
@@ -94,6 +98,11 @@ impl Metrics {
                 m.bad_signature_sources.clone(),
             );
             r.register("bw_webhooks_processed", "Stored webhooks processed by result", m.webhooks_processed.clone());
+            r.register(
+                "bw_webhook_fields",
+                "Webhook changes beyond messages and value-level errors, by field and result",
+                m.webhook_fields.clone(),
+            );
             r.register("bw_statuses_applied", "Status updates applied to the ledger by status", m.statuses.clone());
             r.register(
                 "bw_status_callback_data",

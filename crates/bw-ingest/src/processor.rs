@@ -166,7 +166,14 @@ impl Processor {
         }
         let parsed = match webhook::parse(&stored.body) {
             Ok(p) => p,
-            Err(e) => return self.keep_bad_json(&stored, &e.to_string()).await,
+            Err(e) => {
+                // The typed parser refuses the whole body; account signals are read change by change, so a
+                // restriction beside a malformed item still applies (`crate::signals`).
+                if self.account_signals(&stored.body, &stored.body_sha256).await.is_err() {
+                    return Settle::nak(Processed::Retry, RETRY_LATER);
+                }
+                return self.keep_bad_json(&stored, &e.to_string()).await;
+            }
         };
         let mut failed: Option<Retry> = None;
         // Group statuses by message, keeping document order inside a group.
@@ -202,6 +209,12 @@ impl Processor {
         }
         for e in &parsed.errors {
             self.value_error(e).await;
+        }
+        // Fields beyond `messages` and value-level errors: typed account signals (`crate::signals`).
+        if (parsed.ignored_changes > 0 || !parsed.errors.is_empty())
+            && let Err(e) = self.account_signals(&stored.body, &stored.body_sha256).await
+        {
+            failed.get_or_insert(Retry(e));
         }
         if parsed.unknown_statuses > 0 {
             self.metrics.status("unrecognised");

@@ -3,7 +3,8 @@
 //!
 //! Envelope (meta-cloud-api.md §4.4): `{"object":"whatsapp_business_account","entry":[{"id":"<WABA_ID>",
 //! "changes":[{"field":"messages","value":{"metadata":{"phone_number_id":..},"statuses":[..],"messages":[..],
-//! "errors":[..]}}]}]}`. Unknown fields are ignored, so new Meta fields never break parsing.
+//! "errors":[..]}}]}]}`. Unknown fields are ignored, so new Meta fields never break parsing; the changes of
+//! other fields (and value-level errors again, as typed signals) are read by `crate::signals`.
 
 use bw_common::proto::{DeliveryStatus, InboundMessage, StatusUpdate};
 use hmac::{KeyInit, Mac};
@@ -125,7 +126,7 @@ pub struct Parsed {
     pub unknown_statuses: usize,
     pub inbound: Vec<InboundMessage>,
     pub errors: Vec<ValueError>,
-    /// Changes of other fields (template updates, account alerts...), ignored.
+    /// Changes of other fields (account, template, user signals...): parsed by `crate::signals`, not here.
     pub ignored_changes: usize,
 }
 
@@ -161,7 +162,9 @@ fn seconds(v: &serde_json::Value) -> i64 {
 
 /// Parses a webhook body.
 pub fn parse(body: &[u8]) -> Result<Parsed, ParseError> {
-    let envelope: Envelope = serde_json::from_slice(body).map_err(|e| ParseError::Json(e.to_string()))?;
+    // serde quotes the offending value ("invalid type: string \"16505551234\""): scrubbed, as it is logged and kept.
+    let envelope: Envelope =
+        serde_json::from_slice(body).map_err(|e| ParseError::Json(crate::signals::scrub(&e.to_string())))?;
     if envelope.object != "whatsapp_business_account" {
         return Err(ParseError::Object(envelope.object.chars().take(64).collect()));
     }

@@ -286,6 +286,33 @@ async fn failing_sinks_are_retried_and_counted_without_blocking_others() {
     svc.stop().await;
 }
 
+/// The coordinator's account signals (deploy/runbooks/account-signals.md): a restriction is critical, Meta's
+/// account alerts a warning, each keyed by the WABA it names and linked to its runbook.
+#[tokio::test]
+async fn account_signals_become_alerts_with_their_runbook() {
+    let nats = NatsServer::start();
+    let sinks = Receiver::start().await;
+    let svc = Service::start(&nats, &sinks, &[]).await;
+    let signal = |kind: &str, detail: &str| Signal {
+        kind: kind.into(),
+        waba_id: "waba7".into(),
+        detail: detail.into(),
+        at_unix_ms: bw_common::time::now_ms(),
+        ..Default::default()
+    };
+    let js = &svc.deps.js;
+    publish(js, names::signal_subject("account_restricted"), signal("account_restricted", "RESTRICTED_X")).await;
+    publish(js, names::signal_subject("account_alert"), signal("account_alert", "OBA_REJECTED")).await;
+    assert!(wait_until(WAIT, || async { sinks.count("pd") >= 2 }).await);
+    let held = sinks.find("pd", |b| b["dedup_key"] == "account_restricted.waba7").expect("restriction alert");
+    assert_eq!(held["payload"]["severity"], "critical");
+    assert_eq!(held["links"][0]["href"], "https://runbooks.test/account-signals.md");
+    let alert = sinks.find("pd", |b| b["dedup_key"] == "account_alert.waba7").expect("account alert");
+    assert_eq!(alert["payload"]["severity"], "warning");
+    assert!(alert["payload"]["summary"].as_str().is_some_and(|s| s.contains("OBA_REJECTED")), "{alert}");
+    svc.stop().await;
+}
+
 #[tokio::test]
 async fn signals_fire_escalate_and_resolve_quota_and_credentials() {
     let nats = NatsServer::start();

@@ -19,6 +19,7 @@ pub(crate) fn limits_text(rate: f64) -> String {
     )
 }
 
+mod account;
 mod auth;
 mod fleet;
 mod pauses;

@@ -191,3 +191,57 @@ async fn breaker_commands_call_the_coordinator() {
     let bad = Cli::try_parse_from(["bwctl", "breaker", "clear", "--scope", "12ab"]).expect("parse");
     assert!(run(bad, &mut Vec::new()).await.is_err(), "non-digit scope refused");
 }
+
+#[tokio::test]
+async fn signals_lists_the_newest_account_signals_of_a_waba_with_users_hashed() {
+    use bw_common::proto::account_signal::Kind;
+    let (nats, deps) = setup().await;
+    let (code, text) = bwctl(&nats, &["signals"]).await;
+    assert_eq!((code, text.trim()), (0, "no account signals in BW_ACCOUNT"));
+    let signals = [
+        ("account_update", "w1", Kind::Ban(AccountBanState { ban_state: "DISABLE".into(), ban_date: String::new() })),
+        (
+            "user_preferences",
+            "w1",
+            Kind::UserPreference(UserPreference {
+                recipient_key_hash: bw_common::mask::recipient_key(RECIPIENT),
+                category: "marketing_messages".into(),
+                value: "stop".into(),
+                timestamp_unix_s: 1,
+            }),
+        ),
+        (
+            "account_update",
+            "w2",
+            Kind::Restriction(AccountRestriction {
+                restriction_type: "RESTRICTED_BIZ_INITIATED_MESSAGING".into(),
+                expiration_unix_s: 1_800_000_000,
+                remediation: String::new(),
+            }),
+        ),
+    ];
+    for (i, (field, waba, kind)) in signals.into_iter().enumerate() {
+        let s = AccountSignal {
+            field: field.into(),
+            waba_id: waba.into(),
+            at_unix_ms: now_ms(),
+            kind: Some(kind),
+            ..Default::default()
+        };
+        publish_durable(
+            &deps.js,
+            names::account_subject(field, waba),
+            names::msg_id_headers(&format!("s{i}")),
+            s.encode_to_vec().into(),
+        )
+        .await
+        .expect("published");
+    }
+    let (code, text) = bwctl(&nats, &["signals", "--waba", "w1"]).await;
+    assert_eq!(code, 0);
+    assert!(text.contains("ban DISABLE") && text.contains("stop marketing_messages"), "{text}");
+    assert!(!text.contains("RESTRICTED_BIZ") && !text.contains("5491155551234"), "{text}");
+    let (_, text) = bwctl(&nats, &["signals", "--last", "1"]).await;
+    assert!(text.contains("restriction RESTRICTED_BIZ_INITIATED_MESSAGING until 2027-01-15"), "{text}");
+    assert_eq!(text.lines().count(), 2, "header and the newest one: {text}");
+}

@@ -375,7 +375,8 @@ async fn every_stream_has_a_byte_limit_and_ingest_gives_one_to_streams_made_with
         let name = name.expect("name");
         let info = env.js.get_stream(&name).await.expect("stream").cached_info().clone();
         assert!(info.config.max_bytes > 0, "{name} has no byte limit");
-        let kept_for_readers = ["BW_REJECTED", "BW_INBOUND", "BW_EVENTS", "BW_FEED"].contains(&name.as_str());
+        let kept_for_readers =
+            ["BW_REJECTED", "BW_INBOUND", "BW_EVENTS", "BW_FEED", "BW_ACCOUNT"].contains(&name.as_str());
         assert_eq!(info.config.discard, if kept_for_readers { Old } else { New }, "{name}");
         seen.push(name);
     }

@@ -10,6 +10,7 @@ mod intake;
 mod limits;
 mod reconcile;
 mod shared;
+mod signals;
 mod support;
 mod tenancy;
 mod webhooks;

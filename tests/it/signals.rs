@@ -1,0 +1,154 @@
+//! Meta's account signals end to end, with the dispatcher at its compiled defaults: the simulator restricts one
+//! WABA by an `account_update` webhook; ingest stores and publishes it, the coordinator pauses that WABA until
+//! the restriction's `expiration`, so its numbers send nothing Meta would refuse while the other WABA keeps
+//! sending, and every held message goes out once, after the expiration. An unknown field is answered 200,
+//! published with its keys and kept raw.
+
+use bw_breaker::{Breaker, BreakerConfig, Parent};
+use bw_common::names;
+use bw_common::proto::account_signal::Kind;
+use bw_common::proto::*;
+use bw_e2e::{Harness, WABA_ID};
+use bw_meta_sim::SimConfig;
+use prost::Message as _;
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(90);
+/// A second WABA of the same business (same app, same token).
+const OTHER_WABA: &str = "102290129340777";
+const A1: &str = "106540352205001";
+const B1: &str = "106540352205002";
+const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+/// The restriction lasts this long: long enough to submit the restricted WABA's messages well before it ends
+/// on a loaded machine (the test checks it did).
+const RESTRICTED_MS: u64 = 30_000;
+
+fn sim() -> SimConfig {
+    let mut cfg = SimConfig::default();
+    cfg.limits.throughput_mps = 1_000.0;
+    cfg.limits.throughput_burst = 1_000;
+    cfg.limits.pair_enabled = false;
+    // The simulator restricts by WABA: it must know B1 is of the other one.
+    let of = |waba: &str| bw_meta_sim::PhoneNumberConfig { waba_id: Some(waba.into()), ..Default::default() };
+    cfg.phone_numbers.insert(A1.into(), of(WABA_ID));
+    cfg.phone_numbers.insert(B1.into(), of(OTHER_WABA));
+    cfg
+}
+
+async fn submit(h: &Harness, waba: &str, phone: &str, prefix: &str, n: usize, first: usize) -> Vec<String> {
+    bw_e2e::register_senders(&h.js, &[(phone, waba)]).await;
+    let mut ops = Vec::new();
+    for i in 0..n {
+        let op = format!("{prefix}-{i:03}");
+        let r = bw_client::Request::template(
+            &op,
+            waba,
+            phone,
+            &format!("+5491177{:06}", first + i),
+            "order_confirmation",
+            "es_AR",
+        )
+        .param("1")
+        .category(Category::Transactional)
+        .build();
+        let reply = h.producer().send(&r).await.expect("ingest answers");
+        assert!(reply.accepted, "{}", reply.error);
+        ops.push(op);
+    }
+    ops
+}
+
+async fn waba_pause(h: &Harness, waba: &str) -> bw_breaker::ParentStatus {
+    let redis = bw_common::redis_conn::connect(&h.redis.url(), Duration::from_millis(500), Duration::from_secs(10))
+        .await
+        .expect("redis");
+    let breaker = Breaker::new(Some(redis), None, BreakerConfig::default());
+    breaker.parent_status(&Parent::Waba(waba.into())).await.expect("pause read")
+}
+
+fn event(value: serde_json::Value) -> bw_meta_sim::Event {
+    serde_json::from_value(value).expect("a valid simulator event")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_restriction_pauses_only_its_waba_until_the_expiration() {
+    let mut h = Harness::start(sim()).await;
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+    h.start_coordinator(&[]).await;
+    h.start_replay(&[]).await;
+
+    h.sim
+        .fire_event(event(serde_json::json!({
+            "name": "restricted", "kind": "account_update", "event": "ACCOUNT_RESTRICTION",
+            "restriction_type": "RESTRICTED_BIZ_INITIATED_MESSAGING", "expires_in_ms": RESTRICTED_MS,
+            "waba_id": WABA_ID,
+        })))
+        .expect("fired");
+    let paused = bw_testkit::wait_until(WAIT, || async {
+        let p = waba_pause(&h, WABA_ID).await;
+        p.source == "webhook" && p.paused_until_unix_ms > bw_common::time::now_ms()
+    })
+    .await;
+    let pause = waba_pause(&h, WABA_ID).await;
+    assert!(paused, "the webhook paused the WABA: {pause:?}");
+    assert_eq!(pause.reason, "Meta account_update RESTRICTED_BIZ_INITIATED_MESSAGING");
+    let until = pause.paused_until_unix_ms;
+
+    let held = submit(&h, WABA_ID, A1, "held", 10, 0).await;
+    let other = submit(&h, OTHER_WABA, B1, "other", 20, 100).await;
+    assert!(
+        bw_common::time::now_ms() < until,
+        "the restricted WABA's messages were submitted before the expiration (else this test proves nothing)"
+    );
+    assert!(h.wait_all(&other, &SENT, WAIT).await, "the other WABA keeps sending");
+    assert!(!waba_pause(&h, OTHER_WABA).await.active(0), "the other WABA is not paused");
+
+    // After the expiration every held message goes out once, and none before it.
+    assert!(h.wait_all(&held, &SENT, WAIT + Duration::from_millis(RESTRICTED_MS)).await, "sent after the expiration");
+    let oracle = h.sim.oracle();
+    for op in &held {
+        let e = oracle.get(op).expect("accepted");
+        assert_eq!(e.count, 1, "{op} sent once");
+        // The pause's end is Redis's clock, the oracle's the simulator's: the same host clock here.
+        assert!(e.first_accepted_ms as i64 >= until - 1_000, "{op} accepted at {} before {until}", e.first_accepted_ms);
+    }
+    assert_eq!(h.sim.counters().account_state("368"), 0, "nothing reached Meta while it was restricted");
+    // They waited in their lane (a pause shorter than the dispatcher's `long_pause_ms`) or in the DLQ, from
+    // which replay sends them once the pause is over: never more than one replay, no bounce.
+    for op in &held {
+        assert!(h.ledger_entry(op).await.expect("ledger").entry.replays <= 1, "{op}: at most one replay");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_field_is_answered_200_published_and_kept_raw() {
+    let mut h = Harness::start(sim()).await;
+    h.start_ingest(&[]).await;
+    h.sim
+        .fire_event(event(serde_json::json!({
+            "kind": "raw", "field": "business_username_update", "waba_id": WABA_ID,
+            "value": {"status": "approved", "username": "@shop"},
+        })))
+        .expect("fired");
+    let delivered = bw_testkit::wait_until(WAIT, || async {
+        h.sim.counters().webhooks.fields_delivered.get("business_username_update") == Some(&1)
+    })
+    .await;
+    assert!(delivered, "ingest answered 200: {:?}", h.sim.counters().webhooks);
+    let stream = h.js.get_stream(names::ACCOUNT_STREAM).await.expect("BW_ACCOUNT");
+    let subject = names::account_subject("business_username_update", WABA_ID);
+    let published =
+        bw_testkit::wait_until(WAIT, || async { stream.get_last_raw_message_by_subject(&subject).await.is_ok() }).await;
+    assert!(published, "published on {subject}");
+    let msg = stream.get_last_raw_message_by_subject(&subject).await.expect("signal");
+    let signal = AccountSignal::decode(msg.payload.as_ref()).expect("AccountSignal");
+    assert!(matches!(&signal.kind, Some(Kind::Unknown(u)) if u.value_keys == ["status", "username"]), "{signal:?}");
+    let rejected = h.js.get_stream(names::REJECTED_STREAM).await.expect("BW_REJECTED");
+    let kept = rejected
+        .get_last_raw_message_by_subject(&names::rejected_subject(bw_ingest::signals::REJECTED_SOURCE))
+        .await
+        .expect("kept raw");
+    let kept = RejectedRequest::decode(kept.payload.as_ref()).expect("RejectedRequest");
+    assert!(String::from_utf8_lossy(&kept.raw).contains("approved"));
+}
