@@ -354,7 +354,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     sim.set_scenario(scenario.clone());
     let mut marks = scenario_marks(&scenario);
     // When a restriction of one WABA ends, the drill lifts that WABA's pause as an operator does: a 368 holds
-    // its WABA until lifted, and nothing on Meta's side (no webhook Breakwater reads yet) lifts it by itself.
+    // its WABA until lifted, and the scenario sends no `account_update` webhook that would end it.
     let mut lift_plan = scoped::restrictions(&scenario);
     lift_plan.sort_by(|a, b| b.end_s.total_cmp(&a.end_s));
     let mut lifts: Vec<(f64, String)> = Vec::new();
