@@ -21,6 +21,7 @@ pub mod html;
 pub mod journey;
 pub mod producer;
 pub mod report;
+pub mod scoped;
 pub mod stack;
 pub mod stuck;
 pub mod validation;
@@ -29,7 +30,7 @@ use async_nats::jetstream;
 use bw_common::proto::{Alert, BreakerState, BreakerTransition, DispatchOutcome};
 use futures::StreamExt;
 use prost::Message as _;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -110,10 +111,21 @@ const ACCESS_TOKEN: &str = "drill-access-token";
 /// The drill's Redis requires it (`requirepass`), so every service connects as a deployment with Redis AUTH
 /// does; the log scan looks for it like the other secrets.
 const REDIS_PASSWORD: &str = "drill-redis-password";
+/// The operator token of the drill's coordinator (its sha256 is configured): the drill lifts a WABA's pause when
+/// the scenario's restriction ends, as an operator does with `POST /admin/pauses/waba/{id}/lift`.
+const OPERATOR_TOKEN: &str = "drill-operator-token";
+/// Retry-after of sends held by a pause until lifted, in the drill (compiled: 600 s). A held send goes to the
+/// DLQ with this as its not-before, and replay honours it even after the pause is lifted; 61 s keeps the DLQ
+/// path of the compiled default (over `dispatch.long_pause_ms`, 60 s) and the drill under a few minutes.
+const HELD_RETRY_MS: u64 = 61_000;
 /// Meta's documented default throughput per number, msg/s (the compiled sender rate is set against it).
 const META_DEFAULT_MPS: f64 = 80.0;
 /// The breakers' ramp after a close in the drill (compiled: 60 s), short to keep the drill under a few minutes.
 const RAMP_MS: u64 = 5_000;
+/// Signal-based alerts (credentials, quota, poison, status errors) resolve after this long without a new signal
+/// (compiled: 30 min). A WABA restriction's `credentials_invalid` alert has no "clear" event, so at the compiled
+/// value the drill could not settle; 20 s keeps "every alert resolved" a condition of the drill's end.
+const SIGNAL_QUIET_RESOLVE_MS: u64 = 20_000;
 
 /// Breaker events and dispatch outcomes as the drill observed them.
 #[derive(Default)]
@@ -145,6 +157,12 @@ pub(crate) struct Observed {
     pub senders: BTreeMap<String, SenderCounts>,
     /// Alerts by dedup key, as last published on `bw.alert.v1.*`.
     pub alerts: BTreeMap<String, Alert>,
+    /// Per sender, when each of its messages was sent (seconds since start): the per-sender timeline.
+    pub sent_at: BTreeMap<String, Vec<f64>>,
+    /// Per sender, sends refused because its WABA was paused (`waba_paused`).
+    pub waba_paused: BTreeMap<String, u64>,
+    /// Operations a WABA restriction held: refused as `waba_paused`, or answered with a restriction code.
+    pub held_ops: BTreeSet<String>,
 }
 
 /// One sender's outcome counts.
@@ -185,6 +203,12 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     {
         opts.outage_start_s = w.start_ms / 1000;
         opts.outage_length_s = w.duration_ms.map_or(0, |d| d / 1000);
+    } else if opts.scenario.is_some()
+        && let Some(r) = scoped::restrictions(&scenario).first()
+    {
+        // A WABA restriction is the scenario's outage: its hold starts and ends with the restriction.
+        opts.outage_start_s = r.start_s as u64;
+        opts.outage_length_s = (r.end_s - r.start_s) as u64;
     }
     let wall_start = bw_common::time::now_ms();
     let _ = std::fs::remove_dir_all(&opts.dir);
@@ -199,6 +223,9 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     let ingest_http = format!("127.0.0.1:{}", stack::free_port());
     let webhook_url = format!("http://{ingest_http}/webhooks/meta");
     let senders = producer::sender_ids(opts.senders);
+    // One WABA, unless the scenario aims at others: then the senders are spread over them round-robin.
+    let wabas = scoped::sender_wabas(&senders, &scoped::wabas(&scenario, WABA_ID));
+    let sender_waba: BTreeMap<String, String> = senders.iter().cloned().zip(wabas.iter().cloned()).collect();
     let mut sim_cfg = bw_meta_sim::SimConfig {
         access_tokens: vec![ACCESS_TOKEN.into()],
         app_secret: APP_SECRET.into(),
@@ -207,13 +234,17 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         ..Default::default()
     };
     sim_cfg.limits.throughput_mps = opts.meta_mps;
+    for (phone, waba) in sender_waba.iter().filter(|(_, w)| *w != WABA_ID) {
+        let number = bw_meta_sim::PhoneNumberConfig { waba_id: Some(waba.clone()), ..Default::default() };
+        sim_cfg.phone_numbers.insert(phone.clone(), number);
+    }
     sim_cfg.webhook.url = Some(webhook_url);
     let sim = bw_meta_sim::MetaSim::start(sim_cfg).await?;
     say(&opts, &format!("Meta simulator {}", sim.base_url()));
 
     // Every service runs at its compiled default tenancy (the sender registry): the drill's senders are the
     // tenant `default`'s, so operation keys stay the bare ids, and the producer answers on that tenant's inbox.
-    register_senders(&nats_server.url(), &senders).await?;
+    register_senders(&nats_server.url(), &sender_waba).await?;
     let mut services = stack::Services::new(stack::bin_dir(), dir.join("logs"));
     // Info level unless told otherwise: the validation matrix scans these logs for personal data and secrets.
     if std::env::var_os("BW_DRILL_LOG").is_none() {
@@ -243,9 +274,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         ("nats.url", nats_url.clone()),
         ("redis.url", redis_url.clone()),
         ("redis.password", REDIS_PASSWORD.into()),
+        ("operator.token_sha256", operator_token_sha256()),
     ];
     coordinator.extend(limits.iter().cloned());
-    services.spawn("breaker-coordinator", &coordinator)?;
+    let coordinator_idx = services.spawn("breaker-coordinator", &coordinator)?;
     for _ in 0..opts.ingests.max(1) {
         let listen = if services.procs.iter().any(|p| p.service == "ingest") {
             format!("127.0.0.1:{}", stack::free_port())
@@ -280,6 +312,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
                 ("breaker.defaults.burst", "5".into()),
                 ("breaker.defaults.cooldown_ms", "5000".into()),
                 ("breaker.defaults.ramp_ms", RAMP_MS.to_string()),
+                ("breaker.token_halt_retry_ms", HELD_RETRY_MS.to_string()),
             ],
         )?;
     }
@@ -297,7 +330,10 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             ],
         )?;
     }
-    services.spawn("alerting", &[("nats.url", nats_url.clone())])?;
+    services.spawn(
+        "alerting",
+        &[("nats.url", nats_url.clone()), ("alerting.signal_quiet_resolve_ms", SIGNAL_QUIET_RESOLVE_MS.to_string())],
+    )?;
     services.wait_ready(Duration::from_secs(60)).await?;
     say(&opts, &format!("{} service processes ready", services.procs.len()));
 
@@ -317,6 +353,11 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
     // The scenario's clock starts with the producer (the drill's time 0, give or take a millisecond).
     sim.set_scenario(scenario.clone());
     let mut marks = scenario_marks(&scenario);
+    // When a restriction of one WABA ends, the drill lifts that WABA's pause as an operator does: a 368 holds
+    // its WABA until lifted, and the scenario sends no `account_update` webhook that would end it.
+    let mut lift_plan = scoped::restrictions(&scenario);
+    lift_plan.sort_by(|a, b| b.end_s.total_cmp(&a.end_s));
+    let mut lifts: Vec<(f64, String)> = Vec::new();
     let producer_s = opts.messages as f64 / opts.rate.max(1.0);
     let mut chaos_plan: Vec<chaos::ChaosEvent> = opts
         .chaos_seed
@@ -335,7 +376,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         client,
         producer::Load {
             run_id: run_id.clone(),
-            waba_id: WABA_ID.into(),
+            wabas: wabas.clone(),
             senders: senders.clone(),
             total: opts.messages,
             rate: opts.rate,
@@ -387,6 +428,24 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
                 chaos_log.push((t, label));
             } else {
                 i += 1;
+            }
+        }
+        if lift_plan.last().is_some_and(|r| r.end_s <= t)
+            && let Some(r) = lift_plan.pop()
+        {
+            let admin = services.procs[coordinator_idx].admin.clone();
+            match lift_waba(&admin, &r.waba_id).await {
+                Ok(()) => {
+                    let label = format!("operator lifts WABA {} pause", r.waba_id);
+                    say(&opts, &format!("[{t:5.1}s] {label}"));
+                    marks.push(report::Mark { t, label, kind: report::MarkKind::Recovery });
+                    lifts.push((t, r.waba_id.clone()));
+                }
+                Err(e) => {
+                    // Tried again next second (the settle timeout bounds it).
+                    say(&opts, &format!("[{t:5.1}s] lifting WABA {} pause failed: {e}", r.waba_id));
+                    lift_plan.push(r);
+                }
             }
         }
         t = started.elapsed().as_secs_f64();
@@ -447,6 +506,7 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
             && alerts_firing == 0
             && chaos_plan.is_empty()
             && restarts.is_empty()
+            && lift_plan.is_empty()
             && depths.send == 0
             && depths.dlq == 0
             && depths.unknown == 0
@@ -530,6 +590,8 @@ pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
         chaos: chaos_log,
         log_scan,
         header,
+        sender_waba: &sender_waba,
+        lifts: &lifts,
         owners: &owners,
         zone: opts.zone.clone(),
     });
@@ -636,6 +698,13 @@ async fn heal_alerts(kv: &async_nats::jetstream::kv::Store, observed: &Arc<Mutex
 /// Outage and recovery marks of every fault window of the scenario (seconds since its clock started).
 pub fn scenario_marks(scenario: &bw_meta_sim::Scenario) -> Vec<report::Mark> {
     let mut marks = Vec::new();
+    for r in scoped::restrictions(scenario) {
+        marks.push(report::Mark {
+            t: r.start_s,
+            label: format!("WABA {} restricted ({} on every send)", r.waba_id, r.code),
+            kind: report::MarkKind::Outage,
+        });
+    }
     for w in scenario.windows.iter().filter(|w| w.error_rate > 0.0 || w.latency.is_some()) {
         let name = if w.name.is_empty() { "fault window".to_string() } else { w.name.clone() };
         marks.push(report::Mark {
@@ -730,6 +799,35 @@ fn rfc3339(unix_ms: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+fn operator_token_sha256() -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(OPERATOR_TOKEN.as_bytes()))
+}
+
+/// Lifts every pause of `waba_id` through the coordinator's admin API (`admin`: its host:port), as an operator
+/// does: `POST /admin/pauses/waba/{id}/lift` with the operator token.
+async fn lift_waba(admin: &str, waba_id: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = r#"{"reason":"drill: Meta lifted the restriction"}"#;
+    let request = format!(
+        "POST /admin/pauses/waba/{waba_id}/lift HTTP/1.1\r\nHost: {admin}\r\nAuthorization: Bearer {OPERATOR_TOKEN}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(admin).await?;
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        anyhow::Ok(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(10), exchange).await??;
+    let text = String::from_utf8_lossy(&response);
+    let status_line = text.lines().next().unwrap_or("no answer");
+    anyhow::ensure!(status_line.split_whitespace().nth(1) == Some("200"), "coordinator answered `{status_line}`");
+    Ok(())
+}
+
 /// Scans every service log for a full recipient number of the drill (`549115` followed by digits), the
 /// access token, the app secret and the Redis password.
 fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
@@ -739,8 +837,10 @@ fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
         let Ok(text) = std::fs::read_to_string(entry.path()) else { continue };
         scan.files += 1;
         scan.bytes += text.len() as u64;
-        scan.findings +=
-            [ACCESS_TOKEN, APP_SECRET, REDIS_PASSWORD].iter().map(|s| text.matches(s).count()).sum::<usize>();
+        scan.findings += [ACCESS_TOKEN, APP_SECRET, REDIS_PASSWORD, OPERATOR_TOKEN]
+            .iter()
+            .map(|s| text.matches(s).count())
+            .sum::<usize>();
         scan.findings += text
             .match_indices("549115")
             .filter(|(i, _)| text[i + 6..].chars().take(7).filter(char::is_ascii_digit).count() == 7)
@@ -749,14 +849,14 @@ fn scan_logs(dir: &std::path::Path) -> Option<report::LogScan> {
     Some(scan)
 }
 
-/// Registers the drill's senders (of [`WABA_ID`]) to the tenant `default`, as `bwctl senders add` does.
-async fn register_senders(nats_url: &str, senders: &[String]) -> anyhow::Result<()> {
+/// Registers the drill's senders (each of its WABA) to the tenant `default`, as `bwctl senders add` does.
+async fn register_senders(nats_url: &str, senders: &BTreeMap<String, String>) -> anyhow::Result<()> {
     let nats = async_nats::connect(nats_url).await?;
     let registry = bw_common::registry::Registry::open(&jetstream::new(nats), 1).await?;
-    for phone in senders {
+    for (phone, waba) in senders {
         let record = bw_common::proto::SenderRecord {
             phone_number_id: phone.clone(),
-            waba_id: WABA_ID.into(),
+            waba_id: waba.clone(),
             tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
             updated_at_unix_ms: bw_common::time::now_ms(),
             ..Default::default()
@@ -801,6 +901,16 @@ async fn spawn_watchers(
                 let mut o = observed.lock().await;
                 *o.by_result.entry(d.result.clone()).or_default() += 1;
                 let called = d.decision == "allow" || d.decision == "canary";
+                if d.result == "sent" {
+                    o.sent_at.entry(d.phone_number_id.clone()).or_default().push(t);
+                }
+                if d.decision == "waba_paused" {
+                    *o.waba_paused.entry(d.phone_number_id.clone()).or_default() += 1;
+                    o.held_ops.insert(d.operation_id.clone());
+                }
+                if called && scoped::RESTRICTION_CODES.contains(&d.meta_code) {
+                    o.held_ops.insert(d.operation_id.clone());
+                }
                 let sender = o.senders.entry(d.phone_number_id.clone()).or_default();
                 match d.result.as_str() {
                     "sent" => sender.sent += 1,

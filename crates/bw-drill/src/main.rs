@@ -1,5 +1,6 @@
 //! `bw-drill`: runs the flash-sale drill on the local stack and prints the report. Exit status 0 only when
-//! nothing was lost, no unflagged duplicate reached Meta and no rate-limit answer was self-inflicted.
+//! nothing was lost, no unflagged duplicate reached Meta, no rate-limit answer was self-inflicted, and the
+//! scenario's own validation rows passed (a WABA restriction's, sub-threshold noise's: docs/drill.md).
 
 use clap::Parser;
 use std::path::PathBuf;
@@ -31,6 +32,7 @@ struct Args {
     replays: usize,
     /// Simulator scenario: a TOML file (as in crates/bw-meta-sim/scenarios/) or a built-in name. Replaces the
     /// built-in flash-sale outage (and --outage-start/--outage-length); its clock starts with the producer.
+    /// A scenario that aims at a second WABA spreads the senders over both (waba-restricted-mid-sale.toml).
     #[arg(long, value_name = "FILE")]
     scenario: Option<String>,
     /// Chaos: kill -9 a dispatcher and a replay worker (each restarted), restart nats-server and

@@ -58,10 +58,12 @@ pub fn recipient_index(i: usize) -> usize {
 }
 
 /// Builds message `i` of the run (deterministic, so a run can be reproduced).
-pub fn build(run_id: &str, i: usize, waba_id: &str, senders: &[String]) -> bw_common::proto::SendRequest {
+/// `wabas[k]` is the WABA of `senders[k]`.
+pub fn build(run_id: &str, i: usize, wabas: &[String], senders: &[String]) -> bw_common::proto::SendRequest {
     // The customer decides the sender too: a confirmation and its shipping update come from the same number.
     let customer = recipient_index(i);
     let sender = &senders[customer % senders.len()];
+    let waba_id = wabas[customer % senders.len()].as_str();
     // Mostly distinct recipients, so the pair limit (Meta: about 1 per 6 s) is not the bottleneck of the drill.
     let recipient = format!("+549115{:07}", customer % 10_000_000);
     let category = category_for(i);
@@ -90,6 +92,7 @@ mod tests {
     #[test]
     fn shipping_updates_follow_their_confirmation_to_the_same_customer_and_sender() {
         let senders = sender_ids(4);
+        let wabas = vec!["w".to_string(); senders.len()];
         let mut repeats = 0;
         for i in 0..2_000 {
             let customer = recipient_index(i);
@@ -99,7 +102,7 @@ mod tests {
             repeats += 1;
             assert!(matches!(i % 20, 6..=9) && matches!(customer % 20, 2..=5), "{i} -> {customer}");
             assert!(i - customer >= SHIPPING_UPDATE_GAP);
-            let (update, confirmation) = (build("r", i, "w", &senders), build("r", customer, "w", &senders));
+            let (update, confirmation) = (build("r", i, &wabas, &senders), build("r", customer, &wabas, &senders));
             assert_eq!(update.recipient, confirmation.recipient);
             assert_eq!(update.phone_number_id, confirmation.phone_number_id);
             assert_eq!(
@@ -109,7 +112,7 @@ mod tests {
         }
         // A fifth of the load once the first gap has passed.
         assert_eq!(repeats, (2_000 - SHIPPING_UPDATE_GAP) / 5);
-        let otp = build("r", 0, "w", &senders);
+        let otp = build("r", 0, &wabas, &senders);
         assert!(otp.deadline_unix_ms > bw_common::time::now_ms() + OTP_DEADLINE_MS - 60_000);
     }
 }
@@ -118,7 +121,8 @@ mod tests {
 #[derive(Debug, Clone)]
 pub struct Load {
     pub run_id: String,
-    pub waba_id: String,
+    /// The WABA of each sender, in the order of `senders`.
+    pub wabas: Vec<String>,
     pub senders: Vec<String>,
     /// Messages in all.
     pub total: usize,
@@ -130,7 +134,7 @@ pub struct Load {
 
 /// Submits `load.total` messages at `load.rate` per second with up to `load.concurrency` outstanding requests.
 pub async fn produce(client: Client, load: Load, progress: Arc<ProducerProgress>) -> Produced {
-    let Load { run_id, waba_id, senders, total, rate, concurrency } = load;
+    let Load { run_id, wabas, senders, total, rate, concurrency } = load;
     let out = Arc::new(Mutex::new(Produced::default()));
     let permits = Arc::new(tokio::sync::Semaphore::new(concurrency.max(1)));
     let started = Instant::now();
@@ -139,7 +143,7 @@ pub async fn produce(client: Client, load: Load, progress: Arc<ProducerProgress>
         let due = started + Duration::from_secs_f64(i as f64 / rate.max(1.0));
         tokio::time::sleep_until(due.into()).await;
         let Ok(permit) = permits.clone().acquire_owned().await else { break };
-        let request = build(&run_id, i, &waba_id, &senders);
+        let request = build(&run_id, i, &wabas, &senders);
         let client = client.clone();
         let out = out.clone();
         let progress = progress.clone();

@@ -38,6 +38,9 @@ pub(crate) struct Inputs<'a> {
     pub chaos: Vec<(f64, String)>,
     pub log_scan: Option<LogScan>,
     pub header: Header,
+    /// Each sender's WABA, and the WABA pauses the drill lifted as an operator: (seconds since start, WABA).
+    pub sender_waba: &'a BTreeMap<String, String>,
+    pub lifts: &'a [(f64, String)],
     pub owners: &'a BTreeMap<String, String>,
     pub zone: String,
 }
@@ -199,16 +202,25 @@ pub struct DrillReport {
     pub validation: Vec<validation::Row>,
     /// IANA zone alert times are also shown in.
     pub zone: String,
+    /// The "one WABA restricted mid-sale" figures, when the scenario restricts a WABA.
+    pub waba: Option<crate::scoped::WabaCheck>,
+    /// The scenario's sub-threshold noise, when it is one, and the share of calls the breaker counted as
+    /// failures over the run.
+    pub noise: Option<crate::scoped::Noise>,
+    pub failure_share: Option<f64>,
 }
 
 impl DrillReport {
     /// True when nothing was lost, every duplicate at Meta was a flagged unknown outcome, and no rate-limit
     /// answer was caused by our own sending.
+    ///
+    /// A scenario's own rows (the WABA restriction's, sub-threshold noise's) must have passed too.
     pub fn passed(&self) -> bool {
         self.lost == 0
             && self.in_two_places == 0
             && self.duplicates_unflagged() == 0
             && self.errors.rate_limit_self_inflicted() == 0
+            && self.validation.iter().filter(|r| r.required).all(|r| r.status == validation::Status::Passed)
     }
 
     /// Duplicates at Meta that never went through BW_UNKNOWN: a blind resend.
@@ -312,7 +324,9 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     let journey = crate::journey::compute(&crate::journey::JourneyInputs {
         entries: i.entries,
         oracle: i.oracle,
-        recovery_unix_ms: (i.opts.outage_length_s > 0).then(|| at_ms(outage_end)),
+        // A fault window still open when the run ended (a shortened noise run) had no recovery to measure from.
+        recovery_unix_ms: (i.opts.outage_length_s > 0 && i.samples.last().is_some_and(|s| s.t >= outage_end))
+            .then(|| at_ms(outage_end)),
         closed_unix_ms: &closed_unix_ms,
         sender_rate: i.sender_rate,
         ramp_ms: i.ramp_ms,
@@ -333,6 +347,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         })
         .collect();
     alerts.sort_by_key(|a| (a.started_at_unix_ms, a.dedup_key.clone()));
+    let waba = waba_check(&i, started_ms);
     let mut r = DrillReport {
         requested: i.opts.messages,
         accepted: i.produced.accepted.len(),
@@ -394,6 +409,9 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         header: i.header,
         validation: Vec::new(),
         zone: i.zone,
+        waba,
+        noise: crate::scoped::noise(i.scenario, bw_breaker::ScopeLimits::default().failure_threshold),
+        failure_share: crate::scoped::failure_share(&i.observed.calls),
     };
     r.header.observed = format!(
         "{} accepted of {} requested; {} lost; {} unflagged duplicates ({} flagged); {} self-inflicted rate-limit answers ({} injected)",
@@ -410,6 +428,49 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
     }
     r.validation = validation::rows(&r, i.owners);
     r
+}
+
+/// The first WABA restriction of the scenario, measured (see [`crate::scoped`]).
+fn waba_check(i: &Inputs<'_>, started_ms: i64) -> Option<crate::scoped::WabaCheck> {
+    use crate::scoped::{self, HeldFate};
+    let restriction = scoped::restrictions(i.scenario).into_iter().next()?;
+    let lifted_s = i.lifts.iter().find(|(_, w)| *w == restriction.waba_id).map(|(t, _)| *t);
+    let lifted_unix_ms = lifted_s.map_or(i64::MAX, |t| started_ms + (t * 1000.0) as i64);
+    // Per operation, acceptances in all and the first one (an operation may have several oracle entries).
+    let mut accepted: BTreeMap<&str, (u32, i64)> = BTreeMap::new();
+    for m in &i.oracle.messages {
+        let Some(op) = m.operation_id.as_deref() else { continue };
+        let e = accepted.entry(op).or_insert((0, i64::MAX));
+        *e = (e.0 + m.count, e.1.min(m.first_accepted_ms as i64));
+    }
+    let expired: HashSet<&str> =
+        i.entries.iter().filter(|e| e.state() == OperationState::Expired).map(|e| e.operation_id.as_str()).collect();
+    let fate = |op: &str| -> HeldFate {
+        if lifted_s.is_none() {
+            return HeldFate::Unsent;
+        }
+        scoped::held_fate(accepted.get(op).copied(), expired.contains(op), lifted_unix_ms)
+    };
+    let trips = i
+        .observed
+        .transitions
+        .iter()
+        .filter(|t| t.1 == BreakerState::Closed && t.2 == BreakerState::Open)
+        .map(|t| (t.0, t.3.clone()))
+        .collect();
+    Some(scoped::waba_check(
+        &restriction,
+        &scoped::WabaInputs {
+            sender_waba: i.sender_waba,
+            sent_at: &i.observed.sent_at,
+            trips,
+            paused_refusals: &i.observed.waba_paused,
+            answers: &i.observed.answers,
+            held: &i.observed.held_ops,
+            fate: &fate,
+            lifted_s,
+        },
+    ))
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -533,6 +594,10 @@ pub fn text(r: &DrillReport) -> String {
         failed.len(),
         if failed.is_empty() { String::new() } else { format!(" ({})", failed.join(", ")) }
     ));
+    // The scenario's own rows, which PASS requires, in full.
+    for v in r.validation.iter().filter(|v| v.required) {
+        s.push_str(&format!("  {} [{}]: {}: {}\n", v.key, v.status.label(), v.control, v.evidence));
+    }
     s.push_str(&format!(
         "time to trip after the outage began {}; trip after the window's error rate crossed the threshold p50 {} max {}; fail-fast while OPEN (decision) p50 {} p99 {}, with the durable DLQ move p50 {} p99 {}; time to close after recovery {}\n",
         opt(r.time_to_trip_s, "s"),
@@ -632,8 +697,9 @@ pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) 
         "log_scan": r.log_scan.as_ref().map(|l| json!({"files": l.files, "bytes": l.bytes, "findings": l.findings})),
         "validation": r.validation.iter().map(|v| json!({
             "row": v.key, "control": v.control, "criterion": v.criterion, "evidence": v.evidence,
-            "status": v.status.label(), "owner": v.owner,
+            "status": v.status.label(), "owner": v.owner, "required": v.required,
         })).collect::<Vec<_>>(),
+        "scenario_checks": scenario_json(r),
         "timeline": {
             "samples": samples.iter().map(|s| json!({
                 "t": s.t, "sent_per_s": s.sent_per_s, "error_rate": s.error_rate, "errors_per_s": s.errors_per_s,
@@ -643,6 +709,30 @@ pub(crate) fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) 
             "transitions": observed.transitions.iter().map(|t| json!({"t": t.0, "from": format!("{:?}", t.1), "to": format!("{:?}", t.2), "scope": t.3})).collect::<Vec<_>>(),
         },
     })
+}
+
+/// The figures of the scenario's own checks (a WABA restriction, sub-threshold noise), null when not this one.
+fn scenario_json(r: &DrillReport) -> serde_json::Value {
+    let waba = r.waba.as_ref().map(|w| {
+        json!({
+            "waba_id": w.waba_id, "code": w.code, "start_s": w.start_s, "end_s": w.end_s, "lifted_s": w.lifted_s,
+            "restricted": w.restricted, "restriction_answers": w.restriction_answers,
+            "paused_refusals": w.paused_refusals, "restricted_trips": w.restricted_trips,
+            "others_paused_refusals": w.others_paused_refusals, "others_trips": w.others_trips,
+            "others": w.others.iter().map(|k| json!({
+                "sender": k.sender, "waba_id": k.waba_id, "before_per_s": k.before_per_s,
+                "during_per_s": k.during_per_s, "kept": k.ratio(),
+            })).collect::<Vec<_>>(),
+            "min_kept": w.min_kept(), "held": w.held, "held_fates": w.fates,
+        })
+    });
+    let noise = r.noise.as_ref().map(|n| {
+        json!({
+            "max_error_rate": n.max_error_rate, "threshold": n.threshold, "noisy_s": n.noisy_s,
+            "trips": r.breaker_trips, "failure_share": r.failure_share,
+        })
+    });
+    json!({ "waba_restriction": waba, "noise": noise })
 }
 
 /// Writes `report.json`, `timeline.svg`, `report.html` and `validation.md` to `dir`.

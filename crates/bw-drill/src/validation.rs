@@ -14,9 +14,25 @@ use std::collections::BTreeMap;
 pub const DEFAULT_OWNERS: &str = include_str!("../validation-owners.toml");
 
 /// The row keys, in display order.
-pub const ROWS: [&str; 14] = [
-    "quotas", "windows", "bursts", "headers", "limiters", "queues", "retries", "order", "recovery", "dedup", "cache",
-    "webhooks", "alerts", "logs",
+pub const ROWS: [&str; 18] = [
+    "quotas",
+    "windows",
+    "bursts",
+    "headers",
+    "limiters",
+    "queues",
+    "retries",
+    "order",
+    "recovery",
+    "dedup",
+    "cache",
+    "webhooks",
+    "alerts",
+    "logs",
+    "waba_scope",
+    "waba_rate",
+    "waba_held",
+    "noise",
 ];
 
 /// A row's verdict.
@@ -47,6 +63,8 @@ pub struct Row {
     pub evidence: String,
     pub status: Status,
     pub owner: String,
+    /// The row belongs to this run's scenario (a WABA restriction, sub-threshold noise): PASS needs it passed.
+    pub required: bool,
 }
 
 #[derive(Deserialize)]
@@ -88,7 +106,7 @@ pub fn rows(r: &DrillReport, owners: &BTreeMap<String, String>) -> Vec<Row> {
     let mut out = Vec::new();
     let mut push = |key: &'static str, control: String, criterion: &str, evidence: String, status: Status| {
         let owner = owners.get(key).cloned().unwrap_or_else(|| "unassigned".into());
-        out.push(Row { key, control, criterion: criterion.into(), evidence, status, owner });
+        out.push(Row { key, control, criterion: criterion.into(), evidence, status, owner, required: false });
     };
     push(
         "quotas",
@@ -251,7 +269,128 @@ pub fn rows(r: &DrillReport, owners: &BTreeMap<String, String>) -> Vec<Row> {
         // Empty logs prove nothing: measured only when there was text to scan.
         verdict(r.log_scan.as_ref().is_some_and(|s| s.bytes > 0), r.log_scan.as_ref().is_some_and(|s| s.findings == 0)),
     );
+    scenario_rows(r, &mut push);
+    // The scenario's own rows are required for PASS; the others were marked pending above when not this scenario.
+    for row in &mut out {
+        row.required = match row.key {
+            "waba_scope" | "waba_rate" | "waba_held" => r.waba.is_some(),
+            "noise" => r.noise.is_some(),
+            _ => false,
+        };
+    }
     out
+}
+
+/// The rows of one kind of scenario ([`crate::scoped`]): pending in any other scenario.
+fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &str, String, Status)) {
+    let not_this = |what: &str| format!("not this scenario: it {what}");
+    match &r.waba {
+        Some(w) => {
+            let lifted = w.lifted_s.map(|t| format!("{t:.1} s")).unwrap_or_else(|| "never".into());
+            push(
+                "waba_scope",
+                format!(
+                    "WABA {} restricted ({} on every send) {:.0}-{:.0} s: its numbers paused in the WABA scope",
+                    w.waba_id, w.code, w.start_s, w.end_s
+                ),
+                "the restricted WABA's numbers refused as waba_paused, 0 of their health breakers tripped; \
+                 the other WABA's numbers neither paused nor tripped",
+                format!(
+                    "{} numbers restricted: {} restriction answers, {} waba_paused refusals, {} trips; \
+                     other numbers: {} waba_paused refusals, {} trips (observed outcomes and breaker transitions)",
+                    w.restricted.len(),
+                    w.restriction_answers,
+                    w.paused_refusals,
+                    w.restricted_trips,
+                    w.others_paused_refusals,
+                    w.others_trips
+                ),
+                verdict(w.restriction_answers > 0, w.paused_in_scope()),
+            );
+            push(
+                "waba_rate",
+                "the other WABA's numbers keep their rate during the restriction".into(),
+                "every number of the other WABA sends at >= 90% of its rate before the restriction",
+                format!(
+                    "{} (sent/s during vs the same span before; per-sender timeline of sent outcomes)",
+                    if w.others.is_empty() {
+                        "no other WABA's number".to_string()
+                    } else {
+                        w.others
+                            .iter()
+                            .map(|k| {
+                                format!(
+                                    "{}: {:.1} of {:.1} msg/s ({})",
+                                    k.sender,
+                                    k.during_per_s,
+                                    k.before_per_s,
+                                    k.ratio().map(|x| format!("{:.0}%", x * 100.0)).unwrap_or_else(|| "n/a".into())
+                                )
+                            })
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    }
+                ),
+                verdict(!w.others.is_empty(), w.others_kept_rate()),
+            );
+            use crate::scoped::HeldFate as F;
+            push(
+                "waba_held",
+                format!("messages held by the restriction go out once the operator lifts the pause (at {lifted})"),
+                "every held message accepted by Meta exactly once after the lift (or expired at its deadline)",
+                format!(
+                    "{} held: {} sent once after the lift, {} expired at their deadline, \
+                     {} sent before the lift, {} sent twice, {} unsent (simulator oracle, ledger)",
+                    w.held,
+                    w.fate(F::SentOnceAfterLift),
+                    w.fate(F::Expired),
+                    w.fate(F::SentBeforeLift),
+                    w.fate(F::SentTwice),
+                    w.fate(F::Unsent)
+                ),
+                verdict(w.held > 0, w.held_sent_once()),
+            );
+        }
+        None => {
+            for key in ["waba_scope", "waba_rate", "waba_held"] {
+                push(
+                    key,
+                    "one WABA restricted mid-sale".into(),
+                    "see docs/drill.md",
+                    not_this("restricts no WABA"),
+                    Status::Pending,
+                );
+            }
+        }
+    }
+    match &r.noise {
+        Some(n) => push(
+            "noise",
+            format!(
+                "sub-threshold noise: {:.0}% errors at most (threshold {:.0}%) for {:.0} s",
+                n.max_error_rate * 100.0,
+                n.threshold * 100.0,
+                n.noisy_s
+            ),
+            "no breaker tripped, with the noise seen (the breaker counted at least half its rate as failures)",
+            format!(
+                "{} trips over {} calls; the breaker counted {} of the calls as failures \
+                 (observed outcomes and breaker transitions)",
+                r.breaker_trips,
+                r.meta_requests,
+                r.failure_share.map(|f| format!("{:.2}%", f * 100.0)).unwrap_or_else(|| "n/a".into())
+            ),
+            // Measured only when the noise reached the breaker: a quiet run trips nothing and proves nothing.
+            verdict(r.meta_requests > 0 && n.observed(r.failure_share), r.breaker_trips == 0),
+        ),
+        None => push(
+            "noise",
+            "sub-threshold noise trips no breaker".into(),
+            "no breaker tripped",
+            not_this("is not sub-threshold noise"),
+            Status::Pending,
+        ),
+    }
 }
 
 fn md_cell(s: &str) -> String {
@@ -322,5 +461,72 @@ mod tests {
         assert_eq!(status("headers"), Some(Status::Pending));
         let md = markdown(&r, &rows);
         assert!(md.contains("| queues |") && md.contains("| failed |") && md.contains("Result: FAIL"), "{md}");
+    }
+
+    #[test]
+    fn scenario_rows_are_required_for_pass_only_in_their_scenario() {
+        use crate::scoped::{KeptRate, Noise, WabaCheck};
+        let owners = parse_owners(DEFAULT_OWNERS).expect("owners");
+        let judged = |mut r: DrillReport| {
+            r.validation = rows(&r, &owners);
+            r
+        };
+        let status =
+            |r: &DrillReport, k: &str| r.validation.iter().find(|v| v.key == k).map(|v| (v.status, v.required));
+        let base = DrillReport { accepted: 10, meta_requests: 1_000, ..Default::default() };
+        // The default outage: the scenario rows are pending and PASS does not wait for them.
+        let r = judged(base.clone());
+        assert_eq!(status(&r, "noise"), Some((Status::Pending, false)));
+        assert_eq!(status(&r, "waba_rate"), Some((Status::Pending, false)));
+        assert!(r.passed());
+
+        // Sub-threshold noise: one trip fails the row and the run.
+        let noise = Some(Noise { max_error_rate: 0.02, threshold: 0.05, noisy_s: 600.0 });
+        let r =
+            judged(DrillReport { noise: noise.clone(), breaker_trips: 1, failure_share: Some(0.02), ..base.clone() });
+        assert_eq!(status(&r, "noise"), Some((Status::Failed, true)));
+        assert!(!r.passed());
+        let r =
+            judged(DrillReport { noise: noise.clone(), breaker_trips: 0, failure_share: Some(0.019), ..base.clone() });
+        assert_eq!(status(&r, "noise"), Some((Status::Passed, true)));
+        assert!(r.passed());
+        // No noise reached the breaker: nothing measured, and the run does not pass on it.
+        let r = judged(DrillReport { noise, breaker_trips: 0, failure_share: Some(0.0), ..base.clone() });
+        assert_eq!(status(&r, "noise"), Some((Status::Pending, true)));
+        assert!(!r.passed());
+
+        // One WABA restricted: paused in scope, the other kept 95 % of its rate, both held messages sent once.
+        let kept = |during: f64| KeptRate {
+            sender: "a".into(),
+            waba_id: "A".into(),
+            before_per_s: 74.0,
+            during_per_s: during,
+        };
+        let waba = WabaCheck {
+            waba_id: "B".into(),
+            code: 368,
+            restricted: vec!["b".into()],
+            others: vec![kept(70.3)],
+            restriction_answers: 4,
+            paused_refusals: 900,
+            lifted_s: Some(45.0),
+            held: 2,
+            fates: [("sent_once_after_lift", 2)].into(),
+            ..Default::default()
+        };
+        let r = judged(DrillReport { waba: Some(waba.clone()), ..base.clone() });
+        for key in ["waba_scope", "waba_rate", "waba_held"] {
+            assert_eq!(status(&r, key), Some((Status::Passed, true)), "{key}: {:?}", r.validation);
+        }
+        assert!(r.passed());
+        // The other WABA's number slowed to 81 %: the rate row fails, and so does the run.
+        let r =
+            judged(DrillReport { waba: Some(WabaCheck { others: vec![kept(60.0)], ..waba.clone() }), ..base.clone() });
+        assert_eq!(status(&r, "waba_rate"), Some((Status::Failed, true)));
+        assert!(!r.passed());
+        // The restricted number's health breaker tripped: not a pause in its scope.
+        let r = judged(DrillReport { waba: Some(WabaCheck { restricted_trips: 1, ..waba }), ..base });
+        assert_eq!(status(&r, "waba_scope"), Some((Status::Failed, true)));
+        assert!(!r.passed());
     }
 }
