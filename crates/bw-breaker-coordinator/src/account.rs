@@ -384,7 +384,8 @@ impl Coordinator {
             }
             Action::ReleaseTemplate { key, reason } => {
                 let holds = TemplateHolds::new(self.inner.redis.clone());
-                let lift = async { holds.release(&key).await.map(|was| was.is_some()).map_err(|e| e.to_string()) };
+                let lift =
+                    async { holds.release_everywhere(&key).await.map(|was| was.is_some()).map_err(|e| e.to_string()) };
                 let mut quiet = |_: usize, _: usize| {};
                 let released = bw_ops::quarantine::release_scope(
                     &self.inner.js,
