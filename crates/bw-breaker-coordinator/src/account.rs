@@ -416,14 +416,14 @@ impl Coordinator {
                 for tenant in self.tenants_of(&signal.waba_id).await? {
                     marketing.suppress(&tenant, &recipient_key_hash, USER_STOP_CODE).await?;
                 }
-                tracing::info!(waba_id = %signal.waba_id, "marketing to a user suppressed by its user_preferences stop");
+                tracing::info!(waba_id = %signal.waba_id, "user_preferences stop: marketing to the user suppressed");
             }
             Action::ResumeMarketing { recipient_key_hash } => {
                 let marketing = RecipientMarketing::new(self.inner.redis.clone());
                 for tenant in self.tenants_of(&signal.waba_id).await? {
                     marketing.resume(&tenant, &recipient_key_hash, USER_STOP_CODE).await?;
                 }
-                tracing::info!(waba_id = %signal.waba_id, "marketing to a user resumed by its user_preferences resume");
+                tracing::info!(waba_id = %signal.waba_id, "user_preferences resume: marketing to the user resumed");
             }
             Action::Alert { kind, detail } => {
                 let alert = Signal {
