@@ -30,7 +30,7 @@ elseif mode == 'reset' then
   window_clear(S, c)
   for _, k in ipairs({ F.streak, F.rate_limit_streak, F.ramp_start, F.paused_until, F.pause_kind,
     F.half_open_successes, F.slow_tat, F.usage, F.usage_at, F.no_usage_at, F.adaptive_cut_at, F.fast_count,
-    F.fast_calls, F.fast_since, F.next_slot, F.adaptive_last_cut }) do
+    F.fast_evidence, F.fast_since, F.next_slot, F.adaptive_last_cut }) do
     set(S, k, 0)
   end
   set(S, F.incident, '')

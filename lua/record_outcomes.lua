@@ -1,7 +1,7 @@
 -- record_outcomes.lua: records a batch of send outcomes of one sender scope and runs the breaker.
 --
 -- What counts (OUT in scope_prelude.lua):
---   success       a call in the window (and in an open fast-trip window); resets the rate-limit streak and the
+--   success       a call in the window and in the fast trip's evidence; resets the rate-limit streak and the
 --                 pair's 131056 back-off; the adaptive share creeps back up by aimd_increase (never above 1)
 --   transient     5xx, 131000, timeouts: a failed call in the window and in the fast-trip window
 --   throughput    130429: never in the failure window (Meta §6: rate limits feed their limiter, not the health
@@ -22,16 +22,18 @@
 --                 in parent_pause.lua covers every number on the token)
 --   permanent     neither a call nor a failure; resets the rate-limit streak
 --   neutral       nothing (app / WABA rate limits: recorded on their own keys by parent_pause.lua)
--- CLOSED trips to OPEN when failures * 1000 >= calls * threshold_permille with at least min_calls calls in the
--- window, after consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: a window
--- of fast_trip_window_ms opened by a transient failure that holds fast_trip_failures failures of distinct
--- recipients and a failure share at or above the threshold (failures * 1000 >= calls * threshold_permille over
--- its calls). The fast trip needs no min_calls, so it trips even while rate-limit pauses keep the sliding
--- window thin; one message failing on every retry is one failure, so retries alone never fast-trip. Default
--- 3 failures in 2 s, an estimate for the drill's outage (14 % 503 and 14 % 130429 at 72/s, 120 ms latency, not
--- measured here): about 36 sends are answered in the 2 s after the first error (the first 130429 pauses the
--- number for 1 s), so about 5 503s are expected and P(at least 3) is about 0.9 per number. HALF_OPEN closes after close_after_successes canary
--- successes and re-opens on a failure. FORCED_* states never change here.
+-- CLOSED trips to OPEN when the window holds at least min_calls calls and evidence that the number fails more
+-- often than the threshold (failures * 1000 >= calls * threshold_permille, and the Wilson lower bound at
+-- z = failure_z reaches it: failures - calls p >= z sqrt(calls p (1 - p)); checked once per batch), after
+-- consecutive_rate_limits 130429 episodes with no success between, or on a fast trip: the evidence that the
+-- number fails at fast_trip_outage_rate rather than at the threshold (a CUSUM of per-call log-likelihood
+-- ratios, summed per batch, so the order within a batch does not matter) reaches fast_trip_evidence, and
+-- fast_trip_failures distinct recipients failed within fast_trip_window_ms. The fast trip needs no min_calls,
+-- so it trips even while rate-limit pauses keep the sliding window thin; one message failing on every retry is
+-- one recipient, so retries alone never fast-trip. At the defaults (z 4.5; q 0.2, evidence 15), simulated at 75
+-- calls/s: a steady 2 % or 4 % trips none of 4,000 ten-minute runs, a 20 % outage trips a number after a median
+-- 1.3 s (p90 2.2 s; docs/performance.md, "Breaker trips on evidence"). HALF_OPEN closes after
+-- close_after_successes canary successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
 -- KEYS[2]    state hash of the scope
@@ -76,27 +78,51 @@ local function trip_on_failures(reason)
   go(S, c, now, OPEN, reason, T, rand, tag)
 end
 
-local function trip_rate(st)
-  if st ~= CLOSED then return end
+-- The sliding window trips on evidence, not on the bare rate (bw_breaker::evidence::window_trips mirrors it):
+-- at least min_calls calls, the rate at or above the threshold (exact per-mille compare), and the Wilson lower
+-- bound of the rate, z = failure_z, at or above it too: fails - calls p >= z sqrt(calls p (1 - p)). A 10 s
+-- window of 750 calls at a steady 4 % touches 5 % about once a minute, so the bare rate tripped healthy numbers.
+-- Checked once per batch, after every outcome is in the window, so order within a batch does not matter.
+local function window_trips(calls, fails)
+  if calls <= 0 or calls < num(c.min_calls, 50) or fails * 1000 < calls * c.threshold_permille then return false end
+  -- z 0 is the bare rate, decided by the exact compare above (7 - 100 * 0.07 is below 0 in floats).
+  local p, z = num(c.failure_threshold, 0.05), num(c.failure_z, 4.5)
+  return z <= 0 or fails - calls * p >= z * math.sqrt(calls * p * (1 - p))
+end
+
+local function trip_rate()
+  if num(S[F.state], CLOSED) ~= CLOSED then return end
   local calls, fails = window_sum(S, c, now)
-  if calls > 0 and calls >= num(c.min_calls, 50) and fails * 1000 >= calls * c.threshold_permille then
-    trip_on_failures(string.format('failure rate %.3f over %d calls', fails / calls, calls))
+  if window_trips(calls, fails) then
+    trip_on_failures(string.format('failure rate %.3f over %d calls (Wilson bound at z %g reaches %g)', fails / calls,
+      calls, num(c.failure_z, 4.5), num(c.failure_threshold, 0.05)))
   end
 end
 
--- One failed call: into the window, then trip when HALF_OPEN, or when CLOSED and the rate crosses the threshold.
+-- One failed call: into the window, then trip when HALF_OPEN (the window is checked at the end of the batch).
 local function failure(st)
   window_add(S, c, now, 1, 1)
   if st == HALF_OPEN then
     trip_on_failures('failure while half open')
-  else
-    trip_rate(st)
   end
 end
 
--- Fast-trip window: opens at a transient failure, lasts fast_trip_window_ms, counts its calls and the distinct
--- recipients that failed in it (a retried message failing again is one failure, not several). Checked once at
--- the end of the batch, so the order of outcomes within a batch does not matter.
+-- Fast trip (bw_breaker::evidence mirrors fast_llr and the update in fast_check): a CUSUM of log-likelihood
+-- ratios. Each call weighs ln(q/p) when it failed and ln((1-q)/(1-p)) when it succeeded, p = failure_threshold
+-- (the rate the breaker tolerates) and q = fast_trip_outage_rate (the outage to catch quickly); the evidence
+-- is max(0, evidence + batch sum) and trips at fast_trip_evidence. Failures that are plausible at the
+-- threshold rate never build evidence: at a steady 4 % it drifts down and stays near 0. A bare count did not
+-- (3 failures in 50 calls happen at 2 % about once in twelve windows). The batch is summed before the clamp,
+-- so the order of outcomes within a batch does not matter.
+local function fast_llr(calls, fails)
+  local p, q = num(c.failure_threshold, 0.05), num(c.fast_trip_outage_rate, 0.2)
+  if p <= 0 or q <= p or q >= 1 then return nil end
+  return fails * math.log(q / p) + (calls - fails) * math.log((1 - q) / (1 - p))
+end
+
+-- Distinct-recipient guard: a window of fast_trip_window_ms opened by a transient failure counts the distinct
+-- recipients that failed in it, and the fast trip needs fast_trip_failures of them (a retried message failing
+-- again is one failure, so retries alone never fast-trip).
 local function fast_open()
   local fs = num(S[F.fast_since])
   return fs > 0 and now - fs <= num(c.fast_trip_window_ms, 2000)
@@ -106,10 +132,8 @@ local function fast_failure(key)
   if not fast_open() then
     set(S, F.fast_since, now)
     set(S, F.fast_count, 0)
-    set(S, F.fast_calls, 0)
     set(S, F.fast_keys, '|')
   end
-  set(S, F.fast_calls, num(S[F.fast_calls]) + 1)
   local keys = S[F.fast_keys] or '|'
   if string.find(keys, '|' .. key .. '|', 1, true) == nil then
     set(S, F.fast_count, num(S[F.fast_count]) + 1)
@@ -117,17 +141,18 @@ local function fast_failure(key)
   end
 end
 
-local function fast_success()
-  if fast_open() then set(S, F.fast_calls, num(S[F.fast_calls]) + 1) end
-end
-
-local function fast_check()
+-- Once per batch, with the batch's calls (successes and transient failures) and transient failures.
+local function fast_check(calls, fails)
   local need = num(c.fast_trip_failures, 0)
-  if need <= 0 or num(S[F.state], CLOSED) ~= CLOSED or not fast_open() then return end
-  local ft, fc = num(S[F.fast_count]), num(S[F.fast_calls])
-  if ft >= need and ft * 1000 >= fc * c.threshold_permille then
-    local reason = string.format('fast trip: %d transient failures (distinct recipients) in %d calls within %d ms',
-      ft, fc, num(c.fast_trip_window_ms, 2000))
+  if need <= 0 or num(S[F.state], CLOSED) ~= CLOSED or calls <= 0 then return end
+  local llr = fast_llr(calls, fails)
+  if llr == nil then return end
+  local ev = math.max(0, num(S[F.fast_evidence]) + llr)
+  set(S, F.fast_evidence, string.format('%.17g', ev))
+  if ev >= num(c.fast_trip_evidence, 15) and fast_open() and num(S[F.fast_count]) >= need then
+    local reason = string.format('fast trip: evidence %.1f >= %g (%d of %d calls failed in this batch, '
+      .. '%d recipients within %d ms)', ev, num(c.fast_trip_evidence, 15), fails, calls, num(S[F.fast_count]),
+      num(c.fast_trip_window_ms, 2000))
     trip_on_failures(reason)
   end
 end
@@ -141,6 +166,7 @@ local function pair_update(key, fields, extra)
   if keep > num(redis.call('PTTL', key)) then redis.call('PEXPIRE', key, math.max(1, keep)) end
 end
 
+local batch_calls, batch_fails = 0, 0
 for i = 1, n do
   local kind = ARGV[4 + 3 * (i - 1)]
   local pause_ms = num(ARGV[5 + 3 * (i - 1)])
@@ -149,7 +175,7 @@ for i = 1, n do
   local st = num(S[F.state], CLOSED)
   if kind == OUT.success then
     set(S, F.rate_limit_streak, 0)
-    fast_success()
+    batch_calls = batch_calls + 1
     window_add(S, c, now, 1, 0)
     local ar = tonumber(S[F.adaptive])
     if ar ~= nil and ar < 1 then set(S, F.adaptive, fmt(math.min(1, ar + num(c.aimd_increase, 0.002)))) end
@@ -165,6 +191,7 @@ for i = 1, n do
   elseif kind == OUT.transient then
     set(S, F.rate_limit_streak, 0)
     failure(st)
+    batch_calls, batch_fails = batch_calls + 1, batch_fails + 1
     fast_failure(key)
   elseif kind == OUT.pair then
     local x = num(redis.call('HGET', key, P.backoffs)) + 1
@@ -226,7 +253,8 @@ for i = 1, n do
   end
 end
 
-fast_check()
+if batch_fails > 0 then trip_rate() end
+fast_check(batch_calls, batch_fails)
 for j = 1, m do
   redis.call('ZREM', KEYS[2 + n + j], ARGV[3 + 3 * n + j])
 end

@@ -42,7 +42,9 @@ local F = {
   half_open_successes = 'hs', canary_second = 'cs', canary_count = 'cc', ramp_start = 'rc', ramp_ms = 'rm',
   rate_limit_streak = 'rl', paused_until = 'pu', pause_reason = 'pr', pause_kind = 'pk', tokens = 'tk',
   tokens_at = 'tt', slow_tat = 'lo', usage = 'us', usage_at = 'ua', no_usage_at = 'nv', adaptive = 'ar',
-  adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs', fast_calls = 'fc',
+  adaptive_cut_at = 'ad', next_slot = 'ns', fast_count = 'ft', fast_since = 'fs',
+  -- the fast trip's evidence (a CUSUM of log-likelihood ratios, record_outcomes.lua; bw_breaker::evidence)
+  fast_evidence = 'fe',
   -- the share before a rate-limit episode's first cut, and when a 130429 last really cut it (record_outcomes.lua)
   adaptive_before_cut = 'ab', adaptive_last_cut = 'ak',
   fast_keys = 'fk', throttle_probe = 'tq', late_tokens = 'lk', late_at = 'la', older_priority_waiting = 'hw',
@@ -276,7 +278,7 @@ local function go(S, c, now, to, reason, T, rand, tag)
     set(S, F.streak, 0)
     set(S, F.rate_limit_streak, 0)
     set(S, F.fast_count, 0)
-    set(S, F.fast_calls, 0)
+    set(S, F.fast_evidence, 0)
     set(S, F.fast_keys, '')
     window_clear(S, c)
     if reason ~= 'operator reset' and num(c.ramp_ms) > 0 and from ~= FORCED_CLOSED then

@@ -529,7 +529,8 @@ impl Default for FastBreaker {
 }
 
 impl FastBreaker {
-    /// The overrides under `prefix`: a trip at 50 % failures once `min_calls` were made, 0.5–1 s cooldowns
+    /// The overrides under `prefix`: a trip at 50 % failures once `min_calls` were made (the bare rate,
+    /// `failure_z` 0, so a handful of calls trips), 0.5–1 s cooldowns
     /// without jitter or ramp, and a pair burst that never gets in the way.
     pub fn settings(&self, prefix: &str) -> Vec<(String, String)> {
         let numbers = [
@@ -541,6 +542,7 @@ impl FastBreaker {
         ];
         let fixed = [
             ("failure_threshold", "0.5"),
+            ("failure_z", "0.0"),
             ("cooldown_ms", "500"),
             ("cooldown_max_ms", "1000"),
             ("cooldown_jitter", "0"),

@@ -1,5 +1,6 @@
 //! End-to-end tests: real nats-server, redis-server, the Meta simulator, and the real services.
 
+mod async_failures;
 mod crash;
 mod defaults;
 mod dispatch;

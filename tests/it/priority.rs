@@ -272,7 +272,7 @@ async fn an_otp_whose_deadline_passes_while_its_sender_is_open_ends_expired_with
     ));
     let mut transitions = h.client.subscribe(names::breaker_subject(PHONE)).await.expect("subscribe");
     // A breaker that trips quickly and then stays OPEN for its compiled default cooldown.
-    let trip = [("failure_threshold", "0.5"), ("min_calls", "5"), ("pair_burst", "1000")];
+    let trip = [("failure_threshold", "0.5"), ("failure_z", "0.0"), ("min_calls", "5"), ("pair_burst", "1000")];
     let coordinator: Vec<(String, String)> =
         trip.iter().map(|(k, v)| (format!("limits.default.{k}"), v.to_string())).collect();
     let dispatcher: Vec<(String, String)> =

@@ -23,6 +23,7 @@
 //! What must not live here: NATS consumption, Meta calls, or config authority (the coordinator owns that).
 
 mod config;
+pub mod evidence;
 mod local;
 mod metrics;
 pub mod order;

@@ -186,7 +186,7 @@ pub const STATE_FIELDS: &[(&str, &str)] = &[
     ("next_slot", "ns"),
     ("fast_count", "ft"),
     ("fast_since", "fs"),
-    ("fast_calls", "fc"),
+    ("fast_evidence", "fe"),
     ("fast_keys", "fk"),
     ("throttle_probe", "tq"),
     ("late_tokens", "lk"),

@@ -16,13 +16,38 @@ use std::time::Duration;
 
 /// Arguments of `bwctl op`.
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct OpArgs {
+    #[command(subcommand)]
+    pub action: Option<OpAction>,
     /// The operation key (`<tenant>/<id>`, or the bare id of the tenant `default`), or with --tenant the
     /// producer's operation id.
-    pub operation_id: String,
+    #[arg(required = true)]
+    pub operation_id: Option<String>,
     /// The tenant whose operation id this is.
     #[arg(long)]
     pub tenant: Option<String>,
+}
+
+/// What to do with one operation.
+#[derive(Debug, clap::Subcommand)]
+pub enum OpAction {
+    /// Send a FAILED operation (or a flagged-unknown one that expired) again as a new attempt, with the reason in
+    /// its journey. Refuses (exit 1, nothing changed) when the operation is unknown, delivered or read, or still
+    /// in flight. Needs the operator's NATS user (as `dlq purge` does); digits runs in the reason are masked.
+    Resend {
+        /// The operation key, or with --tenant the producer's operation id.
+        operation_id: String,
+        /// The tenant whose operation id this is.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Why it is sent again (kept in the journey, at most 200 characters; no personal data).
+        #[arg(long)]
+        reason: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
 }
 
 const FEED_STREAM: &str = "BW_FEED";
@@ -142,34 +167,43 @@ pub fn render(entry: &LedgerEntry, events: &[OutcomeEvent], out: &mut (dyn Write
     write!(out, "{}", crate::fmt::table(&["at (UTC)", "event", "attempts", "code", "reason"], &rows))
 }
 
-/// Runs `bwctl op`; exit code 0, or 1 when the operation is unknown.
+/// The operation key named by `operation_id` and `tenant`, or the line saying why it is not one.
+fn key_of(operation_id: &str, tenant: Option<&str>) -> Result<String, &'static str> {
+    use bw_common::tenancy;
+    match tenant {
+        Some(t) if !tenancy::valid_tenant(t) => {
+            Err("not a tenant: 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit")
+        }
+        Some(_) if !bw_common::ledger::valid_operation_id(operation_id) => {
+            Err("not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")
+        }
+        Some(t) => Ok(tenancy::operation_key(t, operation_id)),
+        None if !tenancy::valid_operation_key(operation_id) => {
+            Err("not an operation key: an operation id (1..=128 characters of [A-Za-z0-9_=.-]), or <tenant>/<id> \
+             (or pass --tenant)")
+        }
+        None => Ok(operation_id.to_string()),
+    }
+}
+
+/// Runs `bwctl op`; exit code 0, or 1 when the operation is unknown (or a resend is refused), or
+/// [`crate::EXIT_ABORTED`] when the operator did not confirm a resend.
 pub async fn run(
     js: &jetstream::Context,
     buckets: &Buckets,
     args: &OpArgs,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
-    use bw_common::tenancy;
+    if let Some(OpAction::Resend { operation_id, tenant, reason, yes }) = &args.action {
+        return resend(js, buckets, operation_id, tenant.as_deref(), reason, *yes, out).await;
+    }
     let ledger = bw_common::ledger::Ledger::new(buckets);
-    let key = match &args.tenant {
-        Some(t) if !tenancy::valid_tenant(t) => {
-            writeln!(out, "not a tenant: 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit")?;
+    let key = match key_of(args.operation_id.as_deref().unwrap_or_default(), args.tenant.as_deref()) {
+        Ok(key) => key,
+        Err(why) => {
+            writeln!(out, "{why}")?;
             return Ok(1);
         }
-        Some(_) if !bw_common::ledger::valid_operation_id(&args.operation_id) => {
-            writeln!(out, "not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")?;
-            return Ok(1);
-        }
-        Some(t) => tenancy::operation_key(t, &args.operation_id),
-        None if !tenancy::valid_operation_key(&args.operation_id) => {
-            writeln!(
-                out,
-                "not an operation key: an operation id (1..=128 characters of [A-Za-z0-9_=.-]), or <tenant>/<id> \
-                 (or pass --tenant)"
-            )?;
-            return Ok(1);
-        }
-        None => args.operation_id.clone(),
     };
     let Some(current) = ledger.get(&key).await? else {
         writeln!(out, "no ledger entry for `{key}` (never accepted, or expired)")?;
@@ -178,6 +212,58 @@ pub async fn run(
     let events = journey(js, &current.entry.phone_number_id, &key).await?;
     render(&current.entry, &events, out)?;
     Ok(0)
+}
+
+/// `bwctl op resend`: asks for confirmation, then re-queues the operation (`bw_ops::resend`).
+async fn resend(
+    js: &jetstream::Context,
+    buckets: &Buckets,
+    operation_id: &str,
+    tenant: Option<&str>,
+    reason: &str,
+    yes: bool,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    use bw_ops::resend::{Resent, check};
+    let key = match key_of(operation_id, tenant) {
+        Ok(key) => key,
+        Err(why) => {
+            writeln!(out, "{why}")?;
+            return Ok(1);
+        }
+    };
+    let ledger = bw_common::ledger::Ledger::new(buckets);
+    // Refusals are told before the question: only a resend that may go asks for confirmation.
+    match ledger.get(&key).await? {
+        None => {
+            writeln!(out, "refused: {}", bw_ops::resend::Refusal::Unknown)?;
+            return Ok(1);
+        }
+        Some(v) => {
+            if let Err(refusal) = check(&v.entry) {
+                writeln!(out, "refused: {refusal}")?;
+                return Ok(1);
+            }
+            let flagged =
+                if v.entry.flagged_unknown { " (its outcome was unknown once: a duplicate is possible)" } else { "" };
+            let what = format!("send operation `{key}` ({}) again as a new attempt{flagged}", v.entry.state().label());
+            if !crate::confirm(yes, &what, out)? {
+                writeln!(out, "aborted")?;
+                return Ok(crate::EXIT_ABORTED);
+            }
+        }
+    }
+    let reason = mask_digits(reason);
+    match bw_ops::resend::resend(js, &ledger, buckets.send, &key, &reason).await? {
+        Resent::Queued { resend } => {
+            writeln!(out, "queued `{key}` as a new attempt (resend {resend}); follow it with bwctl op {key}")?;
+            Ok(0)
+        }
+        Resent::Refused(refusal) => {
+            writeln!(out, "refused: {refusal}")?;
+            Ok(1)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -293,5 +379,75 @@ mod tests {
             assert_eq!(code, 1, "{bad:?}: {text}");
             assert!(text.starts_with("not a"), "{bad:?}: {text}");
         }
+    }
+
+    #[tokio::test]
+    async fn bwctl_op_resend_requeues_a_failed_operation_and_refuses_the_rest() {
+        use bw_common::ledger::{Ledger, WamidLink};
+        use bw_common::proto::SendRequest;
+        use clap::Parser as _;
+        let server = bw_testkit::NatsServer::start();
+        let cfg = bw_common::config::NatsConfig::single(server.url(), "");
+        let deps = bw_common::service::Deps::connect("test", &cfg, None, Duration::from_secs(10)).await.expect("deps");
+        let ledger = Ledger::new(&deps.buckets);
+        let request = SendRequest {
+            operation_id: "crm/op-f".into(),
+            waba_id: "1001".into(),
+            phone_number_id: "2002".into(),
+            recipient: "+5491155550099".into(),
+            ..Default::default()
+        };
+        let put = |id: &str, state: OperationState, wamid: &str| {
+            let mut e = LedgerEntry {
+                operation_id: id.into(),
+                waba_id: "1001".into(),
+                phone_number_id: "2002".into(),
+                wamid: wamid.into(),
+                attempts: 1,
+                ..Default::default()
+            };
+            e.set_state(state);
+            e
+        };
+        ledger.create(&put("crm/op-f", OperationState::Failed, "wamid.F")).await.expect("ledger");
+        let link = WamidLink { operation_id: "crm/op-f".into(), attempt: 1, request: request.encode_to_vec() };
+        ledger.link_attempt("wamid.F", &link).await.expect("link");
+        ledger.create(&put("crm/op-d", OperationState::Delivered, "wamid.D")).await.expect("ledger");
+        ledger.create(&put("crm/op-q", OperationState::Queued, "")).await.expect("ledger");
+        let url = server.url();
+        let run = |extra: &[&str]| {
+            let mut v = vec!["bwctl".to_string(), "--nats-url".into(), url.clone(), "op".into(), "resend".into()];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            async move {
+                let mut out = Vec::new();
+                let code = crate::run(crate::Cli::parse_from(v), &mut out).await.expect("runs");
+                (code, String::from_utf8(out).expect("utf8"))
+            }
+        };
+        let sent_requests = || async {
+            let mut stream = deps.js.get_stream(bw_common::names::SEND_STREAM).await.expect("BW_SEND");
+            stream.info().await.expect("info").state.messages
+        };
+        // Refusals change nothing and exit 1.
+        for (id, says) in [("crm/op-d", "delivered"), ("crm/op-q", "queued"), ("crm/op-404", "no such operation")] {
+            let (code, text) = run(&[id, "--reason", "customer asked", "--yes"]).await;
+            assert_eq!(code, 1, "{id}: {text}");
+            assert!(text.starts_with("refused:") && text.contains(says), "{id}: {text}");
+        }
+        assert_eq!(ledger.get("crm/op-d").await.expect("get").expect("entry").entry.state(), OperationState::Delivered);
+        assert_eq!(sent_requests().await, 0, "a refusal queues nothing");
+        // The failed one goes back to QUEUED with the (masked) reason, and its request to BW_SEND, once.
+        let (code, text) = run(&["op-f", "--tenant", "crm", "--reason", "number +5491155550099 fixed", "--yes"]).await;
+        assert_eq!(code, 0, "{text}");
+        let entry = ledger.get("crm/op-f").await.expect("get").expect("entry").entry;
+        assert_eq!((entry.state(), entry.resends), (OperationState::Queued, 1));
+        assert!(entry.reason.contains("operator resend 1 after failed") && entry.reason.contains("fixed"), "{entry:?}");
+        assert!(!entry.reason.contains("5491155550099"), "masked: {}", entry.reason);
+        assert_eq!(sent_requests().await, 1);
+        // Now in flight: a second resend is refused.
+        let (code, text) = run(&["crm/op-f", "--reason", "again", "--yes"]).await;
+        assert_eq!(code, 1, "{text}");
+        assert!(text.contains("queued"), "{text}");
+        assert_eq!(sent_requests().await, 1);
     }
 }

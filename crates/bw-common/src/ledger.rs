@@ -164,7 +164,31 @@ impl Ledger {
         &self,
         operation_id: &str,
         known: Option<Versioned>,
+        f: F,
+    ) -> Result<Option<Versioned>, LedgerError>
+    where
+        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    {
+        self.write(operation_id, known, f, transition_allowed).await
+    }
+
+    /// Queues an operation Meta accepted again as a new attempt: the one write that may move SENT or FAILED back
+    /// to QUEUED. Only two callers: ingest, when a `failed` status of the operation's current attempt carries a
+    /// code that is not final (Meta did not deliver it: `bw-ingest/src/asyncfail.rs`), and an operator's
+    /// `bwctl op resend`. `f` decides under compare-and-set; delivered and read stay terminal whatever it says.
+    pub async fn reopen<F>(&self, operation_id: &str, f: F) -> Result<Option<Versioned>, LedgerError>
+    where
+        F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    {
+        self.write(operation_id, None, f, reopen_allowed).await
+    }
+
+    async fn write<F>(
+        &self,
+        operation_id: &str,
+        known: Option<Versioned>,
         mut f: F,
+        allowed: fn(OperationState, OperationState) -> bool,
     ) -> Result<Option<Versioned>, LedgerError>
     where
         F: FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
@@ -180,7 +204,7 @@ impl Ledger {
             };
             if let Some(cur) = &current {
                 let from = cur.entry.state();
-                if !transition_allowed(from, next.state()) {
+                if !allowed(from, next.state()) {
                     return Ok(current);
                 }
             }
@@ -234,6 +258,28 @@ impl Ledger {
             .map_err(|e| LedgerError::Unavailable(e.to_string()))
     }
 
+    /// Remembers which operation and which attempt a wamid belongs to, with the request that attempt sent: a
+    /// `failed` status of that wamid is matched to its own attempt, and a new attempt (an asynchronous failure
+    /// that Meta did not deliver, an operator's resend) sends the same request again. The dispatcher writes it
+    /// after each accepted send (`dispatch.wamid_link`); BW_SEND no longer holds the request then.
+    pub async fn link_attempt(&self, wamid: &str, link: &WamidLink) -> Result<(), LedgerError> {
+        let key = wamid_key(wamid);
+        self.wamid_store(&key)
+            .put(key.as_str(), link.encode().into())
+            .await
+            .map(|_| ())
+            .map_err(|e| LedgerError::Unavailable(e.to_string()))
+    }
+
+    /// The link of a wamid, if known ([`Ledger::link_attempt`]; a link written from a status alone holds the
+    /// operation only).
+    pub async fn wamid_link(&self, wamid: &str) -> Result<Option<WamidLink>, LedgerError> {
+        let key = wamid_key(wamid);
+        let value =
+            self.wamid_store(&key).get(key.as_str()).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
+        Ok(value.map(|v| WamidLink::decode(&v)))
+    }
+
     /// Remembers which operation a wamid belongs to unless that is already known: a KV create, which the
     /// server refuses without storing anything when the key exists. Status webhooks call this for every
     /// status, so the link costs one durable write per message, not one per status.
@@ -248,10 +294,7 @@ impl Ledger {
 
     /// The operation a wamid belongs to, if known.
     pub async fn operation_for_wamid(&self, wamid: &str) -> Result<Option<String>, LedgerError> {
-        let key = wamid_key(wamid);
-        let value =
-            self.wamid_store(&key).get(key.as_str()).await.map_err(|e| LedgerError::Unavailable(e.to_string()))?;
-        Ok(value.map(|v| String::from_utf8_lossy(&v).into_owned()))
+        Ok(self.wamid_link(wamid).await?.map(|l| l.operation_id))
     }
 
     /// Every operation id in the ledger (for accounting; reads every partition's whole bucket).
@@ -283,6 +326,46 @@ fn partition_of<'a>(partitions: &'a [kv::Store], key: &str) -> &'a kv::Store {
     &partitions[crate::names::ledger_partition(key, partitions.len())]
 }
 
+/// Where a wamid belongs: its operation, the attempt that sent it (0: unknown, a link written from a status),
+/// and that attempt's request (encoded `SendRequest`; empty when unknown).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WamidLink {
+    pub operation_id: String,
+    pub attempt: u32,
+    pub request: Vec<u8>,
+}
+
+impl WamidLink {
+    /// `<operation key>` alone (a link from a status, and every link written before attempts were kept), or
+    /// `<operation key>\n<attempt>\n<request bytes>`. An operation key never holds a newline.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = format!("{}\n{}\n", self.operation_id, self.attempt).into_bytes();
+        out.extend_from_slice(&self.request);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> WamidLink {
+        let mut parts = bytes.splitn(3, |b| *b == b'\n');
+        let operation_id = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+        let attempt = parts.next().and_then(|a| std::str::from_utf8(a).ok()?.parse().ok()).unwrap_or(0);
+        let request = parts.next().map(<[u8]>::to_vec).unwrap_or_default();
+        WamidLink { operation_id, attempt, request }
+    }
+
+    /// The request of the attempt, if the link holds one that decodes.
+    pub fn send_request(&self) -> Option<SendRequest> {
+        (!self.request.is_empty()).then(|| SendRequest::decode(self.request.as_slice()).ok()).flatten()
+    }
+}
+
+/// [`transition_allowed`], plus the new attempt of an operation Meta accepted and did not deliver (SENT or
+/// FAILED back to QUEUED), or an operator's resend of an unknown outcome expired by policy (EXPIRED back to
+/// QUEUED): [`Ledger::reopen`]. DELIVERED and READ never move back: the message reached a device.
+pub fn reopen_allowed(from: OperationState, to: OperationState) -> bool {
+    use OperationState::{Expired, Failed, Queued, Sent};
+    matches!((from, to), (Sent | Failed | Expired, Queued)) || transition_allowed(from, to)
+}
+
 /// The key of a wamid's link to its operation in the wamid bucket: wamids hold characters KV keys refuse ('+',
 /// '/', '='), so they are keyed by their hex sha256. Also what ingest logs in place of a wamid, which encodes
 /// the recipient's number.
@@ -304,6 +387,29 @@ mod tests {
         for bad in ["", ".a", "a.", "a..b", "a b", "a/b", "ü", &"x".repeat(129), "a*", "a>"] {
             assert!(!valid_operation_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_reopen_never_moves_a_delivered_message_back() {
+        for from in [Sent, Failed, Expired] {
+            assert!(reopen_allowed(from, Queued), "{from:?}");
+            assert!(!transition_allowed(from, Queued), "only a reopen moves {from:?} back");
+        }
+        for from in [Delivered, Read] {
+            assert!(!reopen_allowed(from, Queued), "{from:?} is terminal");
+        }
+    }
+
+    #[test]
+    fn a_wamid_link_holds_its_attempt_and_request_and_reads_old_links() {
+        let request = SendRequest { operation_id: "crm/op-1".into(), ..Default::default() };
+        let link = WamidLink { operation_id: "crm/op-1".into(), attempt: 2, request: request.encode_to_vec() };
+        let back = WamidLink::decode(&link.encode());
+        assert_eq!(back, link);
+        assert_eq!(back.send_request(), Some(request));
+        // A link written from a status (or before attempts were kept) is the bare operation key.
+        let old = WamidLink::decode(b"crm/op-1");
+        assert_eq!((old.operation_id.as_str(), old.attempt, old.send_request()), ("crm/op-1", 0, None));
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod api_versions;
+pub mod attempts;
 pub mod classify;
 pub mod config;
 pub mod disposition;

@@ -25,6 +25,7 @@
 //!
 //! Entry point: [`run`].
 
+mod attempt;
 mod gates;
 mod late;
 mod meta;

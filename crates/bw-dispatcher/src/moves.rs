@@ -194,7 +194,12 @@ impl Worker {
             move || async move { if this.try_sent(work, id).await { Ok(()) } else { Err(()) } },
         );
         let link = async {
-            if self.cfg.wamid_link { self.ledger.link_wamid(&wamid, &w.request.operation_id).await } else { Ok(()) }
+            // The link keeps this attempt's request: a retriable `failed` status re-queues it (attempt.rs).
+            if self.cfg.wamid_link {
+                self.ledger.link_attempt(&wamid, &crate::attempt::link_of(&w)).await
+            } else {
+                Ok(())
+            }
         };
         let (recorded, linked) = tokio::join!(record, link);
         if let Err(e) = linked {

@@ -816,6 +816,9 @@ impl Worker {
             self.expire(work, crate::priority::expiry_reason(None)).await;
             return None;
         }
+        // A new attempt after an asynchronous failure is first routed as that failure (attempt.rs); an ordinary
+        // send, that new attempt's included, then passes the gates.
+        let work = self.reenter(work).await?;
         self.gate(work).await
     }
 
@@ -849,7 +852,7 @@ impl Worker {
     }
 
     /// Carries out what [`route::after_answer`] decided for Meta's answer.
-    async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
+    pub(crate) async fn on_answer(&self, w: Work, answer: MetaAnswer, took: Duration) {
         let next = route::after_answer(&answer, &self.tries(&w), &self.policy());
         self.note_marketing_answer(&w, &answer).await;
         let err = match &answer {
@@ -948,7 +951,7 @@ impl Worker {
 /// those scopes, with Meta's code); holds pause exactly their scope (token, app, WABA or number) for the
 /// answer's hint or the default pause, or until lifted; a transient code with a pause of its own (maintenance)
 /// counts as a failure and pauses the number; permanent and unclassified errors never count.
-fn outcome_kinds(answer: &MetaAnswer) -> Vec<OutcomeKind> {
+pub(crate) fn outcome_kinds(answer: &MetaAnswer) -> Vec<OutcomeKind> {
     let MetaAnswer::Rejected { meaning, code, retry_after_ms, .. } = answer else {
         return vec![match answer {
             MetaAnswer::Accepted { .. } => OutcomeKind::Success,

@@ -324,6 +324,7 @@ mod tests {
             unacknowledged: 0,
             acknowledged: vec![true],
             message_type: "template".into(),
+            failed: 0,
         }
     }
 

@@ -453,7 +453,8 @@ fn trip_latencies(observed: &Observed, limits: &bw_breaker::ScopeLimits) -> Vec<
                 failed -= u64::from(calls[start].1);
                 start += 1;
             }
-            if n >= u64::from(limits.min_calls) && failed as f64 >= n as f64 * limits.failure_threshold {
+            // The script's own window rule (the rate and its Wilson bound at failure_z), not the bare rate.
+            if bw_breaker::evidence::window_trips(limits, n, failed) {
                 out.push((*at, phone.clone(), (at - t).max(0.0)));
                 break;
             }
@@ -667,8 +668,8 @@ mod tests {
         let limits = bw_breaker::ScopeLimits::default();
         assert_eq!((limits.window_ms, limits.window_buckets, limits.min_calls), (10_000, 10, 50));
         let mut o = Observed::default();
-        // Sender a: 60 successes, then failures 10 ms apart from 8.0 s. 5 % of 64 calls is 3.2, so the rule holds
-        // at the 4th failure (8.03 s); the trip is seen at 8.5 s.
+        // Sender a: 60 successes, then failures 10 ms apart from 8.0 s. The window's Wilson bound (z 4.5) reaches
+        // 5 % at the 12th failure (12 - 0.05 * 72 >= 4.5 sqrt(0.0475 * 72); 8.11 s); the trip is seen at 8.5 s.
         let mut a = calls(1.0, 60, 0.1, false);
         a.extend(calls(8.0, 20, 0.01, true));
         o.calls.insert("a".into(), a);
@@ -677,13 +678,13 @@ mod tests {
         // 50 calls, and the trip is seen before the outcome that crossed (latency 0).
         let mut b = calls(0.0, 50, 0.01, true);
         b.extend(calls(20.0, 50, 0.01, false));
-        b.extend(calls(20.6, 5, 0.01, true));
+        b.extend(calls(20.6, 20, 0.01, true));
         o.calls.insert("b".into(), b);
         o.transitions.push((5.0, BreakerState::HalfOpen, BreakerState::Closed, "b".into()));
         o.transitions.push((20.62, BreakerState::Closed, BreakerState::Open, "b".into()));
         let got = trip_latencies(&o, &limits);
         assert_eq!(got.len(), 2);
-        assert!((got[0].2 - 0.47).abs() < 1e-6, "{got:?}");
+        assert!((got[0].2 - 0.39).abs() < 1e-6, "{got:?}");
         assert_eq!(got[1].2, 0.0);
     }
 }

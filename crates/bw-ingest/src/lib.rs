@@ -14,6 +14,7 @@
 //!
 //! Entry point: [`run`] (or [`run_on`] with listeners bound by the caller).
 
+mod asyncfail;
 mod auth;
 mod bodies;
 pub mod callback;
@@ -711,6 +712,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             dedup: deps.buckets.webhook_dedup.clone(),
             metrics: metrics.clone(),
             bodies: bodies.clone(),
+            send: deps.buckets.send,
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(

@@ -4,7 +4,9 @@
 //! Per delivery: parse the envelope; for each status, find its operation (`biz_opaque_callback_data`, else the
 //! BW_WAMID map) and apply it to the ledger forward-only (a late "sent" never overwrites "read"; the first
 //! terminal fact stays: a late "failed" never overrides "delivered"/"read" and nothing revives a "failed", the
-//! other fact is recorded in the entry's reason, see [`conflicting_fact`]), raise signals for error codes;
+//! other fact is recorded in the entry's reason, see [`conflicting_fact`]; a "failed" is matched to its own
+//! attempt and only a permanent code sets FAILED, any other queues a new attempt: `asyncfail`), raise signals
+//! for error codes;
 //! forward inbound customer messages to BW_INBOUND. Work that hit an unavailable broker is retried by a delayed
 //! redelivery of the whole delivery. A repeated item (Meta delivers at least once; a retried delivery) does
 //! nothing again: a status whose facts the ledger already holds writes nothing, and the items whose effects are
@@ -41,7 +43,7 @@ const RETRY_LATER: Duration = Duration::from_secs(1);
 /// A step failed because the broker was unavailable; the delivery is redelivered later.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub(crate) struct Retry(String);
+pub(crate) struct Retry(pub(crate) String);
 
 impl From<LedgerError> for Retry {
     fn from(e: LedgerError) -> Self {
@@ -56,6 +58,8 @@ pub(crate) struct Processor {
     pub dedup: kv::Store,
     pub metrics: Metrics,
     pub bodies: Bodies,
+    /// Where a new attempt after an asynchronous failure goes (BW_SEND's partitions, as intake publishes).
+    pub send: names::SendPartitions,
 }
 
 fn target_state(status: DeliveryStatus) -> Option<OperationState> {
@@ -342,8 +346,19 @@ impl Processor {
             }
             return Ok(());
         };
+        // A failed status is matched to its own attempt and classified by the one table: only a permanent code
+        // of the current attempt reaches the FAILED transition below (asyncfail.rs).
+        if status == DeliveryStatus::Failed && self.failed_status(s, &op).await? == crate::asyncfail::Step::Done {
+            if s.error_code != 0 {
+                self.status_signals(s, &op).await;
+            }
+            if let Some(key) = &key {
+                self.mark(key).await;
+            }
+            return Ok(());
+        }
         let wamid = s.wamid.clone();
-        let (code, title) = (s.error_code, s.error_title.clone());
+        let code = s.error_code;
         // Whether the write that landed moved the operation out of UNKNOWN, and whether the entry already held
         // everything this status says (a repeat: nothing written), as of the closure's last run.
         let mut from_unknown = false;
@@ -354,6 +369,14 @@ impl Processor {
                 from_unknown = false;
                 unchanged = false;
                 let cur = cur?;
+                if target == OperationState::Sent
+                    && cur.state() == OperationState::Queued
+                    && cur.async_failures > 0
+                    && cur.wamid == wamid
+                {
+                    // A late "sent" of an attempt already queued again: the new attempt must still go.
+                    return None;
+                }
                 let mut next = cur.clone();
                 if next.wamid.is_empty() {
                     next.wamid = wamid.clone();
@@ -416,16 +439,21 @@ impl Processor {
             }
         }
         if code != 0 {
-            let waba = match self.ledger.get(&op).await {
-                Ok(Some(v)) => v.entry.waba_id,
-                _ => String::new(),
-            };
-            self.signals(&waba, &s.phone_number_id, code, &title, &op).await;
+            self.status_signals(s, &op).await;
         }
         if let Some(key) = &key {
             self.mark(key).await;
         }
         Ok(())
+    }
+
+    /// The signals of a status's error code, with its operation's WABA.
+    async fn status_signals(&self, s: &StatusUpdate, op: &str) {
+        let waba = match self.ledger.get(op).await {
+            Ok(Some(v)) => v.entry.waba_id,
+            _ => String::new(),
+        };
+        self.signals(&waba, &s.phone_number_id, s.error_code, &s.error_title, op).await;
     }
 
     async fn inbound(&self, m: &InboundMessage) -> Result<(), Retry> {

@@ -42,6 +42,10 @@ pub struct OracleEntry {
     pub acknowledged: Vec<bool>,
     /// `text`, `template`, ...
     pub message_type: String,
+    /// Acceptances Meta then failed with a `failed` status: no copy of those reached the user, so sending the
+    /// operation again after one is a new attempt, not a duplicate.
+    #[serde(default)]
+    pub failed: u32,
 }
 
 /// Why an operation was accepted more than once.
@@ -56,9 +60,15 @@ pub enum DuplicateKind {
 }
 
 impl OracleEntry {
-    /// None when accepted once.
+    /// Acceptances that were not failed afterwards: the copies that may reach the user (1 for a message that
+    /// failed asynchronously once and was then sent again).
+    pub fn delivered(&self) -> u32 {
+        self.count.saturating_sub(self.failed)
+    }
+
+    /// None when at most one acceptance was not failed afterwards.
     pub fn duplicate_kind(&self) -> Option<DuplicateKind> {
-        if self.count < 2 {
+        if self.delivered() < 2 {
             return None;
         }
         let saw_a_200 = if self.acknowledged.len() == self.count as usize {
@@ -148,9 +158,9 @@ impl OracleSnapshot {
         self.messages.iter().map(|e| u64::from(e.count)).sum()
     }
 
-    /// Entries accepted more than once.
+    /// Entries of which more than one accepted copy was not failed afterwards.
     pub fn duplicates(&self) -> Vec<&OracleEntry> {
-        self.messages.iter().filter(|e| e.count > 1).collect()
+        self.messages.iter().filter(|e| e.delivered() > 1).collect()
     }
 
     /// Duplicates whose earlier acceptances the client never saw a 200 for.
@@ -444,6 +454,7 @@ impl Oracle {
             unacknowledged: 0,
             acknowledged: Vec::with_capacity(1),
             message_type: a.message_type.to_string(),
+            failed: 0,
         });
         entry.wamids.push(a.wamid.to_string());
         entry.acknowledged.push(!a.unacknowledged);
@@ -477,9 +488,17 @@ impl Oracle {
         }
     }
 
-    /// Records an accepted message that will fail with `code`.
+    /// Records an accepted message that will fail with `code` (always after its [`Oracle::record_accept`]).
     pub fn record_failure(&self, f: FailedMessage) {
         let code = f.code.to_string();
+        let key = match &f.operation_id {
+            Some(op) => format!("op:{op}"),
+            None => format!("wamid:{}", f.wamid),
+        };
+        let shard = (self.hasher.hash_one(&key) as usize) % SHARDS;
+        if let Some(entry) = lock(&self.shards[shard]).get_mut(&key) {
+            entry.failed += 1;
+        }
         {
             let mut c = lock(&self.counters);
             bump(&mut c.async_failed, &code);
@@ -616,5 +635,40 @@ mod tests {
         assert_eq!(snap.counters.requests, 3);
         o.clear();
         assert_eq!(o.snapshot(), OracleSnapshot::default());
+    }
+
+    #[test]
+    fn a_resend_after_an_async_failure_is_not_a_duplicate() {
+        let o = Oracle::new();
+        let accept = |wamid: &str| {
+            o.record_accept(Acceptance {
+                operation_id: Some("op-1"),
+                phone_number_id: "p",
+                to: "+5491155551234",
+                wamid,
+                message_type: "text",
+                unacknowledged: false,
+            })
+        };
+        let fail = |wamid: &str| {
+            o.record_failure(FailedMessage {
+                operation_id: Some("op-1".into()),
+                wamid: wamid.into(),
+                phone_number_id: "p".into(),
+                code: 131000,
+                cause: FailureCause::Injected,
+                injection: None,
+            })
+        };
+        accept("w1");
+        fail("w1");
+        accept("w2");
+        let snap = o.snapshot();
+        let e = snap.get("op-1").expect("recorded");
+        assert_eq!((e.count, e.failed, e.delivered()), (2, 1, 1));
+        assert!(snap.duplicates().is_empty() && snap.duplicates.total == 0, "{:?}", snap.duplicates);
+        // A third acceptance that Meta does not fail is a second copy at the user: a duplicate.
+        accept("w3");
+        assert_eq!(o.snapshot().duplicates().len(), 1);
     }
 }

@@ -24,6 +24,7 @@ pub mod ops;
 pub mod pace;
 pub mod quarantine;
 pub mod repartition;
+pub mod resend;
 pub mod scan;
 pub mod senders;
 pub mod tenants;

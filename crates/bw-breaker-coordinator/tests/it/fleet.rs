@@ -141,6 +141,7 @@ async fn ticks_from_two_coordinators_at_once_make_one_transition() {
         defaults: ScopeLimits {
             min_calls: 4,
             failure_threshold: 0.5,
+            failure_z: 0.0,
             cooldown_ms: 400,
             cooldown_jitter: 0.0,
             ..ScopeLimits::default()

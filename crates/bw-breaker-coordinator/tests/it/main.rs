@@ -14,8 +14,8 @@ pub(crate) const WAIT: Duration = Duration::from_secs(15);
 
 pub(crate) fn limits_text(rate: f64) -> String {
     format!(
-        "[limits.default]\nmin_calls = 4\nfailure_threshold = 0.5\ncooldown_ms = 400\ncooldown_jitter = 0.0\n\
-         [limits.scopes.\"5551\"]\nwaba_id = \"w1\"\nrate_per_s = {rate}\n"
+        "[limits.default]\nmin_calls = 4\nfailure_threshold = 0.5\nfailure_z = 0.0\ncooldown_ms = 400\n\
+         cooldown_jitter = 0.0\n[limits.scopes.\"5551\"]\nwaba_id = \"w1\"\nrate_per_s = {rate}\n"
     )
 }
 

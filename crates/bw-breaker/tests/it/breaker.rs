@@ -349,17 +349,17 @@ async fn rate_case(breaker: &bw_breaker::Breaker, successes: usize, failures: us
 #[tokio::test]
 async fn the_threshold_compare_is_exact() {
     let redis = bw_testkit::RedisServer::start();
-    // Default: 5 % (over at least 50 calls in the window, or over the fast-trip window's calls). Failures first
-    // in one batch: the fast-trip window sees every call of the batch too.
-    let defaults = breaker(&redis.url(), ScopeLimits::default()).await;
-    let mixed = |failures: usize, successes: usize| {
-        let mut batch = failed("f", failures);
-        batch.extend(outcomes(successes, OutcomeKind::Success, false));
-        batch
-    };
-    let r = defaults.record(&scope(), &mixed(5, 95)).await;
-    assert_eq!(r.state, BreakerState::Open, "exactly 5 % trips");
-    assert_eq!(defaults.record(&scope(), &mixed(4, 96)).await.state, BreakerState::Closed, "4 % does not");
+    // The bare rate (failure_z 0): 5 % over at least 50 calls in the window trips, exactly (the fast trip's
+    // evidence is far below its bar at 5 %).
+    let bare = breaker(&redis.url(), ScopeLimits { failure_z: 0.0, ..ScopeLimits::default() }).await;
+    assert_eq!(rate_case(&bare, 95, 5).await, BreakerState::Open, "exactly 5 % trips");
+    assert_eq!(rate_case(&bare, 96, 4).await, BreakerState::Closed, "4 % does not");
+    // The window at the defaults needs evidence (z = 4.5): 15 failures in 100 calls, not 14 (tests/it/evidence.rs).
+    // The fast trip is off here: 11 failures in a row are its evidence, not the window's.
+    let defaults = breaker(&redis.url(), ScopeLimits { fast_trip_failures: 0, ..ScopeLimits::default() }).await;
+    assert_eq!(rate_case(&defaults, 95, 5).await, BreakerState::Closed, "5 % is no evidence");
+    assert_eq!(rate_case(&defaults, 86, 14).await, BreakerState::Closed);
+    assert_eq!(rate_case(&defaults, 85, 15).await, BreakerState::Open);
     // 0.07 trips at exactly 7 % (a float compare would need 7.000000000000001 failures).
     let seven = breaker(&redis.url(), ScopeLimits { failure_threshold: 0.07, min_calls: 100, ..limits() }).await;
     assert_eq!(rate_case(&seven, 93, 7).await, BreakerState::Open);
@@ -372,7 +372,8 @@ async fn jitter_stays_inside_the_cooldown_cap() {
     // Default: the first cooldown is 30 s plus up to 20 % jitter.
     let defaults = breaker(&redis.url(), ScopeLimits::default()).await;
     let scope = scope();
-    let r = defaults.record(&scope, &outcomes(8, OutcomeKind::Transient, false)).await;
+    // 20 failures of distinct recipients: far past the fast trip's evidence (11 such failures in a row).
+    let r = defaults.record(&scope, &outcomes(20, OutcomeKind::Transient, false)).await;
     let t = &r.transitions[0];
     assert!((30_000..=36_000).contains(&(t.open_until_unix_ms - t.at_unix_ms)), "{t:?}");
     // Relaxed beside it: 100 ms growing x4, capped at 300 ms with 20 % jitter: no cooldown ever exceeds 300 ms.
@@ -419,20 +420,22 @@ async fn a_burst_of_transient_failures_trips_fast_even_when_the_window_is_thin()
     let redis = bw_testkit::RedisServer::start();
     let limits = ScopeLimits::default();
     let breaker = breaker(&redis.url(), limits.clone()).await;
-    let n = limits.fast_trip_failures as usize;
-    assert!(n >= 2, "{n}");
-    // n - 1 failures: far below min_calls, nothing trips; the n-th distinct one within the short window does.
+    // The fewest failures in a row (distinct recipients) whose evidence opens the breaker at the defaults.
+    let n = (1..100).find(|k| bw_breaker::evidence::batch_trips(&limits, *k, *k)).expect("some count trips") as usize;
+    assert!(n > limits.fast_trip_failures as usize, "{n}");
+    assert!(n < limits.min_calls as usize, "{n}");
+    // n - 1 failures: far below min_calls, nothing trips; the n-th distinct one does.
     let scope1 = scope();
     assert_eq!(breaker.record(&scope1, &failed("a", n - 1)).await.state, BreakerState::Closed);
     let r = breaker.record(&scope1, &failed("b", 1)).await;
     assert_eq!(r.state, BreakerState::Open);
     assert!(r.transitions[0].reason.contains("fast trip"), "{:?}", r.transitions);
-    // One message failing on every retry is one failure.
+    // One message failing on every retry is one recipient: the evidence grows, the guard holds.
     let scope2 = scope();
     for _ in 0..2 * n {
         assert_eq!(breaker.record(&scope2, &failed("same", 1)).await.state, BreakerState::Closed);
     }
-    // A few failures among many successes in the short window are below the threshold share.
+    // The same failures among many successes in one batch are no evidence of an outage.
     let scope3 = scope();
     let mut batch = failed("c", n);
     batch.extend(outcomes(100, OutcomeKind::Success, false));

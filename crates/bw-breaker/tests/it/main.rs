@@ -3,6 +3,7 @@
 mod adaptive;
 mod breaker;
 mod cluster;
+mod evidence;
 mod faults;
 mod late;
 mod limits;

@@ -41,6 +41,8 @@ impl Params {
         ScopeLimits {
             failure_threshold: self.threshold,
             min_calls: self.min_calls,
+            // The bare rate compare, so short cases reach the trip; the Wilson bound is tested in evidence.rs.
+            failure_z: 0.0,
             window_ms: 60_000,
             window_buckets: 10,
             consecutive_rate_limits: self.consecutive_rl,
@@ -168,6 +170,7 @@ impl Model {
 
     fn record(&mut self, outcomes: &[(u8, bool)]) {
         self.cooldown_check();
+        let mut failed = false;
         for (kind, canary) in outcomes {
             match kind {
                 0 => {
@@ -184,9 +187,8 @@ impl Model {
                     self.rl = 0;
                     self.calls += 1;
                     self.fails += 1;
-                    let rate_trips = self.calls >= u64::from(self.p.min_calls)
-                        && self.fails as f64 >= self.calls as f64 * self.p.threshold;
-                    if self.state == St::HalfOpen || (self.state == St::Closed && rate_trips) {
+                    failed = true;
+                    if self.state == St::HalfOpen {
                         self.go(St::Open);
                     }
                 }
@@ -203,6 +205,13 @@ impl Model {
                 // A hold of the number (its own key): not a call, not a failure, no rate-limit episode.
                 _ => self.number_paused = true,
             }
+        }
+        // The window is checked once, after the whole batch (so the order within it does not matter).
+        if failed
+            && self.state == St::Closed
+            && bw_breaker::evidence::window_trips(&self.p.limits(), self.calls, self.fails)
+        {
+            self.go(St::Open);
         }
     }
 

@@ -357,3 +357,80 @@ async fn statuses_are_counted_by_their_callback_data_and_an_unmatched_failure_is
     assert!(!metrics.contains(r#"status="failed",callback_data="present""#), "{metrics}");
     env.stop().await;
 }
+
+/// Messages BW_SEND holds now.
+async fn send_messages(env: &Env) -> u64 {
+    let mut stream = env.js.get_stream(names::SEND_STREAM).await.expect("BW_SEND");
+    stream.info().await.expect("info").state.messages
+}
+
+#[tokio::test]
+async fn a_retriable_failed_status_queues_its_attempt_again_once_and_an_earlier_one_changes_nothing() {
+    use bw_common::ledger::WamidLink;
+    use bw_common::proto::SendRequest;
+    let env = start(|_| {}).await;
+    let request = SendRequest {
+        operation_id: "op-a".into(),
+        waba_id: "102290129340398".into(),
+        phone_number_id: PHONE.into(),
+        recipient: "+16505551234".into(),
+        category: bw_common::proto::Category::Transactional as i32,
+        ..Default::default()
+    };
+    let mut entry = entry_in("op-a", OperationState::Sent);
+    entry.wamid = "wamid.A1".into();
+    entry.attempts = 1;
+    env.ledger.create(&entry).await.expect("ledger");
+    let link = WamidLink { operation_id: "op-a".into(), attempt: 1, request: request.encode_to_vec() };
+    env.ledger.link_attempt("wamid.A1", &link).await.expect("link");
+
+    // 131000 (transient): Meta did not deliver it; the operation is queued again with the code it carries.
+    post_signed(&env, &status_body("wamid.A1", "failed", Some("op-a"), Some(131_000))).await;
+    assert!(env.wait_state("op-a", OperationState::Queued).await);
+    let e = env.entry("op-a").await.expect("entry");
+    assert_eq!((e.async_pending_wamid.as_str(), e.async_failures, e.last_code), ("wamid.A1", 1, 131_000));
+    assert!(
+        e.reason.contains("attempt 1 failed after acceptance (131000, transient); queued as a new attempt"),
+        "{e:?}"
+    );
+    assert!(bw_testkit::wait_until(WAIT, || async { send_messages(&env).await == 1 }).await);
+    let stream = env.js.get_stream(names::SEND_STREAM).await.expect("BW_SEND");
+    let subject = names::outbox_subject(names::Lane::High, PHONE);
+    let queued = stream.get_last_raw_message_by_subject(&subject).await.expect("on the live lane of its category");
+    let r = SendRequest::decode(queued.payload.as_ref()).expect("request");
+    assert_eq!((r.async_error_code, r.async_failed_wamid.as_str(), r.async_failed_attempt), (131_000, "wamid.A1", 1));
+    assert_eq!(r.recipient, request.recipient, "the attempt's own request");
+
+    // Meta repeats it (a new delivery of the same fact, past the webhook dedup): still one attempt.
+    let again = status_body("wamid.A1", "failed", Some("op-a"), Some(131_000)).replace("1750030073", "1750030074");
+    post_signed(&env, &again).await;
+    assert!(wait_metric(&env, r#"bw_duplicates_dropped_total{kind="status"} 1"#).await, "{}", env.metrics_text());
+    assert_eq!(send_messages(&env).await, 1);
+    assert_eq!(env.entry("op-a").await.expect("entry").async_failures, 1);
+
+    // The new attempt went out (the dispatcher's part, written here). A failed status of another, earlier
+    // attempt (one whose answer was lost, so no link names it: only its callback data) now changes nothing but
+    // the journey.
+    env.ledger
+        .update("op-a", |cur| {
+            let mut e = cur?.clone();
+            e.set_state(OperationState::Sent);
+            e.wamid = "wamid.A2".into();
+            e.async_pending_wamid.clear();
+            Some(e)
+        })
+        .await
+        .expect("sent");
+    post_signed(&env, &status_body("wamid.A0", "failed", Some("op-a"), Some(131_016))).await;
+    assert!(wait_metric(&env, r#"bw_statuses_applied_total{status="failed_earlier_attempt"} 1"#).await);
+    let e = env.entry("op-a").await.expect("entry");
+    assert_eq!((e.state(), e.wamid.as_str(), e.async_failures), (OperationState::Sent, "wamid.A2", 1));
+    assert!(e.reason.contains("of an earlier attempt was recorded, not applied"), "{e:?}");
+    assert_eq!(send_messages(&env).await, 1, "nothing queued again");
+
+    // A permanent code of the current attempt ends it FAILED, nothing queued.
+    post_signed(&env, &status_body("wamid.A2", "failed", Some("op-a"), Some(131_026))).await;
+    assert!(env.wait_state("op-a", OperationState::Failed).await);
+    assert_eq!(send_messages(&env).await, 1);
+    env.stop().await;
+}

@@ -572,6 +572,20 @@ pub struct SendRequest {
     /// set because its category keeps per-recipient order; the dispatcher then gates it behind earlier ones.
     #[prost(bool, tag = "13")]
     pub keeps_order: bool,
+    /// Set by ingest only, on a new attempt after an asynchronous `failed` status (crates/bw-ingest/src/asyncfail.rs):
+    /// Meta's code, subcode and title of that failure, and the wamid and attempt number it failed. The dispatcher
+    /// routes it once, as if the previous send had just failed synchronously with that code
+    /// (crates/bw-dispatcher/src/attempt.rs), while the ledger's `async_pending_wamid` names that wamid.
+    #[prost(int64, tag = "40")]
+    pub async_error_code: i64,
+    #[prost(int64, tag = "41")]
+    pub async_error_subcode: i64,
+    #[prost(string, tag = "42")]
+    pub async_error_title: ::prost::alloc::string::String,
+    #[prost(string, tag = "43")]
+    pub async_failed_wamid: ::prost::alloc::string::String,
+    #[prost(uint32, tag = "44")]
+    pub async_failed_attempt: u32,
     /// What to send.
     #[prost(oneof = "send_request::Payload", tags = "6, 7")]
     pub payload: ::core::option::Option<send_request::Payload>,
@@ -1008,6 +1022,16 @@ pub struct LedgerEntry {
     /// no trace context: their processing links to this trace, and the status query shows its trace id.
     #[prost(string, tag = "21")]
     pub traceparent: ::prost::alloc::string::String,
+    /// The wamid of the attempt whose asynchronous failure queued this operation again and has not been routed by
+    /// the dispatcher yet (empty otherwise): set by ingest with the re-queue, cleared by the dispatcher's re-entry.
+    #[prost(string, tag = "40")]
+    pub async_pending_wamid: ::prost::alloc::string::String,
+    /// Asynchronous failures that queued a new attempt (each counts as a transient failure of the retry budget).
+    #[prost(uint32, tag = "41")]
+    pub async_failures: u32,
+    /// Times an operator re-queued it (`bwctl op resend`).
+    #[prost(uint32, tag = "42")]
+    pub resends: u32,
 }
 /// What one dispatch try ended in, published on bw.outcome.v1.<phone_number_id> (stream BW_EVENTS)
 /// for dashboards, the drill and alerting. The ledger stays the source of truth.

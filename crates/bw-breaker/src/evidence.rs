@@ -1,0 +1,409 @@
+//! The breaker's trip decisions on evidence, mirrored from `lua/record_outcomes.lua`: the sliding window's
+//! ([`window_trips`], Lua `window_trips`: a Wilson lower bound of the window's failure rate) and the fast trip's
+//! (Lua `fast_llr`, `fast_check`), and [`sim`], which replays seeded traffic through both.
+//!
+//! The fast trip is a CUSUM of
+//! per-call log-likelihood ratios between the outage rate q (`fast_trip_outage_rate`) and the tolerated rate p
+//! (`failure_threshold`). A failed call adds ln(q/p), a successful one ln((1-q)/(1-p)) (negative); the evidence
+//! is max(0, evidence + the batch's sum) and the breaker opens at `fast_trip_evidence`, once
+//! `fast_trip_failures` distinct recipients failed within `fast_trip_window_ms`.
+//!
+//! Why not a count: failures that are plausible at the threshold rate must not build evidence. Three failures
+//! in 50 calls happen at 2 % about once in twelve windows, so "3 failures in 2 s" tripped healthy numbers. At a
+//! rate below p the evidence drifts down and stays near 0; at q it climbs by about 0.14 per call. The batch is
+//! summed before the clamp at 0, so the order of outcomes within a batch never changes the decision (the old
+//! count started at the first failure, so 96 successes then 4 failures tripped and 4 failures first did not).
+//!
+//! The expressions are written as in the Lua so both round alike; the table test in tests/it/evidence.rs runs
+//! the same (calls, failures) cases against this module and against the script on a real redis-server.
+
+use crate::ScopeLimits;
+
+/// Per-call weights of the evidence for one configuration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Evidence {
+    /// Added per failed call: ln(q / p).
+    pub per_failure: f64,
+    /// Added per successful call: ln((1 - q) / (1 - p)), negative.
+    pub per_success: f64,
+    /// Evidence that opens the breaker.
+    pub needed: f64,
+}
+
+impl Evidence {
+    /// The weights of `limits`, or None when the fast trip cannot decide: off (`fast_trip_failures` 0), or an
+    /// outage rate not strictly between the threshold and 1 (nothing to tell apart; the Lua skips it too).
+    pub fn of(limits: &ScopeLimits) -> Option<Evidence> {
+        let (p, q) = (limits.failure_threshold, limits.fast_trip_outage_rate);
+        if limits.fast_trip_failures == 0 || p <= 0.0 || q <= p || q >= 1.0 {
+            return None;
+        }
+        Some(Evidence {
+            per_failure: (q / p).ln(),
+            per_success: ((1.0 - q) / (1.0 - p)).ln(),
+            needed: limits.fast_trip_evidence,
+        })
+    }
+
+    /// Log-likelihood ratio of one batch of `calls` calls of which `failures` failed (Lua `fast_llr`).
+    pub fn llr(&self, calls: u64, failures: u64) -> f64 {
+        let (calls, failures) = (calls as f64, failures as f64);
+        failures * self.per_failure + (calls - failures) * self.per_success
+    }
+
+    /// The evidence after a batch (Lua `fast_check`): never below 0, so a healthy past cannot hide an outage.
+    pub fn step(&self, evidence: f64, calls: u64, failures: u64) -> f64 {
+        (evidence + self.llr(calls, failures)).max(0.0)
+    }
+
+    /// Whether `evidence` opens the breaker (given the distinct-recipient guard holds).
+    pub fn trips(&self, evidence: f64) -> bool {
+        evidence >= self.needed
+    }
+}
+
+/// Whether one batch of `calls` calls with `failures` failures of distinct recipients, recorded on a fresh
+/// CLOSED scope, fast-trips at `limits`: the (calls, failures) → trip table of the tests.
+pub fn batch_trips(limits: &ScopeLimits, calls: u64, failures: u64) -> bool {
+    match Evidence::of(limits) {
+        Some(e) => failures >= u64::from(limits.fast_trip_failures) && e.trips(e.step(0.0, calls, failures)),
+        None => false,
+    }
+}
+
+/// The fast trip of one CLOSED scope over time, as the script keeps it: the evidence and the window of distinct
+/// failed recipients (opened by a transient failure, `fast_trip_window_ms` long). Used by the simulations.
+#[derive(Debug, Clone)]
+pub struct FastTrip {
+    limits: ScopeLimits,
+    evidence: Option<Evidence>,
+    /// Current evidence.
+    pub value: f64,
+    since_ms: Option<u64>,
+    recipients: Vec<String>,
+}
+
+impl FastTrip {
+    /// A fresh scope.
+    pub fn new(limits: &ScopeLimits) -> FastTrip {
+        FastTrip {
+            limits: limits.clone(),
+            evidence: Evidence::of(limits),
+            value: 0.0,
+            since_ms: None,
+            recipients: Vec::new(),
+        }
+    }
+
+    fn open(&self, now_ms: u64) -> bool {
+        self.since_ms.is_some_and(|s| now_ms.saturating_sub(s) <= self.limits.fast_trip_window_ms)
+    }
+
+    /// Records one batch answered at `now_ms`: each item is (recipient key, failed transiently). Returns true
+    /// when the batch opens the breaker.
+    pub fn record(&mut self, now_ms: u64, batch: &[(&str, bool)]) -> bool {
+        let Some(e) = self.evidence else { return false };
+        let mut failures = 0;
+        for (key, failed) in batch {
+            if !failed {
+                continue;
+            }
+            failures += 1;
+            if !self.open(now_ms) {
+                self.since_ms = Some(now_ms);
+                self.recipients.clear();
+            }
+            if !self.recipients.iter().any(|r| r == key) {
+                self.recipients.push((*key).to_string());
+            }
+        }
+        if batch.is_empty() {
+            return false;
+        }
+        self.value = e.step(self.value, batch.len() as u64, failures);
+        e.trips(self.value) && self.open(now_ms) && self.recipients.len() >= self.limits.fast_trip_failures as usize
+    }
+}
+
+/// Whether the sliding window's `calls` and `failures` open a CLOSED breaker (Lua `window_trips`): at least
+/// `min_calls` calls, the rate at or above `failure_threshold` (the exact per-mille compare), and the Wilson lower
+/// bound of the rate at z = `failure_z` at or above it too, i.e. failures - calls p >= z sqrt(calls p (1 - p)).
+/// The expressions are the Lua's, operation for operation, so both round alike.
+pub fn window_trips(limits: &ScopeLimits, calls: u64, failures: u64) -> bool {
+    let permille = (limits.failure_threshold * 1000.0 + 0.5).floor() as u64;
+    if calls == 0 || calls < u64::from(limits.min_calls) || failures * 1000 < calls * permille {
+        return false;
+    }
+    // z 0 is the bare rate, decided by the exact compare above (7 - 100 * 0.07 is below 0 in floats).
+    let (p, z, n, f) = (limits.failure_threshold, limits.failure_z, calls as f64, failures as f64);
+    z <= 0.0 || f - n * p >= z * (n * p * (1.0 - p)).sqrt()
+}
+
+/// The sliding window of one scope as the prelude keeps it (`window_add`, `window_sum`): `window_buckets`
+/// buckets of `window_ms / window_buckets` ms, each holding its bucket number, calls and failures.
+#[derive(Debug, Clone)]
+pub struct Window {
+    bucket_ms: u64,
+    buckets: Vec<(i64, u64, u64)>,
+}
+
+impl Window {
+    /// An empty window for `limits`.
+    pub fn new(limits: &ScopeLimits) -> Window {
+        let n = limits.window_buckets.clamp(1, 60);
+        let window_ms = limits.window_ms.max(u64::from(n));
+        Window { bucket_ms: (window_ms / u64::from(n)).max(1), buckets: vec![(-1, 0, 0); n as usize] }
+    }
+
+    /// Adds calls and failures answered at `now_ms`.
+    pub fn add(&mut self, now_ms: u64, calls: u64, failures: u64) {
+        let n = (now_ms / self.bucket_ms) as i64;
+        let len = self.buckets.len() as i64;
+        let b = &mut self.buckets[(n % len) as usize];
+        if b.0 != n {
+            *b = (n, 0, 0);
+        }
+        b.1 += calls;
+        b.2 += failures;
+    }
+
+    /// (calls, failures) in the window at `now_ms`.
+    pub fn sum(&self, now_ms: u64) -> (u64, u64) {
+        let n = (now_ms / self.bucket_ms) as i64;
+        let len = self.buckets.len() as i64;
+        self.buckets.iter().filter(|b| b.0 > n - len && b.0 <= n).fold((0, 0), |(c, f), b| (c + b.1, f + b.2))
+    }
+}
+
+/// Which check opened the breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TripPath {
+    /// The sliding window's Wilson bound ([`window_trips`]).
+    Window,
+    /// The fast trip's evidence ([`FastTrip`]).
+    Fast,
+}
+
+/// One CLOSED scope's trip checks over time, in the script's order: every outcome of a batch into the window,
+/// then the window check (when the batch held a failure), then the fast trip.
+#[derive(Debug, Clone)]
+pub struct ScopeTrips {
+    limits: ScopeLimits,
+    /// The sliding window.
+    pub window: Window,
+    /// The fast trip's state.
+    pub fast: FastTrip,
+}
+
+impl ScopeTrips {
+    /// A fresh CLOSED scope.
+    pub fn new(limits: &ScopeLimits) -> ScopeTrips {
+        ScopeTrips { limits: limits.clone(), window: Window::new(limits), fast: FastTrip::new(limits) }
+    }
+
+    /// Records one batch answered at `now_ms`, each item (recipient key, failed transiently); successes and
+    /// transient failures only (a 130429 is neither a call nor a failure). Returns the path that tripped.
+    pub fn record(&mut self, now_ms: u64, batch: &[(&str, bool)]) -> Option<TripPath> {
+        let failures = batch.iter().filter(|(_, f)| *f).count() as u64;
+        self.window.add(now_ms, batch.len() as u64, failures);
+        if failures > 0 {
+            let (calls, fails) = self.window.sum(now_ms);
+            if window_trips(&self.limits, calls, fails) {
+                return Some(TripPath::Window);
+            }
+        }
+        self.fast.record(now_ms, batch).then_some(TripPath::Fast)
+    }
+}
+
+pub mod sim {
+    //! Seeded traffic through [`ScopeTrips`](super::ScopeTrips), as the dispatcher records it: calls answered
+    //! evenly at `rate_per_s`, recorded in batches every `flush_ms` (the dispatcher flushes outcomes every 20 ms
+    //! or 32 items, so at 75/s a number's batch holds one or two calls). Deterministic: no clock, no threads.
+
+    use super::{ScopeTrips, TripPath};
+    use crate::ScopeLimits;
+
+    /// Tiny deterministic generator (xorshift64*), so a seed gives the same run everywhere.
+    #[derive(Debug, Clone)]
+    pub struct Rng(u64);
+
+    impl Rng {
+        /// A generator for `seed` (any value).
+        pub fn new(seed: u64) -> Rng {
+            Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+        }
+
+        /// Uniform in [0, 1).
+        pub fn next_f64(&mut self) -> f64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    /// What Meta answers: shares of the attempts that fail transiently (5xx, 131000, timeouts) and that are
+    /// throttled (130429: neither a call nor a failure of the window); the rest succeed.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Mix {
+        /// Share of transient failures.
+        pub transient: f64,
+        /// Share of 130429 answers.
+        pub throttle: f64,
+    }
+
+    impl Mix {
+        /// Transient failures only.
+        pub fn errors(transient: f64) -> Mix {
+            Mix { transient, throttle: 0.0 }
+        }
+    }
+
+    /// One number's traffic: `before` until `change_ms`, `after` from then, until `end_ms`.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Traffic {
+        /// Attempts answered per second.
+        pub rate_per_s: f64,
+        /// Recording period, ms.
+        pub flush_ms: u64,
+        /// Mix before `change_ms`.
+        pub before: Mix,
+        /// Mix from `change_ms`.
+        pub after: Mix,
+        /// When the mix changes (an outage's start), ms.
+        pub change_ms: u64,
+        /// End of the run, ms.
+        pub end_ms: u64,
+    }
+
+    impl Traffic {
+        /// A steady mix for `end_ms` at 75 attempts/s, recorded every 20 ms.
+        pub fn steady(mix: Mix, end_ms: u64) -> Traffic {
+            Traffic { rate_per_s: 75.0, flush_ms: 20, before: mix, after: mix, change_ms: end_ms, end_ms }
+        }
+
+        /// `before` for `change_ms`, then `after` for `after_ms`, at 75 attempts/s, recorded every 20 ms.
+        pub fn outage(before: Mix, change_ms: u64, after: Mix, after_ms: u64) -> Traffic {
+            Traffic { rate_per_s: 75.0, flush_ms: 20, before, after, change_ms, end_ms: change_ms + after_ms }
+        }
+    }
+
+    /// The first trip of a run: when (ms from the run's start) and which check.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Trip {
+        /// Simulated time of the batch that tripped, ms.
+        pub at_ms: u64,
+        /// The check that tripped.
+        pub path: TripPath,
+    }
+
+    /// One run of `traffic` through a fresh scope at `limits`; the first trip, if any.
+    pub fn run(limits: &ScopeLimits, traffic: &Traffic, seed: u64) -> Option<Trip> {
+        let mut scope = ScopeTrips::new(limits);
+        let mut rng = Rng::new(seed);
+        let step = 1000.0 / traffic.rate_per_s;
+        let mut next_call = 0.0f64;
+        let mut i = 0u64;
+        let mut keys: Vec<String> = Vec::new();
+        let mut fails: Vec<bool> = Vec::new();
+        let mut now = traffic.flush_ms;
+        while now <= traffic.end_ms {
+            keys.clear();
+            fails.clear();
+            while next_call < now as f64 {
+                let mix = if (next_call as u64) < traffic.change_ms { traffic.before } else { traffic.after };
+                let x = rng.next_f64();
+                if x >= mix.throttle {
+                    keys.push(format!("r{i}"));
+                    fails.push(x < mix.throttle + mix.transient);
+                }
+                i += 1;
+                next_call = i as f64 * step;
+            }
+            if !keys.is_empty() {
+                let batch: Vec<(&str, bool)> = keys.iter().map(String::as_str).zip(fails.iter().copied()).collect();
+                if let Some(path) = scope.record(now, &batch) {
+                    return Some(Trip { at_ms: now, path });
+                }
+            }
+            now += traffic.flush_ms;
+        }
+        None
+    }
+
+    /// A prototype measured, not in the scripts: POOLED evidence over `numbers` numbers that share a token (a
+    /// Meta outage hits them all), the same CUSUM as the fast trip fed every number's batch in turn, tripping
+    /// at `needed`. Each number also keeps its own checks. The outage (`traffic.after`) starts on every number at
+    /// once; noise draws are independent per number. Returns the first pooled trip and the first per-number
+    /// trip, ms from the run's start.
+    pub fn run_pooled(
+        limits: &ScopeLimits,
+        traffic: &Traffic,
+        numbers: usize,
+        needed: f64,
+        seed: u64,
+    ) -> (Option<u64>, Option<u64>) {
+        let weights = super::Evidence::of(limits).expect("the fast trip is on");
+        let mut scopes: Vec<ScopeTrips> = (0..numbers).map(|_| ScopeTrips::new(limits)).collect();
+        let mut rngs: Vec<Rng> =
+            (0..numbers as u64).map(|n| Rng::new(seed.wrapping_mul(7919).wrapping_add(n))).collect();
+        let step = 1000.0 / traffic.rate_per_s;
+        let mut next = vec![0u64; numbers];
+        let (mut pooled, mut pooled_at, mut single_at) = (0.0f64, None, None);
+        let mut now = traffic.flush_ms;
+        while now <= traffic.end_ms && (pooled_at.is_none() || single_at.is_none()) {
+            for n in 0..numbers {
+                let mut batch: Vec<(String, bool)> = Vec::new();
+                while (next[n] as f64 * step) < now as f64 {
+                    let at = (next[n] as f64 * step) as u64;
+                    let mix = if at < traffic.change_ms { traffic.before } else { traffic.after };
+                    let x = rngs[n].next_f64();
+                    if x >= mix.throttle {
+                        batch.push((format!("n{n}r{}", next[n]), x < mix.throttle + mix.transient));
+                    }
+                    next[n] += 1;
+                }
+                if batch.is_empty() {
+                    continue;
+                }
+                let items: Vec<(&str, bool)> = batch.iter().map(|(k, f)| (k.as_str(), *f)).collect();
+                if single_at.is_none() && scopes[n].record(now, &items).is_some() {
+                    single_at = Some(now);
+                }
+                let fails = items.iter().filter(|(_, f)| *f).count() as u64;
+                pooled = weights.step(pooled, items.len() as u64, fails);
+                if pooled_at.is_none() && pooled >= needed {
+                    pooled_at = Some(now);
+                }
+            }
+            now += traffic.flush_ms;
+        }
+        (pooled_at, single_at)
+    }
+
+    /// Quantile `q` (0..1) of sorted `values` (nearest rank).
+    pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+        if sorted.is_empty() {
+            return f64::NAN;
+        }
+        sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_at_the_defaults() {
+        let e = Evidence::of(&ScopeLimits::default()).expect("on by default");
+        assert!((e.per_failure - 4f64.ln()).abs() < 1e-12);
+        assert!(e.per_success < 0.0);
+        // A steady rate at the threshold drifts down; an outage at q climbs.
+        assert!(e.llr(1000, 50) < 0.0);
+        assert!(e.llr(1000, 200) > 0.0);
+        assert!(Evidence::of(&ScopeLimits { fast_trip_failures: 0, ..ScopeLimits::default() }).is_none());
+        assert!(Evidence::of(&ScopeLimits { failure_threshold: 0.5, ..ScopeLimits::default() }).is_none());
+    }
+}
