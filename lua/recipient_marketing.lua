@@ -8,11 +8,13 @@
 -- 24 h; the reference says a retry inside the period extends Meta's block, so nothing is sent before it ends. A
 -- deferral never shortens. 131050 (the user stopped marketing) and 130472 (Meta's marketing experiment) are final
 -- for marketing to the user: a suppression, kept `ARGV[3]` ms (refreshed by each new suppression), after which a
--- send may try again and Meta's answer records it anew.
+-- send may try again and Meta's answer records it anew. A `user_preferences` `stop` webhook suppresses as 131050
+-- does; its `resume` lifts a suppression of that code only (130472 is Meta's experiment, not the user's choice,
+-- and a 131049 deferral runs to its end).
 --
 -- KEYS[1]  the recipient's key
--- ARGV[1]  mode: "read", "defer" or "suppress"
--- ARGV[2]  defer / suppress: Meta code
+-- ARGV[1]  mode: "read", "defer", "suppress" or "resume"
+-- ARGV[2]  defer / suppress: Meta code; resume: the suppression code it lifts
 -- ARGV[3]  defer: the deferral ms; suppress: how long the suppression is kept ms
 -- Returns: { deferred_until_ms (0: none), deferral code, suppression code (0: none), now_ms }
 --          (error "bad mode" for an unknown mode)
@@ -49,6 +51,11 @@ elseif mode == 'suppress' then
   local ms = math.max(1, tonumber(ARGV[3]) or 0)
   redis.call('HSET', key, 's', tonumber(ARGV[2]) or 0, 'sa', now)
   keep_for(ms)
+  return state()
+elseif mode == 'resume' then
+  if (tonumber(redis.call('HGET', key, 's')) or 0) == (tonumber(ARGV[2]) or 0) then
+    redis.call('HDEL', key, 's', 'sa')
+  end
   return state()
 end
 return redis.error_reply('bad mode')

@@ -13,7 +13,17 @@
 //!   `account_restricted` or `account_alert` on BW_EVENTS, which the alerting service notifies (rules of the
 //!   same names). Value-level errors are alerted by ingest itself (`status_error`, `credentials` signals).
 //!
-//! The other signals (tiers, throughput, templates, user preferences, echoes, unknown fields) are acked here
+//! - a `message_template_status_update` PAUSED, DISABLED, REJECTED, ARCHIVED, DELETED or PENDING_DELETION holds
+//!   the template's quarantine scope (`tpl:<waba>:<language>:<name>`, the key the dispatcher checks before each
+//!   send: the WABA of the entry, the language as ingest normalises it to the send form, the name) until
+//!   lifted, with the code Meta would answer a send with (132015 paused, 132016 disabled, 132001 otherwise);
+//!   APPROVED, REINSTATED, UNARCHIVED and an `UNPAUSE` title lift the hold, whoever set it (Meta says the
+//!   template sends again), and release its held messages, each re-queued exactly once
+//!   (`bw_ops::quarantine::release_scope`);
+//! - a `user_preferences` `stop` of `marketing_messages` suppresses marketing to the user as 131050 does, and
+//!   `resume` lifts that suppression (see [`Coordinator::tenants_of`] for the tenant it applies in).
+//!
+//! The other signals (tiers, throughput, template quality and category, echoes, unknown fields) are acked here
 //! without an action yet. Every change goes through `parent_pause.lua` (`Breaker::pause_because`,
 //! `clear_parent`). One durable consumer, shared by every instance, with one message in flight: a ban and its
 //! reinstatement apply in order whichever instance takes them. A step that fails (Redis, NATS) is redelivered;
@@ -21,6 +31,8 @@
 
 use crate::Coordinator;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use bw_breaker::recipient::RecipientMarketing;
+use bw_breaker::templates::{ScopeKey, TemplateHolds};
 use bw_breaker::{Parent, PauseEnd, PauseSource, PauseSpec};
 use bw_common::classify::PauseScope;
 use bw_common::disposition::{Label, Settle, apply};
@@ -35,6 +47,9 @@ use tracing::Instrument;
 
 const RETRY_LATER: Duration = Duration::from_secs(2);
 
+/// The consumer's ack wait; a longer step sends progress acks.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+
 /// Restriction types that stop sending (reference §4.5); the others restrict management actions only.
 const SENDING_RESTRICTIONS: [&str; 3] = [
     "RESTRICTED_BIZ_INITIATED_MESSAGING",
@@ -45,6 +60,25 @@ const SENDING_RESTRICTIONS: [&str; 3] = [
 /// `account_update` events that stop the WABA until Meta says otherwise.
 const STOPPING_EVENTS: [&str; 4] =
     ["ACCOUNT_DELETED", "PARTNER_REMOVED", "PARTNER_APP_UNINSTALLED", "ACCOUNT_OFFBOARDED"];
+
+/// Template events that stop the template's sends (reference §4.5), with the code Meta answers a send with then.
+const TEMPLATE_HOLDING_EVENTS: [(&str, i64); 6] = [
+    ("PAUSED", 132015),
+    ("DISABLED", 132016),
+    ("REJECTED", 132001),
+    ("ARCHIVED", 132001),
+    ("DELETED", 132001),
+    ("PENDING_DELETION", 132001),
+];
+
+/// Template events after which it sends again; an `other_info.title` of UNPAUSE says the same.
+const TEMPLATE_RELEASING_EVENTS: [&str; 4] = ["APPROVED", "REINSTATED", "UNARCHIVED", "UNPAUSE"];
+
+/// The suppression code a user's own `stop` stands for (Meta answers 131050 to marketing it ignores).
+pub const USER_STOP_CODE: i64 = 131050;
+
+/// How fast a template's release re-queues its held messages (per second).
+const RELEASE_RATE_PER_S: f64 = 200.0;
 
 /// Signal kinds (and alert rules) raised here.
 pub const RESTRICTED_SIGNAL: &str = "account_restricted";
@@ -59,6 +93,14 @@ pub enum Action {
     Hold { waba: String, reason: String },
     /// Lift the WABA's hold if a webhook set it.
     Lift { waba: String, reason: String },
+    /// Hold a template's quarantine scope until lifted, with the code Meta answers its sends with.
+    HoldTemplate { key: ScopeKey, code: i64, reason: String },
+    /// Lift a template's hold and re-queue its held messages once each.
+    ReleaseTemplate { key: ScopeKey, reason: String },
+    /// Suppress marketing to a user (by its recipient key hash) as 131050 does.
+    SuppressMarketing { recipient_key_hash: String },
+    /// Lift a user's 131050 suppression.
+    ResumeMarketing { recipient_key_hash: String },
     /// Raise a signal for the alerting service.
     Alert { kind: &'static str, detail: String },
 }
@@ -116,6 +158,43 @@ pub fn actions(s: &AccountSignal, now_ms: i64) -> Vec<Action> {
                 a.severity, a.status, a.alert_type, a.entity_type, a.entity_id, a.description
             ),
         )],
+        Kind::TemplateStatus(t) => {
+            if t.template_name.is_empty() || t.template_language.is_empty() || waba.is_empty() {
+                // No key the dispatcher could match: nothing to hold or release (ingest stored the raw delivery).
+                return Vec::new();
+            }
+            let key = ScopeKey::Template {
+                waba_id: waba,
+                language: t.template_language.clone(),
+                name: t.template_name.clone(),
+            };
+            let reason = format!("Meta message_template_status_update {} {}", t.event, t.other_title);
+            let reason = reason.trim_end().to_string();
+            if let Some((_, code)) = TEMPLATE_HOLDING_EVENTS.iter().find(|(e, _)| *e == t.event) {
+                let detail = format!("{reason}: template scope {key} held until released");
+                vec![Action::HoldTemplate { key, code: *code, reason }, alert(ALERT_SIGNAL, detail)]
+            } else if TEMPLATE_RELEASING_EVENTS.contains(&t.event.as_str()) || t.other_title == "UNPAUSE" {
+                vec![Action::ReleaseTemplate { key, reason }]
+            } else {
+                Vec::new()
+            }
+        }
+        Kind::UserPreference(p) => {
+            // Meta sends only `marketing_messages` today; another category is not what 131050 suppresses.
+            let marketing = p.category.is_empty() || p.category == "marketing_messages";
+            if !marketing || p.recipient_key_hash.is_empty() {
+                return Vec::new();
+            }
+            // The hash is `mask::recipient_key` of the user's phone, the key the dispatcher's gate reads. A
+            // preference naming only a business-scoped user id hashes that id instead: it is recorded, but matches
+            // a send only if one is keyed the same way; a phone send is then stopped by Meta's 131050 answer.
+            let recipient_key_hash = p.recipient_key_hash.clone();
+            match p.value.as_str() {
+                "stop" => vec![Action::SuppressMarketing { recipient_key_hash }],
+                "resume" => vec![Action::ResumeMarketing { recipient_key_hash }],
+                _ => Vec::new(),
+            }
+        }
         _ => Vec::new(),
     }
 }
@@ -141,6 +220,22 @@ impl Label for Handled {
 }
 
 impl Coordinator {
+    /// The tenants whose marketing state a user preference of `waba_id` applies to. The recipient key is per
+    /// tenant, and Meta names only the WABA: every tenant with a number of that WABA in the sender registry
+    /// (BW_SENDERS), or the default tenant when the registry holds none (dev mode, where it owns every number).
+    /// A WABA shared by two tenants suppresses in both: the safe reading, since the user stopped marketing from
+    /// the business, not from one of its tenants.
+    pub(crate) async fn tenants_of(&self, waba_id: &str) -> anyhow::Result<Vec<String>> {
+        let registry = bw_common::registry::Registry::open(&self.inner.js, self.inner.cfg.nats.replicas).await?;
+        let mut tenants: Vec<String> =
+            registry.list().await?.into_iter().filter(|r| r.waba_id == waba_id).map(|r| r.tenant).collect();
+        tenants.dedup();
+        if tenants.is_empty() {
+            tenants.push(bw_common::tenancy::DEFAULT_TENANT.to_string());
+        }
+        Ok(tenants)
+    }
+
     /// The shared durable consumer on BW_ACCOUNT (created by the first instance; the others bind it).
     async fn account_consumer(&self) -> anyhow::Result<async_nats::jetstream::consumer::Consumer<pull::Config>> {
         let stream = self
@@ -153,7 +248,7 @@ impl Coordinator {
             durable_name: Some(names::ACCOUNT_COORDINATOR_CONSUMER.to_string()),
             description: Some("coordinator: Meta's account signals to WABA pauses and alerts".into()),
             ack_policy: AckPolicy::Explicit,
-            ack_wait: Duration::from_secs(30),
+            ack_wait: ACK_WAIT,
             // In order across every instance: a ban and its reinstatement never race.
             max_ack_pending: 1,
             deliver_policy: DeliverPolicy::All,
@@ -200,7 +295,20 @@ impl Coordinator {
                 subject = %msg.subject,
                 result = tracing::field::Empty
             );
-            let settle = self.account_signal(&msg.payload).instrument(span.clone()).await;
+            // A template's release re-queues its held messages at RELEASE_RATE_PER_S and may outlast the ack
+            // wait: tell the broker the signal is still in hand, so it is not redelivered meanwhile.
+            let work = self.account_signal(&msg.payload).instrument(span.clone());
+            tokio::pin!(work);
+            let mut still_working = tokio::time::interval(ACK_WAIT / 3);
+            still_working.tick().await;
+            let settle = loop {
+                tokio::select! {
+                    settle = &mut work => break settle,
+                    _ = still_working.tick() => {
+                        let _ = msg.ack_with(async_nats::jetstream::AckKind::Progress).await;
+                    }
+                }
+            };
             apply(&msg, settle, &span, |result| {
                 self.inner
                     .metrics
@@ -270,6 +378,53 @@ impl Coordinator {
                     );
                 }
             }
+            Action::HoldTemplate { key, code, reason } => {
+                TemplateHolds::new(self.inner.redis.clone()).hold(&key, code, 0).await?;
+                tracing::warn!(scope = %key, code, %reason, "template held by Meta's status webhook until released");
+            }
+            Action::ReleaseTemplate { key, reason } => {
+                let holds = TemplateHolds::new(self.inner.redis.clone());
+                let lift =
+                    async { holds.release_everywhere(&key).await.map(|was| was.is_some()).map_err(|e| e.to_string()) };
+                let mut quiet = |_: usize, _: usize| {};
+                let released = bw_ops::quarantine::release_scope(
+                    &self.inner.js,
+                    &self.inner.buckets,
+                    &key.to_string(),
+                    lift,
+                    RELEASE_RATE_PER_S,
+                    &mut quiet,
+                )
+                .await?;
+                let report = &released.report;
+                if report.errors > 0 {
+                    // Redelivered: the hold is gone and each move is a compare-and-set, so a second pass re-queues
+                    // only what this one could not.
+                    anyhow::bail!("{} held message(s) of scope {key} not re-queued yet", report.errors);
+                }
+                tracing::info!(
+                    scope = %key,
+                    %reason,
+                    hold_lifted = released.hold_lifted,
+                    selected = report.selected,
+                    passes = released.passes,
+                    "template released by Meta's status webhook; its held messages re-queued once each"
+                );
+            }
+            Action::SuppressMarketing { recipient_key_hash } => {
+                let marketing = RecipientMarketing::new(self.inner.redis.clone());
+                for tenant in self.tenants_of(&signal.waba_id).await? {
+                    marketing.suppress(&tenant, &recipient_key_hash, USER_STOP_CODE).await?;
+                }
+                tracing::info!(waba_id = %signal.waba_id, "user_preferences stop: marketing to the user suppressed");
+            }
+            Action::ResumeMarketing { recipient_key_hash } => {
+                let marketing = RecipientMarketing::new(self.inner.redis.clone());
+                for tenant in self.tenants_of(&signal.waba_id).await? {
+                    marketing.resume(&tenant, &recipient_key_hash, USER_STOP_CODE).await?;
+                }
+                tracing::info!(waba_id = %signal.waba_id, "user_preferences resume: marketing to the user resumed");
+            }
             Action::Alert { kind, detail } => {
                 let alert = Signal {
                     kind: kind.to_string(),
@@ -297,7 +452,10 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{AccountAlert, AccountBanState, AccountEvent, AccountRestriction, ThroughputChange};
+    use bw_common::proto::{
+        AccountAlert, AccountBanState, AccountEvent, AccountRestriction, TemplateStatusChange, ThroughputChange,
+        UserPreference,
+    };
 
     fn signal(kind: Kind) -> AccountSignal {
         AccountSignal { field: "account_update".into(), waba_id: "w1".into(), kind: Some(kind), ..Default::default() }
@@ -357,5 +515,92 @@ mod tests {
         );
         assert!(matches!(&a[..], [Action::Alert { kind: ALERT_SIGNAL, detail }] if detail.contains("OBA_REJECTED")));
         assert!(actions(&signal(Kind::Throughput(ThroughputChange::default())), 0).is_empty());
+    }
+
+    fn template_status(event: &str, title: &str) -> AccountSignal {
+        AccountSignal {
+            field: "message_template_status_update".into(),
+            waba_id: "102290129340398".into(),
+            kind: Some(Kind::TemplateStatus(TemplateStatusChange {
+                event: event.into(),
+                template_name: "order_update".into(),
+                template_language: "en_US".into(),
+                other_title: title.into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn template_statuses_hold_or_release_the_scope_the_dispatcher_checks() {
+        // The key a send of this template is checked against (bw-dispatcher gates: ScopeKey::template_of).
+        let send = bw_common::proto::SendRequest {
+            waba_id: "102290129340398".into(),
+            payload: Some(bw_common::proto::send_request::Payload::Template(bw_common::proto::TemplatePayload {
+                name: "order_update".into(),
+                language: "en_US".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let sent_key = ScopeKey::template_of(&send).expect("a template send has a scope");
+        for (event, code) in [
+            ("PAUSED", 132015),
+            ("DISABLED", 132016),
+            ("REJECTED", 132001),
+            ("ARCHIVED", 132001),
+            ("DELETED", 132001),
+            ("PENDING_DELETION", 132001),
+        ] {
+            let a = actions(&template_status(event, ""), 0);
+            assert!(
+                matches!(&a[..], [Action::HoldTemplate { key, code: c, .. }, Action::Alert { kind: ALERT_SIGNAL, .. }]
+                    if *key == sent_key && *c == code),
+                "{event}: {a:?}"
+            );
+        }
+        for (event, title) in
+            [("APPROVED", ""), ("REINSTATED", ""), ("UNARCHIVED", ""), ("UNPAUSE", ""), ("APPROVED", "UNPAUSE")]
+        {
+            let a = actions(&template_status(event, title), 0);
+            assert!(matches!(&a[..], [Action::ReleaseTemplate { key, .. }] if *key == sent_key), "{event}: {a:?}");
+        }
+        // A paused template's title is not a release; events that do not change sending do nothing.
+        assert!(matches!(&actions(&template_status("PAUSED", "FIRST_PAUSE"), 0)[..], [Action::HoldTemplate { .. }, _]));
+        for event in ["PENDING", "FLAGGED", "IN_APPEAL", "LOCKED", ""] {
+            assert!(actions(&template_status(event, ""), 0).is_empty(), "{event}");
+        }
+        let mut nameless = template_status("PAUSED", "");
+        if let Some(Kind::TemplateStatus(t)) = &mut nameless.kind {
+            t.template_language.clear();
+        }
+        assert!(actions(&nameless, 0).is_empty(), "no key the dispatcher could match");
+    }
+
+    #[test]
+    fn a_user_stop_suppresses_marketing_and_resume_lifts_it() {
+        let pref = |category: &str, value: &str| AccountSignal {
+            field: "user_preferences".into(),
+            waba_id: "w1".into(),
+            kind: Some(Kind::UserPreference(UserPreference {
+                recipient_key_hash: bw_common::mask::recipient_key("+5491155551234"),
+                category: category.into(),
+                value: value.into(),
+                timestamp_unix_s: 1,
+            })),
+            ..Default::default()
+        };
+        let rk = bw_common::mask::recipient_key("+5491155551234");
+        assert_eq!(
+            actions(&pref("marketing_messages", "stop"), 0),
+            vec![Action::SuppressMarketing { recipient_key_hash: rk.clone() }]
+        );
+        assert_eq!(
+            actions(&pref("marketing_messages", "resume"), 0),
+            vec![Action::ResumeMarketing { recipient_key_hash: rk }]
+        );
+        assert!(actions(&pref("marketing_messages", "interested"), 0).is_empty());
+        assert!(actions(&pref("service_messages", "stop"), 0).is_empty(), "only marketing is what 131050 covers");
     }
 }

@@ -84,6 +84,8 @@ struct Inner {
     redis: bw_common::redis_conn::RedisConn,
     nats: async_nats::Client,
     js: async_nats::jetstream::Context,
+    /// The KV buckets (the ledger, for a template release's moves out of the quarantine).
+    buckets: bw_common::nats::Buckets,
     /// Which DLQ partition holds each sender's entries.
     send: bw_common::names::SendPartitions,
     scopes_kv: async_nats::jetstream::kv::Store,
@@ -136,6 +138,7 @@ impl Coordinator {
                 redis,
                 nats: deps.nats.clone(),
                 js: deps.js.clone(),
+                buckets: deps.buckets.clone(),
                 send: deps.buckets.send,
                 scopes_kv: deps.buckets.scopes.clone(),
                 instance: instance_id(),

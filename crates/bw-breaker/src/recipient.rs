@@ -79,6 +79,12 @@ impl RecipientMarketing {
     pub async fn suppress(&self, tenant: &str, recipient_key: &str, code: i64) -> Result<MarketingState, BreakerError> {
         self.call(&marketing_key(tenant, recipient_key), "suppress", code, SUPPRESSION_KEEP_MS).await
     }
+
+    /// The user resumed marketing (`user_preferences` `resume`): lifts a suppression by `code` (131050) only;
+    /// another code's suppression (130472) and a 131049 deferral stay.
+    pub async fn resume(&self, tenant: &str, recipient_key: &str, code: i64) -> Result<MarketingState, BreakerError> {
+        self.call(&marketing_key(tenant, recipient_key), "resume", code, 0).await
+    }
 }
 
 #[cfg(test)]

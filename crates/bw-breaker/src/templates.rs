@@ -180,6 +180,16 @@ impl TemplateHolds {
     pub async fn release(&self, key: &ScopeKey) -> Result<Option<Hold>, BreakerError> {
         self.call(key, "release", 0, 0).await
     }
+
+    /// Ends the hold of `key` and returns once no process can still trust a read of it from before (twice
+    /// [`READ_CACHE`]: a read in flight at the release is remembered just after it). A release must wait for
+    /// this before it re-queues the held messages: a dispatcher that still trusted its read would quarantine
+    /// them again, and the release would end with them held.
+    pub async fn release_everywhere(&self, key: &ScopeKey) -> Result<Option<Hold>, BreakerError> {
+        let was = self.release(key).await?;
+        tokio::time::sleep(2 * READ_CACHE).await;
+        Ok(was)
+    }
 }
 
 fn parse_reply(value: redis::Value) -> Result<Option<Hold>, BreakerError> {

@@ -80,7 +80,7 @@ pub async fn release(
     }
     let lift = async {
         match &holds {
-            Some(h) => h.release(&key).await.map(|was| was.is_some()).map_err(|e| e.to_string()),
+            Some(h) => h.release_everywhere(&key).await.map(|was| was.is_some()).map_err(|e| e.to_string()),
             None => Ok(false),
         }
     };

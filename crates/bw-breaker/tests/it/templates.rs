@@ -105,6 +105,16 @@ async fn marketing_cool_off_and_suppression_are_per_tenant_and_recipient() {
     let ttl: i64 = redis::cmd("PTTL").arg(marketing_key("acme", &bob)).query_async(&mut conn).await.expect("pttl");
     assert!(ttl > (170 * day) as i64, "kept about 180 days: {ttl}");
 
+    // `user_preferences` `resume` lifts the user's own stop (131050) only, and leaves a deferral running.
+    marketing.defer("acme", &bob, 131049, day).await.expect("defer");
+    let kept = marketing.resume("acme", &bob, 130472).await.expect("resume");
+    assert_eq!(kept.suppressed_code, 131050, "another code's resume lifts nothing");
+    let lifted = marketing.resume("acme", &bob, 131050).await.expect("resume");
+    assert_eq!(lifted.suppressed_code, 0);
+    assert!(lifted.deferred_for_ms() > 0, "the 131049 deferral runs to its end");
+    marketing.suppress("acme", &alice, 130472).await.expect("suppress");
+    assert_eq!(marketing.resume("acme", &alice, 131050).await.expect("resume").suppressed_code, 130472);
+
     // No phone number reaches Redis.
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.expect("keys");
     assert!(keys.iter().all(|k| !k.contains("5491155550")), "{keys:?}");
