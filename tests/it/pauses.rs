@@ -262,3 +262,41 @@ async fn replay_waits_for_a_waba_pause_and_replays_the_incident_once_it_lifts_wi
         bw_ops::scan::scan_stream(&h.js, names::QUARANTINE_STREAM, "bw.quarantine.>").await.expect("scan");
     assert!(quarantined.is_empty(), "no POISON: {} quarantined", quarantined.len());
 }
+
+/// A pause that lasts until lifted dead-letters its messages with a recheck hint of `token_halt_retry_ms`
+/// (10 minutes at the defaults) as their not-before. Once the pause is lifted, replay sends them without waiting
+/// out that hint: each once, none into the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_held_until_a_lift_go_out_once_it_lifts_not_at_the_recheck_hint() {
+    const HELD: &str = "106540352205001";
+    let mut h = Harness::start(sim()).await;
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+    let breaker = test_breaker(&h).await;
+    let restricted = PauseSpec {
+        scope: PauseScope::Waba,
+        code: 368,
+        end: PauseEnd::Lifted,
+        marketing_only: false,
+        source: PauseSource::Operator,
+    };
+    breaker.pause(&Parent::Waba(WABA_ID.into()), restricted).await.expect("pause");
+    let ops = submit(&h, WABA_ID, HELD, "held", 5, 0).await;
+    assert!(h.wait_all(&ops, &[OperationState::Dlq], WAIT).await, "held by the pause");
+    let hint = bw_common::time::now_ms() + 5 * 60 * 1000;
+    for m in bw_ops::scan::scan_stream(&h.js, names::DLQ_STREAM, "bw.dlq.>").await.expect("scan") {
+        let env = DlqEnvelope::decode(m.payload.as_ref()).expect("envelope");
+        assert_eq!(env.reason(), DlqReason::SenderPaused);
+        assert!(env.not_before_unix_ms > hint, "the compiled recheck hint is minutes away");
+    }
+    assert_eq!(accepted(&h, &ops), 0);
+
+    h.start_coordinator(&[]).await;
+    h.start_replay(&[]).await;
+    breaker.clear_parent(&Parent::Waba(WABA_ID.into())).await.expect("lift");
+    // Bounded well below the hint: replay's own recheck (replay.hold_recheck_ms, 30 s) is the longest wait left.
+    assert!(h.wait_all(&ops, &SENT, Duration::from_secs(150)).await, "sent once the pause lifted");
+    let oracle = h.sim.oracle();
+    assert!(ops.iter().all(|op| oracle.get(op).is_some_and(|e| e.count == 1)), "each sent once");
+    assert_eq!(h.sim.counters().outcome("368"), 0, "nothing was sent into the pause");
+}

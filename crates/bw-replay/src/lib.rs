@@ -174,7 +174,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let rules = Rules {
         max_replays: cfg.replay.max_replays,
         window_ms: (cfg.replay.window_hours * 3600 * 1000) as i64,
-        honor_not_before: true,
+        // The worker decides not-before itself, before any ledger read (`worker::not_before_wait`: a sender
+        // pause's recheck hint ends with the pause), so the move does not check it again.
+        honor_not_before: false,
         via: "replay".into(),
     };
     let grace = Duration::from_millis(cfg.replay.shutdown_grace_ms);

@@ -15,7 +15,7 @@
 use crate::{Ctx, ScopeView};
 use async_nats::jetstream::{Message, consumer::pull};
 use bw_common::disposition::{Label, Settle};
-use bw_common::proto::{BreakerState, DlqEnvelope};
+use bw_common::proto::{BreakerState, DlqEnvelope, DlqReason};
 use bw_common::time::now_ms;
 use bw_common::{names, telemetry};
 use bw_ops::moves::{Outcome, Target};
@@ -472,8 +472,7 @@ async fn drain_class(
             let envelope = DlqEnvelope::decode(msg.payload.as_ref()).ok().filter(|e| e.request.is_some());
             if let Some(env) = &envelope {
                 // Cheap checks first: they need no ledger read and no token.
-                if env.not_before_unix_ms > now_ms() {
-                    let wait = Duration::from_millis((env.not_before_unix_ms - now_ms()).max(1) as u64);
+                if let Some(wait) = not_before_wait(env, now_ms(), ctx.cfg.replay.hold_recheck_ms) {
                     settle(ctx, scope, &msg, Settle::nak(EntryResult::NotBefore, wait)).await;
                     continue;
                 }
@@ -557,6 +556,29 @@ async fn drain_class(
 fn stops(ctx: &Ctx, scope: &str, view: &ScopeView, active: &Mode, class: Class, not_closed_since: Option<i64>) -> bool {
     mode(ctx, scope, view, not_closed_since) != *active
         || (class.lane == names::Lane::Replay && view.paused_for(now_ms(), true).is_some())
+}
+
+/// How long an entry must still wait before replay may take it, if at all.
+///
+/// A not-before time is Meta's own wait (Retry-After, 131049's cool-off) and is always honoured, except for an
+/// entry held by a sender pause or a halted token: its not-before is only a recheck hint (`token_halt_retry_ms`,
+/// 10 minutes by default), and this drain session runs only while no pause covers the scope. Such an entry goes
+/// as soon as it has been in the DLQ for `recheck_ms`, the time the scope view needs to show a pause that was
+/// set when it was dead-lettered; a session working from an older view naks it for at most `recheck_ms`
+/// instead of replaying it into the pause (a bounce that would count towards POISON).
+fn not_before_wait(env: &DlqEnvelope, now: i64, recheck_ms: u64) -> Option<Duration> {
+    if env.not_before_unix_ms <= now {
+        return None;
+    }
+    let left = (env.not_before_unix_ms - now).max(1) as u64;
+    if !matches!(env.reason(), DlqReason::SenderPaused | DlqReason::Credentials) {
+        return Some(Duration::from_millis(left));
+    }
+    let seen_for = now.saturating_sub(env.dead_lettered_at_unix_ms).max(0) as u64;
+    if seen_for >= recheck_ms {
+        return None;
+    }
+    Some(Duration::from_millis(left.min(recheck_ms - seen_for).max(1)))
 }
 
 /// Whether a marketing session should stop and let the scope's priority entries go first: new priority entries
@@ -654,6 +676,39 @@ mod tests {
         for (outcome, disposition, label) in rows {
             let settle = settle_for(&outcome);
             assert_eq!((settle.disposition, settle.result.label()), (disposition, label), "{outcome:?}");
+        }
+    }
+
+    fn entry(reason: DlqReason, dead_lettered: i64, not_before: i64) -> DlqEnvelope {
+        DlqEnvelope {
+            reason: reason as i32,
+            dead_lettered_at_unix_ms: dead_lettered,
+            not_before_unix_ms: not_before,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pauses_recheck_hint_ends_with_the_pause_but_metas_own_wait_is_kept() {
+        let (now, recheck) = (1_000_000i64, 30_000u64);
+        let ms = Duration::from_millis;
+        let rows = [
+            // Meta's own waits: always the whole of it.
+            (entry(DlqReason::RateLimited, now - 60_000, now + 5_000), Some(ms(5_000))),
+            (entry(DlqReason::RecipientDeferred, now - 60_000, now + 86_000_000), Some(ms(86_000_000))),
+            // Nothing to wait for.
+            (entry(DlqReason::SenderPaused, now - 1_000, now), None),
+            (entry(DlqReason::BreakerOpen, now - 1_000, 0), None),
+            // A pause's hint: this session runs only without a covering pause, so it goes once the scope view
+            // has had recheck_ms to show a pause set at dead-lettering, and waits at most that long before.
+            (entry(DlqReason::SenderPaused, now - 30_000, now + 570_000), None),
+            (entry(DlqReason::Credentials, now - 400_000, now + 200_000), None),
+            (entry(DlqReason::SenderPaused, now - 1_000, now + 599_000), Some(ms(29_000))),
+            (entry(DlqReason::Credentials, now - 29_999, now + 570_001), Some(ms(1))),
+            (entry(DlqReason::SenderPaused, now - 1_000, now + 2_000), Some(ms(2_000))),
+        ];
+        for (env, want) in rows {
+            assert_eq!(not_before_wait(&env, now, recheck), want, "{:?}", env.reason());
         }
     }
 }
