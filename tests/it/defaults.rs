@@ -153,3 +153,33 @@ faults = [{ kind = "error", code = 4 }]
     let report = bw_ops::account::account_expected(&h.js, &h.buckets, &ops).await.expect("accounting");
     assert!(report.is_clean(), "{report}");
 }
+
+/// A dispatcher configured with a Graph API version past its end (v20.0 ended 2026-09-24) refuses to start, with
+/// the fix in the message; the override starts it, and it sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_api_version_is_refused_at_start_unless_overridden() {
+    let mut h = Harness::start(bw_meta_sim::SimConfig::default()).await;
+    let ended = [("meta.api_version", "v20.0".to_string())];
+    let refused = h.start_dispatcher_at_defaults_but(&ended).await;
+    let err = h.stop(refused).await.expect_err("an ended version is refused");
+    let text = format!("{err:#}");
+    assert!(text.contains("v20.0") && text.contains("meta.allow_expired_api_version = true"), "{text}");
+
+    h.start_ingest(&[]).await;
+    h.register(&[PHONE]).await;
+    let overridden = [("meta.api_version", "v20.0".to_string()), ("meta.allow_expired_api_version", "true".into())];
+    h.start_dispatcher_at_defaults_but(&overridden).await;
+    let reply = h
+        .producer()
+        .send(
+            &bw_client::Request::template("ended-1", WABA_ID, PHONE, "+5491166000001", "order_confirmation", "es_AR")
+                .param("1")
+                .category(Category::Transactional)
+                .build(),
+        )
+        .await
+        .expect("ingest answers");
+    assert!(reply.accepted, "{}", reply.error);
+    let sent = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
+    assert!(h.wait_all(&["ended-1".to_string()], &sent, Duration::from_secs(60)).await, "the override sends");
+}
