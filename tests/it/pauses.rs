@@ -85,15 +85,25 @@ fn accepted(h: &Harness, ops: &[String]) -> usize {
     ops.iter().filter(|op| oracle.get(op).is_some()).count()
 }
 
-async fn dlq_reasons(h: &Harness, ops: &[String]) -> Vec<DlqReason> {
+/// The DLQ entries of `ops`.
+async fn dlq_entries(h: &Harness, ops: &[String]) -> Vec<DlqEnvelope> {
     let mut out = Vec::new();
     for m in bw_ops::scan::scan_stream(&h.js, names::DLQ_STREAM, "bw.dlq.>").await.expect("scan") {
         let env = DlqEnvelope::decode(m.payload.as_ref()).expect("envelope");
         if env.request.as_ref().is_some_and(|r| ops.contains(&r.operation_id)) {
-            out.push(env.reason());
+            out.push(env);
         }
     }
     out
+}
+
+async fn dlq_reasons(h: &Harness, ops: &[String]) -> Vec<DlqReason> {
+    dlq_entries(h, ops).await.iter().map(DlqEnvelope::reason).collect()
+}
+
+/// A 368 restriction of a WABA that holds until lifted.
+fn waba_held_until_lifted(source: PauseSource) -> PauseSpec {
+    PauseSpec { scope: PauseScope::Waba, code: 368, end: PauseEnd::Lifted, marketing_only: false, source }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,14 +223,7 @@ async fn replay_waits_for_a_waba_pause_and_replays_the_incident_once_it_lifts_wi
     // The incident's entries wait in the DLQ of a sender whose WABA is restricted (368), with a control sender
     // of another WABA beside it.
     let breaker = test_breaker(&h).await;
-    let restricted = PauseSpec {
-        scope: PauseScope::Waba,
-        code: 368,
-        end: PauseEnd::Lifted,
-        marketing_only: false,
-        source: PauseSource::Answer,
-    };
-    breaker.pause(&Parent::Waba(WABA_ID.into()), restricted).await.expect("pause");
+    breaker.pause(&Parent::Waba(WABA_ID.into()), waba_held_until_lifted(PauseSource::Answer)).await.expect("pause");
     let mut paused_ops = Vec::new();
     for i in 0..8 {
         let r = order(WABA_ID, PAUSED, &format!("inc-{i}"), i);
@@ -273,19 +276,14 @@ async fn messages_held_until_a_lift_go_out_once_it_lifts_not_at_the_recheck_hint
     h.start_ingest(&[]).await;
     h.start_dispatcher_at_defaults().await;
     let breaker = test_breaker(&h).await;
-    let restricted = PauseSpec {
-        scope: PauseScope::Waba,
-        code: 368,
-        end: PauseEnd::Lifted,
-        marketing_only: false,
-        source: PauseSource::Operator,
-    };
-    breaker.pause(&Parent::Waba(WABA_ID.into()), restricted).await.expect("pause");
+    let held = waba_held_until_lifted(PauseSource::Operator);
+    breaker.pause(&Parent::Waba(WABA_ID.into()), held).await.expect("pause");
     let ops = submit(&h, WABA_ID, HELD, "held", 5, 0).await;
     assert!(h.wait_all(&ops, &[OperationState::Dlq], WAIT).await, "held by the pause");
     let hint = bw_common::time::now_ms() + 5 * 60 * 1000;
-    for m in bw_ops::scan::scan_stream(&h.js, names::DLQ_STREAM, "bw.dlq.>").await.expect("scan") {
-        let env = DlqEnvelope::decode(m.payload.as_ref()).expect("envelope");
+    let entries = dlq_entries(&h, &ops).await;
+    assert_eq!(entries.len(), ops.len());
+    for env in entries {
         assert_eq!(env.reason(), DlqReason::SenderPaused);
         assert!(env.not_before_unix_ms > hint, "the compiled recheck hint is minutes away");
     }
