@@ -23,7 +23,12 @@
 //! - a `user_preferences` `stop` of `marketing_messages` suppresses marketing to the user as 131050 does, and
 //!   `resume` lifts that suppression (see [`Coordinator::tenants_of`] for the tenant it applies in).
 //!
-//! The other signals (tiers, throughput, template quality and category, echoes, unknown fields) are acked here
+//! - a messaging-limit tier (`business_capability_update`, or the tier riding on `phone_number_quality_update`)
+//!   sets the budget limit of the WABA's business portfolio(s) (`bw_breaker::budget`, [`Coordinator::portfolios_of`]),
+//!   whether it rises or falls (Meta's value is the truth); a rise releases held messages at their next
+//!   redelivery. A value Meta's formats do not explain (0) changes nothing.
+//!
+//! The other signals (throughput, template quality and category, echoes, unknown fields) are acked here
 //! without an action yet. Every change goes through `parent_pause.lua` (`Breaker::pause_because`,
 //! `clear_parent`). One durable consumer, shared by every instance, with one message in flight: a ban and its
 //! reinstatement apply in order whichever instance takes them. A step that fails (Redis, NATS) is redelivered;
@@ -101,6 +106,8 @@ pub enum Action {
     SuppressMarketing { recipient_key_hash: String },
     /// Lift a user's 131050 suppression.
     ResumeMarketing { recipient_key_hash: String },
+    /// Set the messaging limit (-1 unlimited) of the portfolio named, else of the WABA's portfolio(s).
+    SetPortfolioLimit { portfolio_id: String, limit: i64, raw: String },
     /// Raise a signal for the alerting service.
     Alert { kind: &'static str, detail: String },
 }
@@ -195,6 +202,13 @@ pub fn actions(s: &AccountSignal, now_ms: i64) -> Vec<Action> {
                 _ => Vec::new(),
             }
         }
+        Kind::MessagingLimit(l) if l.unique_users_per_24h != 0 && !waba.is_empty() => {
+            vec![Action::SetPortfolioLimit {
+                portfolio_id: l.portfolio_id.clone(),
+                limit: l.unique_users_per_24h.max(-1),
+                raw: l.raw.clone(),
+            }]
+        }
         _ => Vec::new(),
     }
 }
@@ -234,6 +248,30 @@ impl Coordinator {
             tenants.push(bw_common::tenancy::DEFAULT_TENANT.to_string());
         }
         Ok(tenants)
+    }
+
+    /// The portfolios a tier of `waba_id` applies to: the one the signal names, else those of the WABA's numbers
+    /// in the sender registry, else the configured one of the WABA (`budget.portfolios`), else the WABA itself;
+    /// the ids the dispatcher counts under (`bw_breaker::budget::portfolio_of`).
+    pub(crate) async fn portfolios_of(&self, waba_id: &str, named: &str) -> anyhow::Result<Vec<String>> {
+        let by_waba = &self.inner.cfg.budget.portfolios;
+        if !named.is_empty() {
+            return Ok(vec![named.to_string()]);
+        }
+        let registry = bw_common::registry::Registry::open(&self.inner.js, self.inner.cfg.nats.replicas).await?;
+        let mut portfolios: Vec<String> = registry
+            .list()
+            .await?
+            .into_iter()
+            .filter(|r| r.waba_id == waba_id)
+            .map(|r| bw_breaker::budget::portfolio_of(&r.portfolio_id, waba_id, by_waba))
+            .collect();
+        portfolios.sort();
+        portfolios.dedup();
+        if portfolios.is_empty() {
+            portfolios.push(bw_breaker::budget::portfolio_of("", waba_id, by_waba));
+        }
+        Ok(portfolios)
     }
 
     /// The shared durable consumer on BW_ACCOUNT (created by the first instance; the others bind it).
@@ -425,6 +463,14 @@ impl Coordinator {
                 }
                 tracing::info!(waba_id = %signal.waba_id, "user_preferences resume: marketing to the user resumed");
             }
+            Action::SetPortfolioLimit { portfolio_id, limit, raw } => {
+                let budget = bw_breaker::budget::PortfolioBudget::new(self.inner.redis.clone());
+                for portfolio in self.portfolios_of(&signal.waba_id, &portfolio_id).await? {
+                    let previous = budget.set_limit(&portfolio, limit, "webhook", &raw).await?;
+                    tracing::info!(%portfolio, waba_id = %signal.waba_id, previous, limit, %raw,
+                        "portfolio messaging limit set by Meta's webhook");
+                }
+            }
             Action::Alert { kind, detail } => {
                 let alert = Signal {
                     kind: kind.to_string(),
@@ -576,6 +622,28 @@ mod tests {
             t.template_language.clear();
         }
         assert!(actions(&nameless, 0).is_empty(), "no key the dispatcher could match");
+    }
+
+    #[test]
+    fn a_tier_sets_the_portfolio_limit_and_an_unexplained_value_changes_nothing() {
+        use bw_common::proto::MessagingLimitChange;
+        let tier = |n: i64, raw: &str, pf: &str| {
+            signal(Kind::MessagingLimit(MessagingLimitChange {
+                unique_users_per_24h: n,
+                raw: raw.into(),
+                portfolio_id: pf.into(),
+                max_phone_numbers_per_waba: 25,
+            }))
+        };
+        assert_eq!(
+            actions(&tier(2_000, "TIER_2K", ""), 0),
+            vec![Action::SetPortfolioLimit { portfolio_id: String::new(), limit: 2_000, raw: "TIER_2K".into() }]
+        );
+        assert_eq!(
+            actions(&tier(-1, "TIER_UNLIMITED", "p9"), 0),
+            vec![Action::SetPortfolioLimit { portfolio_id: "p9".into(), limit: -1, raw: "TIER_UNLIMITED".into() }]
+        );
+        assert!(actions(&tier(0, "TIER_WHAT", ""), 0).is_empty(), "0: not understood, not applied");
     }
 
     #[test]

@@ -23,6 +23,18 @@ pub struct Config {
     pub breaker: BreakerConfig,
     #[serde(default)]
     pub limits: LimitsTable,
+    /// Which portfolio Meta's tier webhooks apply to (`account.rs`); the dispatcher's `budget.portfolios`.
+    #[serde(default)]
+    pub budget: BudgetPortfolios,
+}
+
+/// `[budget]`: portfolio by WABA id for numbers whose sender-registry record has no `portfolio_id` (the same map
+/// as the dispatcher's `budget.portfolios`, so a tier lands on the budget the dispatcher counts).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetPortfolios {
+    #[serde(default)]
+    pub portfolios: std::collections::BTreeMap<String, String>,
 }
 
 impl bw_common::service::ServiceConfig for Config {

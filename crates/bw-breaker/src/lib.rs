@@ -22,6 +22,7 @@
 //!
 //! What must not live here: NATS consumption, Meta calls, or config authority (the coordinator owns that).
 
+pub mod budget;
 mod config;
 pub mod evidence;
 mod local;

@@ -9,7 +9,8 @@
 //!   (`recipient_deferred`) until the cool-off ends, out of its recipient's order chain, so later non-marketing
 //!   messages to the recipient are not held behind it;
 //! - a message of a held template goes to the quarantine unsent (`template_held`, with the scope key), while
-//!   other templates flow.
+//!   other templates flow;
+//! - last, a template that would pass its business portfolio's messaging limit is held (`budget.rs`).
 //!
 //! After Meta's answer ([`Worker::quarantine_scoped`], [`Worker::note_marketing_answer`]): a template code
 //! (132001, 132007, 132015, 132016) holds the template and quarantines the message under the template's scope;
@@ -32,11 +33,22 @@ use bw_common::time::now_ms;
 pub(crate) struct Gates {
     pub holds: Option<TemplateHolds>,
     pub marketing: Option<RecipientMarketing>,
+    /// The portfolio messaging-limit budget (`budget.rs`); absent when off or without Redis.
+    pub budget: Option<std::sync::Arc<crate::budget::Budget>>,
 }
 
 impl Gates {
     pub(crate) fn new(redis: Option<bw_breaker::RedisConn>) -> Gates {
-        Gates { holds: redis.clone().map(TemplateHolds::new), marketing: redis.map(RecipientMarketing::new) }
+        Gates {
+            holds: redis.clone().map(TemplateHolds::new),
+            marketing: redis.map(RecipientMarketing::new),
+            budget: None,
+        }
+    }
+
+    pub(crate) fn with_budget(mut self, budget: Option<crate::budget::Budget>) -> Gates {
+        self.budget = budget.map(std::sync::Arc::new);
+        self
     }
 }
 
@@ -114,7 +126,8 @@ impl Worker {
                 Err(e) => tracing::debug!(parent: &w.span, error = %e, "template hold unavailable; sending"),
             }
         }
-        Some(w)
+        // Last: only a message every other gate lets through spends the portfolio's budget.
+        self.budget_gate(w).await
     }
 
     /// Meta refused with a code whose messages are held by scope: hold the template (when it is one) and

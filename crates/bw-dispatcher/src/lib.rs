@@ -26,6 +26,7 @@
 //! Entry point: [`run`].
 
 mod attempt;
+pub mod budget;
 mod gates;
 mod late;
 mod meta;
@@ -69,6 +70,9 @@ pub struct Config {
     /// Whether senders are checked against the sender registry before each send (the compiled default).
     #[serde(default)]
     pub tenancy: bw_common::tenancy::TenancyConfig,
+    /// The portfolio messaging-limit budget (`budget.rs`).
+    #[serde(default)]
+    pub budget: budget::BudgetConfig,
 }
 
 /// How to reach Meta.
@@ -159,6 +163,7 @@ impl ServiceConfig for Config {
     }
     fn validate(&self) -> Result<(), String> {
         self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
+        self.budget.validate()?;
         let invalid = |m: &str| Err(m.to_string());
         if self.dispatch.ack_wait_ms <= self.meta.request_timeout_ms {
             return invalid("dispatch.ack_wait_ms must exceed meta.request_timeout_ms");
@@ -400,7 +405,11 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         late_allowance: Default::default(),
         late_claims: Default::default(),
         mark_lead: Default::default(),
-        gates: gates::Gates::new(deps.redis.clone()),
+        gates: gates::Gates::new(deps.redis.clone()).with_budget(budget::Budget::new(
+            deps.redis.clone(),
+            cfg.budget.clone(),
+            &deps.metrics,
+        )),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));

@@ -38,6 +38,8 @@ pub(crate) enum Outcome {
     /// A marketing message held back (delayed redelivery, ledger unchanged) while its sender has priority
     /// messages waiting in the DLQ or the priority replay lane.
     PriorityFirst,
+    /// Held by its portfolio's messaging-limit budget (delayed redelivery, `budget.rs`).
+    BudgetHeld,
     Dlq,
     Quarantined,
     Unknown,
@@ -60,6 +62,7 @@ impl Label for Outcome {
             Outcome::RateLimited => "rate_limited",
             Outcome::Held => "held",
             Outcome::PriorityFirst => "priority_first",
+            Outcome::BudgetHeld => "budget_held",
             Outcome::Dlq => "dlq",
             Outcome::Quarantined => "quarantined",
             Outcome::Unknown => "unknown",
@@ -120,7 +123,11 @@ impl Worker {
         names::move_msg_id(&w.request.operation_id, dest, seq)
     }
 
-    async fn update_ledger(&self, w: &Work, f: impl FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>) -> bool {
+    pub(crate) async fn update_ledger(
+        &self,
+        w: &Work,
+        f: impl FnMut(Option<&LedgerEntry>) -> Option<LedgerEntry>,
+    ) -> bool {
         match self.ledger.update_from(&w.request.operation_id, Some(w.ledger.clone()), f).await {
             Ok(_) => true,
             Err(e) => {

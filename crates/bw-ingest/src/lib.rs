@@ -24,6 +24,7 @@ pub mod egress;
 pub mod feed;
 mod guard;
 mod http;
+mod inbound;
 mod intake;
 mod metrics;
 mod processor;
@@ -713,6 +714,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             metrics: metrics.clone(),
             bodies: bodies.clone(),
             send: deps.buckets.send,
+            windows: inbound::Windows::new(deps.redis.clone(), Duration::from_millis(cfg.redis.timeout_ms)),
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(

@@ -60,6 +60,8 @@ pub(crate) struct Processor {
     pub bodies: Bodies,
     /// Where a new attempt after an asynchronous failure goes (BW_SEND's partitions, as intake publishes).
     pub send: names::SendPartitions,
+    /// Customer service windows opened by inbound messages (`inbound.rs`); absent without Redis.
+    pub windows: Option<crate::inbound::Windows>,
 }
 
 fn target_state(status: DeliveryStatus) -> Option<OperationState> {
@@ -464,6 +466,9 @@ impl Processor {
         if self.seen(&key).await? {
             self.metrics.duplicate("inbound");
             return Ok(());
+        }
+        if let Some(windows) = &self.windows {
+            windows.record(m).await;
         }
         let mut headers = async_nats::HeaderMap::new();
         headers.insert("Nats-Msg-Id", key.as_str());

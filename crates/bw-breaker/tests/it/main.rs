@@ -2,6 +2,7 @@
 
 mod adaptive;
 mod breaker;
+mod budget;
 mod cluster;
 mod evidence;
 mod faults;

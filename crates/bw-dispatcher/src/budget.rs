@@ -1,0 +1,298 @@
+//! The portfolio messaging-limit gate (issue #36 item 2; meta-cloud-api.md §3.3): before a send, a template to a
+//! recipient outside its customer service window must fit its business portfolio's budget of unique users in a
+//! rolling 24 h (`bw_breaker::budget`, `lua/portfolio_budget.lua`), or it is held.
+//!
+//! - Counted: templates only. A free-form message is allowed only inside an open window (Meta refuses it with
+//!   131047 outside one), and replies inside a window do not count. A template counts unless ingest saw an
+//!   inbound message of that user to that number in the last 24 h (`bw-ingest` `inbound.rs`). The producer's
+//!   `customer_last_inbound_unix_ms` is not trusted for this: a wrong claim would spend Meta's limit unseen.
+//! - The portfolio: the sender registry's `portfolio_id`, else `budget.portfolios` (WABA → portfolio), else the
+//!   WABA itself (a portfolio per WABA: exact when each portfolio has one WABA; configure the others).
+//! - The limit: Meta's webhook (`business_capability_update`, applied by the coordinator) when one was seen, else
+//!   `budget.limits` for the portfolio, else `budget.unknown_limit`, 250 by default: the lowest tier, the safe
+//!   reading (nothing sent that Meta would fail).
+//! - The reserve: marketing stops `budget.reserve_percent` (10 %) short of the limit; authentication, utility
+//!   and support templates may use it all. So marketing is held first.
+//!
+//! Holding keeps every promise: a held message is given back to its BW_SEND consumer with a delayed
+//! redelivery (a nak with delay; the consumers have no delivery limit), so it is neither sent nor dead-lettered,
+//! its ledger state stays QUEUED (the place it is in) and nothing else can take it. Its first hold writes the
+//! reason into the ledger entry (one revision, so one feed event, with the portfolio and the figures, never a
+//! number) and each hold publishes a `budget_held` outcome. Each redelivery passes every check again (ledger,
+//! deadline, registry, gates), so a held message whose deadline passed ends EXPIRED, and it is sent at most
+//! once like any other. It goes out when the window slides (the delay never exceeds the time until the oldest
+//! counted user leaves the window) or the tier rises (within `budget.hold_max_ms`, the longest delay: each
+//! redelivery doubles it from `budget.hold_ms`). Held messages count toward the lane consumer's
+//! `max_ack_pending` (50,000): past it the lane waits, losing nothing.
+//!
+//! Redis unreachable: the message is held for `budget.hold_ms` (the safe reading: nothing sent that the budget
+//! could not count). Recipients are keyed by `bw_common::mask::recipient_key`; logs and metrics name the
+//! portfolio only.
+
+use crate::moves::Outcome;
+use crate::process::{Work, Worker};
+use bw_breaker::budget::{PortfolioBudget, Verdict};
+use bw_common::admin::MetricsRegistry;
+use bw_common::disposition::Settle;
+use bw_common::proto::{Category, ErrorInfo, OperationState, send_request::Payload};
+use bw_common::registry::Owner;
+use bw_common::time::now_ms;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The start of the ledger reason of a held message (a redelivery does not write it again).
+pub(crate) const HELD_PREFIX: &str = "held: portfolio messaging limit";
+
+/// `[budget]` of the dispatcher's config.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Off: no message is counted or held (Meta then fails what passes its limit).
+    pub enabled: bool,
+    /// The limit of a portfolio whose tier neither a webhook nor `limits` states; -1 unlimited.
+    pub unknown_limit: i64,
+    /// Limits by portfolio id (unique users per 24 h; -1 unlimited), used until Meta's webhook states one.
+    pub limits: BTreeMap<String, i64>,
+    /// Portfolio by WABA id, for numbers whose registry record has no `portfolio_id`.
+    pub portfolios: BTreeMap<String, String>,
+    /// Share of the limit only authentication, utility and support templates may use, in percent.
+    pub reserve_percent: u32,
+    /// First redelivery delay of a held message; doubled at each redelivery up to `hold_max_ms`.
+    pub hold_ms: u64,
+    pub hold_max_ms: u64,
+    /// Bound on one budget call to Redis.
+    pub timeout_ms: u64,
+}
+
+impl Default for BudgetConfig {
+    fn default() -> Self {
+        BudgetConfig {
+            enabled: true,
+            unknown_limit: bw_breaker::budget::LOWEST_TIER,
+            limits: BTreeMap::new(),
+            portfolios: BTreeMap::new(),
+            reserve_percent: 10,
+            hold_ms: 5_000,
+            hold_max_ms: 30_000,
+            timeout_ms: 250,
+        }
+    }
+}
+
+impl BudgetConfig {
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let bad = |l: i64| l == 0 || l < -1;
+        if bad(self.unknown_limit) {
+            return Err("budget.unknown_limit must be a positive count or -1 (unlimited)".into());
+        }
+        if let Some((p, _)) = self.limits.iter().find(|(_, l)| bad(**l)) {
+            return Err(format!("budget.limits.{p} must be a positive count or -1 (unlimited)"));
+        }
+        if self.reserve_percent > 100 {
+            return Err("budget.reserve_percent must be at most 100".into());
+        }
+        if self.hold_ms == 0 || self.hold_max_ms < self.hold_ms || self.timeout_ms == 0 {
+            return Err("budget.hold_ms and budget.timeout_ms must be > 0, budget.hold_max_ms >= hold_ms".into());
+        }
+        Ok(())
+    }
+}
+
+/// The gate's Redis side, config and metrics.
+pub(crate) struct Budget {
+    store: PortfolioBudget,
+    cfg: BudgetConfig,
+    used: Family<Vec<(&'static str, String)>, Gauge>,
+    limit: Family<Vec<(&'static str, String)>, Gauge>,
+    held: Family<Vec<(&'static str, String)>, Counter>,
+    /// Portfolios this process added to the list `bwctl scopes` reads.
+    noted: Mutex<HashSet<String>>,
+}
+
+impl Budget {
+    pub(crate) fn new(
+        redis: Option<bw_breaker::RedisConn>,
+        cfg: BudgetConfig,
+        registry: &MetricsRegistry,
+    ) -> Option<Budget> {
+        let redis = redis.filter(|_| cfg.enabled)?;
+        let b = Budget {
+            store: PortfolioBudget::new(redis),
+            cfg,
+            used: Family::default(),
+            limit: Family::default(),
+            held: Family::default(),
+            noted: Mutex::default(),
+        };
+        if let Ok(mut r) = registry.lock() {
+            r.register(
+                "bw_portfolio_budget_used",
+                "Unique users a business portfolio reached outside a service window in the last 24 h",
+                b.used.clone(),
+            );
+            r.register(
+                "bw_portfolio_budget_limit",
+                "A business portfolio's messaging limit (unique users per 24 h; -1 unlimited)",
+                b.limit.clone(),
+            );
+            r.register(
+                "bw_portfolio_budget_held",
+                "Deliveries held by the portfolio messaging-limit budget, by portfolio and class",
+                b.held.clone(),
+            );
+        }
+        Some(b)
+    }
+
+    /// The limit used when Redis holds none for `portfolio`.
+    fn fallback(&self, portfolio: &str) -> i64 {
+        self.cfg.limits.get(portfolio).copied().unwrap_or(self.cfg.unknown_limit)
+    }
+}
+
+/// Authentication, utility and support templates may use the reserve; marketing (and an unset category) not.
+pub(crate) fn reserved(category: Category) -> bool {
+    category.is_priority()
+}
+
+/// The delay of a held message's `delivered`-th delivery: `hold_ms` doubled per delivery up to `hold_max_ms`,
+/// never past the moment a slot frees (`wait_ms`).
+pub(crate) fn hold_delay(cfg: &BudgetConfig, delivered: i64, wait_ms: u64) -> Duration {
+    let doublings = delivered.saturating_sub(1).clamp(0, 16) as u32;
+    let backoff = cfg.hold_ms.saturating_mul(1u64 << doublings).min(cfg.hold_max_ms);
+    Duration::from_millis(backoff.min(wait_ms.max(1)))
+}
+
+/// The reason a held message shows in its ledger entry and outcome: the portfolio and the figures only.
+pub(crate) fn held_reason(portfolio: &str, used: i64, limit: i64, cap: i64, reserved: bool) -> String {
+    let class = if reserved {
+        "the whole limit is used".to_string()
+    } else {
+        format!("marketing may use {cap} (the rest is reserved for authentication and utility)")
+    };
+    format!(
+        "{HELD_PREFIX} of portfolio {portfolio}: {used} of {limit} unique users reached in 24 h, {class}; waits \
+         for the window to slide or the tier to rise"
+    )
+}
+
+impl Worker {
+    /// The budget gate; returns the message when it may go on, else it has been held (given back to the broker).
+    pub(crate) async fn budget_gate(&self, w: Work) -> Option<Work> {
+        let Some(budget) = &self.gates.budget else { return Some(w) };
+        if !matches!(w.request.payload, Some(Payload::Template(_))) {
+            return Some(w);
+        }
+        let registered = match self.registry.owner(&w.request.phone_number_id, &w.request.waba_id).await {
+            Ok(Owner::Known { portfolio_id, .. }) => portfolio_id,
+            _ => String::new(),
+        };
+        let portfolio = bw_breaker::budget::portfolio_of(&registered, &w.request.waba_id, &budget.cfg.portfolios);
+        let rk = bw_common::mask::recipient_key(&w.request.recipient);
+        let reserved = reserved(w.request.category());
+        let fallback = budget.fallback(&portfolio);
+        let timeout = Duration::from_millis(budget.cfg.timeout_ms);
+        let phone = &w.request.phone_number_id;
+        // A window unknown (Redis slow) counts the recipient: the safe reading.
+        let open = matches!(tokio::time::timeout(timeout, budget.store.window_open(phone, &rk)).await, Ok(Ok(true)));
+        let reserve = budget.cfg.reserve_percent * 10;
+        let admitted =
+            tokio::time::timeout(timeout, budget.store.admit(&portfolio, &rk, fallback, reserve, reserved, open)).await;
+        let labels = vec![("portfolio", portfolio.clone())];
+        let a = match admitted {
+            Ok(Ok(a)) => a,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                tracing::warn!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; held");
+                let delay = Duration::from_millis(budget.cfg.hold_ms);
+                self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
+                return None;
+            }
+        };
+        budget.limit.get_or_create(&labels).set(a.limit);
+        if a.verdict != Verdict::WindowOpen {
+            budget.used.get_or_create(&labels).set(a.used);
+        }
+        let newly_noted = budget.noted.lock().map(|mut n| n.insert(portfolio.clone())).unwrap_or(false);
+        if newly_noted && let Err(e) = budget.store.note(&portfolio).await {
+            tracing::debug!(%portfolio, error = %e, "portfolio not listed for bwctl yet");
+            if let Ok(mut n) = budget.noted.lock() {
+                n.remove(&portfolio);
+            }
+        }
+        let Verdict::Held { wait_ms } = a.verdict else { return Some(w) };
+        let class = if reserved { "reserved" } else { "marketing" };
+        budget.held.get_or_create(&vec![("portfolio", portfolio.clone()), ("class", class.to_string())]).inc();
+        let cap = if reserved { a.limit } else { bw_breaker::budget::marketing_cap(a.limit, reserve) };
+        let reason = held_reason(&portfolio, a.used, a.limit, cap, reserved);
+        let delivered = w.msg.info().map(|i| i.delivered).unwrap_or(1);
+        let delay = hold_delay(&budget.cfg, delivered, wait_ms);
+        tracing::info!(parent: &w.span, %portfolio, used = a.used, limit = a.limit, class, delay_ms = delay.as_millis() as u64,
+            "portfolio messaging limit reached; held");
+        if !w.ledger.entry.reason.starts_with(HELD_PREFIX) {
+            let written = self
+                .update_ledger(&w, |cur| {
+                    // Only a message still waiting in BW_SEND in this pass gets the note.
+                    let replays = w.ledger.entry.replays;
+                    if cur.is_some_and(|c| c.state() != OperationState::Queued || c.replays != replays) {
+                        return None;
+                    }
+                    let mut e = cur.cloned().unwrap_or_default();
+                    e.reason = reason.clone();
+                    Some(e)
+                })
+                .await;
+            if !written {
+                self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
+                return None;
+            }
+        }
+        let err = ErrorInfo { details: reason, at_unix_ms: now_ms(), ..Default::default() };
+        let event = crate::moves::Event { err: &err, wamid: "", latency_us: 0 };
+        self.settle(&w, Settle::nak(Outcome::BudgetHeld, delay), Some(event)).await;
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_back_off_to_the_cap_and_never_past_a_freed_slot() {
+        let cfg = BudgetConfig::default();
+        assert_eq!(hold_delay(&cfg, 1, u64::MAX), Duration::from_millis(5_000));
+        assert_eq!(hold_delay(&cfg, 2, u64::MAX), Duration::from_millis(10_000));
+        assert_eq!(hold_delay(&cfg, 9, u64::MAX), Duration::from_millis(30_000));
+        assert_eq!(hold_delay(&cfg, 9, 700), Duration::from_millis(700), "a slot frees sooner");
+        assert_eq!(hold_delay(&cfg, 0, 0), Duration::from_millis(1));
+    }
+
+    #[test]
+    fn the_compiled_default_is_the_lowest_tier_with_a_tenth_reserved() {
+        let cfg = BudgetConfig::default();
+        assert_eq!((cfg.unknown_limit, cfg.reserve_percent, cfg.enabled), (250, 10, true));
+        assert!(cfg.validate().is_ok());
+        let zero = BudgetConfig { unknown_limit: 0, ..BudgetConfig::default() };
+        assert!(zero.validate().is_err(), "0 is no tier");
+        let bad = BudgetConfig { limits: BTreeMap::from([("1".into(), -5)]), ..BudgetConfig::default() };
+        assert!(bad.validate().unwrap_err().contains("budget.limits.1"));
+    }
+
+    #[test]
+    fn reasons_name_the_portfolio_and_figures_and_marketing_is_held_first() {
+        let r = held_reason("506914307656634", 1800, 2000, 1800, false);
+        assert!(r.starts_with(HELD_PREFIX) && r.contains("1800 of 2000") && r.contains("marketing may use 1800"));
+        assert!(held_reason("5", 2000, 2000, 2000, true).contains("whole limit"));
+        assert!(reserved(Category::Authentication) && reserved(Category::Transactional));
+        assert!(!reserved(Category::Marketing) && !reserved(Category::Unspecified));
+    }
+}
