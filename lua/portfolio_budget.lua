@@ -23,8 +23,9 @@
 --         ARGV[7] "1" when the recipient's customer service window is open
 --   Returns { verdict, used, limit, wait_ms }: verdict 0 window open (not counted), 1 already counted (renewed),
 --   2 newly counted, 3 unlimited (not counted), -1 held (wait_ms: until the oldest entry leaves the window)
--- set:    ARGV[2] limit (-1 unlimited, > 0 a count), ARGV[3] source, ARGV[4] raw value
---   Returns { previous limit (0: none stored), limit }
+-- set:    ARGV[2] limit (-1 unlimited, > 0 a count), ARGV[3] source, ARGV[4] raw value, ARGV[5] "seed": only
+--         when no limit is stored (a Graph read never overrides a webhook that came first)
+--   Returns { previous limit (0: none stored), limit now }
 -- read:   ARGV[2] window_ms, ARGV[3] fallback limit
 --   Returns { used, limit, source ("" when the fallback), raw, set_at, oldest_ms (0: none), held_at, held_class,
 --             now_ms }
@@ -78,6 +79,9 @@ elseif mode == 'set' then
     return redis.error_reply('bad limit')
   end
   local previous = tonumber(redis.call('HGET', cfg, 'limit')) or 0
+  if ARGV[5] == 'seed' and previous ~= 0 then
+    return { previous, previous }
+  end
   redis.call('HSET', cfg, 'limit', limit, 'source', ARGV[3] or '', 'raw', ARGV[4] or '', 'set_at', now)
   return { previous, limit }
 elseif mode == 'read' then

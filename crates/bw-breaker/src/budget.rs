@@ -87,6 +87,24 @@ pub fn marketing_cap(limit: i64, reserve_permille: u32) -> i64 {
     limit * (1000 - i64::from(reserve_permille.min(1000))) / 1000
 }
 
+/// Unique users of a tier as Meta spells it (`TIER_2K`, `TIER_250`, `2000`, `TIER_UNLIMITED`, `-1`): -1 for
+/// unlimited, 0 when not understood. `TIER_1K` reads 1,000 here; Meta renamed that tier 2,000, and a value
+/// read low only holds earlier (the safe side).
+pub fn tier_users(raw: &str) -> i64 {
+    let t = raw.trim().to_ascii_uppercase();
+    let t = t.strip_prefix("TIER_").unwrap_or(&t);
+    match t {
+        "UNLIMITED" | "-1" => -1,
+        _ => {
+            let (digits, scale) = match t.strip_suffix('K') {
+                Some(d) => (d, 1000),
+                None => (t, 1),
+            };
+            digits.parse::<i64>().ok().filter(|n| *n > 0).map(|n| n.saturating_mul(scale)).unwrap_or(0)
+        }
+    }
+}
+
 /// The portfolio of a number: its sender-registry `portfolio_id`, else the configured one of its WABA
 /// (`budget.portfolios`), else the WABA itself (a portfolio per WABA). The dispatcher counts, and the
 /// coordinator applies Meta's tier, under the same id.
@@ -138,12 +156,22 @@ impl PortfolioBudget {
     /// Sets a portfolio's limit (-1 unlimited) from `source` ("webhook", "operator"); returns the previous stored
     /// limit (0: none). A limit of 0 is refused: it is Meta's "not understood", never a tier.
     pub async fn set_limit(&self, portfolio: &str, limit: i64, source: &str, raw: &str) -> Result<i64, BreakerError> {
+        Ok(self.set(portfolio, limit, source, raw, "").await?.0)
+    }
+
+    /// Sets a portfolio's limit only when none is stored (a Graph read at start never overrides a webhook).
+    /// Returns the limit in force afterwards.
+    pub async fn seed_limit(&self, portfolio: &str, limit: i64, source: &str, raw: &str) -> Result<i64, BreakerError> {
+        Ok(self.set(portfolio, limit, source, raw, "seed").await?.1)
+    }
+
+    async fn set(&self, pf: &str, limit: i64, source: &str, raw: &str, how: &str) -> Result<(i64, i64), BreakerError> {
         let mut inv = PORTFOLIO_BUDGET.prepare_invoke();
-        inv.key(budget_key(portfolio)).key(budget_cfg_key(portfolio)).arg("set").arg(limit).arg(source).arg(raw);
+        inv.key(budget_key(pf)).key(budget_cfg_key(pf)).arg("set").arg(limit).arg(source).arg(raw).arg(how);
         let mut reply = crate::scripts::Reply::new(crate::invoke(&self.conn, &inv).await?)?;
-        let previous = reply.int()?;
-        self.note(portfolio).await?;
-        Ok(previous)
+        let (previous, now) = (reply.int()?, reply.int()?);
+        self.note(pf).await?;
+        Ok((previous, now))
     }
 
     /// A portfolio's budget now.
@@ -240,6 +268,17 @@ mod tests {
         assert_eq!(portfolio_of("800", "200", &by_waba), "800");
         assert_eq!(portfolio_of("", "200", &by_waba), "900");
         assert_eq!(portfolio_of("", "300", &by_waba), "300");
+    }
+
+    #[test]
+    fn tiers_read_in_every_form_meta_uses() {
+        assert_eq!(tier_users("TIER_2K"), 2_000);
+        assert_eq!(tier_users("TIER_250"), 250);
+        assert_eq!(tier_users("100000"), 100_000);
+        assert_eq!(tier_users("TIER_UNLIMITED"), -1);
+        assert_eq!(tier_users("-1"), -1);
+        assert_eq!(tier_users("TIER_WHAT"), 0);
+        assert_eq!(tier_users(""), 0);
     }
 
     #[test]

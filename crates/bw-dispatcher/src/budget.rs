@@ -8,9 +8,10 @@
 //!   `customer_last_inbound_unix_ms` is not trusted for this: a wrong claim would spend Meta's limit unseen.
 //! - The portfolio: the sender registry's `portfolio_id`, else `budget.portfolios` (WABA → portfolio), else the
 //!   WABA itself (a portfolio per WABA: exact when each portfolio has one WABA; configure the others).
-//! - The limit: Meta's webhook (`business_capability_update`, applied by the coordinator) when one was seen, else
-//!   `budget.limits` for the portfolio, else `budget.unknown_limit`, 250 by default: the lowest tier, the safe
-//!   reading (nothing sent that Meta would fail).
+//! - The limit: what Meta said last, by webhook (`business_capability_update`, applied by the coordinator) or
+//!   by the Graph read this process makes once per portfolio (`whatsapp_business_manager_messaging_limit` of the
+//!   number); while Meta said nothing, `budget.limits` for the portfolio, else `budget.unknown_limit`, 250 by
+//!   default: the lowest tier, the safe reading (nothing sent that Meta would fail).
 //! - The reserve: marketing stops `budget.reserve_percent` (10 %) short of the limit; authentication, utility
 //!   and support templates may use it all. So marketing is held first.
 //!
@@ -41,9 +42,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::Deserialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// A failed Graph read of a portfolio's tier is tried again after this long (the fallback applies meanwhile).
+const ASK_AGAIN: Duration = Duration::from_secs(60);
 
 /// The start of the ledger reason of a held message (a redelivery does not write it again).
 pub(crate) const HELD_PREFIX: &str = "held: portfolio messaging limit";
@@ -112,6 +116,8 @@ pub(crate) struct Budget {
     held: Family<Vec<(&'static str, String)>, Counter>,
     /// Portfolios this process added to the list `bwctl scopes` reads.
     noted: Mutex<HashSet<String>>,
+    /// Portfolios whose tier this process asked Meta for: None once learned, else when the last try failed.
+    asked: Mutex<HashMap<String, Option<Instant>>>,
 }
 
 impl Budget {
@@ -128,6 +134,7 @@ impl Budget {
             limit: Family::default(),
             held: Family::default(),
             noted: Mutex::default(),
+            asked: Mutex::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register(
@@ -182,6 +189,44 @@ pub(crate) fn held_reason(portfolio: &str, used: i64, limit: i64, cap: i64, rese
 }
 
 impl Worker {
+    /// Learns a portfolio's tier from Meta once per process (`GET /{phone_number_id}?fields=
+    /// whatsapp_business_manager_messaging_limit`, reference §3.3) and stores it unless a limit is stored already
+    /// (a webhook's is newer). Meta's value wins over `budget.limits`; while Meta cannot be asked, the fallback
+    /// (config, else the lowest tier) holds, and the read is tried again after [`ASK_AGAIN`].
+    async fn learn_tier(&self, budget: &Budget, portfolio: &str, phone: &str) {
+        let due = budget.asked.lock().map(|mut asked| {
+            let due = match asked.get(portfolio) {
+                None => true,
+                Some(None) => false,
+                Some(Some(at)) => at.elapsed() >= ASK_AGAIN,
+            };
+            if due {
+                asked.insert(portfolio.to_string(), Some(Instant::now()));
+            }
+            due
+        });
+        if !due.unwrap_or(false) {
+            return;
+        }
+        let read = self.meta.read_field(phone, "whatsapp_business_manager_messaging_limit").await;
+        let learned = match read {
+            Ok(raw) => match bw_breaker::budget::tier_users(&raw) {
+                0 => Err(format!("tier `{}` not understood", raw.chars().take(32).collect::<String>())),
+                limit => budget.store.seed_limit(portfolio, limit, "graph", &raw).await.map_err(|e| e.to_string()),
+            },
+            Err(e) => Err(e),
+        };
+        match learned {
+            Ok(limit) => {
+                tracing::info!(%portfolio, limit, "portfolio messaging limit learned from Meta");
+                if let Ok(mut asked) = budget.asked.lock() {
+                    asked.insert(portfolio.to_string(), None);
+                }
+            }
+            Err(error) => tracing::warn!(%portfolio, %error, "portfolio tier not read from Meta; the fallback holds"),
+        }
+    }
+
     /// The budget gate; returns the message when it may go on, else it has been held (given back to the broker).
     pub(crate) async fn budget_gate(&self, w: Work) -> Option<Work> {
         let Some(budget) = &self.gates.budget else { return Some(w) };
@@ -195,6 +240,7 @@ impl Worker {
         let portfolio = bw_breaker::budget::portfolio_of(&registered, &w.request.waba_id, &budget.cfg.portfolios);
         let rk = bw_common::mask::recipient_key(&w.request.recipient);
         let reserved = reserved(w.request.category());
+        self.learn_tier(budget, &portfolio, &w.request.phone_number_id).await;
         let fallback = budget.fallback(&portfolio);
         let timeout = Duration::from_millis(budget.cfg.timeout_ms);
         let phone = &w.request.phone_number_id;
@@ -221,7 +267,7 @@ impl Worker {
         if a.verdict != Verdict::WindowOpen {
             budget.used.get_or_create(&labels).set(a.used);
         }
-        let newly_noted = budget.noted.lock().map(|mut n| n.insert(portfolio.clone())).unwrap_or(false);
+        let newly_noted: bool = budget.noted.lock().map(|mut n| n.insert(portfolio.clone())).unwrap_or(false);
         if newly_noted && let Err(e) = budget.store.note(&portfolio).await {
             tracing::debug!(%portfolio, error = %e, "portfolio not listed for bwctl yet");
             if let Ok(mut n) = budget.noted.lock() {

@@ -102,6 +102,29 @@ impl MetaClient {
         };
         (answer, started.elapsed())
     }
+
+    /// Reads one string (or number) field of a Graph object: `GET /{version}/{id}?fields=<field>`. Errors name
+    /// the HTTP status and Meta's code, never the token.
+    pub(crate) async fn read_field(&self, id: &str, field: &str) -> Result<String, String> {
+        let url = format!("{}/{}/{}?fields={field}", self.base_url, self.api_version, id);
+        let response = self
+            .http
+            .get(url)
+            .header(reqwest::header::AUTHORIZATION, &self.auth_header)
+            .send()
+            .await
+            .map_err(|e| bw_common::error_chain(&e))?;
+        let status = response.status();
+        let body: serde_json::Value = response.json().await.map_err(|e| format!("HTTP {status}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("HTTP {status}, code {}", body["error"]["code"]));
+        }
+        match &body[field] {
+            serde_json::Value::String(s) => Ok(s.clone()),
+            serde_json::Value::Number(n) => Ok(n.to_string()),
+            _ => Err(format!("no `{field}` in the answer")),
+        }
+    }
 }
 
 fn transport_error(e: &reqwest::Error) -> MetaAnswer {

@@ -40,6 +40,7 @@ mod conn;
 pub mod errors;
 pub mod events;
 mod fire;
+mod graph;
 pub mod ids;
 pub mod inject;
 pub mod limits;
@@ -264,6 +265,7 @@ impl MetaSim {
         inner.set_scenario(inner.cfg.scenario.clone().unwrap_or_else(Scenario::normal));
         let app = Router::new()
             .route("/{version}/{phone_number_id}/messages", post(api::send_message))
+            .route("/{version}/{object_id}", axum::routing::get(graph::read_object))
             .merge(admin::routes())
             .fallback(api::fallback)
             .with_state(inner.clone());

@@ -73,7 +73,9 @@ async fn a_tier_rise_makes_room_and_unlimited_counts_nothing() {
     }
     assert!(matches!(b.admit(PF, &rk(3), 3, RESERVE, true, false).await.expect("admit").verdict, Verdict::Held { .. }));
     assert_eq!(b.read(PF, 3).await.expect("read").source, "", "the fallback has no source");
-    assert_eq!(b.set_limit(PF, 2000, "webhook", "TIER_2K").await.expect("set"), 0, "none stored before");
+    assert_eq!(b.seed_limit(PF, 2000, "graph", "TIER_2K").await.expect("seed"), 2000, "seeded: none stored before");
+    assert_eq!(b.seed_limit(PF, 100_000, "graph", "TIER_100K").await.expect("seed"), 2000, "a seed never overrides");
+    assert_eq!(b.set_limit(PF, 2000, "webhook", "TIER_2K").await.expect("set"), 2000, "a webhook does");
     assert_eq!(b.admit(PF, &rk(3), 3, RESERVE, true, false).await.expect("admit").verdict, Verdict::Counted);
     assert_eq!(b.set_limit(PF, -1, "webhook", "TIER_UNLIMITED").await.expect("set"), 2000);
     let a = b.admit(PF, &rk(4), 3, RESERVE, false, false).await.expect("admit");

@@ -109,3 +109,36 @@ async fn the_window_rolls_and_sync_mode_refuses_past_the_tier() {
     wait_until(Duration::from_secs(5), || async { sim.account_state().portfolios[PORTFOLIO].reached == 0 }).await;
     assert_eq!(send(&client, &sim, &recipient(2), None).await.expect("answered").code(), 0);
 }
+
+/// GET `/{version}/{id}?fields=whatsapp_business_manager_messaging_limit` of a number, its WABA or the portfolio.
+async fn read_tier(client: &reqwest::Client, sim: &bw_meta_sim::SimHandle, id: &str, token: &str) -> (u16, String) {
+    let url = format!("{}/v25.0/{id}?fields=whatsapp_business_manager_messaging_limit", sim.base_url());
+    let r = client.get(url).bearer_auth(token).send().await.expect("answered");
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.expect("json");
+    (status, body["whatsapp_business_manager_messaging_limit"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test]
+async fn the_tier_is_read_on_a_number_its_waba_or_its_portfolio_as_announced() {
+    let receiver = Receiver::start(0).await;
+    let sim = start(limited(&receiver, "TIER_2K")).await;
+    let client = client(Duration::from_secs(10));
+    let waba = sim.account_state().wabas.keys().next().cloned().unwrap_or_else(|| "102290129340398".into());
+    for id in [PHONE, PORTFOLIO, waba.as_str()] {
+        assert_eq!(read_tier(&client, &sim, id, TOKEN).await, (200, "TIER_2K".into()), "{id}");
+    }
+    assert_eq!(read_tier(&client, &sim, OTHER_PORTFOLIO, TOKEN).await, (200, "TIER_UNLIMITED".into()));
+    assert_eq!(read_tier(&client, &sim, PHONE, "wrong").await.0, 401, "an unknown token: 190");
+    let other_field = format!("{}/v25.0/{PHONE}?fields=name", sim.base_url());
+    assert_eq!(client.get(other_field).bearer_auth(TOKEN).send().await.expect("answered").status().as_u16(), 400);
+    // A business_capability_update changes what the read says.
+    let up = bw_meta_sim::EventKind::BusinessCapabilityUpdate {
+        waba_id: None,
+        max_daily_conversations_per_business: serde_json::json!("TIER_10K"),
+        max_phone_numbers_per_waba: None,
+        effect: true,
+    };
+    sim.fire_event(Event { name: "tier".into(), at_ms: 0, kind: up }).expect("valid");
+    assert_eq!(read_tier(&client, &sim, PHONE, TOKEN).await, (200, "TIER_10K".into()));
+}
