@@ -1,6 +1,7 @@
 //! End-to-end tests: real nats-server, redis-server, the Meta simulator, and the real services.
 
 mod async_failures;
+mod budget;
 mod crash;
 mod defaults;
 mod dispatch;

@@ -117,7 +117,7 @@ pub(crate) struct Budget {
     /// Portfolios this process added to the list `bwctl scopes` reads.
     noted: Mutex<HashSet<String>>,
     /// Portfolios whose tier this process asked Meta for: None once learned, else when the last try failed.
-    asked: Mutex<HashMap<String, Option<Instant>>>,
+    asked: tokio::sync::Mutex<HashMap<String, Option<Instant>>>,
 }
 
 impl Budget {
@@ -134,7 +134,7 @@ impl Budget {
             limit: Family::default(),
             held: Family::default(),
             noted: Mutex::default(),
-            asked: Mutex::default(),
+            asked: tokio::sync::Mutex::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register(
@@ -194,18 +194,15 @@ impl Worker {
     /// (a webhook's is newer). Meta's value wins over `budget.limits`; while Meta cannot be asked, the fallback
     /// (config, else the lowest tier) holds, and the read is tried again after [`ASK_AGAIN`].
     async fn learn_tier(&self, budget: &Budget, portfolio: &str, phone: &str) {
-        let due = budget.asked.lock().map(|mut asked| {
-            let due = match asked.get(portfolio) {
-                None => true,
-                Some(None) => false,
-                Some(Some(at)) => at.elapsed() >= ASK_AGAIN,
-            };
-            if due {
-                asked.insert(portfolio.to_string(), Some(Instant::now()));
-            }
-            due
-        });
-        if !due.unwrap_or(false) {
+        // Held across the read: a message of the portfolio arriving meanwhile waits for Meta's tier instead of
+        // being counted against the fallback.
+        let mut asked = budget.asked.lock().await;
+        let due = match asked.get(portfolio) {
+            None => true,
+            Some(None) => false,
+            Some(Some(at)) => at.elapsed() >= ASK_AGAIN,
+        };
+        if !due {
             return;
         }
         let read = self.meta.read_field(phone, "whatsapp_business_manager_messaging_limit").await;
@@ -219,11 +216,12 @@ impl Worker {
         match learned {
             Ok(limit) => {
                 tracing::info!(%portfolio, limit, "portfolio messaging limit learned from Meta");
-                if let Ok(mut asked) = budget.asked.lock() {
-                    asked.insert(portfolio.to_string(), None);
-                }
+                asked.insert(portfolio.to_string(), None);
             }
-            Err(error) => tracing::warn!(%portfolio, %error, "portfolio tier not read from Meta; the fallback holds"),
+            Err(error) => {
+                tracing::warn!(%portfolio, %error, "portfolio tier not read from Meta; the fallback holds");
+                asked.insert(portfolio.to_string(), Some(Instant::now()));
+            }
         }
     }
 

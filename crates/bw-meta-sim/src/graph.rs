@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// The field Meta names the portfolio's tier by (v24.0+).
-pub const LIMIT_FIELD: &str = "whatsapp_business_manager_messaging_limit";
+pub(crate) const LIMIT_FIELD: &str = "whatsapp_business_manager_messaging_limit";
 
 pub(crate) async fn read_object(
     State(st): State<Arc<Inner>>,
