@@ -7,6 +7,7 @@
 //! obeys the same ledger rules as the replay service and can run alongside it. It never prints recipients in
 //! clear or message bodies. Entry point: [`run`], which returns the process exit code.
 
+pub mod budget;
 pub mod dlq;
 pub mod fmt;
 pub mod op;
@@ -58,7 +59,8 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// List scopes and their breaker states (from BW_SCOPES), then every pause that holds a scope: its number's,
-    /// its WABA's, its app's, its token's (code, since, until or what lifts it, who set it).
+    /// its WABA's, its app's, its token's (code, since, until or what lifts it, who set it), then each business
+    /// portfolio's messaging-limit budget (used, limit, who set it, what it holds).
     Scopes,
     /// Dead-letter queue.
     #[command(subcommand)]
@@ -429,7 +431,11 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
     let conn = connect_with(&cli.nats_config()).await?;
     let (js, buckets) = (&conn.js, &conn.buckets);
     match cli.command {
-        Command::Scopes => scopes(buckets, out).await,
+        Command::Scopes => {
+            let code = scopes(buckets, out).await?;
+            budget::show(&cli.redis_url, out).await?;
+            Ok(code)
+        }
         Command::Signals(args) => signals::run(js, &args, out).await,
         Command::Partitions => partitions(js, buckets, out).await,
         Command::Dlq(DlqCommand::Stats(s)) => {
