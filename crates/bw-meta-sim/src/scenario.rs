@@ -466,13 +466,16 @@ impl Scenario {
     }
 
     /// A built-in scenario by name: `flash-sale-outage` (outage at 10 s for 30 s), `mixed-ambiguous`,
-    /// `error-codes`, `account-signals` (the shipped `scenarios/<name>.toml`), `normal`.
+    /// `error-codes`, `account-signals`, `flash-sale-past-the-limit` (the shipped `scenarios/<name>.toml`), `normal`.
     pub fn builtin(name: &str) -> Result<Scenario, ScenarioError> {
         match name {
             "flash-sale-outage" => Ok(Scenario::flash_sale_outage(Duration::from_secs(10), Duration::from_secs(30))),
             "mixed-ambiguous" => Scenario::from_toml(include_str!("../scenarios/mixed-ambiguous.toml")),
             "error-codes" => Scenario::from_toml(include_str!("../scenarios/error-codes.toml")),
             "account-signals" => Scenario::from_toml(include_str!("../scenarios/account-signals.toml")),
+            "flash-sale-past-the-limit" => {
+                Scenario::from_toml(include_str!("../scenarios/flash-sale-past-the-limit.toml"))
+            }
             "normal" => Ok(Scenario::normal()),
             other => Err(ScenarioError::UnknownBuiltin(other.to_string())),
         }

@@ -183,6 +183,7 @@ fn error_codes_and_account_signals_examples_parse_and_round_trip() {
     for (name, text) in [
         ("error-codes", include_str!("../../scenarios/error-codes.toml")),
         ("account-signals", include_str!("../../scenarios/account-signals.toml")),
+        ("flash-sale-past-the-limit", include_str!("../../scenarios/flash-sale-past-the-limit.toml")),
     ] {
         let s = Scenario::from_toml(text).expect("shipped example parses");
         assert_eq!(s.name, name);
