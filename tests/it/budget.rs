@@ -43,7 +43,6 @@ async fn stack(tier: &str) -> Harness {
         tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
         portfolio_id: portfolio(),
         updated_at_unix_ms: bw_common::time::now_ms(),
-        ..Default::default()
     };
     registry.add(&record).await.expect("registered");
     h

@@ -279,8 +279,9 @@ impl Worker {
         let reason = held_reason(&portfolio, a.used, a.limit, cap, reserved);
         let delivered = w.msg.info().map(|i| i.delivered).unwrap_or(1);
         let delay = hold_delay(&budget.cfg, delivered, wait_ms);
-        tracing::info!(parent: &w.span, %portfolio, used = a.used, limit = a.limit, class, delay_ms = delay.as_millis() as u64,
-            "portfolio messaging limit reached; held");
+        let delay_ms = delay.as_millis() as u64;
+        let (used, limit) = (a.used, a.limit);
+        tracing::info!(parent: &w.span, %portfolio, used, limit, class, delay_ms, "portfolio messaging limit reached; held");
         if !w.ledger.entry.reason.starts_with(HELD_PREFIX) {
             let written = self
                 .update_ledger(&w, |cur| {
@@ -328,7 +329,7 @@ mod tests {
         let zero = BudgetConfig { unknown_limit: 0, ..BudgetConfig::default() };
         assert!(zero.validate().is_err(), "0 is no tier");
         let bad = BudgetConfig { limits: BTreeMap::from([("1".into(), -5)]), ..BudgetConfig::default() };
-        assert!(bad.validate().unwrap_err().contains("budget.limits.1"));
+        assert!(bad.validate().expect_err("refused").contains("budget.limits.1"));
     }
 
     #[test]
