@@ -281,7 +281,7 @@ impl Worker {
         let delay = hold_delay(&budget.cfg, delivered, wait_ms);
         let delay_ms = delay.as_millis() as u64;
         let (used, limit) = (a.used, a.limit);
-        tracing::info!(parent: &w.span, %portfolio, used, limit, class, delay_ms, "portfolio messaging limit reached; held");
+        tracing::debug!(parent: &w.span, %portfolio, used, limit, class, delay_ms, "over the portfolio budget; held");
         if !w.ledger.entry.reason.starts_with(HELD_PREFIX) {
             let written = self
                 .update_ledger(&w, |cur| {
