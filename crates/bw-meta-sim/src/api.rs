@@ -301,7 +301,10 @@ fn later_failure(
     if st.cfg.enforce_service_window && send.template.is_none() && !in_window {
         return Some((Failure::code(131_047), FailureCause::Account, None));
     }
-    if st.cfg.messaging_limit.mode == Mode::Async && !in_window {
+    // Only templates count toward the portfolio's limit: a free-form message is possible only inside a service
+    // window (refused with 131047 outside one when `enforce_service_window`; otherwise taken as inside one), and
+    // replies inside a window do not count (reference §3.3).
+    if st.cfg.messaging_limit.mode == Mode::Async && !in_window && send.template.is_some() {
         let portfolio = st.cfg.portfolio_of(phone);
         if st.account.reach(portfolio, key, now, st.cfg.messaging_limit.window_ms).is_err() {
             st.oracle.count_portfolio_limited(portfolio);
@@ -460,7 +463,7 @@ fn account_check(st: &Inner, phone: &str, send: &Send) -> Result<(), Refusal> {
             return Err(Refusal::new(131_062, Source::Request, None, Usage::default()));
         }
     }
-    if st.cfg.messaging_limit.mode == Mode::Sync && !in_window {
+    if st.cfg.messaging_limit.mode == Mode::Sync && !in_window && send.template.is_some() {
         let portfolio = st.cfg.portfolio_of(phone);
         if st.account.reach(portfolio, key, now, st.cfg.messaging_limit.window_ms).is_err() {
             st.oracle.count_portfolio_limited(portfolio);

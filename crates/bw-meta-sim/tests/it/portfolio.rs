@@ -25,11 +25,13 @@ fn limited(receiver: &Receiver, tier: &str) -> SimConfig {
     cfg
 }
 
-/// Sends a text to each of `users` from `phone`; every answer must be a 200 (async mode).
+/// Sends a template to each of `users` from `phone`; every answer must be a 200 (async mode). Only templates
+/// count: a free-form message is a reply inside a service window.
 async fn reach(client: &reqwest::Client, sim: &bw_meta_sim::SimHandle, phone: &str, users: std::ops::Range<u32>) {
     for n in users {
         let op = format!("op-{phone}-{n}");
-        let a = send_from(client, sim, phone, TOKEN, &recipient(n), Some(&op)).await.expect("answered");
+        let body = template(&recipient(n), "order_update", "en_US", Some(&op));
+        let a = post_from(client, sim, phone, TOKEN, &body).await.expect("answered");
         assert_eq!(a.code(), 0, "accepted: the limit fails later, by webhook");
     }
 }
@@ -59,6 +61,22 @@ async fn past_the_250_tier_messages_are_accepted_and_fail_and_the_portfolio_shar
     let state = sim.account_state();
     assert_eq!(state.portfolios[PORTFOLIO].reached, 250);
     assert_eq!(state.portfolios[PORTFOLIO].tier, Tier(Some(250)));
+}
+
+#[tokio::test]
+async fn free_form_messages_never_count_they_are_replies_inside_a_window() {
+    let receiver = Receiver::start(0).await;
+    let sim = start(limited(&receiver, "2")).await;
+    let client = client(Duration::from_secs(10));
+    for n in 0..5 {
+        let op = format!("text-{n}");
+        let a = send_from(&client, &sim, PHONE, TOKEN, &recipient(n), Some(&op)).await.expect("answered");
+        assert_eq!(a.code(), 0);
+    }
+    reach(&client, &sim, PHONE, 10..12).await;
+    wait_until(Duration::from_secs(5), || async { receiver.statuses().len() >= 7 }).await;
+    assert!(receiver.statuses().iter().all(|s| s["status"] != "failed"), "5 texts and 2 templates fit a tier of 2");
+    assert_eq!(sim.account_state().portfolios[PORTFOLIO].reached, 2);
 }
 
 #[tokio::test]
@@ -101,13 +119,14 @@ async fn the_window_rolls_and_sync_mode_refuses_past_the_tier() {
     let sim = start(cfg).await;
     let client = client(Duration::from_secs(10));
     reach(&client, &sim, PHONE, 0..2).await;
-    let a = send(&client, &sim, &recipient(2), None).await.expect("answered");
+    let tpl = |n: u32| template(&recipient(n), "order_update", "en_US", None);
+    let a = post_from(&client, &sim, PHONE, TOKEN, &tpl(2)).await.expect("answered");
     assert_eq!((a.status, a.code()), (400, 131048), "sync mode: refused, nothing accepted");
     assert_eq!(sim.counters().limit_exceeded("131048"), 1);
     assert_eq!(sim.total_accepted(), 2);
     // Once the first users leave the rolling window, new users fit again.
     wait_until(Duration::from_secs(5), || async { sim.account_state().portfolios[PORTFOLIO].reached == 0 }).await;
-    assert_eq!(send(&client, &sim, &recipient(2), None).await.expect("answered").code(), 0);
+    assert_eq!(post_from(&client, &sim, PHONE, TOKEN, &tpl(2)).await.expect("answered").code(), 0);
 }
 
 /// GET `/{version}/{id}?fields=whatsapp_business_manager_messaging_limit` of a number, its WABA or the portfolio.
