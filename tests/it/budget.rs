@@ -136,6 +136,14 @@ async fn a_portfolio_at_the_2k_tier_sends_2000_new_recipients_and_holds_1000_wit
     }
     assert_eq!(h.sim.total_accepted(), 2_000);
     nothing_failed_at_meta(&h);
+    // The operator sees it too: the portfolio's row under `bwctl scopes`.
+    let redis_url = h.redis.url();
+    let (code, out) = crate::bwctl(&h.nats.url(), &["--redis-url", &redis_url, "scopes"]).await;
+    assert_eq!(code, 0);
+    let row = out.lines().find(|l| l.starts_with(&portfolio)).unwrap_or_default();
+    assert!(row.contains("2000 (100%)") && row.contains("graph TIER_2K"), "{out}");
+    assert!(row.contains("all classes held"), "{out}");
+    assert!(!out.contains("+549"), "no number in clear: {out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -287,10 +287,8 @@ impl Worker {
                 .update_ledger(&w, |cur| {
                     // Only a message still waiting in BW_SEND in this pass gets the note.
                     let replays = w.ledger.entry.replays;
-                    if cur.is_some_and(|c| c.state() != OperationState::Queued || c.replays != replays) {
-                        return None;
-                    }
-                    let mut e = cur.cloned().unwrap_or_default();
+                    let cur = cur.filter(|c| c.state() == OperationState::Queued && c.replays == replays)?;
+                    let mut e = cur.clone();
                     e.reason = reason.clone();
                     Some(e)
                 })
