@@ -1,0 +1,174 @@
+//! The pages' view of Breakwater: breaker snapshots (BW_SCOPES), DLQ entries (masked), incident progress, the
+//! quarantine's scopes and the firing alerts, read through `bw_ops` as `bwctl` reads them.
+//!
+//! A view is read again every refresh and replaced whole; it is never written back and nothing acts on it
+//! (actions read live), so it is a picture of the truth at `read_at_ms`, not a second copy of it. DLQ entries
+//! are kept masked ([`DlqRow`]): a recipient in clear never reaches the console's memory past the read.
+
+use async_nats::jetstream;
+use bw_common::nats::Buckets;
+use bw_common::proto::{Alert, IncidentProgress, ScopeSnapshot};
+use bw_common::time::now_ms;
+use bw_ops::incident::{IncidentStats, Incidents};
+use bw_ops::inspect::{self, masked};
+use bw_ops::quarantine::ScopeSummary;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+/// One DLQ entry as the pages show it: personal data masked.
+#[derive(Debug, Clone)]
+pub struct DlqRow {
+    pub sequence: u64,
+    pub scope: String,
+    pub operation_id: String,
+    pub incident_id: String,
+    pub reason: &'static str,
+    pub category: &'static str,
+    pub recipient: String,
+    pub payload: String,
+    pub meta_code: i64,
+    pub replays: u32,
+    pub dead_lettered_at_ms: i64,
+    pub deadline_ms: i64,
+}
+
+/// Everything the list pages render.
+#[derive(Debug, Clone, Default)]
+pub struct View {
+    /// When the read finished, Unix ms (0: never read).
+    pub read_at_ms: i64,
+    /// How long the read took, milliseconds.
+    pub read_took_ms: u64,
+    /// The last read's error, when it failed (the view is then the previous one's).
+    pub error: Option<String>,
+    pub scopes: BTreeMap<String, ScopeSnapshot>,
+    /// Oldest first, as the streams hold them.
+    pub dlq: Vec<DlqRow>,
+    pub dlq_undecodable: usize,
+    pub incidents: Vec<IncidentProgress>,
+    pub incident_stats: Vec<IncidentStats>,
+    pub quarantine: Vec<ScopeSummary>,
+    pub alerts: Vec<Alert>,
+}
+
+/// DLQ depth by one label.
+pub type Counts = BTreeMap<&'static str, u64>;
+
+impl View {
+    pub fn empty() -> View {
+        View::default()
+    }
+
+    /// Reads the whole view once.
+    pub async fn read(js: &jetstream::Context, buckets: &Buckets) -> anyhow::Result<View> {
+        let started = std::time::Instant::now();
+        let scopes = bw_ops::ops::scope_snapshots(buckets).await?;
+        let (items, bad) = inspect::dlq_items(js, buckets.send, None).await?;
+        // The bucket exists once replay ran; without it nothing is held.
+        let incidents = match js.get_key_value(bw_common::names::INCIDENTS_BUCKET).await {
+            Ok(_) => Incidents::open(js, 1).await?.list(None).await?,
+            Err(_) => Vec::new(),
+        };
+        let incident_stats = bw_ops::incident::dlq_incident_stats(&items, &incidents);
+        let dlq = items.iter().map(row).collect();
+        let quarantine = bw_ops::quarantine::scopes(js).await?;
+        let alerts = bw_ops::views::firing_alerts(js).await?;
+        Ok(View {
+            read_at_ms: now_ms(),
+            read_took_ms: started.elapsed().as_millis() as u64,
+            error: None,
+            scopes,
+            dlq,
+            dlq_undecodable: bad.len(),
+            incidents,
+            incident_stats,
+            quarantine,
+            alerts,
+        })
+    }
+
+    /// Senders known from snapshots or DLQ entries, sorted.
+    pub fn senders(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.scopes.keys().cloned().collect();
+        all.extend(self.dlq_depth_by_scope().into_keys());
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    pub fn dlq_depth_by_scope(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for r in &self.dlq {
+            *out.entry(r.scope.clone()).or_default() += 1;
+        }
+        out
+    }
+
+    pub fn dlq_by_reason(&self) -> Counts {
+        let mut out = Counts::new();
+        for r in &self.dlq {
+            *out.entry(r.reason).or_default() += 1;
+        }
+        out
+    }
+
+    pub fn dlq_by_category(&self) -> Counts {
+        let mut out = Counts::new();
+        for r in &self.dlq {
+            *out.entry(r.category).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// Masks one DLQ item for the pages.
+pub fn row(item: &inspect::DlqItem) -> DlqRow {
+    let e = &item.envelope;
+    let m = masked(&e.request.clone().unwrap_or_default());
+    DlqRow {
+        sequence: item.sequence,
+        scope: bw_common::names::phone_of_subject(&item.subject).to_string(),
+        operation_id: m.operation_id,
+        incident_id: e.incident_id.clone(),
+        reason: e.reason().label(),
+        category: m.category,
+        recipient: m.recipient,
+        payload: m.payload,
+        meta_code: e.last_error.as_ref().map(|x| x.meta_code).unwrap_or(0),
+        replays: e.replay_attempts,
+        dead_lettered_at_ms: e.dead_lettered_at_unix_ms,
+        deadline_ms: m.deadline_unix_ms,
+    }
+}
+
+/// Reads the view every `every` (or sooner when asked through `now`) and publishes it when it changed, so
+/// live pages get at most one update per refresh. A failed read keeps the previous view with its error.
+pub async fn refresh_loop(
+    js: jetstream::Context,
+    buckets: Buckets,
+    every: Duration,
+    tx: watch::Sender<Arc<View>>,
+    now: Arc<Notify>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+            _ = now.notified() => {}
+        }
+        let next = match View::read(&js, &buckets).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "console view read failed");
+                let mut v = (**tx.borrow()).clone();
+                v.error = Some(e.to_string());
+                v
+            }
+        };
+        tx.send_replace(Arc::new(next));
+    }
+}
