@@ -379,7 +379,9 @@ async fn breaker(app: &crate::Shared, who: &Principal, scope: &str, verb: &str) 
         .timeout(std::time::Duration::from_secs(10))
         .send()
         .await
-        .map_err(|_| failed("the breaker-coordinator is not reachable"))?;
+        .map_err(|e| {
+            failed(format!("the breaker-coordinator is not reachable at {}: {e}", app.cfg.console.coordinator_url))
+        })?;
     let status = response.status();
     // Whatever comes back, the token never reaches the page.
     let text = response.text().await.unwrap_or_default().replace(token, "<redacted>");

@@ -225,7 +225,7 @@ fn login_form(app: &crate::App, error: Option<&str>, status: StatusCode) -> Resp
         format!(
             "{err}<form method=\"post\" action=\"/login\" class=\"login\">\
              <label for=\"key\">Console key</label>\
-             <input id=\"key\" name=\"key\" type=\"password\" autocomplete=\"current-password\" required autofocus>\
+             <input id=\"key\" name=\"key\" type=\"password\" autocomplete=\"current-password\" required>\
              <button type=\"submit\">Sign in</button></form>"
         )
     };

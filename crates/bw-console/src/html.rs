@@ -127,8 +127,9 @@ pub fn bars(title: &str, items: &[(String, u64)]) -> String {
     let row_h = 22;
     let h = (items.len().max(1) * row_h) as u32 + 8;
     let mut out = format!(
-        "<svg class=\"chart\" role=\"img\" aria-label=\"{}\" viewBox=\"0 0 600 {h}\" width=\"600\" height=\"{h}\">\
+        "<figure><figcaption>{}</figcaption><svg class=\"chart\" role=\"img\" aria-label=\"{}\" viewBox=\"0 0 600 {h}\" width=\"600\" height=\"{h}\">\
          <title>{}</title>",
+        esc(title),
         esc(title),
         esc(title)
     );
@@ -149,7 +150,7 @@ pub fn bars(title: &str, items: &[(String, u64)]) -> String {
             y + 13
         );
     }
-    out.push_str("</svg>");
+    out.push_str("</svg></figure>");
     out
 }
 
