@@ -182,6 +182,14 @@ pub async fn page(State(app): State<crate::Shared>, headers: HeaderMap, Path(pho
         return crate::pages::refusal(StatusCode::BAD_REQUEST, &who, "a sender is a phone_number_id (digits)");
     }
     let view = app.view.borrow().clone();
+    // Only senders Breakwater knows get a page: a phone number typed by mistake is never echoed back.
+    if !view.scopes.contains_key(&phone) && !view.dlq.iter().any(|r| r.scope == phone) {
+        return crate::pages::refusal(
+            StatusCode::NOT_FOUND,
+            &who,
+            "no such sender (no breaker snapshot, no DLQ entry)",
+        );
+    }
     let transitions = transitions(&app.js, &phone).await;
     let body = render(&phone, &view, &transitions, &who, now_ms());
     let title = format!("Sender {phone}");
