@@ -159,7 +159,7 @@ pub async fn confirm(
 ) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if !who.may_act() {
         return forbidden(&who);
@@ -214,7 +214,7 @@ pub async fn act(
 ) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if !who.may_act() {
         return forbidden(&who);

@@ -207,8 +207,8 @@ fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
 }
 
 /// The principal, or the response that asks for a key.
-pub fn require(app: &crate::App, headers: &HeaderMap) -> Result<Principal, Response> {
-    app.auth.principal(headers).ok_or_else(|| Redirect::to("/login").into_response())
+pub fn require(app: &crate::App, headers: &HeaderMap) -> Result<Principal, Redirect> {
+    app.auth.principal(headers).ok_or_else(|| Redirect::to("/login"))
 }
 
 pub async fn login_page(State(app): State<crate::Shared>) -> Response {

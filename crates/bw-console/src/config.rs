@@ -151,8 +151,7 @@ mod tests {
     fn a_refresh_faster_than_a_second_is_refused() {
         let env = [("BW_CONSOLE__CONSOLE__REFRESH_MS".to_string(), "200".to_string())].into_iter().collect();
         let err = bw_common::service::load_config::<Config>("console", crate::DEFAULT_CONFIG, None, &env)
-            .err()
-            .expect("refused")
+            .expect_err("refused")
             .to_string();
         assert!(err.contains("refresh_ms"), "{err}");
     }

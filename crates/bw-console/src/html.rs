@@ -127,8 +127,8 @@ pub fn bars(title: &str, items: &[(String, u64)]) -> String {
     let row_h = 22;
     let h = (items.len().max(1) * row_h) as u32 + 8;
     let mut out = format!(
-        "<figure><figcaption>{}</figcaption><svg class=\"chart\" role=\"img\" aria-label=\"{}\" viewBox=\"0 0 600 {h}\" width=\"600\" height=\"{h}\">\
-         <title>{}</title>",
+        "<figure><figcaption>{}</figcaption><svg class=\"chart\" role=\"img\" aria-label=\"{}\" \
+         viewBox=\"0 0 600 {h}\" width=\"600\" height=\"{h}\"><title>{}</title>",
         esc(title),
         esc(title),
         esc(title)

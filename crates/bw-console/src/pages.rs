@@ -90,8 +90,8 @@ pub fn render_overview(view: &View, who: &Principal, now: i64) -> String {
         &rows,
     ));
     let _ = write!(out, "<h2>DLQ: {} entries</h2>", view.dlq.len());
-    let by_reason: Vec<(String, u64)> = view.dlq_by_reason().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-    let by_cat: Vec<(String, u64)> = view.dlq_by_category().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    let by_reason: Vec<(String, u64)> = view.dlq_by_reason().iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    let by_cat: Vec<(String, u64)> = view.dlq_by_category().iter().map(|(k, v)| (k.to_string(), *v)).collect();
     out.push_str(&bars("DLQ depth by reason", &by_reason));
     out.push_str(&bars("DLQ depth by category", &by_cat));
     out.push_str(&incident_table(view, who, true));
@@ -284,17 +284,12 @@ fn select(name: &str, label: &str, current: Option<&str>, options: &[String]) ->
 /// The DLQ browser: filters, one page of masked entries, paging links.
 pub fn render_dlq(view: &View, who: &Principal, q: &DlqQuery, page_size: usize, now: i64) -> String {
     let mut out = freshness(view, now);
-    let uniq = |f: fn(&DlqRow) -> &str| {
-        let mut v: Vec<String> = view.dlq.iter().map(|r| f(r).to_string()).filter(|s| !s.is_empty()).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
+    let labels = |c: &crate::view::Counts| c.keys().map(|k| k.to_string()).collect::<Vec<_>>();
     out.push_str("<form method=\"get\" action=\"/dlq\" class=\"filters\">");
-    out.push_str(&select("sender", "Sender", q.sender.as_deref(), &view.senders()));
-    out.push_str(&select("incident", "Incident", q.incident.as_deref(), &uniq(|r| &r.incident_id)));
-    out.push_str(&select("reason", "Reason", q.reason.as_deref(), &uniq(|r| r.reason)));
-    out.push_str(&select("category", "Category", q.category.as_deref(), &uniq(|r| r.category)));
+    out.push_str(&select("sender", "Sender", q.sender.as_deref(), view.senders()));
+    out.push_str(&select("incident", "Incident", q.incident.as_deref(), &view.index.incident_ids));
+    out.push_str(&select("reason", "Reason", q.reason.as_deref(), &labels(view.dlq_by_reason())));
+    out.push_str(&select("category", "Category", q.category.as_deref(), &labels(view.dlq_by_category())));
     out.push_str("<button type=\"submit\">Filter</button></form>");
     let page = q.page.unwrap_or(1).max(1);
     let skip = (page - 1).saturating_mul(page_size);
@@ -390,7 +385,7 @@ fn current(app: &crate::App) -> std::sync::Arc<View> {
 pub async fn overview(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     respond(StatusCode::OK, "Overview", &who, &render_overview(&current(&app), &who, now_ms()), Some("/"))
 }
@@ -398,7 +393,7 @@ pub async fn overview(State(app): State<crate::Shared>, headers: HeaderMap) -> R
 pub async fn incidents(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     respond(StatusCode::OK, "Incidents", &who, &render_incidents(&current(&app), &who, now_ms()), Some("/incidents"))
 }
@@ -406,7 +401,7 @@ pub async fn incidents(State(app): State<crate::Shared>, headers: HeaderMap) -> 
 pub async fn quarantine(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     respond(StatusCode::OK, "Quarantine", &who, &render_quarantine(&current(&app), &who, now_ms()), Some("/quarantine"))
 }
@@ -418,7 +413,7 @@ pub async fn dlq(
 ) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Ok(Query(q)) = q else {
         return refusal(StatusCode::BAD_REQUEST, &who, "the DLQ filters could not be read (page must be a number)");
@@ -516,7 +511,7 @@ pub async fn op(
 ) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let q = q.map(|Query(q)| q).unwrap_or_default();
     let form = format!(

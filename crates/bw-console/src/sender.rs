@@ -45,7 +45,8 @@ pub fn timeline_svg(transitions: &[BreakerTransition], now: i64) -> String {
         };
         let _ = write!(
             out,
-            "<rect x=\"{x:.1}\" y=\"8\" width=\"{w:.1}\" height=\"20\" fill=\"{fill}\"><title>{name} from {}</title></rect>",
+            "<rect x=\"{x:.1}\" y=\"8\" width=\"{w:.1}\" height=\"20\" fill=\"{fill}\">\
+             <title>{name} from {}</title></rect>",
             utc(t.at_unix_ms)
         );
         if w > 60.0 {
@@ -176,7 +177,7 @@ pub async fn transitions(js: &async_nats::jetstream::Context, phone: &str) -> Ve
 pub async fn page(State(app): State<crate::Shared>, headers: HeaderMap, Path(phone): Path<String>) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if phone.is_empty() || phone.len() > 32 || !phone.bytes().all(|b| b.is_ascii_digit()) {
         return crate::pages::refusal(StatusCode::BAD_REQUEST, &who, "a sender is a phone_number_id (digits)");

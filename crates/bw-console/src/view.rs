@@ -52,6 +52,18 @@ pub struct View {
     pub incident_stats: Vec<IncidentStats>,
     pub quarantine: Vec<ScopeSummary>,
     pub alerts: Vec<Alert>,
+    /// Aggregates of the above, computed once per read ([`View::indexed`]) so no page walks every entry for them.
+    pub index: Index,
+}
+
+/// Figures derived from a view's DLQ entries and snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct Index {
+    pub senders: Vec<String>,
+    pub depth_by_scope: BTreeMap<String, u64>,
+    pub by_reason: Counts,
+    pub by_category: Counts,
+    pub incident_ids: Vec<String>,
 }
 
 /// DLQ depth by one label.
@@ -87,40 +99,53 @@ impl View {
             incident_stats,
             quarantine,
             alerts,
-        })
+            index: Index::default(),
+        }
+        .indexed())
+    }
+
+    /// The view with its [`Index`] computed.
+    pub fn indexed(mut self) -> View {
+        let mut ix = Index::default();
+        let mut incidents = std::collections::BTreeSet::new();
+        for r in &self.dlq {
+            match ix.depth_by_scope.get_mut(&r.scope) {
+                Some(n) => *n += 1,
+                None => {
+                    ix.depth_by_scope.insert(r.scope.clone(), 1);
+                }
+            }
+            *ix.by_reason.entry(r.reason).or_default() += 1;
+            *ix.by_category.entry(r.category).or_default() += 1;
+            if !r.incident_id.is_empty() && !incidents.contains(r.incident_id.as_str()) {
+                incidents.insert(r.incident_id.clone());
+            }
+        }
+        let mut senders: Vec<String> = self.scopes.keys().cloned().collect();
+        senders.extend(ix.depth_by_scope.keys().cloned());
+        senders.sort();
+        senders.dedup();
+        ix.senders = senders;
+        ix.incident_ids = incidents.into_iter().collect();
+        self.index = ix;
+        self
     }
 
     /// Senders known from snapshots or DLQ entries, sorted.
-    pub fn senders(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.scopes.keys().cloned().collect();
-        all.extend(self.dlq_depth_by_scope().into_keys());
-        all.sort();
-        all.dedup();
-        all
+    pub fn senders(&self) -> &[String] {
+        &self.index.senders
     }
 
-    pub fn dlq_depth_by_scope(&self) -> BTreeMap<String, u64> {
-        let mut out = BTreeMap::new();
-        for r in &self.dlq {
-            *out.entry(r.scope.clone()).or_default() += 1;
-        }
-        out
+    pub fn dlq_depth_by_scope(&self) -> &BTreeMap<String, u64> {
+        &self.index.depth_by_scope
     }
 
-    pub fn dlq_by_reason(&self) -> Counts {
-        let mut out = Counts::new();
-        for r in &self.dlq {
-            *out.entry(r.reason).or_default() += 1;
-        }
-        out
+    pub fn dlq_by_reason(&self) -> &Counts {
+        &self.index.by_reason
     }
 
-    pub fn dlq_by_category(&self) -> Counts {
-        let mut out = Counts::new();
-        for r in &self.dlq {
-            *out.entry(r.category).or_default() += 1;
-        }
-        out
+    pub fn dlq_by_category(&self) -> &Counts {
+        &self.index.by_category
     }
 }
 
