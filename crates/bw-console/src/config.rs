@@ -108,8 +108,10 @@ impl bw_common::service::ServiceConfig for Config {
     fn nats(&self) -> &NatsConfig {
         &self.nats
     }
+    /// None when `redis.url` and `redis.cluster_nodes` are empty: the console then runs without Redis and
+    /// refuses only the release of a template-held quarantine scope.
     fn redis(&self) -> Option<&RedisConfig> {
-        Some(&self.redis)
+        (!self.redis.url.trim().is_empty() || !self.redis.cluster_nodes.is_empty()).then_some(&self.redis)
     }
     fn admin(&self) -> &AdminConfig {
         &self.admin
