@@ -4,11 +4,9 @@
 //! and a viewer without a key cannot act. Screenshots go to `target/console-screenshots/`. Labels, keyboard
 //! focus and text state labels are checked on every page.
 
-mod support;
-
+use crate::support::cdp::Browser;
+use crate::support::{OPERATOR_KEY, PHONE, WAIT};
 use bw_common::proto::OperationState;
-use support::cdp::Browser;
-use support::{OPERATOR_KEY, PHONE, WAIT};
 
 /// Every form control has a label, every state badge has text, and the first Tab on a freshly loaded page lands
 /// on the skip link, the next on the navigation.
@@ -47,7 +45,7 @@ async fn wait_for_text(b: &mut Browser, url: &str, text: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_drains_an_outage_from_the_browser_and_a_viewer_cannot_act() {
-    let stack = support::outage(12).await;
+    let stack = crate::support::outage(12).await;
     let base = stack.console.clone();
     let mut b = Browser::start().await;
 

@@ -2,9 +2,7 @@
 //! the console renders, its refusals of hostile input, and the audit stream hold no recipient's number, no
 //! console key, operator token, access token or app secret.
 
-mod support;
-
-use support::{COORDINATOR_TOKEN, OPERATOR_KEY, PHONE, recipient_digits};
+use crate::support::{COORDINATOR_TOKEN, OPERATOR_KEY, PHONE, recipient_digits};
 
 const N: usize = 30;
 
@@ -29,7 +27,7 @@ fn assert_clean(what: &str, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_page_response_or_audit_entry_shows_a_number_or_a_secret() {
-    let stack = support::outage(N).await;
+    let stack = crate::support::outage(N).await;
     let base = &stack.console;
     let client = reqwest::Client::new();
     let get = |path: String| {
