@@ -66,6 +66,13 @@ async fn an_operator_drains_an_outage_from_the_browser_and_a_viewer_cannot_act()
     assert!(row.as_str().unwrap_or_default().contains("OPEN"), "the sender's row says OPEN: {row}");
     check_accessible(&mut b, "overview").await;
     b.screenshot("overview-open").await;
+    // Live refresh: a server-sent event makes the page swap in its re-read content (the script marks it).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while b.eval("document.getElementById('main').dataset.updated || ''").await == "" {
+        assert!(tokio::time::Instant::now() < deadline, "the overview refreshed itself through server-sent events");
+        // Polling a condition, not waiting for time to pass.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 
     // The DLQ page lists the entries, recipients masked.
     b.goto(&format!("{base}/dlq")).await;
@@ -106,6 +113,11 @@ async fn an_operator_drains_an_outage_from_the_browser_and_a_viewer_cannot_act()
         wait_for_text(&mut b, &format!("{base}/dlq?incident={}", stack.incident), "0 matching entries").await,
         "the incident's DLQ entries are gone"
     );
+    assert!(wait_for_text(&mut b, &format!("{base}/incidents"), "finished").await, "the incident replay finished");
+    b.screenshot("incidents-replayed").await;
+    b.goto(&format!("{base}/quarantine")).await;
+    check_accessible(&mut b, "quarantine").await;
+    b.screenshot("quarantine").await;
     b.goto(&format!("{base}/op?id={}", stack.incident_ops[0])).await;
     check_accessible(&mut b, "op").await;
     assert!(b.text().await.contains("replays 1"), "{}", b.text().await);
