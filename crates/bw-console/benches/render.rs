@@ -54,6 +54,10 @@ fn view(now: i64) -> View {
                 ..Default::default()
             },
         );
+        v.limits.insert(
+            p.clone(),
+            bw_console::view::Limits { rate_per_s: 74.0, failure_threshold: 0.25, min_calls: 20, window_ms: 60_000 },
+        );
         v.incidents.push(IncidentProgress {
             incident_id: format!("{p}-1"),
             phone_number_id: p.clone(),

@@ -79,6 +79,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     tasks.spawn(view::refresh_loop(
         deps.js.clone(),
         deps.buckets.clone(),
+        cfg.console.coordinator_url.clone(),
         std::time::Duration::from_millis(cfg.console.refresh_ms),
         tx,
         refresh_now.clone(),

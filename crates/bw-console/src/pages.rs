@@ -58,6 +58,29 @@ fn pause_text(p: &bw_common::proto::ScopePause, now: i64) -> String {
     )
 }
 
+/// The rate the breaker allows now against the sender's limit (the ramp's share of it).
+pub fn rate_text(s: &bw_common::proto::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
+    let share = if s.ramp_fraction > 0.0 { s.ramp_fraction } else { 1.0 };
+    match limits {
+        Some(l) => format!("{:.1}/s of {:.1}/s ({:.0}%)", share * l.rate_per_s, l.rate_per_s, share * 100.0),
+        None => format!("{:.0}% of its limit (limit unknown: coordinator not reachable)", share * 100.0),
+    }
+}
+
+/// The window's failure rate against the trip threshold.
+pub fn failure_text(s: &bw_common::proto::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
+    let rate = format!("{:.1}% of {} calls", s.failure_rate * 100.0, s.calls_in_window);
+    match limits {
+        Some(l) => format!(
+            "{rate}; trips at {:.0}% once {} calls in {} s",
+            l.failure_threshold * 100.0,
+            l.min_calls,
+            l.window_ms / 1000
+        ),
+        None => format!("{rate} (threshold unknown: coordinator not reachable)"),
+    }
+}
+
 /// The overview: senders, DLQ depth by reason and category, incidents, firing alerts.
 pub fn render_overview(view: &View, who: &Principal, now: i64) -> String {
     let mut out = freshness(view, now);
@@ -74,11 +97,8 @@ pub fn render_overview(view: &View, who: &Principal, now: i64) -> String {
                 sender_link(phone),
                 state.as_deref().map(state_label).unwrap_or_else(|| "no snapshot".into()),
                 s.map(|s| format!("{} ago", age(now - s.since_unix_ms))).unwrap_or_default(),
-                s.map(|s| {
-                    format!("{:.0}% of its limit", 100.0 * if s.ramp_fraction > 0.0 { s.ramp_fraction } else { 1.0 })
-                })
-                .unwrap_or_default(),
-                s.map(|s| format!("{:.1}% of {} calls", s.failure_rate * 100.0, s.calls_in_window)).unwrap_or_default(),
+                s.map(|s| rate_text(s, view.limits.get(phone))).unwrap_or_default(),
+                s.map(|s| failure_text(s, view.limits.get(phone))).unwrap_or_default(),
                 if pauses.is_empty() { "none".into() } else { pauses.join("<br>") },
                 depth.get(phone).copied().unwrap_or(0).to_string(),
             ]
@@ -86,7 +106,15 @@ pub fn render_overview(view: &View, who: &Principal, now: i64) -> String {
         .collect();
     out.push_str(&table(
         "Senders",
-        &["Sender", "Breaker", "Since", "Rate allowed", "Failures in window", "Pauses (scope, reason, end)", "DLQ"],
+        &[
+            "Sender",
+            "Breaker",
+            "Since",
+            "Rate allowed now / limit",
+            "Failures in window / threshold",
+            "Pauses (scope, reason, end)",
+            "DLQ",
+        ],
         &rows,
     ));
     let _ = write!(out, "<h2>DLQ: {} entries</h2>", view.dlq.len());

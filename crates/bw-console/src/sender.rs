@@ -65,9 +65,8 @@ pub fn render(phone: &str, view: &View, transitions: &[BreakerTransition], who: 
             let state = state_name(s.state());
             let _ = write!(
                 out,
-                "<dl><dt>Breaker</dt><dd>{} since {} ({} ago){}</dd><dt>Window</dt><dd>{} calls, failure rate {:.1}% \
-                 (the breaker trips on its configured threshold; see the transitions' reasons)</dd>\
-                 <dt>Rate allowed</dt><dd>{:.0}% of the sender's limit</dd><dt>Trips</dt><dd>{}</dd>\
+                "<dl><dt>Breaker</dt><dd>{} since {} ({} ago){}</dd><dt>Window</dt><dd>{}</dd>\
+                 <dt>Rate allowed</dt><dd>{}</dd><dt>Trips</dt><dd>{}</dd>\
                  <dt>Incident</dt><dd>{}</dd></dl>",
                 state_label(&state),
                 utc(s.since_unix_ms),
@@ -77,9 +76,8 @@ pub fn render(phone: &str, view: &View, transitions: &[BreakerTransition], who: 
                 } else {
                     String::new()
                 },
-                s.calls_in_window,
-                s.failure_rate * 100.0,
-                100.0 * if s.ramp_fraction > 0.0 { s.ramp_fraction } else { 1.0 },
+                crate::pages::failure_text(s, view.limits.get(phone)),
+                crate::pages::rate_text(s, view.limits.get(phone)),
                 s.trips,
                 if s.incident_id.is_empty() { "-".into() } else { esc(&s.incident_id) },
             );

@@ -52,8 +52,48 @@ pub struct View {
     pub incident_stats: Vec<IncidentStats>,
     pub quarantine: Vec<ScopeSummary>,
     pub alerts: Vec<Alert>,
+    /// Each sender's limits as the breaker-coordinator's read-only admin API reports them (empty while it is not
+    /// reachable: pages then say the limit is unknown).
+    pub limits: BTreeMap<String, Limits>,
     /// Aggregates of the above, computed once per read ([`View::indexed`]) so no page walks every entry for them.
     pub index: Index,
+}
+
+/// The limits of one sender that the pages compare against (`GET /admin/breakers` of the coordinator).
+#[derive(Debug, Clone, Default, PartialEq, serde::Deserialize)]
+pub struct Limits {
+    pub rate_per_s: f64,
+    pub failure_threshold: f64,
+    #[serde(default)]
+    pub min_calls: u64,
+    #[serde(default)]
+    pub window_ms: u64,
+}
+
+/// How often the limits are asked again (they change only on a coordinator reload).
+const LIMITS_EVERY: Duration = Duration::from_secs(30);
+
+/// Every known sender's limits from the coordinator's read-only admin API (no token needed).
+pub async fn coordinator_limits(base: &str) -> anyhow::Result<BTreeMap<String, Limits>> {
+    #[derive(serde::Deserialize)]
+    struct One {
+        phone_number_id: String,
+        limits: Limits,
+    }
+    #[derive(serde::Deserialize)]
+    struct All {
+        scopes: Vec<One>,
+    }
+    let url = format!("{}/admin/breakers", base.trim_end_matches('/'));
+    let all: All = reqwest::Client::new()
+        .get(&url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(all.scopes.into_iter().map(|o| (o.phone_number_id, o.limits)).collect())
 }
 
 /// Figures derived from a view's DLQ entries and snapshots.
@@ -99,6 +139,7 @@ impl View {
             incident_stats,
             quarantine,
             alerts,
+            limits: BTreeMap::new(),
             index: Index::default(),
         }
         .indexed())
@@ -174,19 +215,34 @@ pub fn row(item: &inspect::DlqItem) -> DlqRow {
 pub async fn refresh_loop(
     js: jetstream::Context,
     buckets: Buckets,
+    coordinator_url: String,
     every: Duration,
     tx: watch::Sender<Arc<View>>,
     now: Arc<Notify>,
     stop: CancellationToken,
 ) {
+    let mut limits = BTreeMap::new();
+    let mut limits_at: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
             _ = now.notified() => {}
         }
+        if limits_at.is_none_or(|at| at.elapsed() >= LIMITS_EVERY) {
+            match coordinator_limits(&coordinator_url).await {
+                Ok(l) => {
+                    limits = l;
+                    limits_at = Some(std::time::Instant::now());
+                }
+                Err(e) => tracing::debug!(error = %e, "coordinator limits not readable"),
+            }
+        }
         let next = match View::read(&js, &buckets).await {
-            Ok(v) => v,
+            Ok(mut v) => {
+                v.limits = limits.clone();
+                v
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "console view read failed");
                 let mut v = (**tx.borrow()).clone();

@@ -64,6 +64,12 @@ async fn an_operator_drains_an_outage_from_the_browser_and_a_viewer_cannot_act()
         ))
         .await;
     assert!(row.as_str().unwrap_or_default().contains("OPEN"), "the sender's row says OPEN: {row}");
+    // Rate and failures against the limits the coordinator reports (bw_e2e::FastBreaker: 200/s, trips at 50 %).
+    assert!(
+        wait_for_text(&mut b, &format!("{base}/"), "of 200.0/s").await
+            && b.text().await.contains("trips at 50% once 5 calls"),
+        "the overview compares rate and failures with the sender's limits"
+    );
     check_accessible(&mut b, "overview").await;
     b.screenshot("overview-open").await;
     // Live refresh: a server-sent event makes the page swap in its re-read content (the script marks it).
