@@ -60,6 +60,13 @@ fn pause_text(p: &bw_common::proto::ScopePause, now: i64) -> String {
 
 /// The rate the breaker allows now against the sender's limit (the ramp's share of it).
 pub fn rate_text(s: &bw_common::proto::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
+    use bw_common::proto::BreakerState;
+    let limit = limits.map(|l| format!(" of {:.1}/s", l.rate_per_s)).unwrap_or_default();
+    match s.state() {
+        BreakerState::Open | BreakerState::ForcedOpen => return format!("none while OPEN{limit}"),
+        BreakerState::HalfOpen => return format!("canaries only while HALF_OPEN{limit}"),
+        _ => {}
+    }
     let share = if s.ramp_fraction > 0.0 { s.ramp_fraction } else { 1.0 };
     match limits {
         Some(l) => format!("{:.1}/s of {:.1}/s ({:.0}%)", share * l.rate_per_s, l.rate_per_s, share * 100.0),
