@@ -40,6 +40,8 @@ pub struct App {
     pub refresh_now: Arc<tokio::sync::Notify>,
     /// Actions started in the background (incident replays), awaited on shutdown.
     pub tasks: tokio_util::task::TaskTracker,
+    /// Cancelled at shutdown: live-refresh streams end, so the server can stop.
+    pub stop: CancellationToken,
 }
 
 /// Shared handle of [`App`].
@@ -99,6 +101,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         view: rx,
         refresh_now,
         tasks: tasks.clone(),
+        stop: shutdown.clone(),
     });
     tracing::info!(url = %format!("http://{addr}/"), "console serving");
     let stop = shutdown.clone();

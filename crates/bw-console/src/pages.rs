@@ -587,15 +587,22 @@ pub async fn events(State(app): State<crate::Shared>, headers: HeaderMap) -> Res
     if app.auth.principal(&headers).is_none() {
         return StatusCode::UNAUTHORIZED.into_response();
     }
-    let rx = app.view.clone();
-    let stream = futures::stream::unfold((rx, None::<tokio::time::Instant>), |(mut rx, last)| async move {
-        if let Some(last) = last {
-            tokio::time::sleep_until(last + Duration::from_secs(1)).await;
+    let (rx, stop) = (app.view.clone(), app.stop.clone());
+    let stream = futures::stream::unfold((rx, None::<tokio::time::Instant>), move |(mut rx, last)| {
+        let stop = stop.clone();
+        async move {
+            if let Some(last) = last {
+                tokio::time::sleep_until(last + Duration::from_secs(1)).await;
+            }
+            // Ends at shutdown, so the server's graceful stop does not wait for open pages.
+            tokio::select! {
+                _ = stop.cancelled() => return None,
+                changed = rx.changed() => changed.ok()?,
+            }
+            let at = rx.borrow_and_update().read_at_ms;
+            let event = Event::default().data(at.to_string());
+            Some((Ok::<_, std::convert::Infallible>(event), (rx, Some(tokio::time::Instant::now()))))
         }
-        rx.changed().await.ok()?;
-        let at = rx.borrow_and_update().read_at_ms;
-        let event = Event::default().data(at.to_string());
-        Some((Ok::<_, std::convert::Infallible>(event), (rx, Some(tokio::time::Instant::now()))))
     });
     Sse::new(stream).keep_alive(KeepAlive::default()).into_response()
 }

@@ -1,6 +1,7 @@
 //! bw-console's integration suite: the console against a real stack (`support`), in headless Chromium
-//! (`browser`) and page by page for leaks (`leaks`).
+//! (`browser`), page by page for leaks (`leaks`), and its shutdown with a live page open (`shutdown`).
 
 mod browser;
 mod leaks;
+mod shutdown;
 mod support;

@@ -33,7 +33,8 @@ pub struct Stack {
     /// The operations that went to the DLQ under the breaker's incident.
     pub incident_ops: Vec<String>,
     pub incident: String,
-    console_stop: CancellationToken,
+    pub console_stop: CancellationToken,
+    pub console_task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     coordinator_stop: CancellationToken,
 }
 
@@ -147,12 +148,12 @@ pub async fn outage(n: usize) -> Stack {
         .await
         .expect("console deps");
     let console_stop = CancellationToken::new();
-    tokio::spawn(bw_console::run(cfg, deps, console_stop.clone()));
+    let console_task = Some(tokio::spawn(bw_console::run(cfg, deps, console_stop.clone())));
     let console = format!("http://127.0.0.1:{port}");
     let up = bw_testkit::wait_until(WAIT, || async {
         reqwest::get(format!("{console}/login")).await.is_ok_and(|r| r.status().is_success())
     })
     .await;
     assert!(up, "the console serves");
-    Stack { h, console, ops, incident_ops, incident, console_stop, coordinator_stop }
+    Stack { h, console, ops, incident_ops, incident, console_stop, console_task, coordinator_stop }
 }
