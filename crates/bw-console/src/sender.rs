@@ -1,6 +1,7 @@
 //! The sender page: the breaker's window (calls, failure rate), its state timeline from the breaker's
 //! transition events (BW_EVENTS `bw.breaker.v1.<phone_number_id>`, as a chart and a table), its pauses, its DLQ
-//! entries per reason and the most recent ones, and the breaker actions.
+//! entries per reason and the most recent ones, its recent dispatch outcomes (`bw.outcome.v1.<phone_number_id>`),
+//! and the breaker actions.
 
 use crate::auth::{Principal, require};
 use crate::html::{self, action_button, age, bars, esc, state_label, table, utc};
@@ -8,15 +9,18 @@ use crate::view::View;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use bw_common::proto::{BreakerState, BreakerTransition};
+use bw_common::proto::{BreakerState, BreakerTransition, DispatchOutcome};
 use bw_common::time::now_ms;
 use prost::Message as _;
 use std::fmt::Write as _;
 
 /// Transitions shown on the page (the newest).
 const TIMELINE: usize = 50;
-/// DLQ entries listed on the page (the newest).
+/// DLQ entries and dispatch outcomes listed on the page (the newest).
 const RECENT: usize = 20;
+/// How far back the page reads the sender's dispatch outcomes, and at most how many.
+const OUTCOMES_SPAN: std::time::Duration = std::time::Duration::from_secs(120);
+const OUTCOMES_MAX: usize = 2_000;
 
 fn state_name(s: BreakerState) -> String {
     s.as_str_name().trim_start_matches("BREAKER_STATE_").to_string()
@@ -54,6 +58,79 @@ pub fn timeline_svg(transitions: &[BreakerTransition], now: i64) -> String {
         }
     }
     let _ = write!(out, "<text x=\"10\" y=\"58\">{}</text><text x=\"640\" y=\"58\">now</text></svg>", utc(start));
+    out
+}
+
+/// The dispatcher's outcomes of `phone` over the last [`OUTCOMES_SPAN`] (BW_EVENTS `bw.outcome.v1.<phone>`; no
+/// recipient in them), oldest first, at most [`OUTCOMES_MAX`], read through an ephemeral consumer.
+pub async fn recent_outcomes(js: &async_nats::jetstream::Context, phone: &str) -> Vec<DispatchOutcome> {
+    use async_nats::jetstream::consumer;
+    use futures::StreamExt as _;
+    let Ok(stream) = js.get_stream(bw_common::names::EVENTS_STREAM).await else { return Vec::new() };
+    let start = time::OffsetDateTime::now_utc() - OUTCOMES_SPAN;
+    let config = consumer::pull::Config {
+        filter_subject: bw_common::names::outcome_subject(phone),
+        deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time: start },
+        ack_policy: consumer::AckPolicy::None,
+        inactive_threshold: std::time::Duration::from_secs(30),
+        ..Default::default()
+    };
+    let Ok(mut c) = stream.create_consumer(config).await else { return Vec::new() };
+    let pending = c.info().await.map(|i| i.num_pending as usize).unwrap_or(0);
+    let mut out = Vec::new();
+    if pending > 0
+        && let Ok(mut batch) = c
+            .fetch()
+            .max_messages(pending.min(OUTCOMES_MAX))
+            .expires(std::time::Duration::from_secs(2))
+            .messages()
+            .await
+    {
+        while let Some(Ok(m)) = batch.next().await {
+            if let Ok(o) = DispatchOutcome::decode(m.payload.as_ref()) {
+                out.push(o);
+            }
+        }
+    }
+    let name = c.cached_info().name.clone();
+    let _ = stream.delete_consumer(&name).await;
+    out
+}
+
+/// The dispatch outcomes part of the page: counts by result (an SVG chart) and the newest ones.
+pub fn outcomes_section(outcomes: &[DispatchOutcome]) -> String {
+    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+    for o in outcomes {
+        *by.entry(if o.result.is_empty() { "unknown".into() } else { o.result.clone() }).or_default() += 1;
+    }
+    let mut out = format!(
+        "<h2>Recent outcomes: {} dispatch tries in the last {} s</h2>",
+        outcomes.len(),
+        OUTCOMES_SPAN.as_secs()
+    );
+    out.push_str(&bars("Dispatch outcomes by result", &by.into_iter().collect::<Vec<_>>()));
+    let rows: Vec<Vec<String>> = outcomes
+        .iter()
+        .rev()
+        .take(RECENT)
+        .map(|o| {
+            vec![
+                utc(o.at_unix_ms),
+                format!("<a href=\"/op?id={}\">{}</a>", html::url(&o.operation_id), esc(&o.operation_id)),
+                esc(&o.result),
+                esc(&o.decision),
+                if o.meta_code == 0 { "-".into() } else { o.meta_code.to_string() },
+                if o.http_status == 0 { "-".into() } else { o.http_status.to_string() },
+                o.attempt.to_string(),
+                esc(&o.lane),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        "The newest dispatch outcomes",
+        &["At", "Operation", "Result", "Admission", "Code", "HTTP", "Attempt", "Lane"],
+        &rows,
+    ));
     out
 }
 
@@ -156,7 +233,7 @@ pub fn render(phone: &str, view: &View, transitions: &[BreakerTransition], who: 
         })
         .collect();
     out.push_str(&table(
-        "Recent outcomes: the newest DLQ entries (recipient masked)",
+        "The newest DLQ entries (recipient masked)",
         &["Operation", "Recipient", "Category", "Reason", "Code", "Dead-lettered"],
         &recent,
     ));
@@ -190,7 +267,8 @@ pub async fn page(State(app): State<crate::Shared>, headers: HeaderMap, Path(pho
         );
     }
     let transitions = transitions(&app.js, &phone).await;
-    let body = render(&phone, &view, &transitions, &who, now_ms());
+    let outcomes = recent_outcomes(&app.js, &phone).await;
+    let body = format!("{}{}", render(&phone, &view, &transitions, &who, now_ms()), outcomes_section(&outcomes));
     let title = format!("Sender {phone}");
     let live = format!("/senders/{phone}");
     (StatusCode::OK, Html(html::page(&title, &who, &body, Some(&live)))).into_response()

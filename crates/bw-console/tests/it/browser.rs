@@ -92,6 +92,14 @@ async fn an_operator_drains_an_outage_from_the_browser_and_a_viewer_cannot_act()
     // The sender page; reset the breaker through its confirmation.
     b.goto(&format!("{base}/senders/{PHONE}")).await;
     check_accessible(&mut b, "sender").await;
+    let sender = b.text().await;
+    let tries: usize = sender
+        .split("Recent outcomes: ")
+        .nth(1)
+        .and_then(|t| t.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(tries >= 12, "the sender page shows the outage's dispatch outcomes ({tries})");
     b.screenshot("sender").await;
     b.click("button", "Reset breaker").await;
     assert!(b.text().await.contains("Reset (window, counters"), "a confirmation page first: {}", b.text().await);
