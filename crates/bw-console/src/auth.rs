@@ -281,6 +281,29 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_header_names_the_user_and_its_role() {
+        let a = Auth::new(&AuthConfig {
+            mode: AuthMode::Proxy,
+            viewers_without_key: false,
+            proxy_user_header: "X-Forwarded-User".into(),
+            proxy_operators: vec!["bob".into()],
+            session_ttl_s: 60,
+            keys: vec![],
+        })
+        .expect("auth");
+        assert!(a.principal(&HeaderMap::new()).is_none(), "no header, no viewers: refused");
+        let as_user = |u: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("x-forwarded-user", u.parse().expect("header"));
+            a.principal(&h).expect("a user")
+        };
+        let (bob, eve) = (as_user("bob"), as_user("eve"));
+        assert!(bob.may_act() && !eve.may_act(), "only proxy_operators act");
+        assert_ne!(bob.csrf, eve.csrf, "each user has its own CSRF token");
+        assert!(!a.csrf_ok(&bob, &eve.csrf));
+    }
+
+    #[test]
     fn keys_sessions_and_csrf() {
         let a = auth(false);
         assert!(a.principal(&HeaderMap::new()).is_none(), "no key, no viewers: ask for one");
