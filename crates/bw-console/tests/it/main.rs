@@ -2,6 +2,8 @@
 //! (`browser`), page by page for leaks (`leaks`), and its shutdown with a live page open (`shutdown`).
 
 mod browser;
+mod deploy;
 mod leaks;
+mod permissions;
 mod shutdown;
 mod support;
