@@ -53,9 +53,11 @@ fn stack_command(nats_url: &str, redis_url: &str, ingest_admin: &str, log: &std:
         .env("BW_INGEST__ADMIN__LISTEN", ingest_admin)
         .stdout(log.try_clone().expect("log file"))
         .stderr(log);
-    for service in ["INGEST", "DISPATCHER", "BREAKER_COORDINATOR", "REPLAY", "ALERTING"] {
+    // The console's pages get a free port too: its default 9180 may be taken by another test's stack.
+    cmd.env("BW_CONSOLE__CONSOLE__LISTEN", format!("127.0.0.1:{}", bw_testkit::free_port()));
+    for service in ["INGEST", "DISPATCHER", "BREAKER_COORDINATOR", "REPLAY", "ALERTING", "CONSOLE"] {
         cmd.env(format!("BW_{service}__NATS__URL"), nats_url);
-        if matches!(service, "INGEST" | "DISPATCHER" | "BREAKER_COORDINATOR") {
+        if matches!(service, "INGEST" | "DISPATCHER" | "BREAKER_COORDINATOR" | "CONSOLE") {
             cmd.env(format!("BW_{service}__REDIS__URL"), redis_url);
         }
         if service != "INGEST" {

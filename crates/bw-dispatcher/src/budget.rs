@@ -26,8 +26,9 @@
 //! redelivery doubles it from `budget.hold_ms`). Held messages count toward the lane consumer's
 //! `max_ack_pending` (50,000): past it the lane waits, losing nothing.
 //!
-//! Redis unreachable: the message is held for `budget.hold_ms` (the safe reading: nothing sent that the budget
-//! could not count). Recipients are keyed by `bw_common::mask::recipient_key`; logs and metrics name the
+//! Redis unreachable: marketing is held for `budget.hold_ms`; authentication, utility and support go on, at the
+//! breaker's bounded local fallback rate. An OTP must not wait for the counting store, and the users such a gap
+//! can add are bounded by that rate times the gap, which the reserve absorbs for short outages. Recipients are keyed by `bw_common::mask::recipient_key`; logs and metrics name the
 //! portfolio only.
 
 use crate::moves::Outcome;
@@ -118,6 +119,11 @@ pub(crate) struct Budget {
     noted: Mutex<HashSet<String>>,
     /// Portfolios whose tier this process asked Meta for: None once learned, else when the last try failed.
     asked: tokio::sync::Mutex<HashMap<String, Option<Instant>>>,
+    /// Until when Redis counts as unreachable after a failed call: no message waits for its timeout meanwhile.
+    down_until: Mutex<Option<Instant>>,
+    /// The last limit Redis reported per portfolio: the fallback after Redis lost its state (a restart), so a
+    /// portfolio Meta put at a high tier is not cut to `unknown_limit` until the next tier webhook.
+    last_limit: Mutex<HashMap<String, i64>>,
 }
 
 impl Budget {
@@ -135,6 +141,8 @@ impl Budget {
             held: Family::default(),
             noted: Mutex::default(),
             asked: tokio::sync::Mutex::default(),
+            down_until: Mutex::default(),
+            last_limit: Mutex::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register(
@@ -156,11 +164,33 @@ impl Budget {
         Some(b)
     }
 
-    /// The limit used when Redis holds none for `portfolio`.
+    /// Whether a call failed within the last [`STORE_DOWN`].
+    fn store_down(&self) -> bool {
+        self.down_until.lock().map(|d| d.is_some_and(|t| Instant::now() < t)).unwrap_or(false)
+    }
+
+    fn mark_down(&self) {
+        if let Ok(mut d) = self.down_until.lock() {
+            *d = Some(Instant::now() + STORE_DOWN);
+        }
+    }
+
+    /// The limit used when Redis holds none for `portfolio`: the last one Redis reported, else config, else
+    /// `unknown_limit`.
     fn fallback(&self, portfolio: &str) -> i64 {
-        self.cfg.limits.get(portfolio).copied().unwrap_or(self.cfg.unknown_limit)
+        let last = self.last_limit.lock().ok().and_then(|m| m.get(portfolio).copied());
+        last.or_else(|| self.cfg.limits.get(portfolio).copied()).unwrap_or(self.cfg.unknown_limit)
+    }
+
+    fn remember_limit(&self, portfolio: &str, limit: i64) {
+        if let Ok(mut m) = self.last_limit.lock() {
+            m.insert(portfolio.to_string(), limit);
+        }
     }
 }
+
+/// How long a failed Redis call makes the gate skip Redis: each message would otherwise wait for the timeout.
+const STORE_DOWN: Duration = Duration::from_secs(1);
 
 /// Authentication, utility and support templates may use the reserve; marketing (and an unset category) not.
 pub(crate) fn reserved(category: Category) -> bool {
@@ -225,6 +255,26 @@ impl Worker {
         }
     }
 
+    /// Redis unreachable: authentication, utility and support go on uncounted (an OTP must not wait for the
+    /// counting store); marketing is held for `budget.hold_ms`.
+    async fn budget_unavailable(
+        &self,
+        budget: &Budget,
+        w: Work,
+        portfolio: &str,
+        reserved: bool,
+        error: &str,
+    ) -> Option<Work> {
+        if reserved {
+            tracing::debug!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; sent uncounted");
+            return Some(w);
+        }
+        tracing::warn!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; marketing held");
+        let delay = Duration::from_millis(budget.cfg.hold_ms);
+        self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
+        None
+    }
+
     /// The budget gate; returns the message when it may go on, else it has been held (given back to the broker).
     pub(crate) async fn budget_gate(&self, w: Work) -> Option<Work> {
         let Some(budget) = &self.gates.budget else { return Some(w) };
@@ -238,12 +288,24 @@ impl Worker {
         let portfolio = bw_breaker::budget::portfolio_of(&registered, &w.request.waba_id, &budget.cfg.portfolios);
         let rk = bw_common::mask::recipient_key(&w.request.recipient);
         let reserved = reserved(w.request.category());
+        if budget.store_down() {
+            return self.budget_unavailable(budget, w, &portfolio, reserved, "unreachable a moment ago").await;
+        }
         self.learn_tier(budget, &portfolio, &w.request.phone_number_id).await;
         let fallback = budget.fallback(&portfolio);
         let timeout = Duration::from_millis(budget.cfg.timeout_ms);
         let phone = &w.request.phone_number_id;
-        // A window unknown (Redis slow) counts the recipient: the safe reading.
-        let open = matches!(tokio::time::timeout(timeout, budget.store.window_open(phone, &rk)).await, Ok(Ok(true)));
+        let open = match tokio::time::timeout(timeout, budget.store.window_open(phone, &rk)).await {
+            Ok(Ok(open)) => open,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                budget.mark_down();
+                return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
+            }
+        };
         let reserve = budget.cfg.reserve_percent * 10;
         let admitted =
             tokio::time::timeout(timeout, budget.store.admit(&portfolio, &rk, fallback, reserve, reserved, open)).await;
@@ -255,13 +317,12 @@ impl Worker {
                     Ok(Err(e)) => e.to_string(),
                     _ => "timed out".into(),
                 };
-                tracing::warn!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; held");
-                let delay = Duration::from_millis(budget.cfg.hold_ms);
-                self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
-                return None;
+                budget.mark_down();
+                return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
             }
         };
         budget.limit.get_or_create(&labels).set(a.limit);
+        budget.remember_limit(&portfolio, a.limit);
         if a.verdict != Verdict::WindowOpen {
             budget.used.get_or_create(&labels).set(a.used);
         }
