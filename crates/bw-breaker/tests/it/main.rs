@@ -10,6 +10,7 @@ mod limits;
 mod model;
 mod order;
 mod pair;
+mod pool;
 mod quota_signal;
 mod scopes;
 mod scripts;
