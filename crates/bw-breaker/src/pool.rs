@@ -75,7 +75,7 @@ impl Breaker {
         for member in reply.2 {
             let Some(named) = Scope::from_index_member(&member) else { continue };
             let reason = format!(
-                "pooled fast trip: evidence {:.1} >= {needed} summed over the token's numbers, this number failing with them",
+                "pooled fast trip: evidence {:.1} >= {needed} over the token's numbers, this one failing too",
                 reply.0
             );
             if let Some(r) = self.pool_trip(&named, &reason).await {

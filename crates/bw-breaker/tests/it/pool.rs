@@ -151,7 +151,8 @@ async fn the_pool_is_off_at_zero_and_skips_canaries() {
     let r = br.record_pooled(&s, &batch("x", 20, 20)).await;
     assert!(!r.tripped && r.trips.is_empty());
     let br = breaker(&redis.url(), pool_only(), "canaries").await;
-    let canaries: Vec<OutcomeItem> = batch("y", 20, 20).into_iter().map(|o| OutcomeItem { canary: true, ..o }).collect();
+    let canaries: Vec<OutcomeItem> =
+        batch("y", 20, 20).into_iter().map(|o| OutcomeItem { canary: true, ..o }).collect();
     let r = br.record_pooled(&s, &canaries).await;
     assert!(!r.tripped && r.evidence == 0.0, "{r:?}");
     assert_eq!(br.status(&s).await.expect("read").snapshot.state(), BreakerState::Closed);
@@ -175,8 +176,7 @@ async fn a_pooled_trip_recovers_through_half_open_canaries() {
     })
     .await;
     assert!(half_open);
-    let canaries: Vec<OutcomeItem> =
-        batch("k", 5, 0).into_iter().map(|o| OutcomeItem { canary: true, ..o }).collect();
+    let canaries: Vec<OutcomeItem> = batch("k", 5, 0).into_iter().map(|o| OutcomeItem { canary: true, ..o }).collect();
     assert_eq!(br.record(&s, &canaries).await.state, BreakerState::Closed);
 }
 
