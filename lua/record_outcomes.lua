@@ -32,7 +32,8 @@
 -- so it trips even while rate-limit pauses keep the sliding window thin; one message failing on every retry is
 -- one recipient, so retries alone never fast-trip. At the defaults (z 4.5; q 0.2, evidence 15), simulated at 75
 -- calls/s: a steady 2 % or 4 % trips none of 4,000 ten-minute runs, a 20 % outage trips a number after a median
--- 1.3 s (p90 2.2 s; docs/performance.md, "Breaker trips on evidence"). HALF_OPEN closes after
+-- 1.3 s (p90 2.2 s; docs/performance.md, "Breaker trips on evidence"); the token's pooled evidence
+-- (pool_evidence.lua, fed with the same batches) opens the numbers failing together sooner. HALF_OPEN closes after
 -- close_after_successes canary successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
