@@ -32,7 +32,8 @@
 -- so it trips even while rate-limit pauses keep the sliding window thin; one message failing on every retry is
 -- one recipient, so retries alone never fast-trip. At the defaults (z 4.5; q 0.2, evidence 15), simulated at 75
 -- calls/s: a steady 2 % or 4 % trips none of 4,000 ten-minute runs, a 20 % outage trips a number after a median
--- 1.3 s (p90 2.2 s; docs/performance.md, "Breaker trips on evidence"). HALF_OPEN closes after
+-- 1.3 s (p90 2.2 s; docs/performance.md, "Breaker trips on evidence"); the token's pooled evidence
+-- (pool_evidence.lua, fed with the same batches) opens the numbers failing together sooner. HALF_OPEN closes after
 -- close_after_successes canary successes and re-opens on a failure. FORCED_* states never change here.
 --
 -- KEYS[1]    cfg hash of the scope
@@ -60,22 +61,9 @@ local T = {}
 
 maybe_half_open(S, c, now, T, rand, tag)
 
--- A trip on transient failures (Meta failing this number's calls: an outage) gives back what 130429s cut from
--- the adaptive share within the window before it. Such answers came with the outage, whose answers mix errors and
--- throttles at any rate; the cut was made before the failures showed. Kept, the share stayed at 0.7^k through
--- the OPEN time and the backlog drained at that fraction for 5-10 s after the close, past its recovery bound
--- (the drill). Safe: the ramp after the close starts at ramp_start of the rate and probes throughput again, and a
--- 130429 at throughput without failures then cuts.
-local function give_back_outage_cut()
-  if now - num(S[F.adaptive_last_cut]) <= c.window_ms and num(S[F.adaptive_before_cut]) > adaptive(S) then
-    set(S, F.adaptive, S[F.adaptive_before_cut])
-  end
-  set(S, F.adaptive_last_cut, 0)
-end
-
+-- A trip on transient failures gives back the outage's adaptive cuts (outage_trip in scope_prelude.lua).
 local function trip_on_failures(reason)
-  give_back_outage_cut()
-  go(S, c, now, OPEN, reason, T, rand, tag)
+  outage_trip(S, c, now, reason, T, rand, tag)
 end
 
 -- The sliding window trips on evidence, not on the bare rate (bw_breaker::evidence::window_trips mirrors it):
@@ -224,7 +212,7 @@ for i = 1, n do
       local unwell = (wf > 0 and wf * 1000 >= wc * c.threshold_permille)
         or (fast_open() and num(S[F.fast_count]) >= 2)
       if not canary and not unwell then
-        -- A trip on failures within the window gives this episode's cuts back (give_back_outage_cut).
+        -- A trip on failures within the window gives this episode's cuts back (outage_trip).
         if now - num(S[F.adaptive_last_cut]) > c.window_ms then set(S, F.adaptive_before_cut, fmt(adaptive(S))) end
         set(S, F.adaptive_last_cut, now)
         set(S, F.adaptive, fmt(math.max(num(c.aimd_min, 0.1), adaptive(S) * num(c.aimd_decrease, 0.7))))

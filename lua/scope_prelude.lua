@@ -2,7 +2,7 @@
 --
 -- This file is not a script on its own: bw-breaker prepends it to each `*_*.lua` script of this directory
 -- (admit_send, record_outcomes, tick_scope, read_scope, force_breaker, observe_usage, parent_pause,
--- order_register, order_release, claim_late) before
+-- order_register, order_release, claim_late, pool_evidence, pool_trip) before
 -- loading, so the state machine, the codes and the field names are written once. It reads and writes nothing by
 -- itself. The tables CODE, OUT, PAUSE, F, P and PF below are the only definitions of the decision codes, outcome
 -- kinds, pause kinds and hash field names; `bw_breaker::scripts` mirrors them and a test (tests/it/scripts.rs)
@@ -297,6 +297,20 @@ local function maybe_half_open(S, c, now, T, rand, tag)
   if num(S[F.state], CLOSED) == OPEN and now >= num(S[F.open_until]) then
     go(S, c, now, HALF_OPEN, 'cooldown ended', T, rand, tag)
   end
+end
+
+-- Opens the breaker on transient failures (an outage: record_outcomes.lua's checks, pool_trip.lua) and gives
+-- back what 130429s cut from the adaptive share within the window before it. Such answers came with the outage,
+-- whose answers mix errors and throttles at any rate; the cut was made before the failures showed. Kept, the
+-- share stayed at 0.7^k through the OPEN time and the backlog drained at that fraction for 5-10 s after the
+-- close, past its recovery bound (the drill). Safe: the ramp after the close starts at ramp_start of the rate and
+-- probes throughput again, and a 130429 at throughput without failures then cuts.
+local function outage_trip(S, c, now, reason, T, rand, tag)
+  if now - num(S[F.adaptive_last_cut]) <= c.window_ms and num(S[F.adaptive_before_cut]) > adaptive(S) then
+    set(S, F.adaptive, S[F.adaptive_before_cut])
+  end
+  set(S, F.adaptive_last_cut, 0)
+  go(S, c, now, OPEN, reason, T, rand, tag)
 end
 
 -- Common reply head: state, incident, open_until, calls, failures, now.

@@ -14,6 +14,7 @@ mod outage;
 mod partitions;
 mod pauses;
 mod permissions;
+mod pooled;
 mod priority;
 mod quarantine;
 mod redaction;

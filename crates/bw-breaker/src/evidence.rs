@@ -175,6 +175,85 @@ impl Window {
     }
 }
 
+/// The pooled fast trip of one access token, as `lua/pool_evidence.lua` keeps it: the fast trip's evidence
+/// summed over the batches of every number of the token, the distinct failed recipients of any of them within
+/// `fast_trip_window_ms`, and each number's own evidence and last transient failure. At `needed` (and the
+/// recipient guard) the pool trips and names the numbers with a failure within the window and evidence of their
+/// own above 0; the trip spends the pool's evidence and the named numbers' own. The expressions are the Lua's.
+#[derive(Debug, Clone)]
+pub struct Pool {
+    evidence: Option<Evidence>,
+    needed: f64,
+    guard: usize,
+    window_ms: u64,
+    /// The pooled evidence.
+    pub value: f64,
+    since_ms: Option<u64>,
+    recipients: Vec<String>,
+    /// Per number: (own evidence, last transient failure ms).
+    numbers: std::collections::BTreeMap<String, (f64, Option<u64>)>,
+}
+
+impl Pool {
+    /// A fresh pool at `limits`, tripping at `needed` (`BreakerConfig::pool_trip_evidence`; 0 is off).
+    pub fn new(limits: &ScopeLimits, needed: f64) -> Pool {
+        Pool {
+            evidence: Evidence::of(limits).filter(|_| needed > 0.0),
+            needed,
+            guard: limits.fast_trip_failures as usize,
+            window_ms: limits.fast_trip_window_ms,
+            value: 0.0,
+            since_ms: None,
+            recipients: Vec::new(),
+            numbers: std::collections::BTreeMap::new(),
+        }
+    }
+
+    fn open(&self, now_ms: u64) -> bool {
+        self.since_ms.is_some_and(|s| now_ms.saturating_sub(s) <= self.window_ms)
+    }
+
+    /// Records one batch of `member` answered at `now_ms`: `calls` successes and transient failures, and the
+    /// recipient key of each transient failure. Returns the numbers named when the batch trips the pool (sorted
+    /// as the script sorts them), else None.
+    pub fn record(&mut self, now_ms: u64, member: &str, calls: u64, failed: &[&str]) -> Option<Vec<String>> {
+        let e = self.evidence?;
+        let fails = failed.len() as u64;
+        if calls == 0 || fails > calls {
+            return None;
+        }
+        let llr = e.llr(calls, fails);
+        for key in failed {
+            if !self.open(now_ms) {
+                self.since_ms = Some(now_ms);
+                self.recipients.clear();
+            }
+            if !self.recipients.iter().any(|r| r == key) {
+                self.recipients.push((*key).to_string());
+            }
+        }
+        let own = self.numbers.entry(member.to_string()).or_insert((0.0, None));
+        own.0 = (own.0 + llr).max(0.0);
+        if fails > 0 {
+            own.1 = Some(now_ms);
+        }
+        self.value = (self.value + llr).max(0.0);
+        if !(self.value >= self.needed && self.open(now_ms) && self.recipients.len() >= self.guard) {
+            return None;
+        }
+        let window_ms = self.window_ms;
+        let mut named = Vec::new();
+        for (m, (own, last)) in self.numbers.iter_mut() {
+            if last.is_some_and(|l| now_ms.saturating_sub(l) <= window_ms) && *own > 0.0 {
+                named.push(m.clone());
+                *own = 0.0;
+            }
+        }
+        self.value = 0.0;
+        Some(named)
+    }
+}
+
 /// Which check opened the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TripPath {
@@ -182,6 +261,8 @@ pub enum TripPath {
     Window,
     /// The fast trip's evidence ([`FastTrip`]).
     Fast,
+    /// The token's pooled evidence named the number ([`Pool`]).
+    Pooled,
 }
 
 /// One CLOSED scope's trip checks over time, in the script's order: every outcome of a batch into the window,
@@ -332,54 +413,59 @@ pub mod sim {
         None
     }
 
-    /// A prototype measured, not in the scripts: POOLED evidence over `numbers` numbers that share a token (a
-    /// Meta outage hits them all), the same CUSUM as the fast trip fed every number's batch in turn, tripping
-    /// at `needed`. Each number also keeps its own checks. The outage (`traffic.after`) starts on every number at
-    /// once; noise draws are independent per number. Returns the first pooled trip and the first per-number
-    /// trip, ms from the run's start.
-    pub fn run_pooled(
-        limits: &ScopeLimits,
-        traffic: &Traffic,
-        numbers: usize,
-        needed: f64,
-        seed: u64,
-    ) -> (Option<u64>, Option<u64>) {
-        let weights = super::Evidence::of(limits).expect("the fast trip is on");
-        let mut scopes: Vec<ScopeTrips> = (0..numbers).map(|_| ScopeTrips::new(limits)).collect();
-        let mut rngs: Vec<Rng> =
-            (0..numbers as u64).map(|n| Rng::new(seed.wrapping_mul(7919).wrapping_add(n))).collect();
-        let step = 1000.0 / traffic.rate_per_s;
-        let mut next = vec![0u64; numbers];
-        let (mut pooled, mut pooled_at, mut single_at) = (0.0f64, None, None);
-        let mut now = traffic.flush_ms;
-        while now <= traffic.end_ms && (pooled_at.is_none() || single_at.is_none()) {
-            for n in 0..numbers {
+    /// One number's first trip in [`run_token`]: when (ms from the run's start) and which check.
+    pub type NumberTrip = Trip;
+
+    /// Numbers sharing one access token, each with its own `traffic` (its own seeded draws), through their own
+    /// checks ([`ScopeTrips`]) and the token's [`super::Pool`] tripping at `needed`, as the dispatcher records
+    /// a batch: the number's own record first, then the pool. A number stops sending at its first trip (OPEN for
+    /// its cooldown, 30 s at the defaults, which outlasts the runs measured). Returns each number's first trip.
+    pub fn run_token(limits: &ScopeLimits, needed: f64, traffic: &[Traffic], seed: u64) -> Vec<Option<NumberTrip>> {
+        let n = traffic.len();
+        let mut scopes: Vec<ScopeTrips> = (0..n).map(|_| ScopeTrips::new(limits)).collect();
+        let mut pool = super::Pool::new(limits, needed);
+        let mut rngs: Vec<Rng> = (0..n as u64).map(|i| Rng::new(seed.wrapping_mul(7919).wrapping_add(i))).collect();
+        let members: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
+        let mut next = vec![0u64; n];
+        let mut trips: Vec<Option<NumberTrip>> = vec![None; n];
+        let end = traffic.iter().map(|t| t.end_ms).max().unwrap_or(0);
+        let flush = traffic.iter().map(|t| t.flush_ms).min().unwrap_or(20).max(1);
+        let mut now = flush;
+        while now <= end && trips.iter().any(Option::is_none) {
+            for i in 0..n {
+                let t = &traffic[i];
+                if trips[i].is_some() || now > t.end_ms {
+                    continue;
+                }
+                let step = 1000.0 / t.rate_per_s;
                 let mut batch: Vec<(String, bool)> = Vec::new();
-                while (next[n] as f64 * step) < now as f64 {
-                    let at = (next[n] as f64 * step) as u64;
-                    let mix = if at < traffic.change_ms { traffic.before } else { traffic.after };
-                    let x = rngs[n].next_f64();
+                while (next[i] as f64 * step) < now as f64 {
+                    let at = (next[i] as f64 * step) as u64;
+                    let mix = if at < t.change_ms { t.before } else { t.after };
+                    let x = rngs[i].next_f64();
                     if x >= mix.throttle {
-                        batch.push((format!("n{n}r{}", next[n]), x < mix.throttle + mix.transient));
+                        batch.push((format!("n{i}r{}", next[i]), x < mix.throttle + mix.transient));
                     }
-                    next[n] += 1;
+                    next[i] += 1;
                 }
                 if batch.is_empty() {
                     continue;
                 }
                 let items: Vec<(&str, bool)> = batch.iter().map(|(k, f)| (k.as_str(), *f)).collect();
-                if single_at.is_none() && scopes[n].record(now, &items).is_some() {
-                    single_at = Some(now);
+                if let Some(path) = scopes[i].record(now, &items) {
+                    trips[i] = Some(Trip { at_ms: now, path });
                 }
-                let fails = items.iter().filter(|(_, f)| *f).count() as u64;
-                pooled = weights.step(pooled, items.len() as u64, fails);
-                if pooled_at.is_none() && pooled >= needed {
-                    pooled_at = Some(now);
+                let failed: Vec<&str> = items.iter().filter(|(_, f)| *f).map(|(k, _)| *k).collect();
+                for m in pool.record(now, &members[i], items.len() as u64, &failed).unwrap_or_default() {
+                    let j = members.iter().position(|x| *x == m).unwrap_or(i);
+                    if trips[j].is_none() {
+                        trips[j] = Some(Trip { at_ms: now, path: TripPath::Pooled });
+                    }
                 }
             }
-            now += traffic.flush_ms;
+            now += flush;
         }
-        (pooled_at, single_at)
+        trips
     }
 
     /// Quantile `q` (0..1) of sorted `values` (nearest rank).

@@ -28,12 +28,14 @@ pub mod evidence;
 mod local;
 mod metrics;
 pub mod order;
+mod pool;
 pub mod recipient;
 pub mod scripts;
 pub mod templates;
 
 pub use config::{BreakerConfig, ScopeLimits};
 pub use order::{Blocker, OrderBook, OrderRelease, Registration};
+pub use pool::PoolResult;
 
 use bw_common::classify::{PauseScope, RateScope};
 use bw_common::proto::{self, BreakerState, BreakerTransition};

@@ -35,9 +35,11 @@ pub(crate) static PARENT_PAUSE: LazyLock<Script> = scope_script!("parent_pause.l
 pub(crate) static ORDER_REGISTER: LazyLock<Script> = scope_script!("order_register.lua");
 pub(crate) static ORDER_RELEASE: LazyLock<Script> = scope_script!("order_release.lua");
 pub(crate) static CLAIM_LATE: LazyLock<Script> = scope_script!("claim_late.lua");
+pub(crate) static POOL_EVIDENCE: LazyLock<Script> = scope_script!("pool_evidence.lua");
+pub(crate) static POOL_TRIP: LazyLock<Script> = scope_script!("pool_trip.lua");
 
 /// Every script, for pre-loading and for the test that runs each against a real Redis.
-pub fn all_scripts() -> [(&'static str, &'static Script); 10] {
+pub fn all_scripts() -> [(&'static str, &'static Script); 12] {
     [
         ("admit_send", &ADMIT_SEND),
         ("record_outcomes", &RECORD_OUTCOMES),
@@ -49,6 +51,8 @@ pub fn all_scripts() -> [(&'static str, &'static Script); 10] {
         ("order_register", &ORDER_REGISTER),
         ("order_release", &ORDER_RELEASE),
         ("claim_late", &CLAIM_LATE),
+        ("pool_evidence", &POOL_EVIDENCE),
+        ("pool_trip", &POOL_TRIP),
     ]
 }
 
@@ -274,6 +278,17 @@ pub fn waba_pause_key(waba_id: &str) -> String {
 /// [`crate::token_fingerprint`].
 pub fn token_halt_key(fingerprint: &str) -> String {
     format!("bw:{{tok:{fingerprint}}}:halt")
+}
+
+/// Key of the pooled fast-trip evidence of every number sent with one access token (`lua/pool_evidence.lua`),
+/// own hash tag; `fingerprint` is [`crate::token_fingerprint`].
+pub fn token_pool_key(fingerprint: &str) -> String {
+    format!("bw:{{tok:{fingerprint}}}:pool")
+}
+
+/// Key of the pooled evidence when no token is set: per app key, own hash tag.
+pub fn app_pool_key(app_key: &str) -> String {
+    format!("bw:{{app:{app_key}}}:pool")
 }
 
 fn class_code(class: TrafficClass) -> &'static str {

@@ -164,6 +164,7 @@ impl ServiceConfig for Config {
     fn validate(&self) -> Result<(), String> {
         self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
         self.budget.validate()?;
+        self.breaker.validate_pool().map_err(|e| format!("breaker: {e}"))?;
         let invalid = |m: &str| Err(m.to_string());
         if self.dispatch.ack_wait_ms <= self.meta.request_timeout_ms {
             return invalid("dispatch.ack_wait_ms must exceed meta.request_timeout_ms");

@@ -513,14 +513,18 @@ impl Worker {
 
     /// Records the buffered outcomes, one breaker round trip per scope, the scopes concurrently (as admission
     /// does): a flush of outcomes spread over many senders costs one round trip of waiting, not one per sender,
-    /// while the batch's sends are not polled.
+    /// while the batch's sends are not polled. Each scope's batch then feeds its token's pooled evidence (a second
+    /// round trip, on the token's slot), which opens the numbers failing with the token
+    /// (`Breaker::record_pooled`); the number's own checks ran first, unchanged.
     async fn flush_outcomes(&self, outcomes: &mut Outcomes) {
         let mut taken = std::mem::take(outcomes);
         let records = taken.by_scope.into_iter().map(|(key, items)| {
             let releases = taken.releases.remove(&key).unwrap_or_default();
             let (waba_id, phone_number_id) = key;
             async move {
-                self.breaker.record_releasing(&Scope { waba_id, phone_number_id }, &items, &releases).await;
+                let scope = Scope { waba_id, phone_number_id };
+                self.breaker.record_releasing(&scope, &items, &releases).await;
+                self.breaker.record_pooled(&scope, &items).await;
             }
         });
         futures::future::join_all(records).await;

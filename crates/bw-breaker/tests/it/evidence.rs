@@ -391,29 +391,3 @@ async fn lua_noise_stream() {
         }
     }
 }
-
-/// The pooled-evidence prototype (measured only, not in the scripts): the fast trip's CUSUM over 4 numbers that
-/// share a token, tripping at 16, stays quiet on 4 % noise on every number and catches a 20 % outage on all of
-/// them sooner than any one number's own checks.
-#[test]
-fn pooled_evidence_prototype_separates_noise_from_an_outage() {
-    let limits = ScopeLimits::default();
-    let noise = Traffic::steady(Mix::errors(0.04), 600_000);
-    for seed in 0..6 {
-        assert_eq!(sim::run_pooled(&limits, &noise, 4, 16.0, seed).0, None, "seed {seed}");
-    }
-    let outage = Traffic::outage(Mix::errors(0.02), 20_000, Mix::errors(0.2), 30_000);
-    let (mut pooled, mut single) = (Vec::new(), Vec::new());
-    for seed in 0..40 {
-        let (p, s) = sim::run_pooled(&limits, &outage, 4, 16.0, seed);
-        let (p, s) = (p.expect("pooled trips"), s.expect("a number trips"));
-        assert!(p > outage.change_ms && s > outage.change_ms, "seed {seed}: {p} {s}");
-        pooled.push((p - outage.change_ms) as f64 / 1000.0);
-        single.push((s - outage.change_ms) as f64 / 1000.0);
-    }
-    pooled.sort_by(f64::total_cmp);
-    single.sort_by(f64::total_cmp);
-    let (p, s) = (sim::quantile(&pooled, 0.5), sim::quantile(&single, 0.5));
-    eprintln!("pooled median {p} s, first number's own median {s} s");
-    assert!(p < s && p <= 0.6, "{pooled:?} {single:?}");
-}

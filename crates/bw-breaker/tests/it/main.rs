@@ -11,6 +11,7 @@ mod limits;
 mod model;
 mod order;
 mod pair;
+mod pool;
 mod quota_signal;
 mod scopes;
 mod scripts;
