@@ -30,6 +30,7 @@ pub mod order;
 pub mod recipient;
 pub mod scripts;
 pub mod templates;
+pub mod throughput;
 
 pub use config::{BreakerConfig, ScopeLimits};
 pub use order::{Blocker, OrderBook, OrderRelease, Registration};

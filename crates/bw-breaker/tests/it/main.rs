@@ -15,3 +15,4 @@ mod scopes;
 mod scripts;
 mod support;
 mod templates;
+mod throughput;
