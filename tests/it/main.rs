@@ -23,6 +23,7 @@ mod signals;
 mod skeleton;
 mod tenant_stack;
 mod tenants;
+mod throughput;
 mod tracing;
 
 /// Runs `bwctl <args>` in-process against `nats_url` (the CLI's own parser and `run`), returning its exit code

@@ -23,8 +23,9 @@
 //! - a `user_preferences` `stop` of `marketing_messages` suppresses marketing to the user as 131050 does, and
 //!   `resume` lifts that suppression (see [`Coordinator::tenants_of`] for the tenant it applies in).
 //!
-//! The other signals (tiers, throughput, template quality and category, echoes, unknown fields) are acked here
-//! without an action yet. Every change goes through `parent_pause.lua` (`Breaker::pause_because`,
+//! - a throughput upgrade, template quality and category changes: `crate::meta_limits`.
+//!
+//! The other signals (tiers, echoes, unknown fields) are acked here without an action yet. Every change goes through `parent_pause.lua` (`Breaker::pause_because`,
 //! `clear_parent`). One durable consumer, shared by every instance, with one message in flight: a ban and its
 //! reinstatement apply in order whichever instance takes them. A step that fails (Redis, NATS) is redelivered;
 //! applying a signal twice changes nothing (a pause only extends, an alert deduplicates).
@@ -103,6 +104,8 @@ pub enum Action {
     ResumeMarketing { recipient_key_hash: String },
     /// Raise a signal for the alerting service.
     Alert { kind: &'static str, detail: String },
+    /// A rate or template step (`crate::meta_limits`).
+    Limits(crate::meta_limits::Step),
 }
 
 /// The actions of one signal at `now_ms`, in order. Pure: the table of the module's comment.
@@ -195,6 +198,7 @@ pub fn actions(s: &AccountSignal, now_ms: i64) -> Vec<Action> {
                 _ => Vec::new(),
             }
         }
+        Kind::Throughput(_) => crate::meta_limits::steps(s).into_iter().map(Action::Limits).collect(),
         _ => Vec::new(),
     }
 }
@@ -425,6 +429,11 @@ impl Coordinator {
                 }
                 tracing::info!(waba_id = %signal.waba_id, "user_preferences resume: marketing to the user resumed");
             }
+            Action::Limits(step) => {
+                if let Some(detail) = self.apply_step(signal, step).await? {
+                    Box::pin(self.act(signal, Action::Alert { kind: ALERT_SIGNAL, detail })).await?;
+                }
+            }
             Action::Alert { kind, detail } => {
                 let alert = Signal {
                     kind: kind.to_string(),
@@ -514,7 +523,7 @@ mod tests {
             0,
         );
         assert!(matches!(&a[..], [Action::Alert { kind: ALERT_SIGNAL, detail }] if detail.contains("OBA_REJECTED")));
-        assert!(actions(&signal(Kind::Throughput(ThroughputChange::default())), 0).is_empty());
+        assert!(actions(&signal(Kind::Throughput(ThroughputChange::default())), 0).is_empty(), "no stated mps");
     }
 
     fn template_status(event: &str, title: &str) -> AccountSignal {

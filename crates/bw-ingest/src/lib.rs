@@ -24,6 +24,7 @@ pub mod egress;
 pub mod feed;
 mod guard;
 mod http;
+pub mod inbound_rate;
 mod intake;
 mod metrics;
 mod processor;
@@ -81,6 +82,9 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     /// Where outgoing requests (callbacks) may connect.
     pub egress: EgressConfig,
+    /// Inbound messages counted against their number's throughput ([`inbound_rate`]).
+    #[serde(default)]
+    pub inbound_rate: inbound_rate::InboundRateConfig,
 }
 
 /// Destinations of outgoing requests ([`egress`]).
@@ -240,8 +244,8 @@ impl ServiceConfig for Config {
         &self.nats
     }
     fn redis(&self) -> Option<&bw_common::config::RedisConfig> {
-        // Only the order sets need Redis: with no category keeping order, ingest runs without it.
-        (!self.order.keep.is_empty()).then_some(&self.redis)
+        // The order sets and the inbound count need Redis: with neither, ingest runs without it.
+        (!self.order.keep.is_empty() || self.inbound_rate.enabled).then_some(&self.redis)
     }
     fn admin(&self) -> &AdminConfig {
         &self.admin
@@ -713,6 +717,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             metrics: metrics.clone(),
             bodies: bodies.clone(),
             send: deps.buckets.send,
+            inbound_rate: match (&deps.redis, cfg.inbound_rate.enabled) {
+                (Some(redis), true) => Some(inbound_rate::InboundRate::new(redis.clone(), &cfg.inbound_rate)),
+                _ => None,
+            },
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(

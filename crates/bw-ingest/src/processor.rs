@@ -60,6 +60,8 @@ pub(crate) struct Processor {
     pub bodies: Bodies,
     /// Where a new attempt after an asynchronous failure goes (BW_SEND's partitions, as intake publishes).
     pub send: names::SendPartitions,
+    /// Counts forwarded inbound messages against their number's throughput (None: off, or no Redis).
+    pub inbound_rate: Option<crate::inbound_rate::InboundRate>,
 }
 
 fn target_state(status: DeliveryStatus) -> Option<OperationState> {
@@ -477,6 +479,9 @@ impl Processor {
             self.metrics.duplicate("inbound");
         } else {
             self.metrics.inbound_forwarded.inc();
+            if let Some(rate) = &self.inbound_rate {
+                rate.count(m).await;
+            }
         }
         self.mark(&key).await;
         Ok(())

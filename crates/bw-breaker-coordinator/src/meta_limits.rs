@@ -1,0 +1,117 @@
+//! Meta's signals about how fast a number or a template may send (meta-cloud-api.md §3.1, §3.5, §4.5), applied
+//! to the limiter's state:
+//!
+//! - `phone_number_quality_update` `THROUGHPUT_UPGRADE`: the number's stated limit becomes 1,000 messages per
+//!   second in its throughput hash (`bw_breaker::throughput`), which every dispatcher's admission reads; the
+//!   number then sends at 1,000 x `throughput_margin` (925 at the default), never above 1,000. Meta names the
+//!   number by its display phone only, which Breakwater does not keep: the signal's `phone_number_id` when ingest
+//!   found one, else the WABA's only known number. A WABA with several numbers and no id is not guessed at (a
+//!   wrong guess would send another number at 12 times its limit): an operator alert says to set
+//!   `throughput_mps` for the number in the coordinator's limits. `ONBOARDING` and the legacy events change
+//!   nothing (since October 2025 quality no longer moves throughput).
+
+use crate::Coordinator;
+use bw_breaker::Scope;
+use bw_breaker::throughput::Throughput;
+use bw_common::proto::AccountSignal;
+use bw_common::proto::account_signal::Kind;
+use std::time::Duration;
+
+/// One step a rate or template signal asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Record Meta's stated throughput of a number (`phone_number_id` empty: resolve it within the WABA).
+    Throughput { phone_number_id: String, mps: u32, event: String },
+}
+
+/// The steps of one signal. Pure.
+pub fn steps(s: &AccountSignal) -> Vec<Step> {
+    match &s.kind {
+        Some(Kind::Throughput(t)) if t.mps > 0 && !s.waba_id.is_empty() => {
+            vec![Step::Throughput { phone_number_id: s.phone_number_id.clone(), mps: t.mps, event: t.event.clone() }]
+        }
+        _ => Vec::new(),
+    }
+}
+
+impl Coordinator {
+    /// The number a WABA-level signal names: its own id, else the WABA's only known number.
+    fn number_of(&self, waba_id: &str, phone_number_id: &str) -> Result<Scope, usize> {
+        if !phone_number_id.is_empty() {
+            return Ok(Scope::new(waba_id, phone_number_id));
+        }
+        let mut of_waba: Vec<Scope> = self.known_scopes().into_iter().filter(|s| s.waba_id == waba_id).collect();
+        match of_waba.len() {
+            1 => Ok(of_waba.remove(0)),
+            n => Err(n),
+        }
+    }
+
+    /// Applies one step; returns the detail of the operator alert it raises, if any.
+    pub(crate) async fn apply_step(&self, signal: &AccountSignal, step: Step) -> anyhow::Result<Option<String>> {
+        match step {
+            Step::Throughput { phone_number_id, mps, event } => {
+                let waba = &signal.waba_id;
+                let scope = match self.number_of(waba, &phone_number_id) {
+                    Ok(scope) => scope,
+                    Err(n) => {
+                        tracing::warn!(waba_id = %waba, numbers = n, %event, "throughput signal names no number we can tell");
+                        return Ok(Some(format!(
+                            "Meta phone_number_quality_update {event} ({mps} mps) for a number of WABA {waba}, which has \
+                             {n} known numbers and the webhook names none by id: rate unchanged; set `throughput_mps = \
+                             {mps}` for the upgraded number in the coordinator's [limits.scopes] \
+                             (deploy/runbooks/account-signals.md)"
+                        )));
+                    }
+                };
+                let limits = self.limits();
+                let timeout = Duration::from_millis(self.inner.breaker.config().command_timeout_ms.max(1_000));
+                let tput = Throughput::new(self.inner.redis.clone(), timeout, limits.for_scope(&scope.phone_number_id));
+                let state = tput.set_limit(&scope, mps, &event).await?;
+                let rate = bw_breaker::throughput::configured_rate(limits.for_scope(&scope.phone_number_id), state.mps);
+                tracing::info!(
+                    waba_id = %scope.waba_id,
+                    phone_number_id = %scope.phone_number_id,
+                    mps = state.mps,
+                    rate_per_s = rate,
+                    "Meta raised the number's throughput; every dispatcher sends at the new rate"
+                );
+                Ok(Some(format!(
+                    "Meta phone_number_quality_update {event}: number {} may send {} mps; Breakwater now sends it at \
+                     {rate:.0}/s",
+                    scope.phone_number_id, state.mps
+                )))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bw_common::proto::ThroughputChange;
+
+    fn throughput(event: &str, mps: u32, phone: &str) -> AccountSignal {
+        AccountSignal {
+            field: "phone_number_quality_update".into(),
+            waba_id: "100".into(),
+            phone_number_id: phone.into(),
+            kind: Some(Kind::Throughput(ThroughputChange { event: event.into(), mps, ..Default::default() })),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_upgrade_records_the_stated_limit_and_other_events_change_nothing() {
+        assert_eq!(
+            steps(&throughput("THROUGHPUT_UPGRADE", 1000, "200")),
+            vec![Step::Throughput { phone_number_id: "200".into(), mps: 1000, event: "THROUGHPUT_UPGRADE".into() }]
+        );
+        assert_eq!(steps(&throughput("THROUGHPUT_UPGRADE", 1000, "")).len(), 1, "resolved within the WABA later");
+        assert!(steps(&throughput("ONBOARDING", 0, "200")).is_empty());
+        assert!(steps(&throughput("DOWNGRADE", 0, "200")).is_empty(), "legacy events are not acted on");
+        let mut nameless = throughput("THROUGHPUT_UPGRADE", 1000, "200");
+        nameless.waba_id.clear();
+        assert!(steps(&nameless).is_empty());
+    }
+}
