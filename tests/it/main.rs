@@ -7,6 +7,7 @@ mod dispatch;
 mod examples;
 mod flow;
 mod fuzz;
+mod held;
 mod incident;
 mod order;
 mod outage;

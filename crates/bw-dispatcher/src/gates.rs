@@ -172,6 +172,13 @@ impl Worker {
     }
 }
 
+/// The ledger reason of a message Meta accepted and holds for its template's quality assessment (template pacing,
+/// `message_status: held_for_quality_assessment`, meta-cloud-api.md §3.5): not failed and never resent; Meta
+/// releases it (sent, delivered follow) or drops it (failed 132015, when the template is paused: then a new
+/// attempt waits in the template's quarantine scope).
+pub(crate) const HELD_FOR_QUALITY_REASON: &str = "held_for_quality_assessment: Meta holds it while the template's \
+     quality is assessed (pacing); not failed, never resent; a status webhook moves it on";
+
 /// What the producer's feed and the operator see for a held message: the scope, never a phone number.
 pub(crate) fn held_detail(key: &ScopeKey, code: i64) -> String {
     match key {
