@@ -22,6 +22,7 @@ mod resilience;
 mod senders;
 mod signals;
 mod skeleton;
+mod template_signals;
 mod tenant_stack;
 mod tenants;
 mod throughput;

@@ -198,7 +198,9 @@ pub fn actions(s: &AccountSignal, now_ms: i64) -> Vec<Action> {
                 _ => Vec::new(),
             }
         }
-        Kind::Throughput(_) => crate::meta_limits::steps(s).into_iter().map(Action::Limits).collect(),
+        Kind::Throughput(_) | Kind::TemplateQuality(_) | Kind::TemplateCategory(_) => {
+            crate::meta_limits::steps(s).into_iter().map(Action::Limits).collect()
+        }
         _ => Vec::new(),
     }
 }

@@ -9,19 +9,46 @@
 //!   wrong guess would send another number at 12 times its limit): an operator alert says to set
 //!   `throughput_mps` for the number in the coordinator's limits. `ONBOARDING` and the legacy events change
 //!   nothing (since October 2025 quality no longer moves throughput).
+//! - `message_template_quality_update` RED paces the template's marketing fleet-wide at [`RED_MARKETING_PER_MIN`]
+//!   sends per minute (`bw_breaker::template_rules`); GREEN, YELLOW or UNKNOWN ends the pace. The reference says
+//!   "slow or stop that template's campaigns: a pause is next"; the safe reading taken is a pace so slow it is
+//!   nearly a stop (a 50,000-message campaign would take two weeks) that still lets some messages prove the
+//!   template, and an operator alert.
+//! - `template_category_update` that changes the category (not the 24 h notice, which only alerts) records Meta's
+//!   new category: a template moved to MARKETING is sent under marketing rules whatever its producer said
+//!   (admission's marketing class, the 131049 cool-off, 131050 suppression, `marketing_undeliverable`).
 
 use crate::Coordinator;
 use bw_breaker::Scope;
+use bw_breaker::template_rules::TemplateRules;
+use bw_breaker::templates::ScopeKey;
 use bw_breaker::throughput::Throughput;
 use bw_common::proto::AccountSignal;
 use bw_common::proto::account_signal::Kind;
 use std::time::Duration;
+
+/// Sends per minute of a RED template's marketing, fleet-wide.
+pub const RED_MARKETING_PER_MIN: u32 = 6;
 
 /// One step a rate or template signal asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
     /// Record Meta's stated throughput of a number (`phone_number_id` empty: resolve it within the WABA).
     Throughput { phone_number_id: String, mps: u32, event: String },
+    /// Record a template's quality (RED paces its marketing).
+    TemplateQuality { key: ScopeKey, quality: String },
+    /// Record a template's new category.
+    TemplateCategory { key: ScopeKey, category: String, previous: String },
+    /// Alert only (a category change announced for later).
+    Notice { detail: String },
+}
+
+fn template_key(waba_id: &str, language: &str, name: &str) -> Option<ScopeKey> {
+    (!waba_id.is_empty() && !language.is_empty() && !name.is_empty()).then(|| ScopeKey::Template {
+        waba_id: waba_id.into(),
+        language: language.into(),
+        name: name.into(),
+    })
 }
 
 /// The steps of one signal. Pure.
@@ -29,6 +56,29 @@ pub fn steps(s: &AccountSignal) -> Vec<Step> {
     match &s.kind {
         Some(Kind::Throughput(t)) if t.mps > 0 && !s.waba_id.is_empty() => {
             vec![Step::Throughput { phone_number_id: s.phone_number_id.clone(), mps: t.mps, event: t.event.clone() }]
+        }
+        Some(Kind::TemplateQuality(q)) => template_key(&s.waba_id, &q.template_language, &q.template_name)
+            .map(|key| Step::TemplateQuality { key, quality: q.new_quality.clone() })
+            .into_iter()
+            .collect(),
+        Some(Kind::TemplateCategory(c)) => {
+            let Some(key) = template_key(&s.waba_id, &c.template_language, &c.template_name) else {
+                return Vec::new();
+            };
+            if c.takes_effect_unix_s > 0 || !c.correct_category.is_empty() {
+                // The notice: `new_category` is still the current one; the change comes with its own webhook.
+                return vec![Step::Notice {
+                    detail: format!(
+                        "Meta template_category_update notice: template scope {key} becomes {} at {} (unix s)",
+                        c.correct_category, c.takes_effect_unix_s
+                    ),
+                }];
+            }
+            vec![Step::TemplateCategory {
+                key,
+                category: c.new_category.clone(),
+                previous: c.previous_category.clone(),
+            }]
         }
         _ => Vec::new(),
     }
@@ -82,6 +132,27 @@ impl Coordinator {
                     scope.phone_number_id, state.mps
                 )))
             }
+            Step::TemplateQuality { key, quality } => {
+                TemplateRules::new(self.inner.redis.clone()).set_quality(&key, &quality, RED_MARKETING_PER_MIN).await?;
+                tracing::info!(scope = %key, %quality, "template quality recorded");
+                Ok((quality == "RED").then(|| {
+                    format!(
+                        "Meta message_template_quality_update RED: template scope {key}'s marketing is paced at \
+                         {RED_MARKETING_PER_MIN}/min until its quality recovers (a pause is next)"
+                    )
+                }))
+            }
+            Step::TemplateCategory { key, category, previous } => {
+                TemplateRules::new(self.inner.redis.clone()).set_category(&key, &category).await?;
+                tracing::info!(scope = %key, %category, %previous, "template category recorded");
+                Ok((category == "MARKETING").then(|| {
+                    format!(
+                        "Meta template_category_update: template scope {key} moved from {previous} to MARKETING; \
+                         marketing rules now apply to its sends"
+                    )
+                }))
+            }
+            Step::Notice { detail } => Ok(Some(detail)),
         }
     }
 }
@@ -89,7 +160,7 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::ThroughputChange;
+    use bw_common::proto::{TemplateCategoryChange, TemplateQualityChange, ThroughputChange};
 
     fn throughput(event: &str, mps: u32, phone: &str) -> AccountSignal {
         AccountSignal {
@@ -113,5 +184,39 @@ mod tests {
         let mut nameless = throughput("THROUGHPUT_UPGRADE", 1000, "200");
         nameless.waba_id.clear();
         assert!(steps(&nameless).is_empty());
+    }
+
+    #[test]
+    fn quality_and_category_changes_are_recorded_and_a_notice_only_alerts() {
+        let key = ScopeKey::Template { waba_id: "100".into(), language: "en_US".into(), name: "promo".into() };
+        let quality = AccountSignal {
+            waba_id: "100".into(),
+            kind: Some(Kind::TemplateQuality(TemplateQualityChange {
+                template_name: "promo".into(),
+                template_language: "en_US".into(),
+                new_quality: "RED".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        assert_eq!(steps(&quality), vec![Step::TemplateQuality { key: key.clone(), quality: "RED".into() }]);
+        let category = |notice: bool| AccountSignal {
+            waba_id: "100".into(),
+            kind: Some(Kind::TemplateCategory(TemplateCategoryChange {
+                template_name: "promo".into(),
+                template_language: "en_US".into(),
+                previous_category: if notice { String::new() } else { "UTILITY".into() },
+                new_category: if notice { "UTILITY".into() } else { "MARKETING".into() },
+                correct_category: if notice { "MARKETING".into() } else { String::new() },
+                takes_effect_unix_s: if notice { 1_746_169_200 } else { 0 },
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        assert_eq!(
+            steps(&category(false)),
+            vec![Step::TemplateCategory { key, category: "MARKETING".into(), previous: "UTILITY".into() }]
+        );
+        assert!(matches!(steps(&category(true)).as_slice(), [Step::Notice { detail }] if detail.contains("MARKETING")));
     }
 }

@@ -29,6 +29,7 @@ mod metrics;
 pub mod order;
 pub mod recipient;
 pub mod scripts;
+pub mod template_rules;
 pub mod templates;
 pub mod throughput;
 

@@ -9,7 +9,11 @@
 //!   (`recipient_deferred`) until the cool-off ends, out of its recipient's order chain, so later non-marketing
 //!   messages to the recipient are not held behind it;
 //! - a message of a held template goes to the quarantine unsent (`template_held`, with the scope key), while
-//!   other templates flow.
+//!   other templates flow;
+//! - first of all, a template Meta moved to MARKETING (`template_category_update`) is sent as marketing whatever
+//!   category its producer gave (the gates above, and admission's marketing class), and a marketing send of a
+//!   template whose quality is RED takes a slot of the template's fleet-wide pace or goes back to the broker
+//!   until its slot (`bw_breaker::template_rules`).
 //!
 //! After Meta's answer ([`Worker::quarantine_scoped`], [`Worker::note_marketing_answer`]): a template code
 //! (132001, 132007, 132015, 132016) holds the template and quarantines the message under the template's scope;
@@ -22,6 +26,7 @@
 use crate::meta::MetaAnswer;
 use crate::process::{Work, Worker};
 use bw_breaker::recipient::RecipientMarketing;
+use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::{ScopeKey, TemplateHolds};
 use bw_common::classify::{Only, PauseScope, RateScope};
 use bw_common::proto::{Category, DlqReason, ErrorInfo, QuarantineReason, send_request::Payload};
@@ -32,11 +37,16 @@ use bw_common::time::now_ms;
 pub(crate) struct Gates {
     pub holds: Option<TemplateHolds>,
     pub marketing: Option<RecipientMarketing>,
+    pub rules: Option<TemplateRules>,
 }
 
 impl Gates {
     pub(crate) fn new(redis: Option<bw_breaker::RedisConn>) -> Gates {
-        Gates { holds: redis.clone().map(TemplateHolds::new), marketing: redis.map(RecipientMarketing::new) }
+        Gates {
+            holds: redis.clone().map(TemplateHolds::new),
+            rules: redis.clone().map(TemplateRules::new),
+            marketing: redis.map(RecipientMarketing::new),
+        }
     }
 }
 
@@ -57,6 +67,7 @@ impl Worker {
     /// The gates before a send. Returns the message when it may go on; otherwise it has been moved (failed,
     /// dead-lettered or quarantined) and settled.
     pub(crate) async fn gate(&self, w: Work) -> Option<Work> {
+        let w = self.template_rules(w).await?;
         if w.request.category() == Category::Marketing {
             if is_marketing_template(&w)
                 && let Some(prefix) = undeliverable_prefix(&w.request.recipient, &self.cfg.marketing_undeliverable)
@@ -112,6 +123,42 @@ impl Worker {
                 }
                 Ok(None) => {}
                 Err(e) => tracing::debug!(parent: &w.span, error = %e, "template hold unavailable; sending"),
+            }
+        }
+        Some(w)
+    }
+
+    /// Meta's category and quality of the message's template: MARKETING makes it a marketing send; RED paces its
+    /// marketing (over the pace it goes back to the broker until its slot, unsent and not failed).
+    async fn template_rules(&self, mut w: Work) -> Option<Work> {
+        let (Some(rules), Some(key)) = (&self.gates.rules, ScopeKey::template_of(&w.request)) else { return Some(w) };
+        let r = match rules.read_cached(&key).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(parent: &w.span, error = %e, "template rules unavailable; sending");
+                return Some(w);
+            }
+        };
+        if r.is_marketing() && w.request.category() != Category::Marketing {
+            tracing::info!(parent: &w.span, scope = %key, "Meta moved the template to MARKETING; sent as marketing");
+            w.request.set_category(Category::Marketing);
+        }
+        if r.is_red() && w.request.category() == Category::Marketing {
+            match rules.take(&key).await {
+                Ok(0) => {}
+                Ok(wait_ms) => {
+                    let err = ErrorInfo {
+                        details: format!(
+                            "template scope {key} has quality RED: its marketing goes at {}/min fleet-wide",
+                            r.red_per_min
+                        ),
+                        at_unix_ms: now_ms(),
+                        ..Default::default()
+                    };
+                    self.held_back(w, std::time::Duration::from_millis(wait_ms), err).await;
+                    return None;
+                }
+                Err(e) => tracing::debug!(parent: &w.span, error = %e, "template pace unavailable; sending"),
             }
         }
         Some(w)
