@@ -1,17 +1,158 @@
-//! `bwctl dlq` by breaker incident: the per-incident table of `dlq stats` (depth, held, oldest, categories) and
-//! `dlq replay --incident ID`, which releases a held incident and replays exactly its entries in per-recipient
-//! acceptance order with a progress line, then prints the incident's report (and whether it finished).
+//! `bwctl dlq`: per-scope and per-incident statistics, masked inspection, replay now (of chosen scopes, or
+//! exactly one breaker incident in per-recipient acceptance order with a progress line and the incident's
+//! report) and purge with confirmation.
 
-use crate::fmt;
+use crate::exit::{EXIT_ABORTED, confirm};
+use crate::fmt::{self, write_batch};
+use crate::stats::{ScopeArg, write_stats};
 use async_nats::jetstream;
 use bw_common::nats::Buckets;
 use bw_common::proto::BreakerState;
 use bw_common::time::now_ms;
 use bw_ops::incident::{self, IncidentStats, Incidents};
-use bw_ops::inspect::DlqItem;
+use bw_ops::inspect::{self, DlqItem, dlq_reason_label, masked};
 use bw_ops::ops;
+use clap::Subcommand;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Depth, oldest age and reasons per scope, then per breaker incident (depth, held for manual release,
+    /// oldest, categories).
+    Stats(ScopeArg),
+    /// Entries, personal data masked.
+    Inspect {
+        #[command(flatten)]
+        scope: ScopeArg,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Replay now into the replay lane (same operation ids; the ledger prevents duplicates).
+    Replay {
+        #[command(flatten)]
+        scope: ScopeArg,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Entries moved per second.
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+        /// Also replay scopes whose breaker is not CLOSED.
+        #[arg(long)]
+        force: bool,
+        /// Replay exactly the entries of this breaker incident (as `dlq stats` shows it), in per-recipient
+        /// acceptance order, releasing it if replay holds it; prints the incident's report.
+        #[arg(long)]
+        incident: Option<String>,
+    },
+    /// Remove entries for good: each ends EXPIRED in the ledger ("purged by operator from dlq").
+    Purge {
+        #[command(flatten)]
+        scope: ScopeArg,
+        #[arg(long, default_value_t = usize::MAX, hide_default_value = true)]
+        limit: usize,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Runs one `bwctl dlq` command.
+pub(crate) async fn run(
+    js: &jetstream::Context,
+    buckets: &Buckets,
+    cmd: DlqCommand,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    match cmd {
+        DlqCommand::Stats(s) => {
+            let (items, bad) = inspect::dlq_items(js, buckets.send, s.scope.as_deref()).await?;
+            let code = write_stats(out, &inspect::dlq_stats(&items), bad.len())?;
+            writeln!(out)?;
+            write_incident_stats(js, &items, out).await?;
+            Ok(code)
+        }
+        DlqCommand::Inspect { scope, limit } => {
+            let (items, _) = inspect::dlq_items(js, buckets.send, scope.scope.as_deref()).await?;
+            let rows = items
+                .iter()
+                .take(limit)
+                .map(|i| {
+                    let e = &i.envelope;
+                    let m = masked(&e.request.clone().unwrap_or_default());
+                    let code = e.last_error.as_ref().map(|x| x.meta_code.to_string()).unwrap_or_else(|| "-".into());
+                    vec![
+                        i.sequence.to_string(),
+                        m.operation_id,
+                        m.phone_number_id,
+                        m.recipient,
+                        m.category.into(),
+                        m.payload,
+                        dlq_reason_label(e.reason()).into(),
+                        code,
+                        e.replay_attempts.to_string(),
+                        fmt::utc(e.dead_lettered_at_unix_ms),
+                        fmt::utc(e.not_before_unix_ms),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            let header = [
+                "SEQ",
+                "OPERATION",
+                "SCOPE",
+                "RECIPIENT",
+                "CATEGORY",
+                "PAYLOAD",
+                "REASON",
+                "CODE",
+                "REPLAYS",
+                "DEAD-LETTERED",
+                "NOT-BEFORE",
+            ];
+            write!(out, "{}", fmt::table(&header, &rows))?;
+            writeln!(out, "{} of {} shown", rows.len(), items.len())?;
+            Ok(0)
+        }
+        DlqCommand::Replay { scope, limit, rate, force, incident } => {
+            anyhow::ensure!(rate > 0.0 && rate.is_finite(), "--rate must be a positive number");
+            if let Some(id) = incident {
+                let id = parse_incident(&id)?;
+                return replay_incident(js, buckets, &id, scope.scope.as_deref(), rate, force, out).await;
+            }
+            let states = ops::scope_snapshots(buckets).await?;
+            let allow = |phone: &str| {
+                force
+                    || states
+                        .get(phone)
+                        .is_some_and(|s| matches!(s.state(), BreakerState::Closed | BreakerState::ForcedClosed))
+            };
+            let held: Vec<String> =
+                inspect::dlq_stats(&inspect::dlq_items(js, buckets.send, scope.scope.as_deref()).await?.0)
+                    .into_iter()
+                    .map(|s| s.scope)
+                    .filter(|p| !allow(p))
+                    .collect();
+            for phone in &held {
+                writeln!(out, "scope {phone}: breaker not CLOSED; skipped (use --force to replay anyway)")?;
+            }
+            let mut bar = fmt::ProgressBar::new("replay");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report =
+                ops::replay_dlq_now(js, buckets, scope.scope.as_deref(), &allow, limit, rate, &mut progress).await?;
+            write_batch(out, &report)
+        }
+        DlqCommand::Purge { scope, limit, yes } => {
+            let n = inspect::dlq_items(js, buckets.send, scope.scope.as_deref()).await?.0.len().min(limit);
+            if !confirm(yes, &format!("purge {n} DLQ entries (they end EXPIRED, never sent)"), out)? {
+                return Ok(EXIT_ABORTED);
+            }
+            let mut bar = fmt::ProgressBar::new("purge");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report = ops::purge_dlq(js, buckets, scope.scope.as_deref(), limit, &mut progress).await?;
+            write_batch(out, &report)
+        }
+    }
+}
 
 /// An incident id as the breaker mints it (`<phone>-<digits>`, or a fallback's `<key>-local-<ms>`): 1 to 128
 /// characters of letters, digits, `-`, `_`, `:`.
@@ -100,7 +241,7 @@ pub async fn replay_incident(
     let report = incident::replay_incident(js, buckets, &incidents, select, &closed, &mut progress).await?;
     let took = started.elapsed();
     writeln!(out, "incident {incident}: {} entries in {:.1}s", report.batch.selected, took.as_secs_f64())?;
-    let code = crate::write_batch(out, &report.batch)?;
+    let code = write_batch(out, &report.batch)?;
     for e in &report.finished {
         writeln!(
             out,

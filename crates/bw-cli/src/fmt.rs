@@ -1,5 +1,6 @@
 //! Output helpers readable at 3 a.m.: UTC timestamps, short ages, aligned tables, a progress bar.
 
+use bw_ops::ops::BatchReport;
 use std::io::{IsTerminal, Write};
 
 /// `2026-03-01 04:12:09Z` for a Unix ms timestamp; `-` for 0.
@@ -92,6 +93,22 @@ impl ProgressBar {
         }
         let _ = err.flush();
     }
+}
+
+/// The outcome counts of a batch move (replay, purge, release, drop); exit 1 when any entry errored.
+pub(crate) fn write_batch(out: &mut (dyn Write + Send), report: &BatchReport) -> anyhow::Result<i32> {
+    writeln!(out, "selected {}", report.selected)?;
+    for (label, n) in &report.outcomes {
+        writeln!(out, "  {label:<20} {n:>8}")?;
+    }
+    for (op, why) in report.left.iter().take(20) {
+        writeln!(out, "  left {op}: {why}")?;
+    }
+    if report.errors > 0 {
+        writeln!(out, "  errors {:>8} (left in place; run again)", report.errors)?;
+        return Ok(1);
+    }
+    Ok(0)
 }
 
 #[cfg(test)]

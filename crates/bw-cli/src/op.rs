@@ -187,7 +187,7 @@ fn key_of(operation_id: &str, tenant: Option<&str>) -> Result<String, &'static s
 }
 
 /// Runs `bwctl op`; exit code 0, or 1 when the operation is unknown (or a resend is refused), or
-/// [`crate::EXIT_ABORTED`] when the operator did not confirm a resend.
+/// [`crate::exit::EXIT_ABORTED`] when the operator did not confirm a resend.
 pub async fn run(
     js: &jetstream::Context,
     buckets: &Buckets,
@@ -247,9 +247,9 @@ async fn resend(
             let flagged =
                 if v.entry.flagged_unknown { " (its outcome was unknown once: a duplicate is possible)" } else { "" };
             let what = format!("send operation `{key}` ({}) again as a new attempt{flagged}", v.entry.state().label());
-            if !crate::confirm(yes, &what, out)? {
+            if !crate::exit::confirm(yes, &what, out)? {
                 writeln!(out, "aborted")?;
-                return Ok(crate::EXIT_ABORTED);
+                return Ok(crate::exit::EXIT_ABORTED);
             }
         }
     }

@@ -1,14 +1,183 @@
-//! `bwctl quarantine ls|release|drop`: quarantine scopes (a template held by 132001 / 132007 / 132015 / 132016,
-//! or an unclassified code), their held messages, and the operator's release or drop of a whole scope
-//! (`bw_ops::quarantine`). Scope keys name a template or a code, never a phone number.
+//! `bwctl quarantine`: per-scope statistics, masked inspection, replay now and purge of chosen entries, and the
+//! quarantine scopes (a template held by 132001 / 132007 / 132015 / 132016, or an unclassified code): `ls`, and the
+//! operator's release or drop of a whole scope (`bw_ops::quarantine`). Scope keys name a template or a code, never
+//! a phone number.
 
-use crate::fmt;
+use crate::exit::{EXIT_ABORTED, confirm};
+use crate::fmt::{self, write_batch};
+use crate::stats::{ScopeArg, write_stats};
 use anyhow::Context as _;
 use async_nats::jetstream;
 use bw_breaker::templates::{ScopeKey, TemplateHolds};
 use bw_common::nats::Buckets;
 use bw_common::time::now_ms;
+use bw_ops::inspect::{self, masked, quarantine_reason_label};
+use bw_ops::ops::{self, QuarantineFilter};
+use clap::{Args, Subcommand};
 use std::io::Write;
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// Depth, oldest age and reasons per scope.
+    Stats(ScopeArg),
+    /// Quarantine scopes (a held template, an unclassified code): messages, code, age, and the hold.
+    Ls,
+    /// Lift a scope's hold and re-queue each of its held messages once.
+    Release {
+        /// The scope key as `ls` prints it: `tpl:<waba_id>:<language>:<name>` or `code:<code>`.
+        #[arg(long)]
+        scope: String,
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+    },
+    /// End every message held under a scope FAILED, never sent, with the reason in its ledger entry.
+    Drop {
+        /// The scope key as `ls` prints it.
+        #[arg(long)]
+        scope: String,
+        /// Why (kept in each message's ledger entry, shown to its producer).
+        #[arg(long)]
+        reason: String,
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Entries, personal data masked.
+    Inspect {
+        #[command(flatten)]
+        select: QuarantineSelect,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Replay now into the replay lane (the replay limit does not apply; deadline and 24 h window do).
+    Replay {
+        #[command(flatten)]
+        select: QuarantineSelect,
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+    },
+    /// Remove entries for good: each ends EXPIRED in the ledger ("purged by operator from quarantined").
+    Purge {
+        #[command(flatten)]
+        select: QuarantineSelect,
+        #[arg(long, default_value_t = usize::MAX, hide_default_value = true)]
+        limit: usize,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct QuarantineSelect {
+    #[arg(long)]
+    pub scope: Option<String>,
+    /// permanent_error, poison, unknown_review, window_closed, operator, sender_revoked.
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Operation ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub ids: Vec<String>,
+}
+
+impl QuarantineSelect {
+    fn filter(&self) -> anyhow::Result<QuarantineFilter> {
+        let reason = match &self.reason {
+            Some(label) => Some(
+                inspect::parse_quarantine_reason(label)
+                    .with_context(|| format!("unknown quarantine reason `{label}`"))?,
+            ),
+            None => None,
+        };
+        Ok(QuarantineFilter { scope: self.scope.clone(), reason, operation_ids: self.ids.clone() })
+    }
+}
+
+/// Runs one `bwctl quarantine` command; `redis_url` is the breaker's Redis, where template holds live.
+pub(crate) async fn run(
+    js: &jetstream::Context,
+    buckets: &Buckets,
+    redis_url: &str,
+    cmd: QuarantineCommand,
+    out: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    match cmd {
+        QuarantineCommand::Stats(s) => {
+            let (items, bad) = inspect::quarantine_items(js, s.scope.as_deref()).await?;
+            write_stats(out, &inspect::quarantine_stats(&items), bad.len())
+        }
+        QuarantineCommand::Inspect { select, limit } => {
+            let filter = select.filter()?;
+            let (items, _) = inspect::quarantine_items(js, filter.scope.as_deref()).await?;
+            let rows = items
+                .iter()
+                .filter(|i| filter.reason.is_none_or(|r| i.entry.reason() == r))
+                .filter(|i| {
+                    filter.operation_ids.is_empty()
+                        || filter
+                            .operation_ids
+                            .iter()
+                            .any(|id| i.entry.request.as_ref().is_some_and(|r| &r.operation_id == id))
+                })
+                .take(limit)
+                .map(|i| {
+                    let m = masked(&i.entry.request.clone().unwrap_or_default());
+                    let code = i.entry.error.as_ref().map(|x| x.meta_code.to_string()).unwrap_or_else(|| "-".into());
+                    vec![
+                        i.sequence.to_string(),
+                        m.operation_id,
+                        m.phone_number_id,
+                        m.recipient,
+                        m.category.into(),
+                        m.payload,
+                        quarantine_reason_label(i.entry.reason()).into(),
+                        code,
+                        i.entry.detail.clone(),
+                        fmt::utc(i.entry.quarantined_at_unix_ms),
+                    ]
+                })
+                .collect::<Vec<_>>();
+            let header = [
+                "SEQ",
+                "OPERATION",
+                "SCOPE",
+                "RECIPIENT",
+                "CATEGORY",
+                "PAYLOAD",
+                "REASON",
+                "CODE",
+                "DETAIL",
+                "QUARANTINED",
+            ];
+            write!(out, "{}", fmt::table(&header, &rows))?;
+            writeln!(out, "{} of {} shown", rows.len(), items.len())?;
+            Ok(0)
+        }
+        QuarantineCommand::Ls => ls(js, redis_url, out).await,
+        QuarantineCommand::Release { scope, rate } => release(js, buckets, redis_url, &scope, rate, out).await,
+        QuarantineCommand::Drop { scope, reason, yes } => drop(js, buckets, &scope, &reason, yes, out).await,
+        QuarantineCommand::Replay { select, limit, rate } => {
+            anyhow::ensure!(rate > 0.0, "--rate must be positive");
+            let filter = select.filter()?;
+            let mut bar = fmt::ProgressBar::new("replay");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report = ops::replay_quarantine_now(js, buckets, &filter, limit, rate, &mut progress).await?;
+            write_batch(out, &report)
+        }
+        QuarantineCommand::Purge { select, limit, yes } => {
+            let filter = select.filter()?;
+            let (items, _) = inspect::quarantine_items(js, filter.scope.as_deref()).await?;
+            let n = items.iter().filter(|i| filter.reason.is_none_or(|r| i.entry.reason() == r)).count().min(limit);
+            if !confirm(yes, &format!("purge up to {n} quarantine entries (they end EXPIRED, never sent)"), out)? {
+                return Ok(EXIT_ABORTED);
+            }
+            let mut bar = fmt::ProgressBar::new("purge");
+            let mut progress = |d: usize, t: usize| bar.update(d, t);
+            let report = ops::purge_quarantine(js, buckets, &filter, limit, &mut progress).await?;
+            write_batch(out, &report)
+        }
+    }
+}
 
 /// Parses `--scope` with a precise error that never echoes the text (it may be a mistyped phone number).
 pub fn parse_scope(text: &str) -> anyhow::Result<ScopeKey> {
@@ -93,7 +262,7 @@ pub async fn release(
         if released.hold_lifted { "lifted" } else { "was not in force" },
         released.passes
     )?;
-    crate::write_batch(out, &released.report)
+    write_batch(out, &released.report)
 }
 
 /// `bwctl quarantine drop --scope KEY --reason ...`: every held message ends FAILED with the reason.
@@ -116,13 +285,13 @@ pub async fn drop(
     if entries == 0 {
         anyhow::bail!("no quarantine scope {shown}: no message is held under it (see `bwctl quarantine ls`)");
     }
-    if !crate::confirm(yes, &format!("end {entries} messages of scope {shown} FAILED (never sent)"), out)? {
-        return Ok(crate::EXIT_ABORTED);
+    if !confirm(yes, &format!("end {entries} messages of scope {shown} FAILED (never sent)"), out)? {
+        return Ok(EXIT_ABORTED);
     }
     let mut bar = fmt::ProgressBar::new("drop");
     let mut progress = |d: usize, t: usize| bar.update(d, t);
     let report = bw_ops::quarantine::drop_scope(js, buckets, &shown, reason, &mut progress).await?;
-    crate::write_batch(out, &report)
+    write_batch(out, &report)
 }
 
 #[cfg(test)]
