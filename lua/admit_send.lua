@@ -25,8 +25,8 @@
 -- Send slots: every admitted message gets a wait (ms from now, Redis time): the scope's slots are spaced
 -- 1000 / effective_rate ms apart fleet-wide (F.next_slot), so the sends of every dispatcher reach Meta evenly at
 -- the sender's current rate instead of in bunches. The caller sleeps for the wait right before the POST.
--- Effective rate = configured rate (rate_per_s, or Meta's stated throughput x throughput_margin) x ramp (after a close or a pause) x adaptive share (AIMD on 130429) x
--- blind_rate_factor while Meta sends no usage headers.
+-- Effective rate = configured rate (rate_per_s, or Meta's stated throughput x throughput_margin) x ramp (after a
+-- close or a pause) x adaptive share (AIMD on 130429) x blind_rate_factor while Meta sends no usage headers.
 --
 -- KEYS[1]    cfg hash of the scope (bw:{<waba>:<phone>}:cfg)
 -- KEYS[2]    state hash of the scope (bw:{<waba>:<phone>}:state)
