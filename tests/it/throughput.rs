@@ -2,7 +2,8 @@
 //! `phone_number_quality_update` `THROUGHPUT_UPGRADE` webhook goes through ingest (stored, published on
 //! BW_ACCOUNT) to the coordinator, which records the number's new limit in Redis; the admission every dispatcher
 //! runs then spaces that number's sends for 1,000 x 0.925 = 925 per second instead of 74, and only that number's.
-//! Inbound messages ingest forwards are counted against the same number's throughput.
+//! Inbound messages ingest forwards are counted against the same number's throughput, and a coexistence
+//! number's app echo against the user's pair.
 
 use bw_breaker::throughput::{Throughput, UPGRADED_MPS};
 use bw_breaker::{AdmitItem, Breaker, Scope, TrafficClass};
@@ -132,6 +133,20 @@ async fn a_throughput_upgrade_webhook_raises_the_dispatchers_rate_for_that_numbe
         bw_testkit::wait_until(WAIT, || async { tput.read(&a1).await.map(|s| s.inbound_total).unwrap_or(0) == 4 })
             .await;
     assert!(counted, "4 inbound messages counted: {:?}", tput.read(&a1).await);
+    // A message the business sent from the WhatsApp Business app (coexistence) takes a slot of that user's pair.
+    const USER: &str = "+5491166999999";
+    h.sim
+        .fire_event(event(serde_json::json!({
+            "kind": "smb_message_echoes", "phone_number_id": A1, "to": USER, "text": "from the app",
+        })))
+        .expect("fired");
+    let pair = bw_breaker::scripts::pair_key(&a1, &bw_common::mask::recipient_key(USER));
+    let echoed = bw_testkit::wait_until(WAIT, || async {
+        let mut c = conn.clone();
+        redis::cmd("HGET").arg(&pair).arg("t").query_async::<Option<i64>>(&mut c).await.ok().flatten().is_some()
+    })
+    .await;
+    assert!(echoed, "the echo took a slot of the pair");
     // Sends after the upgrade go out once each.
     let after_ops = submit(&h, WABA_ID, A1, "a1-after", 5).await;
     assert!(h.wait_all(&after_ops, &SENT, WAIT).await, "sent after the upgrade");

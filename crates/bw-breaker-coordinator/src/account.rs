@@ -198,7 +198,7 @@ pub fn actions(s: &AccountSignal, now_ms: i64) -> Vec<Action> {
                 _ => Vec::new(),
             }
         }
-        Kind::Throughput(_) | Kind::TemplateQuality(_) | Kind::TemplateCategory(_) => {
+        Kind::Throughput(_) | Kind::TemplateQuality(_) | Kind::TemplateCategory(_) | Kind::Echo(_) => {
             crate::meta_limits::steps(s).into_iter().map(Action::Limits).collect()
         }
         _ => Vec::new(),

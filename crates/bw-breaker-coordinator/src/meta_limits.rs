@@ -17,6 +17,9 @@
 //! - `template_category_update` that changes the category (not the 24 h notice, which only alerts) records Meta's
 //!   new category: a template moved to MARKETING is sent under marketing rules whatever its producer said
 //!   (admission's marketing class, the 131049 cool-off, 131050 suppression, `marketing_undeliverable`).
+//! - `smb_message_echoes` (a coexistence business's own message from the WhatsApp Business app) takes a slot of
+//!   the pair's rate and a token of the number's throughput, as a send of Breakwater's would: Meta's pair and
+//!   throughput limits count it too. An echo opens no customer service window (the user did not write).
 
 use crate::Coordinator;
 use bw_breaker::Scope;
@@ -41,6 +44,8 @@ pub enum Step {
     TemplateCategory { key: ScopeKey, category: String, previous: String },
     /// Alert only (a category change announced for later).
     Notice { detail: String },
+    /// A coexistence number's own message to a user: count it on the pair and the number.
+    Echo { phone_number_id: String, recipient_key_hash: String },
 }
 
 fn template_key(waba_id: &str, language: &str, name: &str) -> Option<ScopeKey> {
@@ -57,6 +62,10 @@ pub fn steps(s: &AccountSignal) -> Vec<Step> {
         Some(Kind::Throughput(t)) if t.mps > 0 && !s.waba_id.is_empty() => {
             vec![Step::Throughput { phone_number_id: s.phone_number_id.clone(), mps: t.mps, event: t.event.clone() }]
         }
+        Some(Kind::Echo(e)) if !s.waba_id.is_empty() && !s.phone_number_id.is_empty() => vec![Step::Echo {
+            phone_number_id: s.phone_number_id.clone(),
+            recipient_key_hash: e.recipient_key_hash.clone(),
+        }],
         Some(Kind::TemplateQuality(q)) => template_key(&s.waba_id, &q.template_language, &q.template_name)
             .map(|key| Step::TemplateQuality { key, quality: q.new_quality.clone() })
             .into_iter()
@@ -153,6 +162,18 @@ impl Coordinator {
                 }))
             }
             Step::Notice { detail } => Ok(Some(detail)),
+            Step::Echo { phone_number_id, recipient_key_hash } => {
+                let scope = Scope::new(signal.waba_id.as_str(), phone_number_id.as_str());
+                let limits = self.limits();
+                let timeout = Duration::from_millis(self.inner.breaker.config().command_timeout_ms.max(1_000));
+                let tput = Throughput::new(self.inner.redis.clone(), timeout, limits.for_scope(&phone_number_id));
+                if recipient_key_hash.is_empty() {
+                    tput.observe_inbound(&scope, 1).await?;
+                } else {
+                    tput.observe_echo(&scope, &recipient_key_hash, 1).await?;
+                }
+                Ok(None)
+            }
         }
     }
 }
@@ -218,5 +239,15 @@ mod tests {
             vec![Step::TemplateCategory { key, category: "MARKETING".into(), previous: "UTILITY".into() }]
         );
         assert!(matches!(steps(&category(true)).as_slice(), [Step::Notice { detail }] if detail.contains("MARKETING")));
+        let echo = AccountSignal {
+            waba_id: "100".into(),
+            phone_number_id: "200".into(),
+            kind: Some(Kind::Echo(bw_common::proto::MessageEcho {
+                recipient_key_hash: "abc".into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        assert_eq!(steps(&echo), vec![Step::Echo { phone_number_id: "200".into(), recipient_key_hash: "abc".into() }]);
     }
 }

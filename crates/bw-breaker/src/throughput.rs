@@ -124,12 +124,31 @@ impl Throughput {
 
     /// Counts `n` inbound messages of a number against its throughput (they take tokens of its sender bucket).
     pub async fn observe_inbound(&self, scope: &Scope, n: u32) -> Result<InboundCounted, BreakerError> {
+        self.observe(scope, n, None).await
+    }
+
+    /// Counts `n` messages the business sent a user from the WhatsApp Business app of a coexistence number
+    /// (`smb_message_echoes`): against the number's throughput and the pair's rate (`recipient_key`, as
+    /// `bw_common::mask::recipient_key` gives it), as sends of Breakwater's own would be.
+    pub async fn observe_echo(
+        &self,
+        scope: &Scope,
+        recipient_key: &str,
+        n: u32,
+    ) -> Result<InboundCounted, BreakerError> {
+        self.observe(scope, n, Some(recipient_key)).await
+    }
+
+    async fn observe(&self, scope: &Scope, n: u32, pair: Option<&str>) -> Result<InboundCounted, BreakerError> {
         let mut inv = OBSERVE_INBOUND.prepare_invoke();
         inv.key(crate::scripts::cfg_key(scope))
             .key(crate::scripts::state_key(scope))
             .key(throughput_key(scope))
             .arg(&self.defaults)
             .arg(n.max(1));
+        if let Some(recipient_key) = pair {
+            inv.key(crate::scripts::pair_key(scope, recipient_key));
+        }
         let mut reply = crate::scripts::Reply::new(self.run("observe_inbound", inv).await?)?;
         let float = |s: String| s.parse::<f64>().map_err(|_| BreakerError::BadReply(format!("not a number: {s}")));
         Ok(InboundCounted {

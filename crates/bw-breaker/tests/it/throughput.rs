@@ -78,3 +78,21 @@ async fn inbound_messages_take_tokens_the_sends_would_have_taken() {
     let b = breaker.admit(&scope, &items(1, TrafficClass::Priority)).await;
     assert_eq!(allowed(&b.decisions), 0, "nothing goes while in debt");
 }
+
+#[tokio::test]
+async fn an_app_echo_takes_a_slot_of_the_pair_and_of_the_number() {
+    let redis = bw_testkit::RedisServer::start();
+    // A pair allowing 2 back to back; a sender bucket that refills at 0.001/s.
+    let limits = ScopeLimits { rate_per_s: 0.001, burst: 10.0, reserve_fraction: 0.0, pair_burst: 2, ..limits() };
+    let breaker = breaker(&redis.url(), limits.clone()).await;
+    let tput = throughput(&redis.url(), &limits).await;
+    let scope = scope();
+    let counted = tput.observe_echo(&scope, "r0", 1).await.expect("counted");
+    assert!((counted.tokens - 9.0).abs() < 0.01, "{counted:?}");
+    // items() names recipients r0, r1: r0's pair has one slot left, r1's two.
+    let a = breaker.admit(&scope, &items(2, TrafficClass::Priority)).await;
+    assert_eq!(allowed(&a.decisions), 2);
+    let b = breaker.admit(&scope, &items(2, TrafficClass::Priority)).await;
+    assert!(matches!(b.decisions[0], Decision::Deny { reason: bw_breaker::DenyReason::PairRate, .. }), "{b:?}");
+    assert!(matches!(b.decisions[1], Decision::Allow { .. }), "r1 had no echo: {b:?}");
+}
