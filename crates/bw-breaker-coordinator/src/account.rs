@@ -22,13 +22,13 @@
 //!   (`bw_ops::quarantine::release_scope`);
 //! - a `user_preferences` `stop` of `marketing_messages` suppresses marketing to the user as 131050 does, and
 //!   `resume` lifts that suppression (see [`Coordinator::tenants_of`] for the tenant it applies in).
+//! - a throughput upgrade, template quality and category changes, app echoes: `crate::meta_limits`.
 //!
-//! - a throughput upgrade, template quality and category changes: `crate::meta_limits`.
-//!
-//! The other signals (tiers, echoes, unknown fields) are acked here without an action yet. Every change goes through `parent_pause.lua` (`Breaker::pause_because`,
-//! `clear_parent`). One durable consumer, shared by every instance, with one message in flight: a ban and its
-//! reinstatement apply in order whichever instance takes them. A step that fails (Redis, NATS) is redelivered;
-//! applying a signal twice changes nothing (a pause only extends, an alert deduplicates).
+//! The other signals (tiers, unknown fields) are acked here without an action yet. Every change goes through
+//! `parent_pause.lua` (`Breaker::pause_because`, `clear_parent`). One durable consumer, shared by every
+//! instance, with one message in flight: a ban and its reinstatement apply in order whichever instance takes
+//! them. A step that fails (Redis, NATS) is redelivered; applying a signal twice changes nothing (a pause only
+//! extends, an alert deduplicates).
 
 use crate::Coordinator;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};

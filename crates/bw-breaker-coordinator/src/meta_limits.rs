@@ -114,11 +114,11 @@ impl Coordinator {
                 let scope = match self.number_of(waba, &phone_number_id) {
                     Ok(scope) => scope,
                     Err(n) => {
-                        tracing::warn!(waba_id = %waba, numbers = n, %event, "throughput signal names no number we can tell");
+                        tracing::warn!(waba_id = %waba, numbers = n, %event, "throughput signal: number unknown");
                         return Ok(Some(format!(
-                            "Meta phone_number_quality_update {event} ({mps} mps) for a number of WABA {waba}, which has \
-                             {n} known numbers and the webhook names none by id: rate unchanged; set `throughput_mps = \
-                             {mps}` for the upgraded number in the coordinator's [limits.scopes] \
+                            "Meta phone_number_quality_update {event} ({mps} mps) for a number of WABA {waba}, \
+                             which has {n} known numbers and the webhook names none by id: rate unchanged; set \
+                             `throughput_mps = {mps}` for the upgraded number in the coordinator's [limits.scopes] \
                              (deploy/runbooks/account-signals.md)"
                         )));
                     }

@@ -18,7 +18,7 @@ use std::time::Duration;
 /// How often a failing count is logged, at most.
 const WARN_EVERY_MS: i64 = 10_000;
 
-/// `[inbound_rate]` of the ingest config.
+/// `[inbound_rate]` of the ingest config: inbound messages counted against their number's throughput.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InboundRateConfig {
@@ -48,6 +48,14 @@ impl InboundRate {
             throughput: Throughput::new(redis, Duration::from_millis(cfg.timeout_ms.max(1)), &defaults),
             last_warn_ms: AtomicI64::new(0),
         }
+    }
+
+    /// The counter `cfg` asks for: None when it is off or ingest runs without Redis.
+    pub fn from_config(
+        redis: Option<&bw_common::redis_conn::RedisConn>,
+        cfg: &InboundRateConfig,
+    ) -> Option<InboundRate> {
+        redis.filter(|_| cfg.enabled).map(|r| InboundRate::new(r.clone(), cfg))
     }
 
     /// Counts one inbound message against its number's throughput.

@@ -82,8 +82,6 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     /// Where outgoing requests (callbacks) may connect.
     pub egress: EgressConfig,
-    /// Inbound messages counted against their number's throughput ([`inbound_rate`]).
-    #[serde(default)]
     pub inbound_rate: inbound_rate::InboundRateConfig,
 }
 
@@ -244,8 +242,7 @@ impl ServiceConfig for Config {
         &self.nats
     }
     fn redis(&self) -> Option<&bw_common::config::RedisConfig> {
-        // The order sets and the inbound count need Redis: with neither, ingest runs without it.
-        (!self.order.keep.is_empty() || self.inbound_rate.enabled).then_some(&self.redis)
+        (!self.order.keep.is_empty() || self.inbound_rate.enabled).then_some(&self.redis) // order sets, inbound count
     }
     fn admin(&self) -> &AdminConfig {
         &self.admin
@@ -717,10 +714,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             metrics: metrics.clone(),
             bodies: bodies.clone(),
             send: deps.buckets.send,
-            inbound_rate: match (&deps.redis, cfg.inbound_rate.enabled) {
-                (Some(redis), true) => Some(inbound_rate::InboundRate::new(redis.clone(), &cfg.inbound_rate)),
-                _ => None,
-            },
+            inbound_rate: inbound_rate::InboundRate::from_config(deps.redis.as_ref(), &cfg.inbound_rate),
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(
