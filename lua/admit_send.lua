@@ -25,8 +25,8 @@
 -- Send slots: every admitted message gets a wait (ms from now, Redis time): the scope's slots are spaced
 -- 1000 / effective_rate ms apart fleet-wide (F.next_slot), so the sends of every dispatcher reach Meta evenly at
 -- the sender's current rate instead of in bunches. The caller sleeps for the wait right before the POST.
--- Effective rate = rate_per_s x ramp (after a close or a pause) x adaptive share (AIMD on 130429) x
--- blind_rate_factor while Meta sends no usage headers.
+-- Effective rate = configured rate (rate_per_s, or Meta's stated throughput x throughput_margin) x ramp (after a
+-- close or a pause) x adaptive share (AIMD on 130429) x blind_rate_factor while Meta sends no usage headers.
 --
 -- KEYS[1]    cfg hash of the scope (bw:{<waba>:<phone>}:cfg)
 -- KEYS[2]    state hash of the scope (bw:{<waba>:<phone>}:state)
@@ -46,6 +46,10 @@
 -- KEYS[2+i]    pair hash of message i (bw:{<waba>:<phone>}:pair:<recipient_key>; fields P)
 -- KEYS[2+n+i]  order set of message i (bw:{<waba>:<phone>}:ord:<recipient_key>)
 -- KEYS[3+2n]   the number's pause hash (bw:{<waba>:<phone>}:pause; fields PF)
+-- KEYS[4+2n]   the number's throughput hash (bw:{<waba>:<phone>}:tput; fields TP): Meta's stated limit, which
+--              sets the configured rate (throughput_rate in scope_prelude.lua); inbound messages ingest saw
+--              already took their tokens from the bucket (observe_inbound.lua), so inbound plus outbound stays
+--              under it
 -- ARGV[1]      compiled defaults "name=value;..."
 -- ARGV[2]      tag used in minted incident ids (the phone_number_id)
 -- ARGV[3]      random number in [0, 1) for cooldown jitter
@@ -66,6 +70,8 @@ local rand = num(ARGV[3])
 local parent_end = num(ARGV[4])
 local n = math.floor((#ARGV - 4) / 2)
 local T = {}
+-- The configured rate follows Meta's stated throughput of the number when it is known (throughput_rate).
+c.rate_per_s = throughput_rate(c, KEYS[4 + 2 * n])
 
 if parent_end > 0 then start_ramp(S, parent_end, num(c.pause_ramp_ms)) end
 maybe_half_open(S, c, now, T, rand, tag)

@@ -374,3 +374,18 @@ local function append_number_pause(out, key)
   out[#out + 1] = num(h[8])
   return out
 end
+
+-- Fields of a number's throughput hash (bw:{<waba>:<phone>}:tput; throughput_set.lua, observe_inbound.lua).
+--   mps    Meta's stated throughput from its webhook (1000 after THROUGHPUT_UPGRADE)   at, event  when, which
+--   inbound  inbound messages counted against the number's throughput (a running total, for operators)
+local TP = { mps = 'mps', at = 'at', event = 'ev', inbound = 'in' }
+
+-- The number's configured sender rate from Meta's stated throughput (meta-cloud-api.md §3.1, which counts inbound
+-- and outbound): the limit Meta's webhook recorded in the throughput hash `key`, else config's throughput_mps.
+-- Unknown (0): rate_per_s as configured. Known: limit x throughput_margin, never above the limit itself.
+local function throughput_rate(c, key)
+  local limit = num(redis.call('HGET', key, TP.mps))
+  if limit <= 0 then limit = num(c.throughput_mps) end
+  if limit <= 0 then return c.rate_per_s end
+  return limit * math.max(0.01, math.min(1, num(c.throughput_margin, 0.925)))
+end

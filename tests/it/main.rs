@@ -8,6 +8,7 @@ mod dispatch;
 mod examples;
 mod flow;
 mod fuzz;
+mod held;
 mod incident;
 mod order;
 mod outage;
@@ -23,8 +24,10 @@ mod resilience;
 mod senders;
 mod signals;
 mod skeleton;
+mod template_signals;
 mod tenant_stack;
 mod tenants;
+mod throughput;
 mod tracing;
 mod user_ids;
 

@@ -22,17 +22,17 @@
 //!   (`bw_ops::quarantine::release_scope`);
 //! - a `user_preferences` `stop` of `marketing_messages` suppresses marketing to the user as 131050 does, and
 //!   `resume` lifts that suppression (see [`Coordinator::tenants_of`] for the tenant it applies in).
+//! - a throughput upgrade, template quality and category changes, app echoes: `crate::meta_limits`.
 //!
 //! - a messaging-limit tier (`business_capability_update`, or the tier riding on `phone_number_quality_update`)
 //!   sets the budget limit of the WABA's business portfolio(s) (`bw_breaker::budget`, [`Coordinator::portfolios_of`]),
 //!   whether it rises or falls (Meta's value is the truth); a rise releases held messages at their next
 //!   redelivery. A value Meta's formats do not explain (0) changes nothing.
 //!
-//! The other signals (throughput, template quality and category, echoes, unknown fields) are acked here
-//! without an action yet. Every change goes through `parent_pause.lua` (`Breaker::pause_because`,
-//! `clear_parent`). One durable consumer, shared by every instance, with one message in flight: a ban and its
-//! reinstatement apply in order whichever instance takes them. A step that fails (Redis, NATS) is redelivered;
-//! applying a signal twice changes nothing (a pause only extends, an alert deduplicates).
+//! Unknown fields are acked here without an action. Every change goes through `parent_pause.lua`
+//! (`Breaker::pause_because`, `clear_parent`). One durable consumer, shared by every instance, with one message
+//! in flight: a ban and its reinstatement apply in order whichever instance takes them. A step that fails (Redis,
+//! NATS) is redelivered; applying a signal twice changes nothing (a pause only extends, an alert deduplicates).
 
 use crate::Coordinator;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
@@ -110,6 +110,8 @@ pub enum Action {
     SetPortfolioLimit { portfolio_id: String, limit: i64, raw: String },
     /// Raise a signal for the alerting service.
     Alert { kind: &'static str, detail: String },
+    /// A rate or template step (`crate::meta_limits`).
+    Limits(crate::meta_limits::Step),
 }
 
 /// The actions of one signal at `now_ms`, in order. Pure: the table of the module's comment.
@@ -208,6 +210,9 @@ pub fn actions(s: &AccountSignal, now_ms: i64) -> Vec<Action> {
                 limit: l.unique_users_per_24h.max(-1),
                 raw: l.raw.clone(),
             }]
+        }
+        Kind::Throughput(_) | Kind::TemplateQuality(_) | Kind::TemplateCategory(_) | Kind::Echo(_) => {
+            crate::meta_limits::steps(s).into_iter().map(Action::Limits).collect()
         }
         _ => Vec::new(),
     }
@@ -471,6 +476,11 @@ impl Coordinator {
                         "portfolio messaging limit set by Meta's webhook");
                 }
             }
+            Action::Limits(step) => {
+                if let Some(detail) = self.apply_step(signal, step).await? {
+                    Box::pin(self.act(signal, Action::Alert { kind: ALERT_SIGNAL, detail })).await?;
+                }
+            }
             Action::Alert { kind, detail } => {
                 let alert = Signal {
                     kind: kind.to_string(),
@@ -560,7 +570,7 @@ mod tests {
             0,
         );
         assert!(matches!(&a[..], [Action::Alert { kind: ALERT_SIGNAL, detail }] if detail.contains("OBA_REJECTED")));
-        assert!(actions(&signal(Kind::Throughput(ThroughputChange::default())), 0).is_empty());
+        assert!(actions(&signal(Kind::Throughput(ThroughputChange::default())), 0).is_empty(), "no stated mps");
     }
 
     fn template_status(event: &str, title: &str) -> AccountSignal {

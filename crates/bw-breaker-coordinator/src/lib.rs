@@ -26,6 +26,7 @@ pub mod account;
 pub mod admin;
 pub mod config;
 pub mod leader;
+pub mod meta_limits;
 mod metrics;
 
 pub use config::Config;

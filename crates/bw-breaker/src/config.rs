@@ -45,6 +45,14 @@ pub struct ScopeLimits {
     pub ramp_start: f64,
     /// Sustained sender rate, messages per second (keep at or under Meta's limit).
     pub rate_per_s: f64,
+    /// Meta's stated throughput of the number, messages per second (meta-cloud-api.md §3.1: 80, 1,000 after an
+    /// upgrade, 20 for a coexistence number); 0: unknown, and `rate_per_s` applies as configured. When known (here
+    /// or from the `THROUGHPUT_UPGRADE` webhook, which wins: [`crate::throughput`]), the sender rate is this times
+    /// `throughput_margin`, never above it.
+    pub throughput_mps: f64,
+    /// Share of Meta's stated throughput the sender rate uses (0..1): 0.925 is today's 74 of 80, which leaves room
+    /// for inbound messages seen late and for jitter between admission and Meta's clock.
+    pub throughput_margin: f64,
     /// Sender bucket size (burst), messages.
     pub burst: f64,
     /// Share of the bucket only priority traffic may use.
@@ -122,6 +130,8 @@ impl Default for ScopeLimits {
             ramp_ms: 60_000,
             ramp_start: 0.1,
             rate_per_s: 74.0,
+            throughput_mps: 0.0,
+            throughput_margin: 0.925,
             burst: 10.0,
             reserve_fraction: 0.25,
             replay_headroom: 2.0,
@@ -166,6 +176,8 @@ impl ScopeLimits {
             ("ramp_ms", self.ramp_ms.to_string()),
             ("ramp_start", self.ramp_start.to_string()),
             ("rate_per_s", self.rate_per_s.to_string()),
+            ("throughput_mps", self.throughput_mps.to_string()),
+            ("throughput_margin", self.throughput_margin.to_string()),
             ("burst", self.burst.to_string()),
             ("reserve_fraction", self.reserve_fraction.to_string()),
             ("replay_headroom", self.replay_headroom.to_string()),
@@ -215,6 +227,10 @@ impl ScopeLimits {
         unit("aimd_increase", self.aimd_increase)?;
         unit("aimd_min", self.aimd_min)?;
         unit("blind_rate_factor", self.blind_rate_factor)?;
+        unit("throughput_margin", self.throughput_margin)?;
+        if !(self.throughput_mps.is_finite() && self.throughput_mps >= 0.0) || self.throughput_margin <= 0.0 {
+            return Err("`throughput_mps` must not be negative and `throughput_margin` must be positive".into());
+        }
         if self.aimd_min <= 0.0 || self.blind_rate_factor <= 0.0 {
             return Err("`aimd_min` and `blind_rate_factor` must be positive".into());
         }

@@ -31,7 +31,9 @@ pub mod order;
 mod pool;
 pub mod recipient;
 pub mod scripts;
+pub mod template_rules;
 pub mod templates;
+pub mod throughput;
 
 pub use config::{BreakerConfig, ScopeLimits};
 pub use order::{Blocker, OrderBook, OrderRelease, Registration};

@@ -320,6 +320,7 @@ pub(crate) fn admit_invocation(
         inv.arg(operation_ids.get(i).map(String::as_str).unwrap_or(""));
     }
     inv.key(number_pause_key(scope));
+    inv.key(crate::throughput::throughput_key(scope));
     inv
 }
 

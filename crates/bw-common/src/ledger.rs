@@ -43,10 +43,12 @@ pub fn valid_operation_id(id: &str) -> bool {
 
 fn rank(state: OperationState) -> u8 {
     match state {
-        OperationState::Sent => 1,
-        OperationState::Delivered => 2,
-        OperationState::Read => 3,
-        OperationState::Failed => 4,
+        // Held by Meta (template pacing) comes before sent: Meta's release moves it on, nothing moves it back.
+        OperationState::Held => 1,
+        OperationState::Sent => 2,
+        OperationState::Delivered => 3,
+        OperationState::Read => 4,
+        OperationState::Failed => 5,
         _ => 0,
     }
 }
@@ -362,8 +364,8 @@ impl WamidLink {
 /// FAILED back to QUEUED), or an operator's resend of an unknown outcome expired by policy (EXPIRED back to
 /// QUEUED): [`Ledger::reopen`]. DELIVERED and READ never move back: the message reached a device.
 pub fn reopen_allowed(from: OperationState, to: OperationState) -> bool {
-    use OperationState::{Expired, Failed, Queued, Sent};
-    matches!((from, to), (Sent | Failed | Expired, Queued)) || transition_allowed(from, to)
+    use OperationState::{Expired, Failed, Held, Queued, Sent};
+    matches!((from, to), (Sent | Held | Failed | Expired, Queued)) || transition_allowed(from, to)
 }
 
 /// The key of a wamid's link to its operation in the wamid bucket: wamids hold characters KV keys refuse ('+',

@@ -10,6 +10,10 @@
 //!   messages to the recipient are not held behind it;
 //! - a message of a held template goes to the quarantine unsent (`template_held`, with the scope key), while
 //!   other templates flow;
+//! - first of all, a template Meta moved to MARKETING (`template_category_update`) is sent as marketing whatever
+//!   category its producer gave (the gates above, and admission's marketing class), and a marketing send of a
+//!   template whose quality is RED takes a slot of the template's fleet-wide pace or goes back to the broker
+//!   until its slot (`bw_breaker::template_rules`).
 //! - last, a template that would pass its business portfolio's messaging limit is held (`budget.rs`).
 //!
 //! After Meta's answer ([`Worker::quarantine_scoped`], [`Worker::note_marketing_answer`]): a template code
@@ -23,6 +27,7 @@
 use crate::meta::MetaAnswer;
 use crate::process::{Work, Worker};
 use bw_breaker::recipient::RecipientMarketing;
+use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::{ScopeKey, TemplateHolds};
 use bw_common::classify::{Only, PauseScope, RateScope};
 use bw_common::proto::{Category, DlqReason, ErrorInfo, QuarantineReason, send_request::Payload};
@@ -35,12 +40,15 @@ pub(crate) struct Gates {
     pub marketing: Option<RecipientMarketing>,
     /// The portfolio messaging-limit budget (`budget.rs`); absent when off or without Redis.
     pub budget: Option<std::sync::Arc<crate::budget::Budget>>,
+    /// Template category moves and RED paces (`bw_breaker::template_rules`); absent without Redis.
+    pub rules: Option<TemplateRules>,
 }
 
 impl Gates {
     pub(crate) fn new(redis: Option<bw_breaker::RedisConn>) -> Gates {
         Gates {
             holds: redis.clone().map(TemplateHolds::new),
+            rules: redis.clone().map(TemplateRules::new),
             marketing: redis.map(RecipientMarketing::new),
             budget: None,
         }
@@ -69,6 +77,7 @@ impl Worker {
     /// The gates before a send. Returns the message when it may go on; otherwise it has been moved (failed,
     /// dead-lettered or quarantined) and settled.
     pub(crate) async fn gate(&self, w: Work) -> Option<Work> {
+        let w = self.template_rules(w).await?;
         if w.request.category() == Category::Marketing {
             if is_marketing_template(&w)
                 && let Some(prefix) = undeliverable_prefix(&w.request.recipient, &self.cfg.marketing_undeliverable)
@@ -130,6 +139,42 @@ impl Worker {
         self.budget_gate(w).await
     }
 
+    /// Meta's category and quality of the message's template: MARKETING makes it a marketing send; RED paces its
+    /// marketing (over the pace it goes back to the broker until its slot, unsent and not failed).
+    async fn template_rules(&self, mut w: Work) -> Option<Work> {
+        let (Some(rules), Some(key)) = (&self.gates.rules, ScopeKey::template_of(&w.request)) else { return Some(w) };
+        let r = match rules.read_cached(&key).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(parent: &w.span, error = %e, "template rules unavailable; sending");
+                return Some(w);
+            }
+        };
+        if r.is_marketing() && w.request.category() != Category::Marketing {
+            tracing::info!(parent: &w.span, scope = %key, "Meta moved the template to MARKETING; sent as marketing");
+            w.request.set_category(Category::Marketing);
+        }
+        if r.is_red() && w.request.category() == Category::Marketing {
+            match rules.take(&key).await {
+                Ok(0) => {}
+                Ok(wait_ms) => {
+                    let err = ErrorInfo {
+                        details: format!(
+                            "template scope {key} has quality RED: its marketing goes at {}/min fleet-wide",
+                            r.red_per_min
+                        ),
+                        at_unix_ms: now_ms(),
+                        ..Default::default()
+                    };
+                    self.held_back(w, std::time::Duration::from_millis(wait_ms), err).await;
+                    return None;
+                }
+                Err(e) => tracing::debug!(parent: &w.span, error = %e, "template pace unavailable; sending"),
+            }
+        }
+        Some(w)
+    }
+
     /// Meta refused with a code whose messages are held by scope: hold the template (when it is one) and
     /// quarantine the message under its scope key, with a `quarantine_scope` signal naming the scope.
     pub(crate) async fn quarantine_scoped(
@@ -184,6 +229,13 @@ impl Worker {
         }
     }
 }
+
+/// The ledger reason of a message Meta accepted and holds for its template's quality assessment (template pacing,
+/// `message_status: held_for_quality_assessment`, meta-cloud-api.md §3.5): not failed and never resent; Meta
+/// releases it (sent, delivered follow) or drops it (failed 132015, when the template is paused: then a new
+/// attempt waits in the template's quarantine scope).
+pub(crate) const HELD_FOR_QUALITY_REASON: &str = "held_for_quality_assessment: Meta holds it while the template's \
+     quality is assessed (pacing); not failed, never resent; a status webhook moves it on";
 
 /// What the producer's feed and the operator see for a held message: the scope, never a phone number.
 pub(crate) fn held_detail(key: &ScopeKey, code: i64) -> String {

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 /// What came back from one POST.
 #[derive(Debug, Clone)]
 pub enum MetaAnswer {
-    /// HTTP 2xx (`http_status`, 200 in practice) with a wamid.
-    Accepted { wamid: String, usage_percent: Option<u32>, http_status: u16 },
+    /// HTTP 2xx (`http_status`, 200 in practice) with a wamid. `held`: the answer's `message_status` was
+    /// `held_for_quality_assessment` (template pacing, meta-cloud-api.md §1, §3.5): accepted, not sent yet.
+    Accepted { wamid: String, usage_percent: Option<u32>, http_status: u16, held: bool },
     /// Meta (or something in front of it) refused the message; it was not created.
     Rejected {
         /// What the answer means ([`classify::classify`]).
@@ -170,8 +171,8 @@ async fn read_response(response: reqwest::Response) -> MetaAnswer {
 /// §2.2, §5): unknown outcome, reconciled through status webhooks, never resent blindly.
 pub(crate) fn answer_from(status: u16, body: &[u8], hints: Hints) -> MetaAnswer {
     if (200..300).contains(&status) {
-        if let Some(wamid) = parse_wamid(body) {
-            return MetaAnswer::Accepted { wamid, usage_percent: hints.usage_percent, http_status: status };
+        if let Some((wamid, held)) = parse_wamid(body) {
+            return MetaAnswer::Accepted { wamid, usage_percent: hints.usage_percent, http_status: status, held };
         }
         return MetaAnswer::Unknown { details: format!("{status} without a message id"), http_status: status };
     }
@@ -248,9 +249,14 @@ pub(crate) fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Opti
     Some(at.duration_since(now).map(|d| d.as_millis() as u64).unwrap_or(0))
 }
 
-fn parse_wamid(body: &[u8]) -> Option<String> {
+/// The wamid of an accepted answer, and whether Meta holds the message for its template's quality assessment.
+/// `paused` is in Meta's enum without a description (§1): it is read as accepted, like `accepted`.
+fn parse_wamid(body: &[u8]) -> Option<(String, bool)> {
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    v.get("messages")?.get(0)?.get("id")?.as_str().map(str::to_string)
+    let message = v.get("messages")?.get(0)?;
+    let wamid = message.get("id")?.as_str()?.to_string();
+    let held = message.get("message_status").and_then(|s| s.as_str()) == Some("held_for_quality_assessment");
+    Some((wamid, held))
 }
 
 /// Highest percentage in `X-Business-Use-Case-Usage` / `X-App-Usage`, if present.

@@ -183,7 +183,7 @@ impl Worker {
         self.settle(&w, settle, Some(Event { err: &err, wamid: "", latency_us: 0 })).await;
     }
 
-    pub(crate) async fn sent(&self, w: Work, wamid: String, took: Duration) {
+    pub(crate) async fn sent(&self, w: Work, wamid: String, held: bool, took: Duration) {
         // Meta has the message: the ledger must say so before the ack. A short outage of the broker is ridden
         // out here; past it the message stays unacknowledged and its redelivery finds the on-the-wire mark,
         // so it is reconciled through status webhooks instead of being sent again.
@@ -198,7 +198,7 @@ impl Worker {
             move || async move {
                 let _ = work.msg.ack_with(bw_common::disposition::Disposition::Progress.ack_kind()).await;
             },
-            move || async move { if this.try_sent(work, id).await { Ok(()) } else { Err(()) } },
+            move || async move { if this.try_sent(work, id, held).await { Ok(()) } else { Err(()) } },
         );
         let link = async {
             // The link keeps this attempt's request: a retriable `failed` status re-queues it (attempt.rs).
@@ -223,15 +223,20 @@ impl Worker {
         tracing::warn!(parent: &w.span, "Meta accepted the message but the ledger stayed unavailable; left for redelivery and reconciliation");
     }
 
-    async fn try_sent(&self, w: &Work, wamid: &str) -> bool {
+    /// Records Meta's acceptance: SENT, or HELD when Meta holds it for the template's quality assessment (a
+    /// state of its own: not failed, never resent; its status webhooks move it on, `asyncfail` re-queues a drop).
+    async fn try_sent(&self, w: &Work, wamid: &str, held: bool) -> bool {
         self.update_ledger(w, |cur| {
             let mut e = cur.cloned().unwrap_or_default();
-            e.set_state(OperationState::Sent);
+            e.set_state(if held { OperationState::Held } else { OperationState::Sent });
             e.in_flight_since_unix_ms = 0;
             e.in_flight_token.clear();
             e.wamid = wamid.to_string();
             e.attempts += 1;
             e.reason.clear();
+            if held {
+                e.reason = crate::gates::HELD_FOR_QUALITY_REASON.to_string();
+            }
             e.transient_failures = 0;
             e.first_failure_at_unix_ms = 0;
             Some(e)

@@ -896,7 +896,7 @@ impl Worker {
             }
         };
         match next {
-            Next::Sent { wamid } => self.sent(w, wamid, took).await,
+            Next::Sent { wamid, held } => self.sent(w, wamid, held, took).await,
             Next::Retry { delay_ms } => self.retry(w, err, delay_ms).await,
             Next::HoldBack { delay_ms } => self.held_back(w, Duration::from_millis(delay_ms), err).await,
             Next::Dlq { reason, not_before_ms, signal } => {

@@ -36,7 +36,8 @@ use bw_common::proto::{DlqReason, QuarantineReason};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Next {
     /// Meta accepted it.
-    Sent { wamid: String },
+    /// Meta accepted it; `held`: it holds it for the template's quality assessment (pacing), not sent yet.
+    Sent { wamid: String, held: bool },
     /// Try again after `delay_ms` (a transient failure that created nothing).
     Retry { delay_ms: u64 },
     /// Refused for now by a limit: clear the on-the-wire mark and redeliver after `delay_ms`.
@@ -75,7 +76,7 @@ pub(crate) struct Policy {
 /// Where a message goes after Meta's answer.
 pub(crate) fn after_answer(answer: &MetaAnswer, tries: &Tries, policy: &Policy) -> Next {
     match answer {
-        MetaAnswer::Accepted { wamid, .. } => Next::Sent { wamid: wamid.clone() },
+        MetaAnswer::Accepted { wamid, held, .. } => Next::Sent { wamid: wamid.clone(), held: *held },
         MetaAnswer::Unknown { .. } => Next::Unknown,
         MetaAnswer::NotSent { .. } => transient(tries, policy, 0),
         MetaAnswer::Rejected { meaning, retry_after_ms, .. } => match meaning.class {
@@ -254,9 +255,9 @@ mod tests {
         let rows: Vec<(&str, MetaAnswer, Tries, Next)> = vec![
             (
                 "200 with a wamid",
-                MetaAnswer::Accepted { wamid: "wamid.1".into(), usage_percent: None, http_status: 200 },
+                MetaAnswer::Accepted { wamid: "wamid.1".into(), usage_percent: None, http_status: 200, held: false },
                 FIRST,
-                Next::Sent { wamid: "wamid.1".into() },
+                Next::Sent { wamid: "wamid.1".into(), held: false },
             ),
             (
                 "timeout after the write",
@@ -413,7 +414,7 @@ mod tests {
         assert_eq!(route(201, b"{}"), Next::Unknown, "2xx without a message id");
         assert_eq!(
             route(200, br#"{"messages":[{"id":"wamid.X"}]}"#),
-            Next::Sent { wamid: "wamid.X".into() },
+            Next::Sent { wamid: "wamid.X".into(), held: false },
             "200 with a wamid"
         );
         let meta_500 = br#"{"error":{"message":"(#131000) Something went wrong","code":131000}}"#;

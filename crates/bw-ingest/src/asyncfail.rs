@@ -16,6 +16,12 @@ use crate::processor::{Processor, Retry};
 use bw_common::classify::{Channel, Classification, ErrorClass, classify};
 use bw_common::proto::{LedgerEntry, OperationState, StatusUpdate};
 
+/// Meta accepted the attempt and has not delivered it: sent, or held by template pacing (a held message Meta
+/// drops fails with 132015, and gets a new attempt like a sent one).
+fn accepted_undelivered(state: OperationState) -> bool {
+    matches!(state, OperationState::Sent | OperationState::Held)
+}
+
 /// What a `failed` status's code means for its attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fate {
@@ -87,7 +93,7 @@ impl Processor {
             self.metrics.duplicate("status");
             return Ok(Step::Done);
         }
-        if fate(code) == Fate::Final || entry.state() != OperationState::Sent {
+        if fate(code) == Fate::Final || !accepted_undelivered(entry.state()) {
             // Final, or no attempt of it is known to be accepted and undelivered (delivered/read stay terminal;
             // a failed status before the send was recorded settles the operation as before).
             return Ok(Step::Apply);
@@ -105,7 +111,7 @@ impl Processor {
             .ledger
             .reopen(op, |cur| {
                 let cur = cur?;
-                if cur.state() != OperationState::Sent || cur.wamid != wamid {
+                if !accepted_undelivered(cur.state()) || cur.wamid != wamid {
                     return None;
                 }
                 let mut next = cur.clone();

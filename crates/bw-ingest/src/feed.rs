@@ -69,6 +69,7 @@ pub fn kind_of(entry: &LedgerEntry) -> OutcomeKind {
         OperationState::Quarantined => OutcomeKind::Quarantined,
         OperationState::Expired => OutcomeKind::Expired,
         OperationState::Unknown => OutcomeKind::Unknown,
+        OperationState::Held => OutcomeKind::Held,
     }
 }
 

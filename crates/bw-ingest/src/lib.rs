@@ -25,6 +25,7 @@ pub mod feed;
 mod guard;
 mod http;
 mod inbound;
+pub mod inbound_rate;
 mod intake;
 mod metrics;
 mod processor;
@@ -82,6 +83,7 @@ pub struct Config {
     pub tenancy: TenancyConfig,
     /// Where outgoing requests (callbacks) may connect.
     pub egress: EgressConfig,
+    pub inbound_rate: inbound_rate::InboundRateConfig,
 }
 
 /// Destinations of outgoing requests ([`egress`]).
@@ -241,8 +243,7 @@ impl ServiceConfig for Config {
         &self.nats
     }
     fn redis(&self) -> Option<&bw_common::config::RedisConfig> {
-        // Only the order sets need Redis: with no category keeping order, ingest runs without it.
-        (!self.order.keep.is_empty()).then_some(&self.redis)
+        (!self.order.keep.is_empty() || self.inbound_rate.enabled).then_some(&self.redis) // order sets, inbound count
     }
     fn admin(&self) -> &AdminConfig {
         &self.admin
@@ -715,6 +716,7 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             bodies: bodies.clone(),
             send: deps.buckets.send,
             windows: inbound::Windows::new(deps.redis.clone(), Duration::from_millis(cfg.redis.timeout_ms)),
+            inbound_rate: inbound_rate::InboundRate::from_config(deps.redis.as_ref(), &cfg.inbound_rate),
         });
         let max = cfg.webhook.max_in_flight;
         tracker.spawn(

@@ -62,6 +62,8 @@ pub(crate) struct Processor {
     pub send: names::SendPartitions,
     /// Customer service windows opened by inbound messages (`inbound.rs`); absent without Redis.
     pub windows: Option<crate::inbound::Windows>,
+    /// Counts forwarded inbound messages against their number's throughput (None: off, or no Redis).
+    pub inbound_rate: Option<crate::inbound_rate::InboundRate>,
 }
 
 fn target_state(status: DeliveryStatus) -> Option<OperationState> {
@@ -482,6 +484,9 @@ impl Processor {
             self.metrics.duplicate("inbound");
         } else {
             self.metrics.inbound_forwarded.inc();
+            if let Some(rate) = &self.inbound_rate {
+                rate.count(m).await;
+            }
         }
         self.mark(&key).await;
         Ok(())

@@ -34,6 +34,7 @@ impl v1::OperationState {
         matches!(
             self,
             v1::OperationState::Sent
+                | v1::OperationState::Held
                 | v1::OperationState::Delivered
                 | v1::OperationState::Read
                 | v1::OperationState::Failed
@@ -46,6 +47,7 @@ impl v1::OperationState {
         matches!(
             self,
             v1::OperationState::Sent
+                | v1::OperationState::Held
                 | v1::OperationState::Delivered
                 | v1::OperationState::Read
                 | v1::OperationState::Failed
@@ -65,6 +67,7 @@ impl v1::OperationState {
             v1::OperationState::Quarantined => "quarantined",
             v1::OperationState::Expired => "expired",
             v1::OperationState::Unknown => "unknown",
+            v1::OperationState::Held => "held",
         }
     }
 }

@@ -16,4 +16,6 @@ mod quota_signal;
 mod scopes;
 mod scripts;
 mod support;
+mod template_rules;
 mod templates;
+mod throughput;

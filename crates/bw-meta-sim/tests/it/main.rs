@@ -9,6 +9,7 @@ mod common;
 mod faults;
 mod limits;
 mod oracle;
+mod pacing;
 mod portfolio;
 mod scopes;
 mod users;

@@ -1099,6 +1099,10 @@ pub enum OperationState {
     Expired = 8,
     /// The request may have reached Meta but no answer came; in BW_UNKNOWN for reconciliation.
     Unknown = 9,
+    /// Meta accepted it but holds it while its template's quality is assessed (template pacing: the send answered
+    /// `message_status: held_for_quality_assessment`, meta-cloud-api.md §3.5). Not failed, never resent: a status
+    /// webhook moves it on (sent / delivered once Meta releases it; failed 132015 when Meta drops it).
+    Held = 10,
 }
 impl OperationState {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -1117,6 +1121,7 @@ impl OperationState {
             Self::Quarantined => "OPERATION_STATE_QUARANTINED",
             Self::Expired => "OPERATION_STATE_EXPIRED",
             Self::Unknown => "OPERATION_STATE_UNKNOWN",
+            Self::Held => "OPERATION_STATE_HELD",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -1132,6 +1137,7 @@ impl OperationState {
             "OPERATION_STATE_QUARANTINED" => Some(Self::Quarantined),
             "OPERATION_STATE_EXPIRED" => Some(Self::Expired),
             "OPERATION_STATE_UNKNOWN" => Some(Self::Unknown),
+            "OPERATION_STATE_HELD" => Some(Self::Held),
             _ => None,
         }
     }
@@ -1235,6 +1241,8 @@ pub enum OutcomeKind {
     Unknown = 12,
     /// An unknown outcome resolved by a status webhook.
     Resolved = 13,
+    /// Meta holds it for its template's quality assessment (pacing); a later event says sent, delivered or failed.
+    Held = 14,
 }
 impl OutcomeKind {
     /// String value of the enum field names used in the ProtoBuf definition.
@@ -1257,6 +1265,7 @@ impl OutcomeKind {
             Self::Expired => "OUTCOME_KIND_EXPIRED",
             Self::Unknown => "OUTCOME_KIND_UNKNOWN",
             Self::Resolved => "OUTCOME_KIND_RESOLVED",
+            Self::Held => "OUTCOME_KIND_HELD",
         }
     }
     /// Creates an enum from field names used in the ProtoBuf definition.
@@ -1276,6 +1285,7 @@ impl OutcomeKind {
             "OUTCOME_KIND_EXPIRED" => Some(Self::Expired),
             "OUTCOME_KIND_UNKNOWN" => Some(Self::Unknown),
             "OUTCOME_KIND_RESOLVED" => Some(Self::Resolved),
+            "OUTCOME_KIND_HELD" => Some(Self::Held),
             _ => None,
         }
     }
