@@ -80,7 +80,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     match runtime.block_on(bw_drill::run(opts)) {
         Ok(report) => {
-            print!("{}", bw_drill::report::text(&report));
+            print!("{}", bw_drill::render::text(&report));
             let d = args.dir.display();
             println!("report: {d}/report.html, {d}/report.json, {d}/validation.md, {d}/timeline.svg");
             std::process::exit(if report.passed() { 0 } else { 1 });
