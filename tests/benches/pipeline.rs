@@ -37,6 +37,10 @@ use bw_e2e::Harness;
 use prost::Message as _;
 use std::time::{Duration, Instant};
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const PHONE: &str = "106540352249999";
 
 fn request(i: usize, tag: &str) -> SendRequest {
@@ -441,7 +445,7 @@ async fn outcome_with_link(n: usize) -> (f64, f64) {
 }
 
 fn main() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {

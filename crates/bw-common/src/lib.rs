@@ -13,6 +13,7 @@ pub mod api_versions;
 pub mod attempts;
 pub mod classify;
 pub mod config;
+pub mod crypto;
 pub mod disposition;
 pub mod jitter;
 pub mod ledger;
@@ -29,13 +30,6 @@ pub mod tenancy;
 pub mod time;
 
 pub use bw_proto::v1 as proto;
-
-/// The allocator of every Breakwater binary, and of the tests and benchmarks that link this crate (so a
-/// benchmark measures what the services run). glibc's malloc and free took about 30 % of the CPU of the
-/// pipeline benchmark's process (dispatcher and simulator) in `perf`: thousands of small allocations per message
-/// (protobuf, headers, spans, futures) freed on other worker threads.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// The two innermost causes of an error, outermost first joined by ` <- ` (an HTTP client's error chain: the
 /// outer layers repeat the URL and add nothing).

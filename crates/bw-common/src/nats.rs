@@ -3,7 +3,7 @@
 //! [`ensure_topology`] creates every stream and KV bucket idempotently; every service calls it at start, so
 //! any start order works. Names come from [`crate::names`].
 
-use crate::config::{NatsConfig, StreamLimits};
+use crate::config::{NatsConfig, StreamLimits, redact_url};
 use crate::names;
 use async_nats::jetstream::{self, kv, stream};
 use std::time::Duration;
@@ -106,18 +106,6 @@ pub async fn connect_watched(
     }
 }
 
-/// `urls` with any `user:password@` replaced by `***@`, for logs and errors.
-pub fn redact_url(urls: &str) -> String {
-    urls.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &u[..scheme + 3], &u[at..]),
-            (None, Some(at)) => format!("***{}", &u[at..]),
-            _ => u.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tls_tests {
     /// A CA file that cannot be read fails the connection at once, naming the setting.
@@ -130,16 +118,6 @@ mod tls_tests {
         let error =
             super::connect(&cfg, "test", std::time::Duration::from_secs(600)).await.err().map(|e| e.to_string());
         assert!(error.is_some_and(|e| e.contains("nats.tls_ca_file `/nonexistent/bw-nats-ca.crt` cannot be read")));
-    }
-}
-
-#[cfg(test)]
-mod redact_tests {
-    #[test]
-    fn credentials_never_show_in_urls() {
-        assert_eq!(super::redact_url("nats://svc:s3cret@10.0.0.5:4222"), "nats://***@10.0.0.5:4222");
-        assert_eq!(super::redact_url("nats://a:4222, nats://u:p@b:4222"), "nats://a:4222, nats://***@b:4222");
-        assert_eq!(super::redact_url("u:p@h:1"), "***@h:1");
     }
 }
 

@@ -38,7 +38,7 @@ pub fn init(service_name: &str, cfg: &TelemetryConfig) -> TelemetryGuard {
     };
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     // The OTLP exporter's HTTP client needs the process-wide rustls provider.
-    crate::service::install_crypto();
+    crate::crypto::install_crypto();
     let provider = if cfg.otlp_endpoint.is_empty() { None } else { build_provider(service_name, &cfg.otlp_endpoint) };
     let otel_layer =
         provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service_name.to_string())));

@@ -41,7 +41,7 @@ pub use options::DrillOptions;
 
 /// Runs the drill and returns its report (also written to `opts.dir`).
 pub async fn run(opts: DrillOptions) -> anyhow::Result<DrillReport> {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let plan = setup::plan(opts)?;
     let mut stack = setup::start(&plan.opts, &plan.scenario).await?;
     let live = observe::Live::connect(&stack.nats_url).await?;

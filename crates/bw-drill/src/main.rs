@@ -5,6 +5,10 @@
 use clap::Parser;
 use std::path::PathBuf;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "Breakwater flash-sale drill: real servers, every service, the Meta simulator with an outage")]
 struct Args {

@@ -246,7 +246,7 @@ pub(crate) fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
 
 /// An HTTP client without proxies that presents the test producer key.
 pub(crate) fn http_client() -> reqwest::Client {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let mut headers = reqwest::header::HeaderMap::new();
     let bearer = format!("Bearer {API_KEY}");
     headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("header value"));
@@ -255,6 +255,6 @@ pub(crate) fn http_client() -> reqwest::Client {
 
 /// An HTTP client without proxies and without a key.
 pub(crate) fn bare_http_client() -> reqwest::Client {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     reqwest::Client::builder().no_proxy().build().expect("http client")
 }
