@@ -174,7 +174,7 @@ fn key_of(operation_id: &str, tenant: Option<&str>) -> Result<String, &'static s
         Some(t) if !tenancy::valid_tenant(t) => {
             Err("not a tenant: 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit")
         }
-        Some(_) if !bw_common::ledger::valid_operation_id(operation_id) => {
+        Some(_) if !bw_common::tenancy::valid_operation_id(operation_id) => {
             Err("not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")
         }
         Some(t) => Ok(tenancy::operation_key(t, operation_id)),

@@ -19,12 +19,12 @@
 //! Entry points: [`tenant_options`], [`Client::new`], [`Client::send`], [`Client::status`], [`follow`],
 //! [`Request`] (builder).
 
-use bw_common::names;
-use bw_common::proto::{
+use bw_proto::v1::{
     Category, IntakeReply, OutcomeEvent, RejectReason, SendRequest, StatusQuery, StatusReply, TemplatePayload,
     TextPayload, send_request::Payload,
 };
-use bw_common::tenancy;
+use bw_wire::names;
+use bw_wire::tenancy;
 use prost::Message as _;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -97,7 +97,7 @@ impl Client {
         let mut last = String::new();
         for attempt in 1..=tries {
             let mut headers = async_nats::HeaderMap::new();
-            bw_common::telemetry::inject(&tracing::Span::current(), &mut headers);
+            bw_wire::trace::inject(&tracing::Span::current(), &mut headers);
             let req = async_nats::Request::new()
                 .payload(payload.clone())
                 .headers(headers)

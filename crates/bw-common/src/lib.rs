@@ -19,17 +19,18 @@ pub mod jitter;
 pub mod ledger;
 pub mod mask;
 pub mod moves;
-pub mod names;
 pub mod nats;
 pub mod redis_conn;
 pub mod registry;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
-pub mod tenancy;
 pub mod time;
 
 pub use bw_proto::v1 as proto;
+/// The wire names and tenancy names live in the leaf crate `bw-wire` (so `bw-client` links them alone); every
+/// service reaches them here.
+pub use bw_wire::{names, tenancy};
 
 /// The two innermost causes of an error, outermost first joined by ` <- ` (an HTTP client's error chain: the
 /// outer layers repeat the URL and add nothing).

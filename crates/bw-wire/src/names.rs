@@ -406,7 +406,7 @@ pub const FEED_CONSUMER: &str = "feed-publisher";
 /// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.
 pub const SCOPES_BUCKET: &str = "BW_SCOPES";
 
-/// The sender registry (`crate::registry`): phone_number_id → WABA → tenant.
+/// The sender registry (`bw_common::registry`): phone_number_id → WABA → tenant.
 pub const SENDERS_BUCKET: &str = "BW_SENDERS";
 /// Webhook deduplication (KV with TTL). Key: sha of (wamid, status) or inbound message id.
 pub const WEBHOOK_DEDUP_BUCKET: &str = "BW_WEBHOOK_DEDUP";
