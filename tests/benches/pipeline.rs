@@ -30,6 +30,7 @@
 //! bound are the defaults (128 and 1,024): the larger 256 / 2,048 used before queued more sends behind the
 //! ledger writes, so more of them missed their slots, and were no faster (5,547 vs 5,504 msg/s one sender,
 //! 2,467 vs 2,948 over 200 senders, one run each).
+#![expect(clippy::disallowed_methods, reason = "the benchmark drains streams as a consumer would, without a handler")]
 
 use bw_common::names;
 use bw_common::proto::{LedgerEntry, OperationState, SendRequest};

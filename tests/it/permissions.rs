@@ -5,6 +5,7 @@
 //! one is purged by the operator; two are quarantined, and the operator purges one and replays the other), every
 //! bwctl command that uses NATS runs as the operator user, and nats-server logs no permissions violation; then
 //! what a user must not do is refused (the server logs it and the client gets an error), the operator included.
+#![expect(clippy::disallowed_methods, reason = "the test acks as each NATS user to prove what its permissions allow")]
 
 use bw_common::config::NatsConfig;
 use bw_common::names;

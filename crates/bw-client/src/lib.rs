@@ -230,6 +230,10 @@ pub struct FeedItem {
 
 impl FeedItem {
     /// Marks the event handled (the durable consumer moves past it).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the producer's own acknowledgement; producers do not link bw-common"
+    )]
     pub async fn ack(&self) -> Result<(), FeedError> {
         self.message.ack().await.map_err(|e| FeedError(e.to_string()))
     }
@@ -237,6 +241,7 @@ impl FeedItem {
 
 impl Feed {
     /// The next event; None when the connection closes. Undecodable messages are acked and skipped.
+    #[expect(clippy::disallowed_methods, reason = "the producer client skips what it cannot decode; no bw-common here")]
     pub async fn next(&mut self) -> Option<Result<FeedItem, FeedError>> {
         use futures::StreamExt;
         loop {

@@ -3,6 +3,7 @@
 //! Ingest runs at the compiled default tenancy (the sender registry): [`start`] registers the test senders
 //! ([`SENDERS`]) to the tenant `default` first, so their operation keys are the bare ids, and the producer
 //! connection ([`Env::nats`]) takes its replies on `default`'s inbox prefix.
+#![expect(clippy::disallowed_methods, reason = "the test support drains streams without a service handler")]
 
 use bw_common::ledger::Ledger;
 use bw_common::proto::{LedgerEntry, OperationState, OutcomeEvent, SenderRecord};
