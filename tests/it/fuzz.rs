@@ -38,7 +38,7 @@ fn valid_request() -> SendRequest {
 fn assert_accepted_is_sound(r: &SendRequest) {
     assert!(bw_common::tenancy::valid_operation_id(&r.operation_id));
     assert!(validate::is_digits(&r.waba_id) && validate::is_digits(&r.phone_number_id));
-    assert!(validate::check_e164(&r.recipient).is_ok());
+    assert!(validate::check_recipient(&r.recipient).is_ok());
     assert!(matches!(validate::category(r), Ok(c) if c != Category::Unspecified));
     assert!(r.payload.is_some());
     assert!(r.attempts.is_empty());
@@ -131,7 +131,11 @@ prop_compose! {
         operation_id in text_strategy(),
         waba_id in prop_oneof![Just(WABA_ID.to_string()), text_strategy()],
         phone_number_id in prop_oneof![Just(PHONE.to_string()), text_strategy()],
-        recipient in prop_oneof![Just("+5491155551234".to_string()), text_strategy()],
+        recipient in prop_oneof![
+            Just("+5491155551234".to_string()),
+            Just("US.13491208655302741918".to_string()),
+            text_strategy()
+        ],
         category in -2i32..8,
         text in proptest::option::of(".{0,64}"),
         name in text_strategy(),
@@ -225,7 +229,8 @@ proptest! {
         // Whatever reaches the dispatcher, the body it builds carries the id and recipient and serialises.
         let body = bw_dispatcher::build_body(&r);
         prop_assert_eq!(&body["messaging_product"], "whatsapp");
-        prop_assert_eq!(body["to"].as_str(), Some(r.recipient.as_str()));
+        let field = if bw_common::mask::is_user_id(&r.recipient) { "recipient" } else { "to" };
+        prop_assert_eq!(body[field].as_str(), Some(r.recipient.as_str()));
         prop_assert_eq!(body["biz_opaque_callback_data"].as_str(), Some(r.operation_id.as_str()));
         match &r.payload {
             Some(Payload::Text(t)) => prop_assert_eq!(body["text"]["body"].as_str(), Some(t.body.as_str())),

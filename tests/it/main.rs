@@ -24,6 +24,7 @@ mod skeleton;
 mod tenant_stack;
 mod tenants;
 mod tracing;
+mod user_ids;
 
 /// Runs `bwctl <args>` in-process against `nats_url` (the CLI's own parser and `run`), returning its exit code
 /// and output; panics when the command cannot run at all.

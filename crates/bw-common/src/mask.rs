@@ -1,11 +1,39 @@
 //! Masking of personal data for logs, spans, CLI output and Redis keys.
 //!
 //! Full phone numbers never leave the process in clear: logs get [`phone`], Redis keys get [`recipient_key`].
+//! A recipient is either an E.164 phone number or a business-scoped user id (BSUID, reference §6); both are
+//! personal data, and both functions take either form.
 
 use sha2::{Digest, Sha256};
 
-/// Masks a phone number keeping the country prefix hint and the last 3 digits: `+549******234`.
+/// True for a business-scoped user id: an ISO country code, `.`, an optional `ENT.` (parent id), then 1 to 128
+/// letters or digits (`US.13491208655302741918`, `US.ENT.11815799212886844830`).
+pub fn is_user_id(s: &str) -> bool {
+    let Some((cc, rest)) = s.split_once('.') else { return false };
+    let rest = rest.strip_prefix("ENT.").unwrap_or(rest);
+    cc.len() == 2
+        && cc.bytes().all(|b| b.is_ascii_uppercase())
+        && (1..=128).contains(&rest.len())
+        && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Masks a user id like a phone number: the country and the last 3 characters (`US.*****************918`).
+pub fn user_id(id: &str) -> String {
+    let (cc, rest) = id.split_once('.').unwrap_or(("", id));
+    let rest: Vec<char> = rest.chars().collect();
+    if rest.len() < 7 {
+        return format!("{cc}.***");
+    }
+    let tail: String = rest[rest.len() - 3..].iter().collect();
+    format!("{cc}.{}{tail}", "*".repeat(rest.len() - 3))
+}
+
+/// Masks a recipient keeping the country prefix hint and the last 3 digits: `+549******234`; a user id as
+/// [`user_id`] does.
 pub fn phone(number: &str) -> String {
+    if is_user_id(number) {
+        return user_id(number);
+    }
     let digits: Vec<char> = number.chars().filter(|c| c.is_ascii_digit()).collect();
     if digits.len() < 7 {
         return "***".to_string();
@@ -18,6 +46,10 @@ pub fn phone(number: &str) -> String {
 /// A stable, non-reversible key for a recipient (first 16 hex chars of sha256 of the digits),
 /// used for pair-rate keys so Redis never holds phone numbers.
 pub fn recipient_key(number: &str) -> String {
+    if is_user_id(number) {
+        // The prefix keeps a user id's key apart from a phone with the same digits (`US.1650...` vs `+1650...`).
+        return hex::encode(&Sha256::digest(format!("user_id:{number}").as_bytes())[..8]);
+    }
     let digits: String = number.chars().filter(|c| c.is_ascii_digit()).collect();
     let hash = Sha256::digest(digits.as_bytes());
     hex::encode(&hash[..8])
@@ -39,5 +71,20 @@ mod tests {
         assert_eq!(super::recipient_key("+5491155551234"), super::recipient_key("5491155551234"));
         assert_eq!(super::recipient_key("+5491155551234").len(), 16);
         assert_eq!(super::body("hola"), "<4 chars>");
+    }
+
+    #[test]
+    fn user_ids_are_masked_and_keyed_apart_from_phones() {
+        let id = "US.13491208655302741918";
+        assert!(super::is_user_id(id) && super::is_user_id("US.ENT.11815799212886844830"));
+        for bad in ["+13491208655302741918", "us.1349", "USA.1349", "US.", "US.12-34", "US.ENT."] {
+            assert!(!super::is_user_id(bad), "{bad}");
+        }
+        assert_eq!(super::phone(id), "US.*****************918");
+        assert!(!super::phone(id).contains("1349120865530274"));
+        assert_eq!(super::phone("US.12"), "US.***");
+        assert_ne!(super::recipient_key(id), super::recipient_key("+13491208655302741918"));
+        assert_eq!(super::recipient_key(id).len(), 16);
+        assert_ne!(super::recipient_key(id), super::recipient_key("US.13491208655302741919"));
     }
 }

@@ -200,6 +200,10 @@ mod tests {
         assert_eq!(undeliverable_prefix("+44123451", &us), None, "a 1 later in the number does not match");
         assert_eq!(undeliverable_prefix("+15551234567", &[String::new()]), None, "an empty entry matches nothing");
         assert_eq!(undeliverable_prefix("+15551234567", &[]), None);
+        let default = vec!["+1".to_string(), "US.".to_string()];
+        assert_eq!(undeliverable_prefix("US.13491208655302741918", &default), Some("US."));
+        assert_eq!(undeliverable_prefix("US.ENT.11815799212886844830", &default), Some("US."));
+        assert_eq!(undeliverable_prefix("BR.13491208655302741918", &default), None);
     }
 
     #[test]

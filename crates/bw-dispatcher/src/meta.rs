@@ -262,9 +262,11 @@ pub fn build_body(request: &SendRequest) -> serde_json::Value {
     let mut body = json!({
         "messaging_product": "whatsapp",
         "recipient_type": "individual",
-        "to": request.recipient,
         "biz_opaque_callback_data": request.operation_id,
     });
+    // A user id goes in `recipient` (reference §6); Meta then answers with `contacts[].user_id` and no `wa_id`.
+    let field = if bw_common::mask::is_user_id(&request.recipient) { "recipient" } else { "to" };
+    body[field] = json!(request.recipient);
     match &request.payload {
         Some(Payload::Text(text)) => {
             body["type"] = json!("text");
@@ -308,6 +310,11 @@ mod tests {
         assert_eq!(text["text"]["body"], "hola");
         assert_eq!(text["biz_opaque_callback_data"], "op-1");
         assert_eq!(text["messaging_product"], "whatsapp");
+        assert_eq!(text["to"], "+5491155551234");
+        assert!(text.get("recipient").is_none());
+        let by_id = build_body(&SendRequest { recipient: "US.13491208655302741918".into(), ..req.clone() });
+        assert_eq!(by_id["recipient"], "US.13491208655302741918");
+        assert!(by_id.get("to").is_none(), "a user id never goes in `to`");
         req.payload = Some(Payload::Template(TemplatePayload {
             name: "order_confirmation".into(),
             language: "es_AR".into(),

@@ -219,9 +219,13 @@ struct JsonRequest {
     waba_id: String,
     #[serde(default, alias = "phoneNumberId")]
     phone_number_id: String,
-    /// Kept as a value so a number is refused precisely (and never echoed).
+    /// Kept as a value so a number is refused precisely (and never echoed). A phone number or a user id.
     #[serde(default)]
     recipient: Option<serde_json::Value>,
+    /// The recipient's business-scoped user id, for a producer that keeps it apart from the phone. With both, the
+    /// phone is used, as Meta uses `to` over `recipient` (reference §6).
+    #[serde(default, alias = "userId")]
+    user_id: Option<String>,
     #[serde(default)]
     category: Option<serde_json::Value>,
     #[serde(default)]
@@ -309,14 +313,14 @@ fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
     })?;
     let op = j.operation_id.clone();
     let recipient = match j.recipient {
-        None | Some(serde_json::Value::Null) => String::new(),
+        None | Some(serde_json::Value::Null) => j.user_id.unwrap_or_default(),
         Some(serde_json::Value::String(s)) => s,
         Some(_) => {
             return Err((
                 op,
                 Rejection::new(
                     RejectReason::BadRecipient,
-                    "recipient must be a JSON string in E.164 form (\"+5491155551234\"), not a number",
+                    "recipient must be a JSON string in E.164 form (\"+5491155551234\") or a user id, not a number",
                 ),
             ));
         }
@@ -623,6 +627,15 @@ mod tests {
         assert_eq!(r.category(), Category::Transactional);
         assert!(matches!(r.payload, Some(Payload::Text(ref t)) if t.body == "hi"));
         assert_eq!(r.labels.get("order").map(String::as_str), Some("A1"));
+        // A user id as the recipient, or in `user_id`; with both, the phone (Meta's `to` wins over `recipient`).
+        let id = "US.13491208655302741918";
+        let by_id = |body: String| from_json(body.as_bytes()).expect("maps").recipient;
+        assert_eq!(by_id(format!(r#"{{"operation_id":"a","recipient":"{id}"}}"#)), id);
+        assert_eq!(by_id(format!(r#"{{"operation_id":"a","user_id":"{id}"}}"#)), id);
+        assert_eq!(
+            by_id(format!(r#"{{"operation_id":"a","userId":"{id}","recipient":"+5491155551234"}}"#)),
+            "+5491155551234"
+        );
         let check_cat = |v: serde_json::Value, expect: Option<Category>| {
             assert_eq!(parse_category(&v).ok(), expect.map(|c| c as i32), "{v}");
         };

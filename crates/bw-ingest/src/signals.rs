@@ -460,7 +460,10 @@ impl Parser {
                 Ok(bw_common::mask::recipient_key(phone))
             }
             (Some(v), _) if !v.is_null() => Err(self.error(Self::path(at, wa_id_key), "is not a phone number")),
-            (_, Some(Value::String(id))) if !id.is_empty() => Ok(hash(&format!("user_id:{id}"))[..16].to_string()),
+            (_, Some(Value::String(id))) if bw_common::mask::is_user_id(id) => Ok(bw_common::mask::recipient_key(id)),
+            (_, Some(Value::String(id))) if !id.is_empty() => {
+                Err(self.error(Self::path(at, "user_id"), "is not a business-scoped user id"))
+            }
             _ => Err(self.error(Self::path(at, wa_id_key), "and user_id are both missing")),
         }
     }

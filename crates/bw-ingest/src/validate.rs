@@ -60,7 +60,7 @@ pub fn is_digits(id: &str) -> bool {
 /// Checks an E.164 number: a leading '+', then 8..=15 digits, the first not 0.
 pub fn check_e164(recipient: &str) -> Result<(), &'static str> {
     let Some(digits) = recipient.strip_prefix('+') else {
-        return Err("recipient must be E.164 with a leading '+'");
+        return Err("recipient must be E.164 with a leading '+', or a user id such as US.1349...");
     };
     if !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err("recipient must hold only digits after the leading '+'");
@@ -72,6 +72,21 @@ pub fn check_e164(recipient: &str) -> Result<(), &'static str> {
         return Err("recipient country code must not start with 0");
     }
     Ok(())
+}
+
+/// A recipient is an E.164 phone number or a business-scoped user id (reference §6: `US.1349...`, sent whole
+/// as Meta's `recipient`). Anything starting with two capital letters and a dot is judged as a user id, so its
+/// error names that form.
+pub fn check_recipient(recipient: &str) -> Result<(), &'static str> {
+    let b = recipient.as_bytes();
+    if b.len() > 3 && b[..2].iter().all(u8::is_ascii_uppercase) && b[2] == b'.' {
+        return if bw_common::mask::is_user_id(recipient) {
+            Ok(())
+        } else {
+            Err("recipient user id must be a country code, '.', then 1 to 128 letters or digits")
+        };
+    }
+    check_e164(recipient)
 }
 
 /// The category of a request, refusing unspecified and unknown values.
@@ -130,7 +145,7 @@ pub fn validate(
     if request.recipient.is_empty() {
         return reject(MissingField, "recipient is required");
     }
-    if let Err(e) = check_e164(&request.recipient) {
+    if let Err(e) = check_recipient(&request.recipient) {
         return reject(BadRecipient, e);
     }
     let category = category(request)?;

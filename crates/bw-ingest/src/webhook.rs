@@ -203,6 +203,7 @@ pub fn parse(body: &[u8]) -> Result<Parsed, ParseError> {
                     timestamp_unix_s: m.get("timestamp").map(seconds).unwrap_or(0),
                     r#type: text("type"),
                     message_json: m.to_string(),
+                    from_user_id: text("from_user_id"),
                 });
             }
             for e in value.errors {

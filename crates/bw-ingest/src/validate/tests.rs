@@ -45,6 +45,8 @@ fn accepts_good_text_and_template() {
     );
     check(|r| r.deadline_unix_ms = NOW + 1, None);
     check(|r| r.recipient = "+12025550123".into(), None);
+    check(|r| r.recipient = "US.13491208655302741918".into(), None);
+    check(|r| r.recipient = "US.ENT.11815799212886844830".into(), None);
 }
 
 #[test]
@@ -62,6 +64,9 @@ fn each_bad_input_has_its_reason() {
     check(|r| r.recipient = "+1234567".into(), Some((BadRecipient, "8 to 15 digits")));
     check(|r| r.recipient = "+05491155551234".into(), Some((BadRecipient, "must not start with 0")));
     check(|r| r.recipient = "+54 911 5555".into(), Some((BadRecipient, "only digits")));
+    check(|r| r.recipient = "US.1349-1208".into(), Some((BadRecipient, "user id must be a country code")));
+    check(|r| r.recipient = format!("US.{}", "1".repeat(129)), Some((BadRecipient, "1 to 128 letters")));
+    check(|r| r.recipient = "us.1349".into(), Some((BadRecipient, "leading '+', or a user id")));
     check(|r| r.category = 0, Some((UnknownCategory, "unspecified")));
     check(|r| r.category = 42, Some((UnknownCategory, "category 42 is unknown")));
     check(|r| r.payload = None, Some((MissingField, "payload is required")));

@@ -179,6 +179,50 @@ async fn documented_payloads_are_processed() {
     env.stop().await;
 }
 
+/// A user who hides the phone (reference §6): statuses carry only `recipient_user_id` and `contacts[].user_id`, an
+/// inbound message only `from_user_id`. The status is matched through its callback data or the wamid link, and the
+/// inbound message is forwarded with the user id and an empty phone.
+#[tokio::test]
+async fn user_id_only_webhooks_are_matched_and_forwarded() {
+    let env = start(|_| {}).await;
+    let user = "US.13491208655302741918";
+    let value = |inner: serde_json::Value| {
+        let mut v = serde_json::json!({"messaging_product": "whatsapp",
+            "metadata": {"display_phone_number": "15550783881", "phone_number_id": PHONE},
+            "contacts": [{"profile": {"name": "S", "username": "@sheena"}, "user_id": user}]});
+        v.as_object_mut().expect("object").extend(inner.as_object().expect("object").clone());
+        serde_json::json!({"object": "whatsapp_business_account", "entry": [{"id": "102290129340398",
+            "changes": [{"field": "messages", "value": v}]}]})
+        .to_string()
+    };
+    env.ledger.create(&entry_in("op-u", OperationState::Sent)).await.expect("ledger");
+    let status = |wamid: &str, status: &str, callback: Option<&str>| {
+        let mut s = serde_json::json!({"id": wamid, "status": status, "timestamp": "1750030073",
+            "recipient_user_id": user});
+        if let Some(op) = callback {
+            s["biz_opaque_callback_data"] = op.into();
+        }
+        value(serde_json::json!({ "statuses": [s] }))
+    };
+    post_signed(&env, &status("wamid.U1", "delivered", Some("op-u"))).await;
+    assert!(env.wait_state("op-u", OperationState::Delivered).await);
+    // Without callback data, the wamid link matches it.
+    env.ledger.create(&entry_in("op-v", OperationState::Sent)).await.expect("ledger");
+    env.ledger.link_wamid("wamid.V1", "op-v").await.expect("link");
+    post_signed(&env, &status("wamid.V1", "read", None)).await;
+    assert!(env.wait_state("op-v", OperationState::Read).await);
+
+    let inbound = value(serde_json::json!({"messages": [{"from_user_id": user, "id": "wamid.IN1",
+        "timestamp": "1749416383", "type": "text", "text": {"body": "hi"}}]}));
+    post_signed(&env, &inbound).await;
+    assert!(env.wait_count(names::INBOUND_STREAM, 1).await);
+    let m = env.last(names::INBOUND_STREAM, &names::inbound_subject(PHONE)).await;
+    let m = InboundMessage::decode(m.payload.as_ref()).expect("InboundMessage");
+    assert_eq!((m.from.as_str(), m.from_user_id.as_str(), m.wamid.as_str()), ("", user, "wamid.IN1"));
+    assert!(env.wait_count(names::WEBHOOK_STREAM, 0).await, "every delivery acked");
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn credential_errors_raise_a_credentials_signal() {
     let env = start(|_| {}).await;

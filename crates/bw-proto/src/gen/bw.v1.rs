@@ -558,7 +558,9 @@ pub struct SendRequest {
     /// Meta phone number id of the sender (digits). With waba_id it forms the breaker scope.
     #[prost(string, tag = "3")]
     pub phone_number_id: ::prost::alloc::string::String,
-    /// Recipient in E.164 with a leading '+', for example "+5491155551234". Logged only masked.
+    /// Recipient: a phone number in E.164 with a leading '+' ("+5491155551234"), sent as Meta's `to`, or a
+    /// business-scoped user id ("US.13491208655302741918", reference §6), sent as Meta's `recipient`. A user id is
+    /// scoped to the sender's business portfolio. Logged only masked.
     #[prost(string, tag = "4")]
     pub recipient: ::prost::alloc::string::String,
     /// Category, which decides the priority lane.
@@ -1422,7 +1424,7 @@ pub struct InboundMessage {
     pub phone_number_id: ::prost::alloc::string::String,
     #[prost(string, tag = "3")]
     pub wamid: ::prost::alloc::string::String,
-    /// Sender's wa_id (the customer's number without '+').
+    /// Sender's wa_id (the customer's number without '+'). Empty when Meta sent only the user id (reference §6).
     #[prost(string, tag = "4")]
     pub from: ::prost::alloc::string::String,
     #[prost(int64, tag = "5")]
@@ -1432,6 +1434,9 @@ pub struct InboundMessage {
     /// The message object as JSON, untouched.
     #[prost(string, tag = "7")]
     pub message_json: ::prost::alloc::string::String,
+    /// The sender's business-scoped user id (`from_user_id`, `US.1349...`), when Meta sent one.
+    #[prost(string, tag = "8")]
+    pub from_user_id: ::prost::alloc::string::String,
 }
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
