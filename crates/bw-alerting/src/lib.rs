@@ -209,7 +209,7 @@ pub(crate) fn settle(outcome: Result<(), engine::EventError>) -> Settle<EventRes
 
 async fn handle(engine: &engine::Engine, msg: Message) {
     let subject = msg.subject.to_string();
-    let kind = if subject.starts_with("bw.breaker.v1.") { "breaker" } else { "signal" };
+    let kind = if bw_common::names::is_breaker_subject(&subject) { "breaker" } else { "signal" };
     let span = tracing::info_span!("alerting.event", subject = %subject, result = tracing::field::Empty);
     bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
     let outcome = async {

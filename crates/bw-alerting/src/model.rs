@@ -3,11 +3,11 @@
 use bw_common::proto::{AlertState, AlertStatus, Severity};
 
 /// KV bucket of alert states (key = dedup key). Owned by this service and created at start.
-pub const STATE_BUCKET: &str = "BW_ALERTS";
+pub const STATE_BUCKET: &str = bw_common::names::ALERTS_BUCKET;
 /// Durable consumer of the alerting instances on BW_EVENTS (breaker transitions and signals).
 pub const CONSUMER: &str = "alerting";
 /// Subjects the event consumer reads.
-pub const EVENT_FILTERS: [&str; 2] = ["bw.breaker.v1.>", "bw.signal.v1.>"];
+pub const EVENT_FILTERS: [&str; 2] = [bw_common::names::BREAKER_ALL, bw_common::names::SIGNAL_ALL];
 
 /// Every rule: its name (subject token, metric label, dedup-key prefix) and runbook file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -50,17 +50,16 @@ pub enum OpAction {
     },
 }
 
-const FEED_STREAM: &str = "BW_FEED";
 const MAX_EVENTS: usize = 500;
 
 async fn journey(js: &jetstream::Context, phone: &str, key: &str) -> anyhow::Result<Vec<OutcomeEvent>> {
     use bw_common::tenancy;
-    let Ok(stream) = js.get_stream(FEED_STREAM).await else { return Ok(Vec::new()) };
+    let Ok(stream) = js.get_stream(bw_common::names::FEED_STREAM).await else { return Ok(Vec::new()) };
     let (tenant, op) = tenancy::split_operation_key(key);
     let mut filters = vec![tenancy::feed_subject(tenant, phone, op)];
     if tenant == tenancy::DEFAULT_TENANT {
         // Events published before tenants existed.
-        filters.push(format!("bw.feed.v1.{phone}.{op}"));
+        filters.push(tenancy::feed_subject_before_tenants(phone, op));
     }
     let config = consumer::pull::Config {
         filter_subjects: filters,
@@ -305,8 +304,8 @@ mod tests {
         bw_common::ledger::Ledger::new(&deps.buckets).create(&entry).await.expect("ledger");
         deps.js
             .get_or_create_stream(jetstream::stream::Config {
-                name: FEED_STREAM.into(),
-                subjects: vec!["bw.feed.v1.>".into()],
+                name: bw_common::names::FEED_STREAM.into(),
+                subjects: vec![bw_common::names::FEED_ALL.into()],
                 ..Default::default()
             })
             .await

@@ -130,7 +130,7 @@ impl Client {
     /// Asks ingest where an operation is (`bw.status.v1.<phone_number_id>`): the current state and its journey.
     /// `found == false` when the sender has no such operation. Retries timeouts like [`Client::send`].
     pub async fn status(&self, phone_number_id: &str, operation_id: &str) -> Result<StatusReply, Error> {
-        let subject = format!("bw.status.v1.{phone_number_id}");
+        let subject = names::status_subject(phone_number_id);
         let payload: bytes::Bytes = StatusQuery { operation_id: operation_id.to_string() }.encode_to_vec().into();
         let op = operation_id.to_string();
         let tries = self.options.tries.max(1);
@@ -193,7 +193,7 @@ pub async fn follow(
         Some(phone) => tenancy::feed_sender_filter(tenant, phone),
         None => tenancy::feed_filter(tenant),
     };
-    let stream = js.get_stream_no_info(FEED_STREAM).await.map_err(|e| FeedError(e.to_string()))?;
+    let stream = js.get_stream_no_info(names::FEED_STREAM).await.map_err(|e| FeedError(e.to_string()))?;
     let config = consumer::pull::Config {
         name: Some(name.clone()),
         durable_name: Some(name),
@@ -208,9 +208,6 @@ pub async fn follow(
     let messages = consumer.messages().await.map_err(|e| FeedError(e.to_string()))?;
     Ok(Feed { messages })
 }
-
-/// The outcome feed stream.
-const FEED_STREAM: &str = "BW_FEED";
 
 /// The feed could not be followed (stream or consumer unavailable).
 #[derive(Debug, thiserror::Error)]

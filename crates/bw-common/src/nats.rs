@@ -218,7 +218,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
         .chain([
             work_stream(
                 names::UNKNOWN_STREAM,
-                vec!["bw.unknown.v1.>".into()],
+                vec![names::UNKNOWN_ALL.into()],
                 (limits.dlq_max_msgs, limits.unknown_max_bytes),
                 replicas,
                 dedup,
@@ -235,7 +235,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
                 discard: stream::DiscardPolicy::New,
                 ..kept_stream(
                     names::QUARANTINE_STREAM,
-                    vec!["bw.quarantine.v1.>".into()],
+                    vec![names::QUARANTINE_ALL.into()],
                     (limits.quarantine_max_msgs, limits.quarantine_max_bytes),
                     Duration::ZERO,
                     replicas,
@@ -245,7 +245,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
             // filling the disk or refusing the producer's precise answer.
             kept_stream(
                 names::REJECTED_STREAM,
-                vec!["bw.rejected.v1.>".into()],
+                vec![names::REJECTED_ALL.into()],
                 (1_000_000, limits.rejected_max_bytes),
                 7 * day,
                 replicas,
@@ -255,7 +255,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
             // and with it the statuses of outbound messages, until the reader caught up.
             kept_stream(
                 names::INBOUND_STREAM,
-                vec!["bw.inbound.v1.>".into()],
+                vec![names::INBOUND_ALL.into()],
                 (10_000_000, limits.inbound_max_bytes),
                 7 * day,
                 replicas,

@@ -179,9 +179,9 @@ async fn spawn_watchers(
     observed: Arc<Mutex<Observed>>,
     started: Instant,
 ) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
-    let mut transitions = nats.subscribe("bw.breaker.v1.>").await?;
-    let mut outcomes = nats.subscribe("bw.outcome.v1.>").await?;
-    let mut alerts = nats.subscribe("bw.alert.v1.>").await?;
+    let mut transitions = nats.subscribe(names::BREAKER_ALL).await?;
+    let mut outcomes = nats.subscribe(names::OUTCOME_ALL).await?;
+    let mut alerts = nats.subscribe(names::ALERT_ALL).await?;
     let o3 = observed.clone();
     let t3 = tokio::spawn(async move {
         while let Some(msg) = alerts.next().await {

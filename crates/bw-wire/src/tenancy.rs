@@ -120,6 +120,11 @@ pub fn feed_subject(tenant: &str, phone_number_id: &str, operation_id: &str) -> 
     format!("bw.feed.v1.{tenant}.{phone_number_id}.{operation_id}")
 }
 
+/// The feed subject of an operation of the tenant [`DEFAULT_TENANT`] written before tenants existed.
+pub fn feed_subject_before_tenants(phone_number_id: &str, operation_id: &str) -> String {
+    format!("bw.feed.v1.{phone_number_id}.{operation_id}")
+}
+
 /// The feed filter of every operation of a tenant.
 pub fn feed_filter(tenant: &str) -> String {
     format!("bw.feed.v1.{tenant}.>")
