@@ -15,4 +15,26 @@ fi
 NATS_SERVER_BIN=$(command -v nats-server)
 export NATS_SERVER_BIN PATH
 cargo build --release --locked --bins
-exec target/release/bw-drill "$@"
+# The operator console (read only, no key needed) on the drill's NATS while the drill runs: started when the drill
+# says where its nats-server is, stopped when the drill ends. BW_DEMO_CONSOLE sets its address.
+console_listen="${BW_DEMO_CONSOLE:-127.0.0.1:9180}"
+console_bin="${BW_DEMO_CONSOLE_BIN:-target/release/bw-console}"
+drill_bin="${BW_DEMO_DRILL_BIN:-target/release/bw-drill}"
+set +e
+"$drill_bin" "$@" | {
+  console_pid=""
+  trap 'if [ -n "$console_pid" ]; then kill "$console_pid" 2>/dev/null; fi' EXIT
+  trap 'exit 130' INT TERM
+  while IFS= read -r line; do
+    printf '%s\n' "$line"
+    if [ -z "$console_pid" ] && [[ "$line" =~ ^nats-server\ (nats://[^ ]+) ]]; then
+      mkdir -p .drill
+      BW_CONSOLE__NATS__URL="${BASH_REMATCH[1]}" BW_CONSOLE__REDIS__URL="" BW_CONSOLE__ADMIN__LISTEN="127.0.0.1:0" \
+        BW_CONSOLE__CONSOLE__LISTEN="$console_listen" BW_CONSOLE__AUTH__VIEWERS_WITHOUT_KEY=true \
+        "$console_bin" >.drill/console.log 2>&1 &
+      console_pid=$!
+      echo "operator console (read only): http://$console_listen/  (log .drill/console.log)"
+    fi
+  done
+}
+exit "${PIPESTATUS[0]}"

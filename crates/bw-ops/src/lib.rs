@@ -26,6 +26,7 @@ pub mod resend;
 pub mod scan;
 pub mod senders;
 pub mod tenants;
+pub mod views;
 
 use bw_common::ledger::LedgerError;
 use bw_common::nats::PublishError;

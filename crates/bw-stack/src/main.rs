@@ -1,7 +1,8 @@
 //! `bw-stack`: every Breakwater service in one process, for local use (production runs each service as its own
 //! binary, N copies each). Each service reads its usual config (compiled defaults, then `BW_<SERVICE>__*`
 //! environment variables) and serves its own admin port; `--with-simulator` also starts the Meta simulator
-//! and points the dispatcher and its webhooks at it. Stop with SIGTERM or Ctrl-C.
+//! and points the dispatcher and its webhooks at it. The operator console (`bw-console`) listens on 127.0.0.1:9180
+//! unless `BW_CONSOLE__CONSOLE__LISTEN` says otherwise. Stop with SIGTERM or Ctrl-C.
 //!
 //! Tenancy: the stack runs ingest, the dispatcher and replay in dev mode (`tenancy.mode = "dev"`: the tenant
 //! `default` owns every number, nothing to register) unless the environment sets a mode
@@ -139,6 +140,12 @@ async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
         bw_alerting::run,
         token.clone(),
     );
+    // Local use: the console (on loopback) shows its pages without a key unless the environment says otherwise;
+    // acting still needs an operator key (BW_CONSOLE__AUTH__KEYS).
+    env.entry("BW_CONSOLE__AUTH__VIEWERS_WITHOUT_KEY".to_string()).or_insert_with(|| "true".to_string());
+    let console: bw_console::Config = load("console", bw_console::DEFAULT_CONFIG, &env)?;
+    tracing::info!(url = %format!("http://{}/", console.console.listen), "operator console (bw-console)");
+    start(&mut services, "console", console, bw_console::run, token.clone());
     tracing::info!("all services running; SIGTERM or Ctrl-C stops them");
     // The first service to end (an error at start-up, say a taken port, or later) stops the others: a stack
     // that went on without one of its services would look up while it is not.
@@ -205,5 +212,12 @@ mod tests {
         let dispatcher: bw_dispatcher::Config =
             load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env).expect("dispatcher loads");
         assert_eq!(dispatcher.tenancy.mode, bw_common::tenancy::TenancyMode::Registry);
+    }
+
+    #[test]
+    fn the_console_loads_its_defaults_on_loopback() {
+        let console: bw_console::Config =
+            load("console", bw_console::DEFAULT_CONFIG, &HashMap::new()).expect("console loads");
+        assert!(console.console.listen.starts_with("127.0.0.1:"), "{}", console.console.listen);
     }
 }

@@ -470,6 +470,16 @@ pub fn move_msg_id(operation_id: &str, dest: &str, source_sequence: u64) -> Stri
 /// KV bucket of alerting's dedup and storm state.
 pub const ALERTS_BUCKET: &str = "BW_ALERTS";
 
+/// The console's audit stream: one message per operator action (who, what, when, scope), never a phone number,
+/// token or secret. Subjects `bw.audit.v1.<action>`.
+pub const AUDIT_STREAM: &str = "BW_AUDIT";
+/// Every audit subject.
+pub const AUDIT_SUBJECTS: &str = "bw.audit.v1.>";
+/// Subject of one audited action (`replay_incident`, `breaker_reset`...).
+pub fn audit_subject(action: &str) -> String {
+    format!("bw.audit.v1.{action}")
+}
+
 /// KV bucket of replay leases: key phone_number_id, value `<instance>|<expires unix ms>`. The lease makes one
 /// replay instance at a time drain a scope, so the per-scope replay rate holds across instances.
 pub const REPLAY_LEASE_BUCKET: &str = "BW_REPLAY_LEASES";

@@ -1,0 +1,111 @@
+//! The console under deploy/nats/accounts.conf as committed: it connects as the `operator` NATS user (the person
+//! on call's rights, the same `bwctl` has), reads every page's state, and writes the audit stream, with no
+//! permissions violation in the server's log.
+
+use crate::support::{OPERATOR_KEY, sha256_hex};
+
+const WAIT: Duration = Duration::from_secs(15);
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const USERS: [(&str, &str); 6] = [
+    ("ingest", "BW_NATS_INGEST_PASSWORD"),
+    ("dispatcher", "BW_NATS_DISPATCHER_PASSWORD"),
+    ("replay", "BW_NATS_REPLAY_PASSWORD"),
+    ("breaker-coordinator", "BW_NATS_BREAKER_COORDINATOR_PASSWORD"),
+    ("alerting", "BW_NATS_ALERTING_PASSWORD"),
+    ("operator", "BW_NATS_OPERATOR_PASSWORD"),
+];
+
+fn password(user: &str) -> String {
+    format!("test-{user}-password")
+}
+
+fn url(server: &bw_testkit::NatsServer, user: &str) -> String {
+    format!("nats://{user}:{}@127.0.0.1:{}", password(user), server.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_runs_as_the_operator_nats_user_without_a_violation() {
+    bw_common::service::install_crypto();
+    let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
+    let envs: Vec<(&str, String)> = USERS.iter().map(|(user, var)| (*var, password(user))).collect();
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let nats = bw_testkit::NatsServer::start_with_config(&conf, &envs);
+    // The services create the shared topology (ingest here), as in a deployment.
+    let mut ingest = bw_common::config::NatsConfig::single(url(&nats, "ingest"), "ingest");
+    ingest.inbox_prefix = "_INBOX_ingest".into();
+    let _ingest = bw_common::service::Deps::connect("ingest", &ingest, None, Duration::from_secs(10))
+        .await
+        .expect("ingest creates the topology");
+
+    let port = bw_testkit::free_port();
+    let pairs: Vec<(&str, String)> = vec![
+        ("nats.url", url(&nats, "operator")),
+        ("redis.url", String::new()),
+        ("admin.listen", "127.0.0.1:0".into()),
+        ("console.listen", format!("127.0.0.1:{port}")),
+        ("console.coordinator_url", format!("http://127.0.0.1:{}", bw_testkit::free_port())),
+        ("console.operator_token", "local-token".into()),
+        ("auth.keys", format!(r#"[{{ name = "alice", sha256 = "{}", role = "operator" }}]"#, sha256_hex(OPERATOR_KEY))),
+    ];
+    let env: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (format!("BW_CONSOLE__{}", k.to_ascii_uppercase().replace('.', "__")), v.clone()))
+        .collect();
+    let cfg: bw_console::Config =
+        bw_common::service::load_config("console", bw_console::DEFAULT_CONFIG, None, &env).expect("console config");
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    tokio::spawn(bw_common::service::run_service("console", cfg, bw_console::run, stop.clone()));
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let read = bw_testkit::wait_until(WAIT, || async {
+        match client.get(format!("{base}/")).bearer_auth(OPERATOR_KEY).send().await {
+            Ok(r) if r.status().is_success() => {
+                let body = r.text().await.unwrap_or_default();
+                body.contains("As read at 20") && !body.contains("The last read failed")
+            }
+            _ => false,
+        }
+    })
+    .await;
+    let violations = || {
+        let log = std::fs::read_to_string(nats.dir().join("nats.log")).unwrap_or_default();
+        log.lines().filter(|l| l.contains("Violation")).map(String::from).collect::<Vec<_>>()
+    };
+    assert!(read, "the console reads its view as the operator user: {:#?}", violations());
+    for path in ["/dlq", "/incidents", "/quarantine", "/op?id=nothing-here"] {
+        let r = client.get(format!("{base}{path}")).bearer_auth(OPERATOR_KEY).send().await.expect("answer");
+        assert!(r.status().as_u16() < 500, "{path}: {}", r.status());
+    }
+    // An action is audited even when refused (the coordinator is not running here).
+    let confirm = client
+        .get(format!("{base}/confirm?action=breaker_reset&scope=1001"))
+        .bearer_auth(OPERATOR_KEY)
+        .send()
+        .await
+        .expect("confirm")
+        .text()
+        .await
+        .expect("body");
+    let csrf = confirm.split("name=\"csrf\" value=\"").nth(1).and_then(|r| r.split('"').next()).expect("csrf");
+    let r = client
+        .post(format!("{base}/actions/breaker_reset"))
+        .bearer_auth(OPERATOR_KEY)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&confirm=yes&scope=1001"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 503, "refused: the coordinator is not reachable");
+    let operator_cfg = bw_common::config::NatsConfig::single(url(&nats, "operator"), "test-operator");
+    let operator =
+        bw_common::nats::connect(&operator_cfg, "test", Duration::from_secs(10)).await.expect("operator connects");
+    let audit = bw_console::audit::read_all(&async_nats::jetstream::new(operator)).await.expect("audit");
+    let outcomes: Vec<&str> = audit.iter().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(outcomes, ["requested", "refused"], "{audit:?}");
+    assert_eq!(violations(), Vec::<String>::new(), "no permissions violation");
+}
