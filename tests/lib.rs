@@ -203,7 +203,7 @@ impl Harness {
         ledger_partitions: usize,
         send_partitions: usize,
     ) -> Harness {
-        bw_common::service::install_crypto();
+        bw_common::crypto::install_crypto();
         let nats = NatsServer::start();
         let redis = RedisServer::start();
         let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());

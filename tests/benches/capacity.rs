@@ -20,6 +20,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const WABA_ID: &str = "102290129340398";
 const TOKEN: &str = "capacity-access-token";
 const SECRET: &str = "capacity-app-secret";
@@ -106,7 +110,7 @@ async fn read_counters(
 }
 
 fn main() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(run(n));

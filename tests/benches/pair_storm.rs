@@ -17,6 +17,10 @@ use bw_common::proto::{Category, OperationState};
 use bw_e2e::{ACCESS_TOKEN, Harness, WABA_ID};
 use std::time::Duration;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const PHONE: &str = "106540352247101";
 const RECIPIENT: &str = "+5491155550777";
 const SIZES: [usize; 2] = [12, 50];
@@ -105,7 +109,7 @@ async fn naive(n: usize) -> Row {
 }
 
 fn main() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let rows: Vec<(Row, Row)> = rt.block_on(async {
         let mut rows = Vec::new();

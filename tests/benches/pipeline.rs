@@ -30,12 +30,17 @@
 //! bound are the defaults (128 and 1,024): the larger 256 / 2,048 used before queued more sends behind the
 //! ledger writes, so more of them missed their slots, and were no faster (5,547 vs 5,504 msg/s one sender,
 //! 2,467 vs 2,948 over 200 senders, one run each).
+#![expect(clippy::disallowed_methods, reason = "the benchmark drains streams as a consumer would, without a handler")]
 
 use bw_common::names;
 use bw_common::proto::{LedgerEntry, OperationState, SendRequest};
 use bw_e2e::Harness;
 use prost::Message as _;
 use std::time::{Duration, Instant};
+
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const PHONE: &str = "106540352249999";
 
@@ -441,7 +446,7 @@ async fn outcome_with_link(n: usize) -> (f64, f64) {
 }
 
 fn main() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     rt.block_on(async {

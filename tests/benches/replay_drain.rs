@@ -17,10 +17,14 @@ use bw_e2e::{Harness, WABA_ID};
 use prost::Message as _;
 use std::time::{Duration, Instant};
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const PHONE: &str = "106540352247777";
 
 fn main() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let n: usize = std::env::var("BW_BENCH_N").ok().and_then(|v| v.parse().ok()).unwrap_or(125_000);
     let rate: f64 = std::env::var("BW_BENCH_RATE").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000.0);
     let meta_burst: u32 = std::env::var("BW_BENCH_META_BURST").ok().and_then(|v| v.parse().ok()).unwrap_or(50);

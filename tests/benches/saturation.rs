@@ -18,6 +18,10 @@
 
 use std::time::{Duration, Instant};
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const WABA_ID: &str = "102290129340398";
 const TOKEN: &str = "saturation-access-token";
 const SECRET: &str = "saturation-app-secret";
@@ -235,7 +239,7 @@ async fn raw(rate: f64, seconds: u64) -> Row {
 }
 
 fn main() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let seconds: u64 = std::env::var("BW_BENCH_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(60).max(15);
     let compiled: bw_dispatcher::Config =
         bw_common::config::load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, None, &std::collections::HashMap::new())

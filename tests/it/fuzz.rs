@@ -36,7 +36,7 @@ fn valid_request() -> SendRequest {
 
 /// What an accepted request must satisfy whatever bytes it came from.
 fn assert_accepted_is_sound(r: &SendRequest) {
-    assert!(bw_common::ledger::valid_operation_id(&r.operation_id));
+    assert!(bw_common::tenancy::valid_operation_id(&r.operation_id));
     assert!(validate::is_digits(&r.waba_id) && validate::is_digits(&r.phone_number_id));
     assert!(validate::check_recipient(&r.recipient).is_ok());
     assert!(matches!(validate::category(r), Ok(c) if c != Category::Unspecified));

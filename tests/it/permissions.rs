@@ -5,6 +5,7 @@
 //! one is purged by the operator; two are quarantined, and the operator purges one and replays the other), every
 //! bwctl command that uses NATS runs as the operator user, and nats-server logs no permissions violation; then
 //! what a user must not do is refused (the server logs it and the client gets an error), the operator included.
+#![expect(clippy::disallowed_methods, reason = "the test acks as each NATS user to prove what its permissions allow")]
 
 use bw_common::config::NatsConfig;
 use bw_common::names;
@@ -213,7 +214,7 @@ async fn every_service_runs_as_its_own_nats_user_and_nothing_else_is_allowed() {
 }
 
 async fn services_and_operator_as_their_users() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let nats = tenant_server();
     let redis = RedisServer::start();
     let ingest_http = format!("127.0.0.1:{}", bw_testkit::free_port());
@@ -638,11 +639,11 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
     let replay = deps_partitioned(&nats, "replay", None, 2, 2).await;
     let stream = replay.js.get_stream("BW_DLQ_1").await.expect("dlq partition");
     let config = async_nats::jetstream::consumer::pull::Config {
-        durable_name: Some(bw_ops::names::replay_class_consumer("p", &phone)),
+        durable_name: Some(bw_common::names::replay_class_consumer("p", &phone)),
         filter_subject: send.dlq_class_filter("p", &phone),
         ..Default::default()
     };
-    let consumer = stream.get_or_create_consumer(&bw_ops::names::replay_class_consumer("p", &phone), config).await;
+    let consumer = stream.get_or_create_consumer(&bw_common::names::replay_class_consumer("p", &phone), config).await;
     let consumer = consumer.expect("replay's consumer on BW_DLQ_1");
     {
         use futures::StreamExt;

@@ -159,7 +159,7 @@ async fn readiness_turns_503_at_once_and_the_admin_server_answers_until_the_work
         },
         stop.clone(),
     ));
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let client = reqwest::Client::new();
     let (readyz, metrics) = (format!("http://127.0.0.1:{port}/readyz"), format!("http://127.0.0.1:{port}/metrics"));
     assert!(

@@ -75,7 +75,7 @@ impl TenantStack {
     /// registry's bucket created by bwctl), checks that `bwctl senders nats-accounts` now prints exactly the file
     /// the server runs, and starts the simulator (its status webhooks aimed at ingest's address).
     pub(crate) async fn start(senders: &[Sender], mut sim_cfg: bw_meta_sim::SimConfig) -> TenantStack {
-        bw_common::service::install_crypto();
+        bw_common::crypto::install_crypto();
         let base_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf");
         let base = std::fs::read_to_string(&base_path).expect("accounts.conf");
         let records: Vec<SenderRecord> = senders

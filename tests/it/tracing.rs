@@ -413,7 +413,7 @@ async fn an_unknown_outcome_and_its_reconciliation_stay_in_the_operations_trace(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_stack_exports_an_operations_trace_to_the_otlp_endpoint() {
     const OP: &str = "e2e-trace-stack";
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let (endpoint, seen) = start_receiver().await;
     let nats = bw_testkit::NatsServer::start();
     let redis = bw_testkit::RedisServer::start();

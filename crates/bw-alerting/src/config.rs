@@ -175,7 +175,7 @@ impl ServiceConfig for Config {
 impl Config {
     /// Checks values serde cannot: zone names, ratios, enabled sinks with URLs.
     pub fn validate(&self) -> Result<(), String> {
-        crate::display::parse_zone(&self.display.time_zone)?;
+        bw_common::time::parse_zone(&self.display.time_zone)?;
         let r = &self.rules;
         if !(r.stream_near_limit_ratio > 0.0 && r.stream_near_limit_ratio < 1.0) {
             return Err(format!("rules.stream_near_limit_ratio must be in (0, 1), got {}", r.stream_near_limit_ratio));

@@ -27,7 +27,6 @@ pub use config::{
     AlertingConfig, Config, DeliveryConfig, DisplayConfig, PagerDutyConfig, RulesConfig, SinkConfig, SinksConfig,
     StormConfig,
 };
-pub use display::{format_local, format_utc, parse_zone};
 pub use model::{CONSUMER, EVENT_FILTERS, Rule, STATE_BUCKET, dedup_key, storm_key};
 
 use async_nats::jetstream::Message;
@@ -46,7 +45,7 @@ use tracing::Instrument;
 /// without having seen every `bw.alert.v1.*` message). None when the value is not an alert state.
 pub fn alert_from_state(value: &[u8]) -> Option<bw_common::proto::Alert> {
     use prost::Message as _;
-    model::AlertState::decode(value).ok()?.alert.filter(|a| !a.dedup_key.is_empty())
+    bw_common::proto::AlertState::decode(value).ok()?.alert.filter(|a| !a.dedup_key.is_empty())
 }
 
 /// Compiled defaults, every key commented.
@@ -210,7 +209,7 @@ pub(crate) fn settle(outcome: Result<(), engine::EventError>) -> Settle<EventRes
 
 async fn handle(engine: &engine::Engine, msg: Message) {
     let subject = msg.subject.to_string();
-    let kind = if subject.starts_with("bw.breaker.v1.") { "breaker" } else { "signal" };
+    let kind = if bw_common::names::is_breaker_subject(&subject) { "breaker" } else { "signal" };
     let span = tracing::info_span!("alerting.event", subject = %subject, result = tracing::field::Empty);
     bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
     let outcome = async {
@@ -244,7 +243,7 @@ mod tests {
             resolved_at_unix_ms: 5,
             ..Default::default()
         };
-        let state = crate::model::AlertState { alert: Some(alert.clone()), last_seen_unix_ms: 3, individual: true };
+        let state = bw_common::proto::AlertState { alert: Some(alert.clone()), last_seen_unix_ms: 3, individual: true };
         assert_eq!(super::alert_from_state(&state.encode_to_vec()), Some(alert));
         assert_eq!(super::alert_from_state(b"\xff\xff"), None);
         assert_eq!(super::alert_from_state(&[]), None);

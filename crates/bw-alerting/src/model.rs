@@ -1,13 +1,13 @@
 //! Rules, dedup keys and the alert state kept in the KV bucket.
 
-use bw_common::proto::{Alert, AlertStatus, Severity};
+use bw_common::proto::{AlertState, AlertStatus, Severity};
 
 /// KV bucket of alert states (key = dedup key). Owned by this service and created at start.
-pub const STATE_BUCKET: &str = "BW_ALERTS";
+pub const STATE_BUCKET: &str = bw_common::names::ALERTS_BUCKET;
 /// Durable consumer of the alerting instances on BW_EVENTS (breaker transitions and signals).
 pub const CONSUMER: &str = "alerting";
 /// Subjects the event consumer reads.
-pub const EVENT_FILTERS: [&str; 2] = ["bw.breaker.v1.>", "bw.signal.v1.>"];
+pub const EVENT_FILTERS: [&str; 2] = [bw_common::names::BREAKER_ALL, bw_common::names::SIGNAL_ALL];
 
 /// Every rule: its name (subject token, metric label, dedup-key prefix) and runbook file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -127,25 +127,18 @@ fn sanitize(raw: &str) -> String {
     raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '_' }).collect()
 }
 
-/// What the KV bucket holds per dedup key: the alert as last notified, plus bookkeeping.
-#[derive(Clone, PartialEq, prost::Message)]
-pub(crate) struct AlertState {
-    #[prost(message, optional, tag = "1")]
-    pub alert: Option<Alert>,
-    /// Last time the condition was seen (signals); quiet rules resolve from here.
-    #[prost(int64, tag = "2")]
-    pub last_seen_unix_ms: i64,
-    /// Whether the firing was notified on its own (true) or only inside a storm digest (false).
-    #[prost(bool, tag = "3")]
-    pub individual: bool,
+/// Reads of the state the KV bucket holds per dedup key (`bw_common::proto::AlertState`).
+pub(crate) trait AlertStateExt {
+    fn is_firing(&self) -> bool;
+    fn severity(&self) -> Severity;
 }
 
-impl AlertState {
-    pub(crate) fn is_firing(&self) -> bool {
+impl AlertStateExt for AlertState {
+    fn is_firing(&self) -> bool {
         self.alert.as_ref().is_some_and(|a| a.status == AlertStatus::Firing as i32)
     }
 
-    pub(crate) fn severity(&self) -> Severity {
+    fn severity(&self) -> Severity {
         self.alert.as_ref().and_then(|a| Severity::try_from(a.severity).ok()).unwrap_or(Severity::Unspecified)
     }
 }

@@ -96,7 +96,7 @@ pub(crate) fn spawn(
     tracker: &TaskTracker,
 ) -> anyhow::Result<Notifier> {
     let ctx = RenderContext {
-        zone: crate::display::parse_zone(&cfg.display.time_zone).map_err(anyhow::Error::msg)?,
+        zone: bw_common::time::parse_zone(&cfg.display.time_zone).map_err(anyhow::Error::msg)?,
         source: cfg.display.source.clone(),
     };
     let http = reqwest::Client::builder()

@@ -5,10 +5,11 @@
 use crate::config::{AlertingConfig, RulesConfig};
 use crate::engine::Engine;
 use crate::metrics::labels;
-use crate::model::{AlertState, FLEET, Firing, Rule, STORM_TARGET, dedup_key, storm_key};
+use crate::model::{AlertStateExt as _, FLEET, Firing, Rule, STORM_TARGET, dedup_key, storm_key};
 use async_nats::jetstream::{self, kv};
 use bw_common::names;
 use bw_common::nats::LaneReading;
+use bw_common::proto::AlertState;
 use bw_common::proto::{BreakerState, ScopeSnapshot, Severity};
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;

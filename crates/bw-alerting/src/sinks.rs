@@ -6,11 +6,11 @@
 //! may be secrets and are never logged.
 
 use crate::config::DeliveryConfig;
-use crate::display::{format_local, format_utc, rfc3339};
 use crate::metrics::{Metrics, labels};
 use crate::model::severity_word;
 use bw_common::proto::{Alert, AlertStatus};
-use chrono_tz::Tz;
+use bw_common::time::Tz;
+use bw_common::time::{format_local, format_utc, rfc3339_ms as rfc3339};
 use serde_json::{Value, json};
 use std::time::Duration;
 

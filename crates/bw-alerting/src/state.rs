@@ -4,8 +4,9 @@
 //! exactly one instance wins each create/update, and only the winner notifies. Resolved alerts stay as
 //! tombstones (with `resolved_at`), so a late or redelivered event older than the resolution is ignored.
 
-use crate::model::{AlertState, Firing, STATE_BUCKET, dedup_key};
+use crate::model::{AlertStateExt as _, Firing, STATE_BUCKET, dedup_key};
 use async_nats::jetstream::{self, kv};
+use bw_common::proto::AlertState;
 use bw_common::proto::{Alert, AlertStatus, Severity};
 use futures::TryStreamExt;
 use prost::Message;

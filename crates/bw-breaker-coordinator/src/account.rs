@@ -348,7 +348,7 @@ impl Coordinator {
                 tokio::select! {
                     settle = &mut work => break settle,
                     _ = still_working.tick() => {
-                        let _ = msg.ack_with(async_nats::jetstream::AckKind::Progress).await;
+                        bw_common::disposition::progress(&msg).await;
                     }
                 }
             };

@@ -14,6 +14,10 @@ use bw_breaker::{
 };
 use std::time::{Duration, Instant};
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const TASKS: usize = 16;
 const BATCH: usize = 32;
 const RUN: Duration = Duration::from_secs(8);

@@ -152,7 +152,7 @@ async fn operator_post(
     what: &str,
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let url = format!("{}{path}", base.trim_end_matches('/'));
     let mut request = reqwest::Client::new()
         .post(&url)
@@ -188,7 +188,7 @@ async fn operator_post(
 
 /// `GET {base}/admin/leader`: the lease holder, and whether the instance that answered leads.
 async fn leader(base: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let url = format!("{}/admin/leader", base.trim_end_matches('/'));
     let response = reqwest::Client::new()
         .get(&url)

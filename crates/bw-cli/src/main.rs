@@ -3,6 +3,10 @@
 
 use clap::Parser;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = bw_cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -50,17 +50,16 @@ pub enum OpAction {
     },
 }
 
-const FEED_STREAM: &str = "BW_FEED";
 const MAX_EVENTS: usize = 500;
 
 async fn journey(js: &jetstream::Context, phone: &str, key: &str) -> anyhow::Result<Vec<OutcomeEvent>> {
     use bw_common::tenancy;
-    let Ok(stream) = js.get_stream(FEED_STREAM).await else { return Ok(Vec::new()) };
+    let Ok(stream) = js.get_stream(bw_common::names::FEED_STREAM).await else { return Ok(Vec::new()) };
     let (tenant, op) = tenancy::split_operation_key(key);
     let mut filters = vec![tenancy::feed_subject(tenant, phone, op)];
     if tenant == tenancy::DEFAULT_TENANT {
         // Events published before tenants existed.
-        filters.push(format!("bw.feed.v1.{phone}.{op}"));
+        filters.push(tenancy::feed_subject_before_tenants(phone, op));
     }
     let config = consumer::pull::Config {
         filter_subjects: filters,
@@ -89,27 +88,7 @@ async fn journey(js: &jetstream::Context, phone: &str, key: &str) -> anyhow::Res
 /// Masks runs of 8 or more digits (a phone number in a free text) with `bw_common::mask::phone`; Meta error
 /// codes (at most 6 digits) stay readable.
 fn mask_digits(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut run = String::new();
-    let flush = |run: &mut String, out: &mut String| {
-        let digits = run.trim_start_matches('+').len();
-        if digits >= 8 {
-            out.push_str(&bw_common::mask::phone(run));
-        } else {
-            out.push_str(run);
-        }
-        run.clear();
-    };
-    for c in text.chars() {
-        if c.is_ascii_digit() || (c == '+' && run.is_empty()) {
-            run.push(c);
-        } else {
-            flush(&mut run, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut run, &mut out);
-    out
+    bw_common::mask::digit_runs(text, 8, bw_common::mask::phone)
 }
 
 fn event_name(e: &OutcomeEvent) -> String {
@@ -174,7 +153,7 @@ fn key_of(operation_id: &str, tenant: Option<&str>) -> Result<String, &'static s
         Some(t) if !tenancy::valid_tenant(t) => {
             Err("not a tenant: 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit")
         }
-        Some(_) if !bw_common::ledger::valid_operation_id(operation_id) => {
+        Some(_) if !bw_common::tenancy::valid_operation_id(operation_id) => {
             Err("not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")
         }
         Some(t) => Ok(tenancy::operation_key(t, operation_id)),
@@ -325,8 +304,8 @@ mod tests {
         bw_common::ledger::Ledger::new(&deps.buckets).create(&entry).await.expect("ledger");
         deps.js
             .get_or_create_stream(jetstream::stream::Config {
-                name: FEED_STREAM.into(),
-                subjects: vec!["bw.feed.v1.>".into()],
+                name: bw_common::names::FEED_STREAM.into(),
+                subjects: vec![bw_common::names::FEED_ALL.into()],
                 ..Default::default()
             })
             .await

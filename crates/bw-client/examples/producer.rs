@@ -14,7 +14,7 @@
 //! ```
 
 use bw_client::{Client, Request};
-use bw_common::proto::OutcomeKind;
+use bw_proto::v1::OutcomeKind;
 use std::time::{Duration, Instant};
 
 fn kind(k: OutcomeKind) -> String {

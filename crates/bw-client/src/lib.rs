@@ -19,12 +19,12 @@
 //! Entry points: [`tenant_options`], [`Client::new`], [`Client::send`], [`Client::status`], [`follow`],
 //! [`Request`] (builder).
 
-use bw_common::names;
-use bw_common::proto::{
+use bw_proto::v1::{
     Category, IntakeReply, OutcomeEvent, RejectReason, SendRequest, StatusQuery, StatusReply, TemplatePayload,
     TextPayload, send_request::Payload,
 };
-use bw_common::tenancy;
+use bw_wire::names;
+use bw_wire::tenancy;
 use prost::Message as _;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -97,7 +97,7 @@ impl Client {
         let mut last = String::new();
         for attempt in 1..=tries {
             let mut headers = async_nats::HeaderMap::new();
-            bw_common::telemetry::inject(&tracing::Span::current(), &mut headers);
+            bw_wire::trace::inject(&tracing::Span::current(), &mut headers);
             let req = async_nats::Request::new()
                 .payload(payload.clone())
                 .headers(headers)
@@ -130,7 +130,7 @@ impl Client {
     /// Asks ingest where an operation is (`bw.status.v1.<phone_number_id>`): the current state and its journey.
     /// `found == false` when the sender has no such operation. Retries timeouts like [`Client::send`].
     pub async fn status(&self, phone_number_id: &str, operation_id: &str) -> Result<StatusReply, Error> {
-        let subject = format!("bw.status.v1.{phone_number_id}");
+        let subject = names::status_subject(phone_number_id);
         let payload: bytes::Bytes = StatusQuery { operation_id: operation_id.to_string() }.encode_to_vec().into();
         let op = operation_id.to_string();
         let tries = self.options.tries.max(1);
@@ -193,7 +193,7 @@ pub async fn follow(
         Some(phone) => tenancy::feed_sender_filter(tenant, phone),
         None => tenancy::feed_filter(tenant),
     };
-    let stream = js.get_stream_no_info(FEED_STREAM).await.map_err(|e| FeedError(e.to_string()))?;
+    let stream = js.get_stream_no_info(names::FEED_STREAM).await.map_err(|e| FeedError(e.to_string()))?;
     let config = consumer::pull::Config {
         name: Some(name.clone()),
         durable_name: Some(name),
@@ -208,9 +208,6 @@ pub async fn follow(
     let messages = consumer.messages().await.map_err(|e| FeedError(e.to_string()))?;
     Ok(Feed { messages })
 }
-
-/// The outcome feed stream.
-const FEED_STREAM: &str = "BW_FEED";
 
 /// The feed could not be followed (stream or consumer unavailable).
 #[derive(Debug, thiserror::Error)]
@@ -230,6 +227,10 @@ pub struct FeedItem {
 
 impl FeedItem {
     /// Marks the event handled (the durable consumer moves past it).
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the producer's own acknowledgement; producers do not link bw-common"
+    )]
     pub async fn ack(&self) -> Result<(), FeedError> {
         self.message.ack().await.map_err(|e| FeedError(e.to_string()))
     }
@@ -237,6 +238,7 @@ impl FeedItem {
 
 impl Feed {
     /// The next event; None when the connection closes. Undecodable messages are acked and skipped.
+    #[expect(clippy::disallowed_methods, reason = "the producer client skips what it cannot decode; no bw-common here")]
     pub async fn next(&mut self) -> Option<Result<FeedItem, FeedError>> {
         use futures::StreamExt;
         loop {

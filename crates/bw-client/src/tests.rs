@@ -146,7 +146,7 @@ async fn a_tenant_follows_its_own_feed_with_its_own_rights_only() {
     let ingest_js = async_nats::jetstream::new(ingest);
     ingest_js
         .get_or_create_stream(async_nats::jetstream::stream::Config {
-            name: FEED_STREAM.into(),
+            name: names::FEED_STREAM.into(),
             subjects: vec!["bw.feed.v1.>".into()],
             ..Default::default()
         })

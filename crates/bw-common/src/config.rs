@@ -370,9 +370,9 @@ impl RedisConfig {
 
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let nodes: Vec<String> = self.cluster_nodes.iter().map(|n| crate::nats::redact_url(n)).collect();
+        let nodes: Vec<String> = self.cluster_nodes.iter().map(|n| redact_url(n)).collect();
         f.debug_struct("RedisConfig")
-            .field("url", &crate::nats::redact_url(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("cluster_nodes", &nodes)
             .field("username", &self.username)
             .field("password", &if self.password.is_empty() { "<none>" } else { "<redacted>" })
@@ -425,6 +425,18 @@ impl Default for TelemetryConfig {
 /// Reads the process environment into a map (only `main` calls this).
 pub fn process_env() -> HashMap<String, String> {
     std::env::vars().collect()
+}
+
+/// `urls` with any `user:password@` replaced by `***@`, for logs and errors.
+pub fn redact_url(urls: &str) -> String {
+    urls.split(',')
+        .map(|u| match (u.find("://"), u.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &u[..scheme + 3], &u[at..]),
+            (None, Some(at)) => format!("***{}", &u[at..]),
+            _ => u.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 #[cfg(test)]
@@ -510,5 +522,15 @@ mod tests {
         let err = load::<Sample>("dispatcher", DEFAULTS, Some(Path::new("/nonexistent/x.toml")), &HashMap::new())
             .expect_err("missing file");
         assert!(err.to_string().contains("/nonexistent/x.toml"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod redact_tests {
+    #[test]
+    fn credentials_never_show_in_urls() {
+        assert_eq!(super::redact_url("nats://svc:s3cret@10.0.0.5:4222"), "nats://***@10.0.0.5:4222");
+        assert_eq!(super::redact_url("nats://a:4222, nats://u:p@b:4222"), "nats://a:4222, nats://***@b:4222");
+        assert_eq!(super::redact_url("u:p@h:1"), "***@h:1");
     }
 }

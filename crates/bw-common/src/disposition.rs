@@ -4,7 +4,9 @@
 //! [`Settle`]: a typed [`Disposition`] (ack / nak after a delay / term / in progress) and the service's own typed
 //! result (an enum implementing [`Label`]). [`apply`] is the only code that talks to the broker about the
 //! message: it acks, naks or terminates it, records the `result` span field and counts the result in the
-//! service's metric. A handler never calls `ack_with` itself.
+//! service's metric; [`progress`] is the one way to extend a message's ack wait. A handler never calls `ack`
+//! or `ack_with` itself: clippy's `disallowed-methods` (clippy.toml) refuses it outside this module, and tests
+//! and tools that settle messages themselves say why with `#[expect(clippy::disallowed_methods, reason)]`.
 
 use async_nats::jetstream::{self, AckKind};
 use std::time::Duration;
@@ -90,16 +92,22 @@ pub async fn with_progress<T>(
     loop {
         tokio::select! {
             done = &mut work => return done,
-            _ = tick.tick() => {
-                let _ = msg.ack_with(Disposition::Progress.ack_kind()).await;
-            }
+            _ = tick.tick() => progress(msg).await,
         }
     }
+}
+
+/// Tells the broker the handler is still working on `msg` (extends its ack wait). A signal the broker does
+/// not take changes nothing: the message is redelivered after its ack wait and settled again.
+#[expect(clippy::disallowed_methods, reason = "the one place that extends a message's ack wait")]
+pub async fn progress(msg: &jetstream::Message) {
+    let _ = msg.ack_with(Disposition::Progress.ack_kind()).await;
 }
 
 /// Applies a handler's decision to its message: the acknowledgement, the `result` field of `span` and the
 /// service's result counter (`count`). An acknowledgement the broker does not take is logged at debug level:
 /// the message is then redelivered after its ack wait and the handler, being idempotent, settles it again.
+#[expect(clippy::disallowed_methods, reason = "the one place that settles a consumer's message")]
 pub async fn apply<R: Label>(
     msg: &jetstream::Message,
     settle: Settle<R>,

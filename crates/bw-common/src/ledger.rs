@@ -30,17 +30,6 @@ pub struct Versioned {
     pub revision: u64,
 }
 
-/// True when `id` is a valid operation id: 1..=128 chars of `[A-Za-z0-9_=.-]`, not starting or ending with
-/// `.` and without `..` (it is used verbatim as a KV key and a JetStream message id).
-pub fn valid_operation_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'=' | b'.' | b'-'))
-        && !id.starts_with('.')
-        && !id.ends_with('.')
-        && !id.contains("..")
-}
-
 fn rank(state: OperationState) -> u8 {
     match state {
         // Held by Meta (template pacing) comes before sent: Meta's release moves it on, nothing moves it back.
@@ -380,16 +369,6 @@ pub fn wamid_key(wamid: &str) -> String {
 mod tests {
     use super::*;
     use OperationState::*;
-
-    #[test]
-    fn operation_ids() {
-        for ok in ["a", "order-123", "op_1.x=2", &"x".repeat(128)] {
-            assert!(valid_operation_id(ok), "{ok}");
-        }
-        for bad in ["", ".a", "a.", "a..b", "a b", "a/b", "ü", &"x".repeat(129), "a*", "a>"] {
-            assert!(!valid_operation_id(bad), "{bad}");
-        }
-    }
 
     #[test]
     fn a_reopen_never_moves_a_delivered_message_back() {

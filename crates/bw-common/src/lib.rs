@@ -13,29 +13,24 @@ pub mod api_versions;
 pub mod attempts;
 pub mod classify;
 pub mod config;
+pub mod crypto;
 pub mod disposition;
 pub mod jitter;
 pub mod ledger;
 pub mod mask;
 pub mod moves;
-pub mod names;
 pub mod nats;
 pub mod redis_conn;
 pub mod registry;
 pub mod service;
 pub mod shutdown;
 pub mod telemetry;
-pub mod tenancy;
 pub mod time;
 
 pub use bw_proto::v1 as proto;
-
-/// The allocator of every Breakwater binary, and of the tests and benchmarks that link this crate (so a
-/// benchmark measures what the services run). glibc's malloc and free took about 30 % of the CPU of the
-/// pipeline benchmark's process (dispatcher and simulator) in `perf`: thousands of small allocations per message
-/// (protobuf, headers, spans, futures) freed on other worker threads.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+/// The wire names and tenancy names live in the leaf crate `bw-wire` (so `bw-client` links them alone); every
+/// service reaches them here.
+pub use bw_wire::{names, tenancy};
 
 /// The two innermost causes of an error, outermost first joined by ` <- ` (an HTTP client's error chain: the
 /// outer layers repeat the URL and add nothing).

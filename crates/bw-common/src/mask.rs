@@ -55,6 +55,32 @@ pub fn recipient_key(number: &str) -> String {
     hex::encode(&hash[..8])
 }
 
+/// Replaces every run of at least `min_digits` digits in free text (a phone number, perhaps) by `replace(run)`;
+/// shorter runs (Meta's error codes) stay. A run may start with a `+` that does not follow a digit; `replace`
+/// gets the run with it.
+pub fn digit_runs(text: &str, min_digits: usize, replace: impl Fn(&str) -> String) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if run.trim_start_matches('+').len() >= min_digits {
+            out.push_str(&replace(run));
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() || (c == '+' && run.is_empty()) {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
 /// Masks free text that may hold personal data: keeps its length only.
 pub fn body(text: &str) -> String {
     format!("<{} chars>", text.chars().count())
@@ -71,6 +97,16 @@ mod tests {
         assert_eq!(super::recipient_key("+5491155551234"), super::recipient_key("5491155551234"));
         assert_eq!(super::recipient_key("+5491155551234").len(), 16);
         assert_eq!(super::body("hola"), "<4 chars>");
+    }
+
+    #[test]
+    fn digit_runs_are_replaced_from_their_length_and_codes_stay() {
+        let phones = |t: &str| super::digit_runs(t, 8, super::phone);
+        assert_eq!(phones("to +5491155551234: 131026"), "to +549*******234: 131026");
+        assert_eq!(phones("code 1234567 stays"), "code 1234567 stays");
+        let hidden = |t: &str| super::digit_runs(t, 7, |_| "<digits>".into());
+        assert_eq!(hidden("a +"), "a +");
+        assert_eq!(hidden("5491155551234x"), "<digits>x");
     }
 
     #[test]

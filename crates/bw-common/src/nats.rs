@@ -3,7 +3,7 @@
 //! [`ensure_topology`] creates every stream and KV bucket idempotently; every service calls it at start, so
 //! any start order works. Names come from [`crate::names`].
 
-use crate::config::{NatsConfig, StreamLimits};
+use crate::config::{NatsConfig, StreamLimits, redact_url};
 use crate::names;
 use async_nats::jetstream::{self, kv, stream};
 use std::time::Duration;
@@ -106,18 +106,6 @@ pub async fn connect_watched(
     }
 }
 
-/// `urls` with any `user:password@` replaced by `***@`, for logs and errors.
-pub fn redact_url(urls: &str) -> String {
-    urls.split(',')
-        .map(|u| match (u.find("://"), u.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &u[..scheme + 3], &u[at..]),
-            (None, Some(at)) => format!("***{}", &u[at..]),
-            _ => u.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 #[cfg(test)]
 mod tls_tests {
     /// A CA file that cannot be read fails the connection at once, naming the setting.
@@ -130,16 +118,6 @@ mod tls_tests {
         let error =
             super::connect(&cfg, "test", std::time::Duration::from_secs(600)).await.err().map(|e| e.to_string());
         assert!(error.is_some_and(|e| e.contains("nats.tls_ca_file `/nonexistent/bw-nats-ca.crt` cannot be read")));
-    }
-}
-
-#[cfg(test)]
-mod redact_tests {
-    #[test]
-    fn credentials_never_show_in_urls() {
-        assert_eq!(super::redact_url("nats://svc:s3cret@10.0.0.5:4222"), "nats://***@10.0.0.5:4222");
-        assert_eq!(super::redact_url("nats://a:4222, nats://u:p@b:4222"), "nats://a:4222, nats://***@b:4222");
-        assert_eq!(super::redact_url("u:p@h:1"), "***@h:1");
     }
 }
 
@@ -240,7 +218,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
         .chain([
             work_stream(
                 names::UNKNOWN_STREAM,
-                vec!["bw.unknown.v1.>".into()],
+                vec![names::UNKNOWN_ALL.into()],
                 (limits.dlq_max_msgs, limits.unknown_max_bytes),
                 replicas,
                 dedup,
@@ -257,7 +235,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
                 discard: stream::DiscardPolicy::New,
                 ..kept_stream(
                     names::QUARANTINE_STREAM,
-                    vec!["bw.quarantine.v1.>".into()],
+                    vec![names::QUARANTINE_ALL.into()],
                     (limits.quarantine_max_msgs, limits.quarantine_max_bytes),
                     Duration::ZERO,
                     replicas,
@@ -267,7 +245,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
             // filling the disk or refusing the producer's precise answer.
             kept_stream(
                 names::REJECTED_STREAM,
-                vec!["bw.rejected.v1.>".into()],
+                vec![names::REJECTED_ALL.into()],
                 (1_000_000, limits.rejected_max_bytes),
                 7 * day,
                 replicas,
@@ -277,7 +255,7 @@ pub fn stream_configs(limits: &StreamLimits, replicas: usize, send: names::SendP
             // and with it the statuses of outbound messages, until the reader caught up.
             kept_stream(
                 names::INBOUND_STREAM,
-                vec!["bw.inbound.v1.>".into()],
+                vec![names::INBOUND_ALL.into()],
                 (10_000_000, limits.inbound_max_bytes),
                 7 * day,
                 replicas,

@@ -196,11 +196,6 @@ struct Args {
     config: Option<PathBuf>,
 }
 
-/// Installs the process-wide rustls crypto provider (ring). Idempotent.
-pub fn install_crypto() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// Runs one service from a validated config until `stop` is cancelled, with the shared wind-down (module docs).
 /// `bw-stack` runs several of these on one token; each binary's [`main`] runs one.
 pub async fn run_service<C, F, Fut>(
@@ -276,7 +271,7 @@ where
             std::process::exit(64);
         }
     };
-    install_crypto();
+    crate::crypto::install_crypto();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -4,7 +4,8 @@
 //! Never put tokens, app secrets, message bodies or full phone numbers in span fields or log lines.
 
 use crate::config::TelemetryConfig;
-use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+pub use bw_wire::trace::inject;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -38,7 +39,7 @@ pub fn init(service_name: &str, cfg: &TelemetryConfig) -> TelemetryGuard {
     };
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     // The OTLP exporter's HTTP client needs the process-wide rustls provider.
-    crate::service::install_crypto();
+    crate::crypto::install_crypto();
     let provider = if cfg.otlp_endpoint.is_empty() { None } else { build_provider(service_name, &cfg.otlp_endpoint) };
     let otel_layer =
         provider.as_ref().map(|p| tracing_opentelemetry::layer().with_tracer(p.tracer(service_name.to_string())));
@@ -70,14 +71,6 @@ fn build_provider(service_name: &str, endpoint: &str) -> Option<SdkTracerProvide
     }
 }
 
-struct HeaderInjector<'a>(&'a mut async_nats::HeaderMap);
-
-impl Injector for HeaderInjector<'_> {
-    fn set(&mut self, key: &str, value: String) {
-        self.0.insert(key, value.as_str());
-    }
-}
-
 struct HeaderExtractor<'a>(&'a async_nats::HeaderMap);
 
 impl Extractor for HeaderExtractor<'_> {
@@ -88,12 +81,6 @@ impl Extractor for HeaderExtractor<'_> {
     fn keys(&self) -> Vec<&str> {
         self.0.iter().map(|(k, _)| k.as_ref()).collect()
     }
-}
-
-/// Writes the W3C `traceparent` (and `tracestate`) of `span` into NATS headers.
-pub fn inject(span: &tracing::Span, headers: &mut async_nats::HeaderMap) {
-    let cx = span.context();
-    TraceContextPropagator::new().inject_context(&cx, &mut HeaderInjector(headers));
 }
 
 /// The W3C `traceparent` of `span`, empty when it has no valid trace context (no exporter configured).

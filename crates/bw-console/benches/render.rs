@@ -16,6 +16,10 @@ use bw_console::pages::{DlqQuery, render_dlq, render_incidents, render_op, rende
 use bw_console::view::{DlqRow, View};
 use std::time::Instant;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SENDERS: usize = 1_000;
 const ENTRIES: usize = 100_000;
 const LIMIT_MS: f64 = 200.0;

@@ -472,7 +472,7 @@ pub fn key_of(id: &str, tenant: Option<&str>) -> Result<String, &'static str> {
     use bw_common::tenancy;
     match tenant.filter(|t| !t.is_empty()) {
         Some(t) if !tenancy::valid_tenant(t) => Err("not a tenant: 1 to 32 characters of a-z, 0-9 and '-'"),
-        Some(_) if !bw_common::ledger::valid_operation_id(id) => {
+        Some(_) if !bw_common::tenancy::valid_operation_id(id) => {
             Err("not an operation id: 1 to 128 of [A-Za-z0-9_=.-]")
         }
         Some(t) => Ok(tenancy::operation_key(t, id)),

@@ -74,7 +74,7 @@ pub struct MetaClient {
 impl MetaClient {
     /// Builds the client (connection pool, timeouts).
     pub fn new(cfg: &MetaConfig) -> anyhow::Result<MetaClient> {
-        bw_common::service::install_crypto();
+        bw_common::crypto::install_crypto();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
             .timeout(Duration::from_millis(cfg.request_timeout_ms))

@@ -196,7 +196,7 @@ impl Worker {
         let record = retry_after_pauses(
             &[200, 500, 1_000, 2_000],
             move || async move {
-                let _ = work.msg.ack_with(bw_common::disposition::Disposition::Progress.ack_kind()).await;
+                bw_common::disposition::progress(&work.msg).await;
             },
             move || async move { if this.try_sent(work, id, held).await { Ok(()) } else { Err(()) } },
         );

@@ -2,7 +2,7 @@
 //! on one shared time axis labelled in seconds, with marks for outage windows, recovery and chaos events.
 //! The SVG scales to its container (viewBox, width 100%), so the page never scrolls sideways.
 
-use crate::report::{Mark, MarkKind};
+use crate::model::{Mark, MarkKind};
 
 /// One sample per second.
 #[derive(Debug, Clone, Default)]

@@ -7,8 +7,7 @@
 //! `#layout-check` (`data-overflow="none"` or the widths), which the rendering test reads back.
 
 use crate::chart::escape;
-use crate::report::DrillReport;
-use crate::validation::Status;
+use crate::model::{DrillReport, Status};
 
 const STYLE: &str = "
 *{box-sizing:border-box}
@@ -54,7 +53,7 @@ fn card(out: &mut String, key: &str, value: String, bad: bool) {
 }
 
 fn secs(v: Option<f64>) -> String {
-    crate::report::secs_or(v, "n/a")
+    crate::figures::secs_or(v, "n/a")
 }
 
 /// The page. `svg` is the timeline from [`crate::chart::render`].
@@ -185,13 +184,13 @@ pub fn page(r: &DrillReport, svg: &str) -> String {
     }
     s.push_str("</tbody></table></section>\n");
 
-    let zone = bw_alerting::parse_zone(&r.zone).ok();
+    let zone = bw_common::time::parse_zone(&r.zone).ok();
     let when = |ms: i64| -> String {
         if ms <= 0 {
             return "still firing".into();
         }
-        let local = zone.map(|z| bw_alerting::format_local(ms, z)).unwrap_or_default();
-        format!("{}<br>{}", escape(&bw_alerting::format_utc(ms)), escape(&local))
+        let local = zone.map(|z| bw_common::time::format_local(ms, z)).unwrap_or_default();
+        format!("{}<br>{}", escape(&bw_common::time::format_utc(ms)), escape(&local))
     };
     s.push_str(&format!(
         "<section id=\"alerts\"><h2>Alerts</h2>\n<p class=\"note\">Times as DD/MM/YYYY HH:MM:SS (24 h) in UTC and in {}.</p>\n",

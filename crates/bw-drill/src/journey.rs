@@ -162,10 +162,10 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
             expired: state(OperationState::Expired),
             quarantined: state(OperationState::Quarantined),
             dead_lettered: dead.len() as u64,
-            delay_p50_s: crate::report::percentile(&mut all, 0.50),
-            delay_p99_s: crate::report::percentile(&mut all, 0.99),
-            dead_lettered_delay_p50_s: crate::report::percentile(&mut dead, 0.50),
-            dead_lettered_delay_p99_s: crate::report::percentile(&mut dead, 0.99),
+            delay_p50_s: crate::figures::percentile(&mut all, 0.50),
+            delay_p99_s: crate::figures::percentile(&mut all, 0.99),
+            dead_lettered_delay_p50_s: crate::figures::percentile(&mut dead, 0.50),
+            dead_lettered_delay_p99_s: crate::figures::percentile(&mut dead, 0.99),
             last_dead_lettered_after_recovery_s: match (last_dead, i.recovery_unix_ms) {
                 (Some(last), Some(rec)) => Some((last - rec) as f64 / 1000.0),
                 _ => None,
@@ -226,7 +226,7 @@ pub fn compute(i: &JourneyInputs<'_>) -> Journey {
 }
 
 fn secs(v: Option<f64>) -> String {
-    crate::report::secs_or(v, "-")
+    crate::figures::secs_or(v, "-")
 }
 
 /// The per-category table and the recovery checks as text lines.

@@ -5,6 +5,10 @@
 use clap::Parser;
 use std::path::PathBuf;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "Breakwater flash-sale drill: real servers, every service, the Meta simulator with an outage")]
 struct Args {
@@ -80,7 +84,7 @@ fn main() {
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     match runtime.block_on(bw_drill::run(opts)) {
         Ok(report) => {
-            print!("{}", bw_drill::report::text(&report));
+            print!("{}", bw_drill::render::text(&report));
             let d = args.dir.display();
             println!("report: {d}/report.html, {d}/report.json, {d}/validation.md, {d}/timeline.svg");
             std::process::exit(if report.passed() { 0 } else { 1 });

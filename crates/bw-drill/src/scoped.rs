@@ -406,7 +406,10 @@ mod tests {
             restrictions(&waba),
             vec![Restriction { waba_id: "102290129340399".into(), code: 368, start_s: 20.0, end_s: 50.0 }]
         );
-        assert_eq!(wabas(&waba, crate::WABA_ID), vec![crate::WABA_ID.to_string(), "102290129340399".to_string()]);
+        assert_eq!(
+            wabas(&waba, crate::setup::WABA_ID),
+            vec![crate::setup::WABA_ID.to_string(), "102290129340399".to_string()]
+        );
         assert!(noise(&waba, threshold).is_none());
         for (text, rate) in [
             (include_str!("../../bw-meta-sim/scenarios/noise-2pct.toml"), 0.02),
@@ -416,7 +419,7 @@ mod tests {
             let n = noise(&s, threshold).expect("sub-threshold noise");
             assert_eq!((n.max_error_rate, n.noisy_s), (rate, 600.0));
             assert!(restrictions(&s).is_empty());
-            assert_eq!(wabas(&s, crate::WABA_ID).len(), 1);
+            assert_eq!(wabas(&s, crate::setup::WABA_ID).len(), 1);
         }
         let outage =
             Scenario::flash_sale_outage(std::time::Duration::from_secs(15), std::time::Duration::from_secs(20));

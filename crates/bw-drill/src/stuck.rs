@@ -136,7 +136,7 @@ async fn order_sets(redis: &bw_common::config::RedisConfig) -> String {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg("bw:*:ord:*")
+                .arg(names::ORDER_KEYS_PATTERN)
                 .arg("COUNT")
                 .arg(500)
                 .query_async(&mut conn)

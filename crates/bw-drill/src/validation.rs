@@ -6,7 +6,7 @@
 //! evidence. Owners come from a TOML file (`--owners FILE`, table `[owners]`, one key per row) or from the
 //! compiled [`DEFAULT_OWNERS`].
 
-use crate::report::DrillReport;
+use crate::model::{DrillReport, Row, Status};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -34,38 +34,6 @@ pub const ROWS: [&str; 18] = [
     "waba_held",
     "noise",
 ];
-
-/// A row's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
-    Passed,
-    Failed,
-    /// Not measured by this run.
-    Pending,
-}
-
-impl Status {
-    pub fn label(self) -> &'static str {
-        match self {
-            Status::Passed => "passed",
-            Status::Failed => "failed",
-            Status::Pending => "pending",
-        }
-    }
-}
-
-/// One row of the matrix.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Row {
-    pub key: &'static str,
-    pub control: String,
-    pub criterion: String,
-    pub evidence: String,
-    pub status: Status,
-    pub owner: String,
-    /// The row belongs to this run's scenario (a WABA restriction, sub-threshold noise): PASS needs it passed.
-    pub required: bool,
-}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -5,7 +5,7 @@ mod common;
 
 use bw_drill::chart::{self, Sample};
 use bw_drill::errors::{CodeCount, ErrorSplit, SplitSource};
-use bw_drill::report::{AlertRow, DrillReport, Header, Mark, MarkKind, SenderRow};
+use bw_drill::model::{AlertRow, DrillReport, Header, Mark, MarkKind, SenderRow};
 use bw_drill::validation;
 
 fn report() -> DrillReport {

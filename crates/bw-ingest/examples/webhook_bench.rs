@@ -13,6 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SECRET: &str = "bench-secret";
 
 fn env_or(key: &str, default: u64) -> u64 {
@@ -98,7 +102,7 @@ where
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let clients = env_or("BENCH_CLIENTS", 32);
     let secs = env_or("BENCH_SECS", 12);
     let process = env_or("BENCH_PROCESS", 0) == 1;

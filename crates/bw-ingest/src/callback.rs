@@ -573,7 +573,7 @@ impl Callback {
         metrics: Metrics,
         egress: std::sync::Arc<crate::egress::Policy>,
     ) -> anyhow::Result<Callback> {
-        bw_common::service::install_crypto();
+        bw_common::crypto::install_crypto();
         let url = reqwest::Url::parse(&c.url).map_err(|_| anyhow::anyhow!("callbacks.{name}.url is not a URL"))?;
         let http = crate::egress::client_builder(egress)
             .redirect(reqwest::redirect::Policy::none())

@@ -245,7 +245,7 @@ impl reqwest::dns::Resolve for Resolver {
 /// An HTTP client builder whose connections obey `policy`: its resolver filters every lookup, and it uses no
 /// proxy (a proxy would resolve the name itself).
 pub(crate) fn client_builder(policy: Arc<Policy>) -> reqwest::ClientBuilder {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     reqwest::Client::builder().no_proxy().dns_resolver(Arc::new(Resolver::new(policy)))
 }
 

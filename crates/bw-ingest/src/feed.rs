@@ -260,7 +260,7 @@ pub(crate) async fn status(
 ) -> StatusReply {
     let mut reply = StatusReply { operation_id: operation_id.to_string(), ..Default::default() };
     let key = match tenant {
-        Some(t) if bw_common::ledger::valid_operation_id(operation_id) => tenancy::operation_key(t, operation_id),
+        Some(t) if bw_common::tenancy::valid_operation_id(operation_id) => tenancy::operation_key(t, operation_id),
         None if tenancy::valid_operation_key(operation_id) => operation_id.to_string(),
         _ => {
             reply.error = "operation_id must be 1..=128 characters of [A-Za-z0-9_=.-]".into();

@@ -514,7 +514,7 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
                 Ok(intake.handle(request, &raw, len, Source::Http, Caller::Key(principal.tenant()), &span).await)
             }
             Err((op, r)) => {
-                let op = if bw_common::ledger::valid_operation_id(&op) { op } else { String::new() };
+                let op = if bw_common::tenancy::valid_operation_id(&op) { op } else { String::new() };
                 Ok(intake.reject(&raw, Source::Http, &op, r).await)
             }
         }

@@ -207,7 +207,7 @@ impl Intake {
                 }
             }
             Err(r) => {
-                let op = if bw_common::ledger::valid_operation_id(&request.operation_id) {
+                let op = if bw_common::tenancy::valid_operation_id(&request.operation_id) {
                     request.operation_id.clone()
                 } else {
                     String::new()

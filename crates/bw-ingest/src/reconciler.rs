@@ -4,7 +4,8 @@
 //! entry is simply acked (the message was sent; it is never resent). Otherwise the category policy applies:
 //! `resend` → BW_DLQ (reason UNKNOWN_NO_STATUS, ledger DLQ, still flagged unknown), `quarantine` →
 //! BW_QUARANTINE (UNKNOWN_REVIEW, a human decides), `expire` → ledger EXPIRED (stale OTPs are worse than none).
-//! Moves follow the house order: publish to the destination with a message id, update the ledger, ack.
+//! Moves follow the house order: publish to the destination with a message id, update the ledger, ack; every
+//! delivery is settled by `bw_common::disposition::apply`.
 //!
 //! Every delivery of an entry is one `ingest.reconcile` span (fields `operation_id`, `decision`: ledger_behind,
 //! waiting, resolved, resend, quarantine, expire, retry, undecodable) whose parent is the trace context the
@@ -15,7 +16,8 @@
 //! (see `processor.rs`), and the `resolved` reconcile span closes the operation's trace.
 
 use crate::metrics::Metrics;
-use async_nats::jetstream::{self, AckKind};
+use async_nats::jetstream;
+use bw_common::disposition::{self, Label, Settle};
 use bw_common::ledger::Ledger;
 use bw_common::names;
 use bw_common::proto::{
@@ -48,6 +50,47 @@ impl Policy {
             Policy::Resend => "resend",
             Policy::Quarantine => "quarantine",
             Policy::Expire => "expire",
+        }
+    }
+
+    fn decision(self) -> Decision {
+        match self {
+            Policy::Resend => Decision::Resend,
+            Policy::Quarantine => Decision::Quarantine,
+            Policy::Expire => Decision::Expire,
+        }
+    }
+}
+
+/// What the review of one BW_UNKNOWN delivery decided (the span's `decision`, the metric's `action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// The ledger does not say UNKNOWN yet: the dispatcher's update is still on its way.
+    LedgerBehind,
+    /// Before its review time.
+    Waiting,
+    /// A status moved the ledger on: nothing to do.
+    Resolved,
+    Resend,
+    Quarantine,
+    Expire,
+    /// A read, publish or ledger write failed: redelivered after [`RETRY_LATER`].
+    Retry,
+    /// Not an `UnknownOutcome`: kept in BW_REJECTED.
+    Undecodable,
+}
+
+impl Label for Decision {
+    fn label(self) -> &'static str {
+        match self {
+            Decision::LedgerBehind => "ledger_behind",
+            Decision::Waiting => "waiting",
+            Decision::Resolved => "resolved",
+            Decision::Resend => "resend",
+            Decision::Quarantine => "quarantine",
+            Decision::Expire => "expire",
+            Decision::Retry => "retry",
+            Decision::Undecodable => "undecodable",
         }
     }
 }
@@ -100,7 +143,8 @@ fn headers(msg_id: &str) -> async_nats::HeaderMap {
 }
 
 impl Reconciler {
-    /// Handles one BW_UNKNOWN entry and acks or naks it, inside its `ingest.reconcile` span.
+    /// Handles one BW_UNKNOWN entry inside its `ingest.reconcile` span and settles it through
+    /// [`disposition::apply`]. Every decision but `retry` is counted in the `action` metric.
     pub(crate) async fn handle(&self, msg: jetstream::Message) {
         let span = tracing::info_span!(
             "ingest.reconcile",
@@ -108,18 +152,22 @@ impl Reconciler {
             decision = tracing::field::Empty
         );
         bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
-        let decision = self.review(&msg, &span).instrument(span.clone()).await;
-        span.record("decision", decision);
+        let settle = self.review(&msg, &span).instrument(span.clone()).await;
+        span.record("decision", settle.result.label());
+        disposition::apply(&msg, settle, &span, |action| {
+            if settle.result != Decision::Retry {
+                self.metrics.reconciled(action);
+            }
+        })
+        .await;
     }
 
-    /// Reviews one entry; returns what was decided (the span's `decision`).
-    async fn review(&self, msg: &jetstream::Message, span: &tracing::Span) -> &'static str {
+    /// Reviews one entry: what to tell the broker and what was decided.
+    async fn review(&self, msg: &jetstream::Message, span: &tracing::Span) -> Settle<Decision> {
         let seq = msg.info().map(|i| i.stream_sequence).unwrap_or(0);
         let entry = match UnknownOutcome::decode(msg.payload.as_ref()) {
             Ok(e) if e.request.is_some() => e,
-            _ => {
-                return if self.keep_undecodable(msg).await { "undecodable" } else { "retry" };
-            }
+            _ => return self.keep_undecodable(msg).await,
         };
         let request = entry.request.clone().unwrap_or_default();
         let op = request.operation_id.clone();
@@ -128,23 +176,18 @@ impl Reconciler {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(operation_id = %op, error = %e, "ledger unavailable; retrying");
-                let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-                return "retry";
+                return Settle::nak(Decision::Retry, RETRY_LATER);
             }
         };
         // The dispatcher stores the entry here before it moves the ledger to UNKNOWN; until that update lands
         // (or the dispatcher's redelivery repeats it) the ledger still says QUEUED. Acking then would drop the
         // only copy, so wait for the ledger to catch up.
         if current.as_ref().is_none_or(|c| c.entry.state() == OperationState::Queued) {
-            self.metrics.reconciled("ledger_behind");
-            let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-            return "ledger_behind";
+            return Settle::nak(Decision::LedgerBehind, RETRY_LATER);
         }
         if current.as_ref().is_some_and(|c| c.entry.state() != OperationState::Unknown) {
-            self.metrics.reconciled("resolved");
             tracing::info!(operation_id = %op, "unknown outcome already resolved");
-            let _ = msg.ack().await;
-            return "resolved";
+            return Settle::ack(Decision::Resolved);
         }
         let review_at = if entry.review_at_unix_ms > 0 {
             entry.review_at_unix_ms
@@ -153,10 +196,8 @@ impl Reconciler {
         };
         let now = now_ms();
         if now < review_at {
-            self.metrics.reconciled("waiting");
             let wait = Duration::from_millis((review_at - now) as u64).min(self.recheck);
-            let _ = msg.ack_with(AckKind::Nak(Some(wait))).await;
-            return "waiting";
+            return Settle::nak(Decision::Waiting, wait);
         }
         let policy = self.policies.for_category(request.category());
         let mut incident = String::new();
@@ -172,8 +213,7 @@ impl Reconciler {
             Policy::Expire => true,
         };
         if !moved {
-            let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-            return "retry";
+            return Settle::nak(Decision::Retry, RETRY_LATER);
         }
         let (state, reason) = match policy {
             Policy::Resend => (OperationState::Dlq, "dlq: unknown outcome, no status"),
@@ -200,15 +240,12 @@ impl Reconciler {
             .await;
         match updated {
             Ok(_) => {
-                self.metrics.reconciled(policy.label());
                 tracing::info!(operation_id = %op, policy = policy.label(), "unknown outcome reviewed");
-                let _ = msg.ack().await;
-                policy.label()
+                Settle::ack(policy.decision())
             }
             Err(e) => {
                 tracing::warn!(operation_id = %op, error = %e, "ledger update failed; retrying");
-                let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-                "retry"
+                Settle::nak(Decision::Retry, RETRY_LATER)
             }
         }
     }
@@ -276,8 +313,8 @@ impl Reconciler {
         }
     }
 
-    /// Moves an undecodable entry to BW_REJECTED and acks it; false (nak'd) when the move failed.
-    async fn keep_undecodable(&self, msg: &jetstream::Message) -> bool {
+    /// Moves an undecodable entry to BW_REJECTED (then it is acked); a retry when the move failed.
+    async fn keep_undecodable(&self, msg: &jetstream::Message) -> Settle<Decision> {
         let record = RejectedRequest {
             raw: msg.payload.to_vec(),
             source: msg.subject.to_string(),
@@ -294,13 +331,10 @@ impl Reconciler {
         )
         .await;
         if kept.is_ok() {
-            self.metrics.reconciled("undecodable");
             tracing::warn!("undecodable BW_UNKNOWN entry moved to BW_REJECTED");
-            let _ = msg.ack().await;
-            true
+            Settle::ack(Decision::Undecodable)
         } else {
-            let _ = msg.ack_with(AckKind::Nak(Some(RETRY_LATER))).await;
-            false
+            Settle::nak(Decision::Retry, RETRY_LATER)
         }
     }
 }

@@ -560,26 +560,8 @@ fn seconds(v: &Value) -> Result<i64, &'static str> {
 /// Free text from Meta, cut to [`TEXT_CHARS`], every run of 7 or more digits (a phone number, perhaps) replaced
 /// by `<digits>`.
 pub fn scrub(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(TEXT_CHARS * 2));
-    let mut run = String::new();
-    let flush = |run: &mut String, out: &mut String| {
-        if run.len() >= 7 {
-            out.push_str("<digits>");
-        } else {
-            out.push_str(run);
-        }
-        run.clear();
-    };
-    for c in text.chars().take(TEXT_CHARS) {
-        if c.is_ascii_digit() {
-            run.push(c);
-        } else {
-            flush(&mut run, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut run, &mut out);
-    out
+    let cut: String = text.chars().take(TEXT_CHARS).collect();
+    bw_common::mask::digit_runs(&cut, 7, |run| if run.starts_with('+') { "+<digits>" } else { "<digits>" }.into())
 }
 
 fn hash(s: &str) -> String {

@@ -180,7 +180,7 @@ async fn one_pass(
         }
         counts.insert(stream, messages.len() as u64);
         for m in messages {
-            let op = if m.headers.get(crate::names::UNDECODABLE_HEADER).is_some() {
+            let op = if m.headers.get(bw_common::names::UNDECODABLE_HEADER).is_some() {
                 None
             } else {
                 operation_of(stream, m.payload.as_ref())

@@ -2,9 +2,9 @@
 //! safe to print (recipient masked, bodies never shown, only their length).
 
 use crate::OpsError;
-use crate::names::phone_of_subject;
 use crate::scan::scan_stream;
 use async_nats::jetstream;
+use bw_common::names::phone_of_subject;
 use bw_common::proto::{DlqEnvelope, DlqReason, QuarantineEntry, QuarantineReason, SendRequest, send_request};
 use bw_common::{mask, names};
 use prost::Message;
@@ -81,7 +81,7 @@ pub async fn quarantine_items(
     let mut items = Vec::with_capacity(messages.len());
     let mut bad = Vec::new();
     for m in messages {
-        let undecodable_marker = m.headers.get(crate::names::UNDECODABLE_HEADER).is_some();
+        let undecodable_marker = m.headers.get(bw_common::names::UNDECODABLE_HEADER).is_some();
         match QuarantineEntry::decode(m.payload.as_ref()) {
             Ok(entry) if entry.request.is_some() && !undecodable_marker => {
                 items.push(QuarantineItem { sequence: m.sequence, subject: m.subject.to_string(), entry })

@@ -5,7 +5,7 @@
 //! statistics ([`inspect`]), quarantine scopes listed, released and dropped together ([`quarantine`]), breaker
 //! incidents in the DLQ (stats, replay progress, the finished event, hold and release: [`incident`]), the moves out of the DLQ and the quarantine that replay and the CLI share so both
 //! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
-//! ([`jitter::next_replay_delay`]), the operator batch actions `bwctl` runs ([`ops`]), the offline change of
+//! (`bw_common::jitter::next_replay_delay`), the operator batch actions `bwctl` runs ([`ops`]), the offline change of
 //! the ledger's partition count ([`repartition`]), the producers' NATS users generated from the sender registry
 //! ([`senders`]), the move of ledger entries from before tenants to their tenant's key ([`tenants`]) and a
 //! small token bucket ([`pace`]).
@@ -17,9 +17,7 @@ pub mod account;
 pub mod incident;
 pub mod inspect;
 /// The replay back-off schedule now lives with the dispatcher's shared plumbing.
-pub use bw_common::jitter;
 pub mod moves;
-pub mod names;
 pub mod ops;
 pub mod pace;
 pub mod quarantine;

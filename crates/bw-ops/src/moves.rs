@@ -9,10 +9,10 @@
 
 use crate::OpsError;
 use crate::inspect::{DlqItem, QuarantineItem, quarantine_reason_label};
-use crate::names::{REPLAY_HEADER, UNDECODABLE_HEADER, quarantine_msg_id, replay_msg_id};
 use crate::pace::Gate;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
+use bw_common::names::{REPLAY_HEADER, UNDECODABLE_HEADER, quarantine_msg_id, replay_msg_id};
 use bw_common::nats::{Buckets, publish_durable};
 use bw_common::proto::{
     Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,

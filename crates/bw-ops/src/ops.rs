@@ -96,7 +96,7 @@ pub async fn replay_dlq_now(
 ) -> Result<BatchReport, OpsError> {
     let (items, _) = dlq_items(js, buckets.send, scope).await?;
     let selected: Vec<DlqItem> =
-        items.into_iter().filter(|i| allow(crate::names::phone_of_subject(&i.subject))).take(limit).collect();
+        items.into_iter().filter(|i| allow(bw_common::names::phone_of_subject(&i.subject))).take(limit).collect();
     let mover = Mover::new(js.clone(), buckets, operator_rules());
     let mut bucket = TokenBucket::new(rate_per_s, (rate_per_s / 10.0).max(1.0));
     let mut report = BatchReport { selected: selected.len(), ..Default::default() };

@@ -6,6 +6,7 @@
 //! stand-in dispatcher consumes the lane at the sender rate and the lane-depth bound is on). Meta, the
 //! breaker and the real dispatcher are not in this loop. Usage:
 //! `cargo run --release -p bw-replay --example drain_bench -- [N] [RATE_PER_S]`.
+#![expect(clippy::disallowed_methods, reason = "the bench plays the dispatcher: it drains the replay lanes itself")]
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
@@ -21,6 +22,10 @@ use prost::Message;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const PHONE: &str = "1001";
 

@@ -3,9 +3,9 @@
 //! oldest-age metrics are refreshed (one extra request per non-empty scope, never a scan).
 
 use crate::Ctx;
+use bw_common::names::phone_of_subject;
 use bw_common::proto::DlqEnvelope;
 use bw_common::time::now_ms;
-use bw_ops::names::phone_of_subject;
 use bw_ops::scan::first_message;
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet};

@@ -15,11 +15,11 @@
 use crate::{Ctx, ScopeView};
 use async_nats::jetstream::{Message, consumer::pull};
 use bw_common::disposition::{Label, Settle};
+use bw_common::names::{replay_class_consumer, replay_consumer};
 use bw_common::proto::{BreakerState, DlqEnvelope, DlqReason};
 use bw_common::time::now_ms;
 use bw_common::{names, telemetry};
 use bw_ops::moves::{Outcome, Target};
-use bw_ops::names::{replay_class_consumer, replay_consumer};
 use bw_ops::pace::Gate;
 use bw_ops::scan::subject_depth;
 use futures::StreamExt;

@@ -17,6 +17,10 @@ use std::collections::HashMap;
 use std::future::Future;
 use tokio_util::sync::CancellationToken;
 
+/// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(about = "Every Breakwater service in one process (local use)")]
 struct Args {
@@ -166,7 +170,7 @@ async fn stack(args: Args, token: CancellationToken) -> anyhow::Result<()> {
 
 fn main() {
     let args = Args::parse();
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let code = runtime.block_on(async move {
         let telemetry = bw_common::config::TelemetryConfig {

@@ -1,6 +1,8 @@
 //! Multi-node fixtures: a 3-node JetStream cluster and a 3-master Redis Cluster.
 
-use crate::{NatsServer, RedisServer, free_port};
+use crate::nats::NatsServer;
+use crate::ports::free_port;
+use crate::redis::RedisServer;
 use std::process::Command;
 
 /// Three `nats-server` nodes forming one JetStream cluster on loopback.

@@ -169,7 +169,7 @@ fn all_requests() -> (Vec<SendRequest>, Vec<String>) {
 /// with the suite, alone (`.config/nextest.toml`). A stalled run prints [`stall_report`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters_of_nats_and_redis_with_two_of_every_service_survive_an_outage_and_node_kills() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let mut nats = bw_testkit::NatsCluster::start();
     let mut redis = bw_testkit::RedisCluster::start();
     let cluster_nodes = format!("[{}]", redis.urls().iter().map(|u| format!("\"{u}\"")).collect::<Vec<_>>().join(","));

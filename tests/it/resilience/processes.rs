@@ -74,7 +74,7 @@ async fn operator_breaker(h: &Harness) -> Breaker {
 
 /// The instance id holding an unexpired replay lease, if any.
 async fn lease_holder(h: &Harness) -> Option<String> {
-    let kv = h.js.get_key_value(bw_ops::names::REPLAY_LEASE_BUCKET).await.ok()?;
+    let kv = h.js.get_key_value(bw_common::names::REPLAY_LEASE_BUCKET).await.ok()?;
     let mut keys = kv.keys().await.ok()?;
     let now = bw_common::time::now_ms();
     while let Some(Ok(key)) = keys.next().await {

@@ -46,7 +46,7 @@ async fn nats_server_restarted_under_load_loses_nothing() {
 /// Proves: nothing lost and nothing sent twice unless flagged unknown, with one of three nodes gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_node_nats_cluster_losing_the_stream_leader_loses_nothing() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let mut cluster = bw_testkit::NatsCluster::start();
     let redis = bw_testkit::RedisServer::start();
     let mut sim_cfg = sim(false);

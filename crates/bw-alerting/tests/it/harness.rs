@@ -128,7 +128,7 @@ impl Service {
         }
         let cfg: bw_alerting::Config =
             bw_common::config::load("alerting", bw_alerting::DEFAULT_CONFIG, None, &env).expect("test config loads");
-        bw_common::service::install_crypto();
+        bw_common::crypto::install_crypto();
         let deps = Deps::connect("alerting", &cfg.nats, None, Duration::from_secs(10)).await.expect("connect");
         let token = CancellationToken::new();
         let handle = tokio::spawn(bw_alerting::run(cfg, deps.clone(), token.clone()));

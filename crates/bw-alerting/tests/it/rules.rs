@@ -2,6 +2,7 @@
 //! itself from a scope snapshot, each against real JetStream state. Thresholds are the compiled defaults where
 //! a test can reach them in seconds; where a default is a half-hour age or a ten-minute window, a relaxed
 //! variant runs beside the default one and says so.
+#![expect(clippy::disallowed_methods, reason = "the test settles a message as a consumer that stopped would")]
 
 use crate::harness::{Receiver, Service, publish};
 use bw_common::names;

@@ -42,7 +42,7 @@ pub(crate) struct Servers {
 
 impl Servers {
     pub(crate) fn start() -> Servers {
-        bw_common::service::install_crypto();
+        bw_common::crypto::install_crypto();
         let nats = bw_testkit::NatsServer::start();
         let redis = bw_testkit::RedisServer::start();
         let dir = tempfile::tempdir().expect("tempdir");

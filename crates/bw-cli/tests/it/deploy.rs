@@ -1248,7 +1248,7 @@ async fn the_kubernetes_nats_users_connect_to_a_server_with_the_kubernetes_confi
 
 /// The server names a node has routes to (GET /routez on its monitoring port).
 async fn route_names(monitor: u16) -> BTreeSet<String> {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let Ok(response) = reqwest::get(format!("http://127.0.0.1:{monitor}/routez")).await else { return BTreeSet::new() };
     let json: serde_json::Value = response.json().await.unwrap_or_default();
     json["routes"]

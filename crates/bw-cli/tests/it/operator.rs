@@ -27,7 +27,7 @@ impl Drop for Running {
 }
 
 async fn coordinator() -> Running {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let nats = bw_testkit::NatsServer::start();
     let redis = bw_testkit::RedisServer::start();
     let dir = tempfile::tempdir().expect("tempdir");

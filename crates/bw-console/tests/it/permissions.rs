@@ -29,7 +29,7 @@ fn url(server: &bw_testkit::NatsServer, user: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_runs_as_the_operator_nats_user_without_a_violation() {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
     let envs: Vec<(&str, String)> = USERS.iter().map(|(user, var)| (*var, password(user))).collect();
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();

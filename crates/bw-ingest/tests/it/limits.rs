@@ -70,7 +70,7 @@ async fn post_webhook(http: &reqwest::Client, env: &support::Env, body: &str, si
 
 /// An HTTP client whose connections come from `local` (loopback has the whole 127/8).
 fn client_from(local: &str) -> reqwest::Client {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let ip: std::net::IpAddr = local.parse().expect("ip");
     reqwest::Client::builder().no_proxy().local_address(ip).build().expect("client")
 }

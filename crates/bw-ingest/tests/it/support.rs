@@ -3,6 +3,7 @@
 //! Ingest runs at the compiled default tenancy (the sender registry): [`start`] registers the test senders
 //! ([`SENDERS`]) to the tenant `default` first, so their operation keys are the bare ids, and the producer
 //! connection ([`Env::nats`]) takes its replies on `default`'s inbox prefix.
+#![expect(clippy::disallowed_methods, reason = "the test support drains streams without a service handler")]
 
 use bw_common::ledger::Ledger;
 use bw_common::proto::{LedgerEntry, OperationState, OutcomeEvent, SenderRecord};
@@ -246,7 +247,7 @@ pub(crate) fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
 
 /// An HTTP client without proxies that presents the test producer key.
 pub(crate) fn http_client() -> reqwest::Client {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     let mut headers = reqwest::header::HeaderMap::new();
     let bearer = format!("Bearer {API_KEY}");
     headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("header value"));
@@ -255,6 +256,6 @@ pub(crate) fn http_client() -> reqwest::Client {
 
 /// An HTTP client without proxies and without a key.
 pub(crate) fn bare_http_client() -> reqwest::Client {
-    bw_common::service::install_crypto();
+    bw_common::crypto::install_crypto();
     reqwest::Client::builder().no_proxy().build().expect("http client")
 }

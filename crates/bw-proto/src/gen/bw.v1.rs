@@ -266,6 +266,20 @@ pub struct Alert {
         ::prost::alloc::string::String,
     >,
 }
+/// The alerting service's state of one alert: the value of KV bucket BW_ALERTS under the alert's dedup key.
+/// Other programs (the drill) read `alert` from it to learn alerts resolved while they were not listening.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct AlertState {
+    /// The alert as last notified.
+    #[prost(message, optional, tag = "1")]
+    pub alert: ::core::option::Option<Alert>,
+    /// Last time the condition was seen (signals); quiet rules resolve from here.
+    #[prost(int64, tag = "2")]
+    pub last_seen_unix_ms: i64,
+    /// Whether the firing was notified on its own (true) or only inside a storm digest (false).
+    #[prost(bool, tag = "3")]
+    pub individual: bool,
+}
 /// An event a service raises for the alerting service (bw.signal.v1.<kind>): credentials error, poison message...
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Signal {

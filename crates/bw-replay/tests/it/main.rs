@@ -2,6 +2,7 @@
 //! checks before sending, poison, pacing, the lane-depth bound, and an operator replay racing the service.
 //! Replay runs at the compiled default tenancy (the sender registry): the test senders are registered to the
 //! tenant `default` ([`register_senders`]), so their operation keys are the bare ids.
+#![expect(clippy::disallowed_methods, reason = "the test reads a lane as a dispatcher would and settles what it read")]
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;

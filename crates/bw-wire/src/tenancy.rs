@@ -1,7 +1,7 @@
 //! Tenants: who may send as which sender, and whose operations are whose.
 //!
 //! A tenant is one producer (a CRM, a shop, one client business of a Solution Provider). The sender registry
-//! ([`crate::registry`]) says which tenant owns each phone number. Every name that separates tenants is built
+//! (`bw_common::registry`) says which tenant owns each phone number. Every name that separates tenants is built
 //! here: the operation key (the idempotency key is (tenant, operation id)), the feed subjects, the reply inbox
 //! prefix and the feed consumer name, so the services and the generated NATS permissions agree by construction.
 //!
@@ -61,11 +61,22 @@ pub fn split_operation_key(key: &str) -> (&str, &str) {
     }
 }
 
+/// True when `id` is a valid operation id: 1..=128 chars of `[A-Za-z0-9_=.-]`, not starting or ending with
+/// `.` and without `..` (it is used verbatim as a KV key and a JetStream message id).
+pub fn valid_operation_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'=' | b'.' | b'-'))
+        && !id.starts_with('.')
+        && !id.ends_with('.')
+        && !id.contains("..")
+}
+
 /// True when `key` is a valid operation key: a valid operation id, or `<valid tenant>/<valid operation id>`.
 pub fn valid_operation_key(key: &str) -> bool {
     match key.split_once(KEY_SEPARATOR) {
-        Some((tenant, op)) => tenant != DEFAULT_TENANT && valid_tenant(tenant) && crate::ledger::valid_operation_id(op),
-        None => crate::ledger::valid_operation_id(key),
+        Some((tenant, op)) => tenant != DEFAULT_TENANT && valid_tenant(tenant) && valid_operation_id(op),
+        None => valid_operation_id(key),
     }
 }
 
@@ -109,6 +120,11 @@ pub fn feed_subject(tenant: &str, phone_number_id: &str, operation_id: &str) -> 
     format!("bw.feed.v1.{tenant}.{phone_number_id}.{operation_id}")
 }
 
+/// The feed subject of an operation of the tenant [`DEFAULT_TENANT`] written before tenants existed.
+pub fn feed_subject_before_tenants(phone_number_id: &str, operation_id: &str) -> String {
+    format!("bw.feed.v1.{phone_number_id}.{operation_id}")
+}
+
 /// The feed filter of every operation of a tenant.
 pub fn feed_filter(tenant: &str) -> String {
     format!("bw.feed.v1.{tenant}.>")
@@ -133,6 +149,16 @@ pub fn nats_user(tenant: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operation_ids() {
+        for ok in ["a", "order-123", "op_1.x=2", &"x".repeat(128)] {
+            assert!(valid_operation_id(ok), "{ok}");
+        }
+        for bad in ["", ".a", "a.", "a..b", "a b", "a/b", "ü", &"x".repeat(129), "a*", "a>"] {
+            assert!(!valid_operation_id(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn tenants_are_safe_tokens() {

@@ -336,9 +336,45 @@ pub fn signal_subject(kind: &str) -> String {
 pub fn incident_subject(phone_number_id: &str) -> String {
     format!("bw.incident.v1.{phone_number_id}")
 }
+/// Every breaker transition, dispatch outcome, alert, signal and incident subject.
+pub const BREAKER_ALL: &str = "bw.breaker.v1.>";
+/// See [`BREAKER_ALL`].
+pub const OUTCOME_ALL: &str = "bw.outcome.v1.>";
+/// See [`BREAKER_ALL`].
+pub const ALERT_ALL: &str = "bw.alert.v1.>";
+/// See [`BREAKER_ALL`].
+pub const SIGNAL_ALL: &str = "bw.signal.v1.>";
+/// See [`BREAKER_ALL`].
+pub const INCIDENT_ALL: &str = "bw.incident.v1.>";
 /// Subjects captured by BW_EVENTS.
-pub const EVENTS_SUBJECTS: [&str; 5] =
-    ["bw.breaker.v1.>", "bw.outcome.v1.>", "bw.alert.v1.>", "bw.signal.v1.>", "bw.incident.v1.>"];
+pub const EVENTS_SUBJECTS: [&str; 5] = [BREAKER_ALL, OUTCOME_ALL, ALERT_ALL, SIGNAL_ALL, INCIDENT_ALL];
+/// Whether `subject` is a breaker transition's.
+pub fn is_breaker_subject(subject: &str) -> bool {
+    subject.starts_with("bw.breaker.v1.")
+}
+
+/// Every operation's outcome events for producers (stream, written by ingest's feed publisher). Subjects:
+/// `bw_wire::tenancy::feed_subject`.
+pub const FEED_STREAM: &str = "BW_FEED";
+/// Every subject of BW_FEED.
+pub const FEED_ALL: &str = "bw.feed.v1.>";
+/// The status query of a sender's operations (core NATS request/reply, served by ingest).
+pub fn status_subject(phone_number_id: &str) -> String {
+    format!("bw.status.v1.{phone_number_id}")
+}
+/// Every status query subject (ingest's queue subscription).
+pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
+/// Every subject of BW_UNKNOWN, BW_QUARANTINE, BW_REJECTED and BW_INBOUND.
+pub const UNKNOWN_ALL: &str = "bw.unknown.v1.>";
+/// See [`UNKNOWN_ALL`].
+pub const QUARANTINE_ALL: &str = "bw.quarantine.v1.>";
+/// See [`UNKNOWN_ALL`].
+pub const REJECTED_ALL: &str = "bw.rejected.v1.>";
+/// See [`UNKNOWN_ALL`].
+pub const INBOUND_ALL: &str = "bw.inbound.v1.>";
+/// Redis `SCAN` pattern of every per-recipient order set (`bw:{<waba>:<phone>}:ord:<recipient_key>`, written by
+/// the breaker's order scripts).
+pub const ORDER_KEYS_PATTERN: &str = "bw:*:ord:*";
 
 /// Replay progress per breaker incident (KV, `IncidentProgress`). Key: [`incident_key`].
 pub const INCIDENTS_BUCKET: &str = "BW_INCIDENTS";
@@ -406,7 +442,7 @@ pub const FEED_CONSUMER: &str = "feed-publisher";
 /// Current breaker state per scope (KV), written by the breaker-coordinator. Key: phone_number_id.
 pub const SCOPES_BUCKET: &str = "BW_SCOPES";
 
-/// The sender registry (`crate::registry`): phone_number_id → WABA → tenant.
+/// The sender registry (`bw_common::registry`): phone_number_id → WABA → tenant.
 pub const SENDERS_BUCKET: &str = "BW_SENDERS";
 /// Webhook deduplication (KV with TTL). Key: sha of (wamid, status) or inbound message id.
 pub const WEBHOOK_DEDUP_BUCKET: &str = "BW_WEBHOOK_DEDUP";
