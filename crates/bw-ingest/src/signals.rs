@@ -340,7 +340,7 @@ impl Parser {
         };
         let (unique, raw) = match raw {
             Value::Null => (0, String::new()),
-            Value::String(s) if is_word(s) => (tier_users(s), s.clone()),
+            Value::String(s) if is_word(s) => (bw_breaker::budget::tier_users(s), s.clone()),
             Value::Number(n) => {
                 let n = n.as_i64().ok_or_else(|| self.error(key, "is not an integer"))?;
                 (if n < 0 { -1 } else { n }, n.to_string())
@@ -506,23 +506,6 @@ impl Parser {
             }));
         }
         Ok(out)
-    }
-}
-
-/// Unique users per 24 h of a tier word (`TIER_2K`, `UNLIMITED`, `10000`); -1 unlimited; 0 not understood
-/// (kept, not applied). The format is UNCERTAIN in the reference: every form it lists is read.
-pub fn tier_users(raw: &str) -> i64 {
-    let t = raw.trim().to_ascii_uppercase();
-    let t = t.strip_prefix("TIER_").unwrap_or(&t);
-    match t {
-        "UNLIMITED" | "-1" => -1,
-        _ => {
-            let (digits, scale) = match t.strip_suffix('K') {
-                Some(d) => (d, 1000),
-                None => (t, 1),
-            };
-            digits.parse::<i64>().ok().filter(|n| *n > 0).map(|n| n.saturating_mul(scale)).unwrap_or(0)
-        }
     }
 }
 

@@ -57,26 +57,7 @@ pub async fn feed_events(js: &jetstream::Context, phone: &str, key: &str) -> Res
 /// Masks runs of 8 or more digits (a phone number in a free text) with `bw_common::mask::phone`; Meta error
 /// codes (at most 6 digits) stay readable.
 pub fn mask_digits(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut run = String::new();
-    let flush = |run: &mut String, out: &mut String| {
-        if run.trim_start_matches('+').len() >= 8 {
-            out.push_str(&bw_common::mask::phone(run));
-        } else {
-            out.push_str(run);
-        }
-        run.clear();
-    };
-    for c in text.chars() {
-        if c.is_ascii_digit() || (c == '+' && run.is_empty()) {
-            run.push(c);
-        } else {
-            flush(&mut run, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut run, &mut out);
-    out
+    bw_common::mask::digit_runs(text, 8, bw_common::mask::phone)
 }
 
 /// The value alerting keeps per alert in its state bucket: field 1 is the alert (bw-alerting `AlertState`; only

@@ -338,8 +338,8 @@ fn one_bad_change_leaves_the_others_parsed_and_ids_are_stable() {
 fn scrub_cuts_and_hides_digit_runs() {
     assert_eq!(scrub("call +1 6505551234 now, code 130429"), "call +1 <digits> now, code 130429");
     assert_eq!(scrub(&"a".repeat(500)).len(), 200);
-    assert_eq!(tier_users("TIER_100K"), 100_000);
-    assert_eq!(tier_users("nonsense"), 0);
+    assert_eq!(bw_breaker::budget::tier_users("TIER_100K"), 100_000);
+    assert_eq!(bw_breaker::budget::tier_users("nonsense"), 0);
 }
 
 #[test]
