@@ -70,3 +70,22 @@ fn stack_command(nats_url: &str, redis_url: &str, ingest_admin: &str, log: &std:
     }
     cmd
 }
+
+/// A simulator whose own rate and pair limits never bind (the tests watch Breakwater's signals, not Meta's limits),
+/// knowing each `(phone_number_id, waba_id)`: Meta's account events are aimed by WABA.
+fn open_sim(numbers: &[(&str, &str)]) -> bw_meta_sim::SimConfig {
+    let mut cfg = bw_meta_sim::SimConfig::default();
+    cfg.limits.throughput_mps = 1_000.0;
+    cfg.limits.throughput_burst = 1_000;
+    cfg.limits.pair_enabled = false;
+    for (phone, waba) in numbers {
+        let of = bw_meta_sim::PhoneNumberConfig { waba_id: Some(waba.to_string()), ..Default::default() };
+        cfg.phone_numbers.insert(phone.to_string(), of);
+    }
+    cfg
+}
+
+/// A simulator event from its JSON form.
+fn sim_event(value: serde_json::Value) -> bw_meta_sim::Event {
+    serde_json::from_value(value).expect("a valid simulator event")
+}

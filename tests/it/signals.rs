@@ -25,16 +25,9 @@ const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Deliver
 /// on a loaded machine (the test checks it did).
 const RESTRICTED_MS: u64 = 30_000;
 
+/// The simulator restricts by WABA: it must know B1 is of the other one.
 fn sim() -> SimConfig {
-    let mut cfg = SimConfig::default();
-    cfg.limits.throughput_mps = 1_000.0;
-    cfg.limits.throughput_burst = 1_000;
-    cfg.limits.pair_enabled = false;
-    // The simulator restricts by WABA: it must know B1 is of the other one.
-    let of = |waba: &str| bw_meta_sim::PhoneNumberConfig { waba_id: Some(waba.into()), ..Default::default() };
-    cfg.phone_numbers.insert(A1.into(), of(WABA_ID));
-    cfg.phone_numbers.insert(B1.into(), of(OTHER_WABA));
-    cfg
+    crate::open_sim(&[(A1, WABA_ID), (B1, OTHER_WABA)])
 }
 
 async fn submit(h: &Harness, waba: &str, phone: &str, prefix: &str, n: usize, first: usize) -> Vec<String> {
@@ -68,9 +61,7 @@ async fn waba_pause(h: &Harness, waba: &str) -> bw_breaker::ParentStatus {
     breaker.parent_status(&Parent::Waba(waba.into())).await.expect("pause read")
 }
 
-fn event(value: serde_json::Value) -> bw_meta_sim::Event {
-    serde_json::from_value(value).expect("a valid simulator event")
-}
+use crate::sim_event as event;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_account_restriction_pauses_only_its_waba_until_the_expiration() {

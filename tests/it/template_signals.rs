@@ -16,18 +16,10 @@ const TEMPLATE: &str = "order_update_moved";
 const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
 
 fn sim() -> SimConfig {
-    let mut cfg = SimConfig::default();
-    cfg.limits.throughput_mps = 1_000.0;
-    cfg.limits.throughput_burst = 1_000;
-    cfg.limits.pair_enabled = false;
-    let of = bw_meta_sim::PhoneNumberConfig { waba_id: Some(WABA_ID.into()), ..Default::default() };
-    cfg.phone_numbers.insert(A1.into(), of);
-    cfg
+    crate::open_sim(&[(A1, WABA_ID)])
 }
 
-fn event(value: serde_json::Value) -> bw_meta_sim::Event {
-    serde_json::from_value(value).expect("a valid simulator event")
-}
+use crate::sim_event as event;
 
 async fn send(h: &Harness, op: &str, to: &str) -> String {
     send_of(h, op, to, TEMPLATE).await

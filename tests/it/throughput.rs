@@ -19,14 +19,7 @@ const OTHER_WABA: &str = "102290129340778";
 const SENT: [OperationState; 3] = [OperationState::Sent, OperationState::Delivered, OperationState::Read];
 
 fn sim() -> SimConfig {
-    let mut cfg = SimConfig::default();
-    cfg.limits.throughput_mps = 1_000.0;
-    cfg.limits.throughput_burst = 1_000;
-    cfg.limits.pair_enabled = false;
-    let of = |waba: &str| bw_meta_sim::PhoneNumberConfig { waba_id: Some(waba.into()), ..Default::default() };
-    cfg.phone_numbers.insert(A1.into(), of(WABA_ID));
-    cfg.phone_numbers.insert(A2.into(), of(OTHER_WABA));
-    cfg
+    crate::open_sim(&[(A1, WABA_ID), (A2, OTHER_WABA)])
 }
 
 async fn submit(h: &Harness, waba: &str, phone: &str, prefix: &str, n: usize) -> Vec<String> {
@@ -66,9 +59,7 @@ async fn slot_gap_ms(breaker: &Breaker, scope: &Scope) -> f64 {
     admission.slot_gap_ms
 }
 
-fn event(value: serde_json::Value) -> bw_meta_sim::Event {
-    serde_json::from_value(value).expect("a valid simulator event")
-}
+use crate::sim_event as event;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throughput_upgrade_webhook_raises_the_dispatchers_rate_for_that_number_only() {
