@@ -7,38 +7,15 @@
 //! after the usual back-off, a hold, the DLQ, the quarantine). A redelivery finds the wamid cleared and goes on
 //! to an ordinary send through admission and the on-the-wire mark, which guard it as they guard every send.
 
+use crate::backoff::RETRY_LATER;
 use crate::meta::MetaAnswer;
-use crate::moves::{Outcome, RETRY_LATER};
-use crate::process::{Work, Worker};
+use crate::settle::Outcome;
+use crate::worker::{Work, Worker};
 use bw_breaker::OutcomeItem;
 use bw_common::classify::{Channel, classify};
 use bw_common::disposition::Settle;
-use bw_common::ledger::WamidLink;
 use bw_common::proto::{OperationState, SendRequest};
-use prost::Message as _;
 use std::time::Duration;
-
-/// The wamid link of an accepted send: its operation, its attempt and its request (without the carried async
-/// error, which belonged to the attempt before).
-pub(crate) fn link_of(w: &Work) -> WamidLink {
-    WamidLink {
-        operation_id: w.request.operation_id.clone(),
-        attempt: w.attempt(),
-        request: without_async_error(&w.request).encode_to_vec(),
-    }
-}
-
-/// `request` without the fields of an earlier attempt's asynchronous failure.
-pub(crate) fn without_async_error(request: &SendRequest) -> SendRequest {
-    SendRequest {
-        async_error_code: 0,
-        async_error_subcode: 0,
-        async_error_title: String::new(),
-        async_failed_wamid: String::new(),
-        async_failed_attempt: 0,
-        ..request.clone()
-    }
-}
 
 /// Meta's answer the carried asynchronous failure stands for: a refusal with its code, classified for the async
 /// channel by the one table. A status webhook carries no HTTP status of the send nor any retry hint, so the
@@ -133,6 +110,7 @@ impl Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settle::without_async_error;
     use bw_common::classify::ErrorClass;
 
     fn failed(code: i64) -> SendRequest {

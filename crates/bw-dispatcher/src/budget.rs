@@ -28,17 +28,15 @@
 //!
 //! Redis unreachable: marketing is held for `budget.hold_ms`; authentication, utility and support go on, at the
 //! breaker's bounded local fallback rate. An OTP must not wait for the counting store, and the users such a gap
-//! can add are bounded by that rate times the gap, which the reserve absorbs for short outages. Recipients are keyed by `bw_common::mask::recipient_key`; logs and metrics name the
-//! portfolio only.
+//! can add are bounded by that rate times the gap, which the reserve absorbs for short outages. Recipients are
+//! keyed by `bw_common::mask::recipient_key`; logs and metrics name the portfolio only.
+//!
+//! This module holds the budget's config, store, metrics and rules; the gate itself is `Worker::budget_gate`
+//! (`gates.rs`), beside the other gates.
 
-use crate::moves::Outcome;
-use crate::process::{Work, Worker};
-use bw_breaker::budget::{PortfolioBudget, Verdict};
+use bw_breaker::budget::PortfolioBudget;
 use bw_common::admin::MetricsRegistry;
-use bw_common::disposition::Settle;
-use bw_common::proto::{Category, ErrorInfo, OperationState, send_request::Payload};
-use bw_common::registry::Owner;
-use bw_common::time::now_ms;
+use bw_common::proto::Category;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -46,9 +44,6 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// A failed Graph read of a portfolio's tier is tried again after this long (the fallback applies meanwhile).
-const ASK_AGAIN: Duration = Duration::from_secs(60);
 
 /// The start of the ledger reason of a held message (a redelivery does not write it again).
 pub(crate) const HELD_PREFIX: &str = "held: portfolio messaging limit";
@@ -110,20 +105,20 @@ impl BudgetConfig {
 
 /// The gate's Redis side, config and metrics.
 pub(crate) struct Budget {
-    store: PortfolioBudget,
-    cfg: BudgetConfig,
-    used: Family<Vec<(&'static str, String)>, Gauge>,
-    limit: Family<Vec<(&'static str, String)>, Gauge>,
-    held: Family<Vec<(&'static str, String)>, Counter>,
+    pub(crate) store: PortfolioBudget,
+    pub(crate) cfg: BudgetConfig,
+    pub(crate) used: Family<Vec<(&'static str, String)>, Gauge>,
+    pub(crate) limit: Family<Vec<(&'static str, String)>, Gauge>,
+    pub(crate) held: Family<Vec<(&'static str, String)>, Counter>,
     /// Portfolios this process added to the list `bwctl scopes` reads.
-    noted: Mutex<HashSet<String>>,
+    pub(crate) noted: Mutex<HashSet<String>>,
     /// Portfolios whose tier this process asked Meta for: None once learned, else when the last try failed.
-    asked: tokio::sync::Mutex<HashMap<String, Option<Instant>>>,
+    pub(crate) asked: tokio::sync::Mutex<HashMap<String, Option<Instant>>>,
     /// Until when Redis counts as unreachable after a failed call: no message waits for its timeout meanwhile.
-    down_until: Mutex<Option<Instant>>,
+    pub(crate) down_until: Mutex<Option<Instant>>,
     /// The last limit Redis reported per portfolio: the fallback after Redis lost its state (a restart), so a
     /// portfolio Meta put at a high tier is not cut to `unknown_limit` until the next tier webhook.
-    last_limit: Mutex<HashMap<String, i64>>,
+    pub(crate) last_limit: Mutex<HashMap<String, i64>>,
 }
 
 impl Budget {
@@ -165,11 +160,11 @@ impl Budget {
     }
 
     /// Whether a call failed within the last [`STORE_DOWN`].
-    fn store_down(&self) -> bool {
+    pub(crate) fn store_down(&self) -> bool {
         self.down_until.lock().map(|d| d.is_some_and(|t| Instant::now() < t)).unwrap_or(false)
     }
 
-    fn mark_down(&self) {
+    pub(crate) fn mark_down(&self) {
         if let Ok(mut d) = self.down_until.lock() {
             *d = Some(Instant::now() + STORE_DOWN);
         }
@@ -177,12 +172,12 @@ impl Budget {
 
     /// The limit used when Redis holds none for `portfolio`: the last one Redis reported, else config, else
     /// `unknown_limit`.
-    fn fallback(&self, portfolio: &str) -> i64 {
+    pub(crate) fn fallback(&self, portfolio: &str) -> i64 {
         let last = self.last_limit.lock().ok().and_then(|m| m.get(portfolio).copied());
         last.or_else(|| self.cfg.limits.get(portfolio).copied()).unwrap_or(self.cfg.unknown_limit)
     }
 
-    fn remember_limit(&self, portfolio: &str, limit: i64) {
+    pub(crate) fn remember_limit(&self, portfolio: &str, limit: i64) {
         if let Ok(mut m) = self.last_limit.lock() {
             m.insert(portfolio.to_string(), limit);
         }
@@ -216,154 +211,6 @@ pub(crate) fn held_reason(portfolio: &str, used: i64, limit: i64, cap: i64, rese
         "{HELD_PREFIX} of portfolio {portfolio}: {used} of {limit} unique users reached in 24 h, {class}; waits \
          for the window to slide or the tier to rise"
     )
-}
-
-impl Worker {
-    /// Learns a portfolio's tier from Meta once per process (`GET /{phone_number_id}?fields=
-    /// whatsapp_business_manager_messaging_limit`, reference §3.3) and stores it unless a limit is stored already
-    /// (a webhook's is newer). Meta's value wins over `budget.limits`; while Meta cannot be asked, the fallback
-    /// (config, else the lowest tier) holds, and the read is tried again after [`ASK_AGAIN`].
-    async fn learn_tier(&self, budget: &Budget, portfolio: &str, phone: &str) {
-        // Held across the read: a message of the portfolio arriving meanwhile waits for Meta's tier instead of
-        // being counted against the fallback.
-        let mut asked = budget.asked.lock().await;
-        let due = match asked.get(portfolio) {
-            None => true,
-            Some(None) => false,
-            Some(Some(at)) => at.elapsed() >= ASK_AGAIN,
-        };
-        if !due {
-            return;
-        }
-        let read = self.meta.read_field(phone, "whatsapp_business_manager_messaging_limit").await;
-        let learned = match read {
-            Ok(raw) => match bw_breaker::budget::tier_users(&raw) {
-                0 => Err(format!("tier `{}` not understood", raw.chars().take(32).collect::<String>())),
-                limit => budget.store.seed_limit(portfolio, limit, "graph", &raw).await.map_err(|e| e.to_string()),
-            },
-            Err(e) => Err(e),
-        };
-        match learned {
-            Ok(limit) => {
-                tracing::info!(%portfolio, limit, "portfolio messaging limit learned from Meta");
-                asked.insert(portfolio.to_string(), None);
-            }
-            Err(error) => {
-                tracing::warn!(%portfolio, %error, "portfolio tier not read from Meta; the fallback holds");
-                asked.insert(portfolio.to_string(), Some(Instant::now()));
-            }
-        }
-    }
-
-    /// Redis unreachable: authentication, utility and support go on uncounted (an OTP must not wait for the
-    /// counting store); marketing is held for `budget.hold_ms`.
-    async fn budget_unavailable(
-        &self,
-        budget: &Budget,
-        w: Work,
-        portfolio: &str,
-        reserved: bool,
-        error: &str,
-    ) -> Option<Work> {
-        if reserved {
-            tracing::debug!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; sent uncounted");
-            return Some(w);
-        }
-        tracing::warn!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; marketing held");
-        let delay = Duration::from_millis(budget.cfg.hold_ms);
-        self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
-        None
-    }
-
-    /// The budget gate; returns the message when it may go on, else it has been held (given back to the broker).
-    pub(crate) async fn budget_gate(&self, w: Work) -> Option<Work> {
-        let Some(budget) = &self.gates.budget else { return Some(w) };
-        if !matches!(w.request.payload, Some(Payload::Template(_))) {
-            return Some(w);
-        }
-        let registered = match self.registry.owner(&w.request.phone_number_id, &w.request.waba_id).await {
-            Ok(Owner::Known { portfolio_id, .. }) => portfolio_id,
-            _ => String::new(),
-        };
-        let portfolio = bw_breaker::budget::portfolio_of(&registered, &w.request.waba_id, &budget.cfg.portfolios);
-        let rk = bw_common::mask::recipient_key(&w.request.recipient);
-        let reserved = reserved(w.request.category());
-        if budget.store_down() {
-            return self.budget_unavailable(budget, w, &portfolio, reserved, "unreachable a moment ago").await;
-        }
-        self.learn_tier(budget, &portfolio, &w.request.phone_number_id).await;
-        let fallback = budget.fallback(&portfolio);
-        let timeout = Duration::from_millis(budget.cfg.timeout_ms);
-        let phone = &w.request.phone_number_id;
-        let open = match tokio::time::timeout(timeout, budget.store.window_open(phone, &rk)).await {
-            Ok(Ok(open)) => open,
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".into(),
-                };
-                budget.mark_down();
-                return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
-            }
-        };
-        let reserve = budget.cfg.reserve_percent * 10;
-        let admitted =
-            tokio::time::timeout(timeout, budget.store.admit(&portfolio, &rk, fallback, reserve, reserved, open)).await;
-        let labels = vec![("portfolio", portfolio.clone())];
-        let a = match admitted {
-            Ok(Ok(a)) => a,
-            failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".into(),
-                };
-                budget.mark_down();
-                return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
-            }
-        };
-        budget.limit.get_or_create(&labels).set(a.limit);
-        budget.remember_limit(&portfolio, a.limit);
-        if a.verdict != Verdict::WindowOpen {
-            budget.used.get_or_create(&labels).set(a.used);
-        }
-        let newly_noted: bool = budget.noted.lock().map(|mut n| n.insert(portfolio.clone())).unwrap_or(false);
-        if newly_noted && let Err(e) = budget.store.note(&portfolio).await {
-            tracing::debug!(%portfolio, error = %e, "portfolio not listed for bwctl yet");
-            if let Ok(mut n) = budget.noted.lock() {
-                n.remove(&portfolio);
-            }
-        }
-        let Verdict::Held { wait_ms } = a.verdict else { return Some(w) };
-        let class = if reserved { "reserved" } else { "marketing" };
-        budget.held.get_or_create(&vec![("portfolio", portfolio.clone()), ("class", class.to_string())]).inc();
-        let cap = if reserved { a.limit } else { bw_breaker::budget::marketing_cap(a.limit, reserve) };
-        let reason = held_reason(&portfolio, a.used, a.limit, cap, reserved);
-        let delivered = w.msg.info().map(|i| i.delivered).unwrap_or(1);
-        let delay = hold_delay(&budget.cfg, delivered, wait_ms);
-        let delay_ms = delay.as_millis() as u64;
-        let (used, limit) = (a.used, a.limit);
-        tracing::debug!(parent: &w.span, %portfolio, used, limit, class, delay_ms, "over the portfolio budget; held");
-        if !w.ledger.entry.reason.starts_with(HELD_PREFIX) {
-            let written = self
-                .update_ledger(&w, |cur| {
-                    // Only a message still waiting in BW_SEND in this pass gets the note.
-                    let replays = w.ledger.entry.replays;
-                    let cur = cur.filter(|c| c.state() == OperationState::Queued && c.replays == replays)?;
-                    let mut e = cur.clone();
-                    e.reason = reason.clone();
-                    Some(e)
-                })
-                .await;
-            if !written {
-                self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
-                return None;
-            }
-        }
-        let err = ErrorInfo { details: reason, at_unix_ms: now_ms(), ..Default::default() };
-        let event = crate::moves::Event { err: &err, wamid: "", latency_us: 0 };
-        self.settle(&w, Settle::nak(Outcome::BudgetHeld, delay), Some(event)).await;
-        None
-    }
 }
 
 #[cfg(test)]

@@ -24,41 +24,18 @@
 //! Redis unreachable: the gates let the message through (Meta's answer then holds it as above); the breaker's
 //! own degraded mode already slows the sender.
 
+use crate::budget::{Budget, HELD_PREFIX, held_reason, hold_delay, reserved};
 use crate::meta::MetaAnswer;
-use crate::process::{Work, Worker};
-use bw_breaker::recipient::RecipientMarketing;
-use bw_breaker::template_rules::TemplateRules;
-use bw_breaker::templates::{ScopeKey, TemplateHolds};
+use crate::settle::{Event, Outcome};
+use crate::worker::{Work, Worker};
+use bw_breaker::budget::Verdict;
+use bw_breaker::templates::ScopeKey;
 use bw_common::classify::{Only, PauseScope, RateScope};
-use bw_common::proto::{Category, DlqReason, ErrorInfo, QuarantineReason, send_request::Payload};
+use bw_common::disposition::Settle;
+use bw_common::proto::{Category, DlqReason, ErrorInfo, OperationState, QuarantineReason, send_request::Payload};
+use bw_common::registry::Owner;
 use bw_common::time::now_ms;
-
-/// The Redis side of the gates (absent without Redis: every gate passes).
-#[derive(Clone, Default)]
-pub(crate) struct Gates {
-    pub holds: Option<TemplateHolds>,
-    pub marketing: Option<RecipientMarketing>,
-    /// The portfolio messaging-limit budget (`budget.rs`); absent when off or without Redis.
-    pub budget: Option<std::sync::Arc<crate::budget::Budget>>,
-    /// Template category moves and RED paces (`bw_breaker::template_rules`); absent without Redis.
-    pub rules: Option<TemplateRules>,
-}
-
-impl Gates {
-    pub(crate) fn new(redis: Option<bw_breaker::RedisConn>) -> Gates {
-        Gates {
-            holds: redis.clone().map(TemplateHolds::new),
-            rules: redis.clone().map(TemplateRules::new),
-            marketing: redis.map(RecipientMarketing::new),
-            budget: None,
-        }
-    }
-
-    pub(crate) fn with_budget(mut self, budget: Option<crate::budget::Budget>) -> Gates {
-        self.budget = budget.map(std::sync::Arc::new);
-        self
-    }
-}
+use std::time::{Duration, Instant};
 
 fn is_marketing_template(w: &Work) -> bool {
     w.request.category() == Category::Marketing && matches!(w.request.payload, Some(Payload::Template(_)))
@@ -230,13 +207,6 @@ impl Worker {
     }
 }
 
-/// The ledger reason of a message Meta accepted and holds for its template's quality assessment (template pacing,
-/// `message_status: held_for_quality_assessment`, meta-cloud-api.md §3.5): not failed and never resent; Meta
-/// releases it (sent, delivered follow) or drops it (failed 132015, when the template is paused: then a new
-/// attempt waits in the template's quarantine scope).
-pub(crate) const HELD_FOR_QUALITY_REASON: &str = "held_for_quality_assessment: Meta holds it while the template's \
-     quality is assessed (pacing); not failed, never resent; a status webhook moves it on";
-
 /// What the producer's feed and the operator see for a held message: the scope, never a phone number.
 pub(crate) fn held_detail(key: &ScopeKey, code: i64) -> String {
     match key {
@@ -250,6 +220,158 @@ pub(crate) fn held_detail(key: &ScopeKey, code: i64) -> String {
                      waits for an operator"
             )
         }
+    }
+}
+
+/// A failed Graph read of a portfolio's tier is tried again after this long (the fallback applies meanwhile).
+const ASK_AGAIN: Duration = Duration::from_secs(60);
+
+/// The portfolio messaging-limit gate (`budget.rs`).
+impl Worker {
+    /// Learns a portfolio's tier from Meta once per process (`GET /{phone_number_id}?fields=
+    /// whatsapp_business_manager_messaging_limit`, reference §3.3) and stores it unless a limit is stored already
+    /// (a webhook's is newer). Meta's value wins over `budget.limits`; while Meta cannot be asked, the fallback
+    /// (config, else the lowest tier) holds, and the read is tried again after [`ASK_AGAIN`].
+    async fn learn_tier(&self, budget: &Budget, portfolio: &str, phone: &str) {
+        // Held across the read: a message of the portfolio arriving meanwhile waits for Meta's tier instead of
+        // being counted against the fallback.
+        let mut asked = budget.asked.lock().await;
+        let due = match asked.get(portfolio) {
+            None => true,
+            Some(None) => false,
+            Some(Some(at)) => at.elapsed() >= ASK_AGAIN,
+        };
+        if !due {
+            return;
+        }
+        let read = self.meta.read_field(phone, "whatsapp_business_manager_messaging_limit").await;
+        let learned = match read {
+            Ok(raw) => match bw_breaker::budget::tier_users(&raw) {
+                0 => Err(format!("tier `{}` not understood", raw.chars().take(32).collect::<String>())),
+                limit => budget.store.seed_limit(portfolio, limit, "graph", &raw).await.map_err(|e| e.to_string()),
+            },
+            Err(e) => Err(e),
+        };
+        match learned {
+            Ok(limit) => {
+                tracing::info!(%portfolio, limit, "portfolio messaging limit learned from Meta");
+                asked.insert(portfolio.to_string(), None);
+            }
+            Err(error) => {
+                tracing::warn!(%portfolio, %error, "portfolio tier not read from Meta; the fallback holds");
+                asked.insert(portfolio.to_string(), Some(Instant::now()));
+            }
+        }
+    }
+
+    /// Redis unreachable: authentication, utility and support go on uncounted (an OTP must not wait for the
+    /// counting store); marketing is held for `budget.hold_ms`.
+    async fn budget_unavailable(
+        &self,
+        budget: &Budget,
+        w: Work,
+        portfolio: &str,
+        reserved: bool,
+        error: &str,
+    ) -> Option<Work> {
+        if reserved {
+            tracing::debug!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; sent uncounted");
+            return Some(w);
+        }
+        tracing::warn!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; marketing held");
+        let delay = Duration::from_millis(budget.cfg.hold_ms);
+        self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
+        None
+    }
+
+    /// The budget gate; returns the message when it may go on, else it has been held (given back to the broker).
+    pub(crate) async fn budget_gate(&self, w: Work) -> Option<Work> {
+        let Some(budget) = &self.gates.budget else { return Some(w) };
+        if !matches!(w.request.payload, Some(Payload::Template(_))) {
+            return Some(w);
+        }
+        let registered = match self.registry.owner(&w.request.phone_number_id, &w.request.waba_id).await {
+            Ok(Owner::Known { portfolio_id, .. }) => portfolio_id,
+            _ => String::new(),
+        };
+        let portfolio = bw_breaker::budget::portfolio_of(&registered, &w.request.waba_id, &budget.cfg.portfolios);
+        let rk = bw_common::mask::recipient_key(&w.request.recipient);
+        let reserved = reserved(w.request.category());
+        if budget.store_down() {
+            return self.budget_unavailable(budget, w, &portfolio, reserved, "unreachable a moment ago").await;
+        }
+        self.learn_tier(budget, &portfolio, &w.request.phone_number_id).await;
+        let fallback = budget.fallback(&portfolio);
+        let timeout = Duration::from_millis(budget.cfg.timeout_ms);
+        let phone = &w.request.phone_number_id;
+        let open = match tokio::time::timeout(timeout, budget.store.window_open(phone, &rk)).await {
+            Ok(Ok(open)) => open,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                budget.mark_down();
+                return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
+            }
+        };
+        let reserve = budget.cfg.reserve_percent * 10;
+        let admitted =
+            tokio::time::timeout(timeout, budget.store.admit(&portfolio, &rk, fallback, reserve, reserved, open)).await;
+        let labels = vec![("portfolio", portfolio.clone())];
+        let a = match admitted {
+            Ok(Ok(a)) => a,
+            failed => {
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".into(),
+                };
+                budget.mark_down();
+                return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
+            }
+        };
+        budget.limit.get_or_create(&labels).set(a.limit);
+        budget.remember_limit(&portfolio, a.limit);
+        if a.verdict != Verdict::WindowOpen {
+            budget.used.get_or_create(&labels).set(a.used);
+        }
+        let newly_noted: bool = budget.noted.lock().map(|mut n| n.insert(portfolio.clone())).unwrap_or(false);
+        if newly_noted && let Err(e) = budget.store.note(&portfolio).await {
+            tracing::debug!(%portfolio, error = %e, "portfolio not listed for bwctl yet");
+            if let Ok(mut n) = budget.noted.lock() {
+                n.remove(&portfolio);
+            }
+        }
+        let Verdict::Held { wait_ms } = a.verdict else { return Some(w) };
+        let class = if reserved { "reserved" } else { "marketing" };
+        budget.held.get_or_create(&vec![("portfolio", portfolio.clone()), ("class", class.to_string())]).inc();
+        let cap = if reserved { a.limit } else { bw_breaker::budget::marketing_cap(a.limit, reserve) };
+        let reason = held_reason(&portfolio, a.used, a.limit, cap, reserved);
+        let delivered = w.msg.info().map(|i| i.delivered).unwrap_or(1);
+        let delay = hold_delay(&budget.cfg, delivered, wait_ms);
+        let delay_ms = delay.as_millis() as u64;
+        let (used, limit) = (a.used, a.limit);
+        tracing::debug!(parent: &w.span, %portfolio, used, limit, class, delay_ms, "over the portfolio budget; held");
+        if !w.ledger.entry.reason.starts_with(HELD_PREFIX) {
+            let written = self
+                .update_ledger(&w, |cur| {
+                    // Only a message still waiting in BW_SEND in this pass gets the note.
+                    let replays = w.ledger.entry.replays;
+                    let cur = cur.filter(|c| c.state() == OperationState::Queued && c.replays == replays)?;
+                    let mut e = cur.clone();
+                    e.reason = reason.clone();
+                    Some(e)
+                })
+                .await;
+            if !written {
+                self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
+                return None;
+            }
+        }
+        let err = ErrorInfo { details: reason, at_unix_ms: now_ms(), ..Default::default() };
+        let event = Event { err: &err, wamid: "", latency_us: 0 };
+        self.settle(&w, Settle::nak(Outcome::BudgetHeld, delay), Some(event)).await;
+        None
     }
 }
 

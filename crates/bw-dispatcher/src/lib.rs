@@ -26,324 +26,35 @@
 //! Entry point: [`run`].
 
 mod attempt;
+mod backoff;
 pub mod budget;
+mod config;
+mod fetch;
 mod gates;
 mod late;
 mod meta;
 mod metrics;
-mod moves;
 mod order;
 mod priority;
 mod process;
 mod route;
+mod send;
+mod settle;
+mod worker;
 
+pub use config::{Config, DEFAULT_CONFIG, DispatchConfig, MetaConfig};
+pub use fetch::{lane_consumer, partition_lane_consumer};
 pub use meta::{MetaAnswer, MetaClient, build_body};
 
-use async_nats::jetstream::consumer::{self, pull};
-use bw_common::config::{AdminConfig, NatsConfig, RedisConfig, TelemetryConfig};
-use bw_common::names::{self, Lane};
-use bw_common::service::{Deps, ServiceConfig};
+use bw_common::service::Deps;
+use bw_wire::names::Lane;
+use config::credentials_warning;
+use fetch::{FETCH_BOUND, Parked, fetch_order, idle_wait_any, served_partitions, take_parked};
 use futures::StreamExt;
-use serde::Deserialize;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// Compiled defaults, every key commented.
-pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
-
-/// Dispatcher configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    pub nats: NatsConfig,
-    pub redis: RedisConfig,
-    pub admin: AdminConfig,
-    #[serde(default)]
-    pub telemetry: TelemetryConfig,
-    pub meta: MetaConfig,
-    pub dispatch: DispatchConfig,
-    /// Breaker client settings (local fallback, command timeouts); defaults when absent.
-    #[serde(default)]
-    pub breaker: bw_breaker::BreakerConfig,
-    /// Whether senders are checked against the sender registry before each send (the compiled default).
-    #[serde(default)]
-    pub tenancy: bw_common::tenancy::TenancyConfig,
-    /// The portfolio messaging-limit budget (`budget.rs`).
-    #[serde(default)]
-    pub budget: budget::BudgetConfig,
-}
-
-/// How to reach Meta.
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MetaConfig {
-    pub base_url: String,
-    pub api_version: String,
-    /// Start even though `api_version` has ended (`bw_common::api_versions::check`).
-    #[serde(default)]
-    pub allow_expired_api_version: bool,
-    /// The Meta app the token belongs to: app-wide limits (code 4) pause every number on it. Empty: the
-    /// token's fingerprint stands for the app.
-    #[serde(default, deserialize_with = "bw_common::config::text")]
-    pub app_id: String,
-    #[serde(deserialize_with = "bw_common::config::text")]
-    pub access_token: String,
-    pub connect_timeout_ms: u64,
-    pub request_timeout_ms: u64,
-    pub pool_max_idle_per_host: usize,
-}
-
-impl std::fmt::Debug for MetaConfig {
-    // The token never appears in logs, even through a debug print of the config.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MetaConfig")
-            .field("base_url", &self.base_url)
-            .field("api_version", &self.api_version)
-            .field("access_token", &"<redacted>")
-            .finish_non_exhaustive()
-    }
-}
-
-/// Dispatch behaviour.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DispatchConfig {
-    /// BW_SEND partitions this instance serves (`nats.send_partitions`); empty: every partition.
-    #[serde(default)]
-    pub partitions: Vec<usize>,
-    pub batch_size: usize,
-    pub max_in_flight: usize,
-    pub max_retries: u32,
-    pub retry_base_ms: u64,
-    pub retry_cap_ms: u64,
-    pub retry_budget_ms: u64,
-    pub ack_wait_ms: u64,
-    pub unknown_review_ms: u64,
-    pub long_pause_ms: u64,
-    /// E.164 prefixes Meta does not deliver marketing templates to: such a message ends FAILED unsent and is
-    /// never replayed (`gates.rs`).
-    pub marketing_undeliverable: Vec<String>,
-    pub publish_outcomes: bool,
-    pub shutdown_grace_ms: u64,
-    pub idle_wait_ms: u64,
-    pub hold_max_ms: u64,
-    pub readmit_interval_ms: u64,
-    /// An admitted message that reaches the wire more than this long after its send slot goes back to
-    /// admission instead of leaving late (0: never). See `process::Flown::Late`.
-    pub late_send_tolerance_ms: u64,
-    /// How long a reading of every sender's priority backlog is reused (the priority gate, `priority.rs`).
-    pub priority_backlog_refresh_ms: u64,
-    /// Redelivery delay of a marketing message held back while its sender has a priority backlog.
-    pub priority_hold_ms: u64,
-    /// Older priority first: a live priority message waits while its sender's priority replays are in the rh
-    /// lane, until it is this old (or its deadline is nearer); 0 switches the rule off (`priority.rs`, rule 3).
-    pub live_priority_hold_max_ms: u64,
-    /// Write the wamid → operation link after each send (the third ledger write). Statuses carry
-    /// `biz_opaque_callback_data`, which names the operation; the link is the fallback for one without it, and
-    /// the reference leaves open whether Meta's `failed` statuses carry it, so the default keeps it (the safe
-    /// reading). Off saves a durable write per message: for deployments whose own traffic shows every failed
-    /// status carrying it (`bw_status_callback_data_total`, `deploy/runbooks/wamid-link.md`).
-    pub wamid_link: bool,
-}
-
-impl ServiceConfig for Config {
-    fn nats(&self) -> &NatsConfig {
-        &self.nats
-    }
-    fn redis(&self) -> Option<&RedisConfig> {
-        Some(&self.redis)
-    }
-    fn admin(&self) -> &AdminConfig {
-        &self.admin
-    }
-    fn telemetry(&self) -> &TelemetryConfig {
-        &self.telemetry
-    }
-    fn validate(&self) -> Result<(), String> {
-        self.breaker.defaults.validate().map_err(|e| format!("breaker.defaults: {e}"))?;
-        self.budget.validate()?;
-        self.breaker.validate_pool().map_err(|e| format!("breaker: {e}"))?;
-        let invalid = |m: &str| Err(m.to_string());
-        if self.dispatch.ack_wait_ms <= self.meta.request_timeout_ms {
-            return invalid("dispatch.ack_wait_ms must exceed meta.request_timeout_ms");
-        }
-        if self.dispatch.batch_size == 0 || self.dispatch.max_in_flight < self.dispatch.batch_size {
-            return invalid("dispatch.batch_size must be > 0 and <= dispatch.max_in_flight");
-        }
-        if self.dispatch.hold_max_ms * 2 > self.dispatch.ack_wait_ms {
-            return invalid("dispatch.hold_max_ms must be at most half of dispatch.ack_wait_ms");
-        }
-        if self.dispatch.priority_backlog_refresh_ms == 0 || self.dispatch.priority_hold_ms == 0 {
-            return invalid("dispatch.priority_backlog_refresh_ms and dispatch.priority_hold_ms must be > 0");
-        }
-        if self.dispatch.retry_base_ms == 0 || self.dispatch.retry_cap_ms < self.dispatch.retry_base_ms {
-            return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
-        }
-        let send = self.nats.send_partitions;
-        if let Some(p) = self.dispatch.partitions.iter().find(|p| **p >= send) {
-            return Err(format!(
-                "dispatch.partitions names partition {p}, but nats.send_partitions is {send} (partitions 0 to {})",
-                send.saturating_sub(1)
-            ));
-        }
-        Ok(())
-    }
-    fn shutdown_grace(&self) -> Duration {
-        Duration::from_millis(self.dispatch.shutdown_grace_ms)
-    }
-}
-
-impl Config {
-    /// Loads and validates the config from the compiled defaults, an optional file and an env map.
-    pub fn load(
-        file: Option<&std::path::Path>,
-        env: &std::collections::HashMap<String, String>,
-    ) -> Result<Config, bw_common::config::ConfigError> {
-        bw_common::service::load_config("dispatcher", DEFAULT_CONFIG, file, env)
-    }
-}
-
-/// Client-side bound on waiting for the answer to a long-poll pull request.
-const FETCH_TIMEOUT: Duration = Duration::from_secs(2);
-/// Client-side bound on one no-wait fetch of a batch (see the fetch loop in [`run`]).
-const FETCH_BOUND: Duration = Duration::from_secs(10);
-
-/// An outstanding long-poll pull request (one message) on a lane.
-struct Parked {
-    since: tokio::time::Instant,
-    batch: pull::Batch,
-}
-
-/// Takes the message a parked request received, if any, and clears the slot when the request is over
-/// (answered, expired, failed, or unanswered for too long).
-fn take_parked(slot: &mut Option<Parked>) -> Option<async_nats::jetstream::Message> {
-    use futures::FutureExt;
-    let parked = slot.as_mut()?;
-    match parked.batch.next().now_or_never() {
-        Some(Some(Ok(m))) => {
-            *slot = None;
-            Some(m)
-        }
-        Some(_) => {
-            *slot = None;
-            None
-        }
-        None => {
-            if parked.since.elapsed() > FETCH_TIMEOUT * 2 {
-                *slot = None;
-            }
-            None
-        }
-    }
-}
-
-/// Waits, at most about `idle_wait`, for a message on any lane: every lane without an outstanding long-poll
-/// gets one, then the first message to arrive is returned. The other requests stay parked for the next turn.
-async fn idle_wait_any(
-    consumers: &[(Lane, consumer::Consumer<pull::Config>)],
-    parked: &mut [Option<Parked>],
-    idle_wait: Duration,
-) -> Option<(Lane, async_nats::jetstream::Message)> {
-    use futures::FutureExt;
-    for (slot, (lane, consumer)) in parked.iter_mut().zip(consumers) {
-        if slot.is_none() {
-            match tokio::time::timeout(FETCH_TIMEOUT, consumer.batch().max_messages(1).expires(idle_wait).messages())
-                .await
-            {
-                Ok(Ok(batch)) => *slot = Some(Parked { since: tokio::time::Instant::now(), batch }),
-                Ok(Err(e)) => tracing::debug!(lane = lane.token(), error = %e, "long poll failed"),
-                Err(_) => tracing::debug!(lane = lane.token(), "long poll unanswered"),
-            }
-        }
-    }
-    let polls: Vec<_> = parked
-        .iter_mut()
-        .enumerate()
-        .filter_map(|(i, slot)| slot.as_mut().map(|p| async move { (i, p.batch.next().await) }.boxed()))
-        .collect();
-    if polls.is_empty() {
-        return None;
-    }
-    let ((i, next), _, _) =
-        tokio::time::timeout(idle_wait + FETCH_TIMEOUT, futures::future::select_all(polls)).await.ok()?;
-    parked[i] = None;
-    match next {
-        Some(Ok(m)) => Some((consumers[i].0, m)),
-        _ => None,
-    }
-}
-
-/// Creates (or binds to) the durable pull consumer of a lane in BW_SEND (partition 0).
-pub async fn lane_consumer(
-    js: &async_nats::jetstream::Context,
-    lane: Lane,
-    ack_wait: Duration,
-) -> anyhow::Result<consumer::Consumer<pull::Config>> {
-    partition_lane_consumer(js, 0, lane, ack_wait).await
-}
-
-/// Creates (or binds to) the durable pull consumer of a lane in one BW_SEND partition (the same name on every
-/// partition's stream).
-pub async fn partition_lane_consumer(
-    js: &async_nats::jetstream::Context,
-    partition: usize,
-    lane: Lane,
-    ack_wait: Duration,
-) -> anyhow::Result<consumer::Consumer<pull::Config>> {
-    let stream = js.get_stream(names::SendPartitions::stream(partition)).await?;
-    let config = pull::Config {
-        durable_name: Some(lane.dispatcher_consumer().to_string()),
-        filter_subject: names::SendPartitions::lane_filter(partition, lane),
-        ack_policy: consumer::AckPolicy::Explicit,
-        ack_wait,
-        max_deliver: -1,
-        max_ack_pending: 50_000,
-        ..Default::default()
-    };
-    Ok(stream.get_or_create_consumer(lane.dispatcher_consumer(), config).await?)
-}
-
-/// The partitions an instance serves: those configured (in order, once each), or every one.
-fn served_partitions(configured: &[usize], send: names::SendPartitions) -> Vec<usize> {
-    let mut served: Vec<usize> = Vec::new();
-    for &p in configured.iter().filter(|p| **p < send.count()) {
-        if !served.contains(&p) {
-            served.push(p);
-        }
-    }
-    if served.is_empty() { send.all().collect() } else { served }
-}
-
-/// Indexes into the consumers (`per_lane` partitions of each lane, lane after lane) in fetch order for turn
-/// `turn`: lanes in serving order, and within each lane the partitions starting at `turn mod per_lane`.
-fn fetch_order(consumers: usize, per_lane: usize, turn: usize) -> impl Iterator<Item = usize> {
-    let per_lane = per_lane.max(1);
-    let start = turn % per_lane;
-    (0..consumers).map(move |i| {
-        let (lane, k) = (i / per_lane, i % per_lane);
-        lane * per_lane + (start + k) % per_lane
-    })
-}
-
-/// Access tokens the local stack, the drill and the simulator's examples use: fine against the simulator, a
-/// mistake anywhere else.
-const LOCAL_ACCESS_TOKENS: [&str; 4] = ["local-access-token", "sim-token", "drill-access-token", "e2e-access-token"];
-
-/// What is wrong with the Meta credentials at start-up, if anything (never the token itself): an empty token,
-/// or a well-known local one aimed at a Meta that is not on this machine.
-fn credentials_warning(meta: &MetaConfig) -> Option<&'static str> {
-    if meta.access_token.is_empty() {
-        return Some(
-            "meta.access_token is empty: Meta answers every send with 190 and the senders pause for credentials; set BW_DISPATCHER__META__ACCESS_TOKEN",
-        );
-    }
-    let local = bw_common::config::points_at_this_machine(&meta.base_url);
-    (LOCAL_ACCESS_TOKENS.contains(&meta.access_token.as_str()) && !local).then_some(
-        "meta.access_token is a well-known local default but meta.base_url is not on this machine: set the real token (BW_DISPATCHER__META__ACCESS_TOKEN)",
-    )
-}
 
 /// Runs the dispatcher until `shutdown` is cancelled, then finishes in-flight messages (ack or nak).
 pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -385,7 +96,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             consumers.push((lane, consumer));
         }
     }
-    let worker = Arc::new(process::Worker {
+    let worker = Arc::new(worker::Worker {
         js: deps.js.clone(),
         send: deps.buckets.send,
         nats: deps.nats.clone(),
@@ -406,7 +117,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         late_allowance: Default::default(),
         late_claims: Default::default(),
         mark_lead: Default::default(),
-        gates: gates::Gates::new(deps.redis.clone()).with_budget(budget::Budget::new(
+        gates: worker::Gates::new(deps.redis.clone()).with_budget(budget::Budget::new(
             deps.redis.clone(),
             cfg.budget.clone(),
             &deps.metrics,
@@ -500,7 +211,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     // A message that reached a parked request meanwhile goes back at once rather than after the ack wait.
     for slot in &mut parked {
         if let Some(m) = take_parked(slot) {
-            let settle = bw_common::disposition::Settle::nak(moves::Outcome::Held, Duration::ZERO);
+            let settle = bw_common::disposition::Settle::nak(settle::Outcome::Held, Duration::ZERO);
             bw_common::disposition::apply(&m, settle, &tracing::Span::none(), |l| worker.metrics.result(l)).await;
         }
     }
@@ -517,6 +228,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bw_wire::names;
 
     fn meta(base_url: &str, token: &str) -> MetaConfig {
         let mut cfg = Config::load(None, &Default::default()).expect("compiled defaults load").meta;

@@ -2,7 +2,7 @@
 //! into a [`MetaAnswer`]. The access token goes only into the Authorization header; the operation id goes into
 //! `biz_opaque_callback_data` so a status webhook can prove a send whose answer was lost.
 
-use crate::MetaConfig;
+use crate::config::MetaConfig;
 use bw_common::classify::{self, Channel, Classification, Retry};
 use bw_common::proto::{SendRequest, send_request::Payload};
 use serde_json::json;

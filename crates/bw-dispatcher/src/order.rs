@@ -21,7 +21,9 @@
 //! blocker, and removes it when the entry is final, quarantined or unknown, or missing for more than
 //! [`MISSING_GRACE_MS`] (a crash between ingest's registration and its publish).
 
-use crate::process::{Work, Worker};
+use crate::backoff::doubled;
+use crate::meta::MetaAnswer;
+use crate::worker::{Waiting, Work, Worker};
 use bw_breaker::{Admission, OrderRelease, Scope};
 use bw_common::proto::OperationState;
 use std::collections::HashMap;
@@ -39,25 +41,9 @@ const REDELIVERY_BASE_MS: u64 = 250;
 const REDELIVERY_CAP_MS: u64 = 5_000;
 const REDELIVERY_CAP_DLQ_MS: u64 = 15_000;
 
-/// What the dispatcher found out about the message a refused one waits for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Waiting {
-    pub blocker: String,
-    /// The blocker sits in the DLQ (a long wait).
-    pub in_dlq: bool,
-    /// The blocker had ended (or never arrived) and was removed from the set just now: admit again at once.
-    pub released: bool,
-}
-
 /// How long a message refused with order_wait waits in memory before it is admitted again.
 pub(crate) fn hold_ms(w: &Work) -> u64 {
     hold_after(w.order_polls, w.order_wait.as_ref().is_some_and(|o| o.released))
-}
-
-/// `base` doubled `doublings` times, at most `cap`: the back-off of every wait that grows each time a message
-/// comes back (order waits, their redeliveries, the priority gate's holds).
-pub(crate) fn doubled(base: u64, doublings: u32, cap: u64) -> u64 {
-    base.saturating_mul(1u64 << doublings.min(32)).min(cap)
 }
 
 /// The in-memory wait after `polls` earlier order_wait refusals (0 when the blocker was just removed).
@@ -79,8 +65,7 @@ pub(crate) fn gate_id(w: &Work) -> String {
 
 /// Whether Meta's answer takes the operation out of its recipient's order set: it reached Meta (accepted, or
 /// maybe: unknown) or can never be sent again (a permanent error, quarantined).
-pub(crate) fn answer_releases(answer: &crate::meta::MetaAnswer) -> bool {
-    use crate::meta::MetaAnswer;
+pub(crate) fn answer_releases(answer: &MetaAnswer) -> bool {
     match answer {
         MetaAnswer::Accepted { .. } | MetaAnswer::Unknown { .. } => true,
         MetaAnswer::Rejected { meaning, .. } => meaning.class == bw_common::classify::ErrorClass::Permanent,

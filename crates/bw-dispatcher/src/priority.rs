@@ -3,7 +3,7 @@
 //! Four rules, applied per sender (phone_number_id):
 //!
 //! 1. **Lanes.** Lanes are served in the order `rh` (priority replays), `hi` (live priority), `lo` (marketing),
-//!    `rp` (marketing replays) (`bw_common::names::Lane::ALL`). A priority replay is admitted as
+//!    `rp` (marketing replays) (`bw_wire::names::Lane::ALL`). A priority replay is admitted as
 //!    `TrafficClass::OlderPriority` (priority: it may take the transactional reserve and needs no replay headroom); only a
 //!    marketing replay keeps `TrafficClass::Replay`. The 80 % / 90 % usage rules and the reserve apply as before,
 //!    by class.
@@ -60,7 +60,7 @@
 //! first) and the dispatcher sorts what it fetched the same way.
 
 use bw_breaker::{DenyReason, TrafficClass};
-use bw_common::names::{self, Lane};
+use bw_wire::names::{self, Lane};
 use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -213,7 +213,7 @@ impl Backlog {
 /// Redelivery delay of a marketing message the priority gate holds back at its `delivered`-th delivery: `base`
 /// doubled per earlier delivery, at most 8 × `base`.
 pub(crate) fn gated_hold_ms(base: u64, delivered: i64) -> u64 {
-    crate::order::doubled(base, (delivered.max(1) - 1).min(3) as u32, base.saturating_mul(8))
+    crate::backoff::doubled(base, (delivered.max(1) - 1).min(3) as u32, base.saturating_mul(8))
 }
 
 #[cfg(test)]

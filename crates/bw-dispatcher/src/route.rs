@@ -1,6 +1,6 @@
 //! Where a message goes next: the one place that turns Meta's answer (or the breaker's refusal) into a next
 //! place. Pure functions of their inputs, no I/O, covered row by row by the table tests below; `process.rs`
-//! and `moves.rs` only carry out what these decide.
+//! and `settle.rs` only carry out what these decide.
 //!
 //! The table (meta-cloud-api.md §2.3, §3, §5, §6):
 //!
@@ -29,8 +29,8 @@
 use crate::meta::MetaAnswer;
 use bw_breaker::DenyReason;
 use bw_common::classify::{ErrorClass, PauseScope, RateScope};
-use bw_common::names::Lane;
 use bw_common::proto::{DlqReason, QuarantineReason};
+use bw_wire::names::Lane;
 
 /// Where a message goes after one try or one refusal.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,23 +6,29 @@
 //! the one function that applies it: the acknowledgement, the span's `result` field, the result metric and
 //! the outcome event.
 
-use crate::process::{Work, Worker, retry_after_pauses};
+use crate::backoff::{RETRY_LATER, decorrelated_jitter, retry_after_pauses};
+use crate::worker::{Work, Worker};
 use bw_common::disposition::{Label, Settle};
+use bw_common::ledger::WamidLink;
 use bw_common::moves::{Destination, publish_then_record};
-use bw_common::names;
 use bw_common::proto::{
-    Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason, Signal,
-    UnknownOutcome,
+    Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,
+    SendRequest, Signal, UnknownOutcome,
 };
 use bw_common::time::now_ms;
+use bw_wire::names;
 use prost::Message as _;
-use rand::RngExt;
 use std::time::Duration;
 
-/// Redelivery delay after a move that could not complete (broker or ledger unavailable).
-pub(crate) const RETRY_LATER: Duration = Duration::from_secs(1);
 /// Each process raises the `dlq_limit` signal at most this often per sender.
 const DLQ_LIMIT_SIGNAL_EVERY: Duration = Duration::from_secs(10);
+
+/// The ledger reason of a message Meta accepted and holds for its template's quality assessment (template pacing,
+/// `message_status: held_for_quality_assessment`, meta-cloud-api.md §3.5): not failed and never resent; Meta
+/// releases it (sent, delivered follow) or drops it (failed 132015, when the template is paused: then a new
+/// attempt waits in the template's quarantine scope).
+pub(crate) const HELD_FOR_QUALITY_REASON: &str = "held_for_quality_assessment: Meta holds it while the template's \
+     quality is assessed (pacing); not failed, never resent; a status webhook moves it on";
 
 /// What one delivery of a message ended in (metric label `result`, span field `result`, outcome event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,11 +208,7 @@ impl Worker {
         );
         let link = async {
             // The link keeps this attempt's request: a retriable `failed` status re-queues it (attempt.rs).
-            if self.cfg.wamid_link {
-                self.ledger.link_attempt(&wamid, &crate::attempt::link_of(&w)).await
-            } else {
-                Ok(())
-            }
+            if self.cfg.wamid_link { self.ledger.link_attempt(&wamid, &link_of(&w)).await } else { Ok(()) }
         };
         let (recorded, linked) = tokio::join!(record, link);
         if let Err(e) = linked {
@@ -235,7 +237,7 @@ impl Worker {
             e.attempts += 1;
             e.reason.clear();
             if held {
-                e.reason = crate::gates::HELD_FOR_QUALITY_REASON.to_string();
+                e.reason = HELD_FOR_QUALITY_REASON.to_string();
             }
             e.transient_failures = 0;
             e.first_failure_at_unix_ms = 0;
@@ -647,11 +649,26 @@ impl Worker {
     }
 }
 
-/// Decorrelated jitter: `min(cap, random(base, previous * 3))`.
-pub(crate) fn decorrelated_jitter(base_ms: u64, cap_ms: u64, previous_ms: u64) -> u64 {
-    let upper = previous_ms.saturating_mul(3).max(base_ms + 1);
-    let pick = rand::rng().random_range(base_ms..upper);
-    pick.min(cap_ms)
+/// The wamid link of an accepted send: its operation, its attempt and its request (without the carried async
+/// error, which belonged to the attempt before).
+pub(crate) fn link_of(w: &Work) -> WamidLink {
+    WamidLink {
+        operation_id: w.request.operation_id.clone(),
+        attempt: w.attempt(),
+        request: without_async_error(&w.request).encode_to_vec(),
+    }
+}
+
+/// `request` without the fields of an earlier attempt's asynchronous failure.
+pub(crate) fn without_async_error(request: &SendRequest) -> SendRequest {
+    SendRequest {
+        async_error_code: 0,
+        async_error_subcode: 0,
+        async_error_title: String::new(),
+        async_failed_wamid: String::new(),
+        async_failed_attempt: 0,
+        ..request.clone()
+    }
 }
 
 /// True while the ledger entry is still the one this delivery works from: QUEUED and not replayed since it was
@@ -669,7 +686,7 @@ fn still_queued_since(cur: Option<&LedgerEntry>, replays_read: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{decorrelated_jitter, still_queued_since};
+    use super::still_queued_since;
     use bw_common::proto::{LedgerEntry, OperationState};
 
     #[test]
@@ -686,17 +703,5 @@ mod tests {
         // Another delivery of the same message moved it already (its DLQ entry may be replayed by now).
         assert!(!still_queued_since(Some(&entry(OperationState::Dlq, 1)), 1));
         assert!(!still_queued_since(Some(&entry(OperationState::Sent, 1)), 1));
-    }
-
-    #[test]
-    fn jitter_stays_between_base_and_cap() {
-        let mut previous = 1_000;
-        for _ in 0..1000 {
-            let d = decorrelated_jitter(1_000, 60_000, previous);
-            assert!((1_000..=60_000).contains(&d), "{d}");
-            assert!(d < previous.max(1_000) * 3 + 1);
-            previous = d;
-        }
-        assert_eq!(decorrelated_jitter(1_000, 1_000, 50_000), 1_000);
     }
 }
