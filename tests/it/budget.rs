@@ -5,6 +5,7 @@
 //! `business_capability_update`) releases the held messages, each sent once; an inbound message opens the
 //! recipient's service window, so a template to them does not count.
 
+use bw_common::names::{self, Lane};
 use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::{FailureCause, PortfolioConfig, SimConfig, Tier};
@@ -208,5 +209,117 @@ async fn an_inbound_message_opens_the_window_so_that_recipient_does_not_count() 
     assert!(over, "a 4th new user is held");
     let state = budget.read(&portfolio(), 250).await.expect("read");
     assert_eq!((state.used, state.limit, state.source.as_str()), (3, 3, "graph"), "{state:?}");
+    nothing_failed_at_meta(&h);
+}
+
+/// Pending deliveries of a durable consumer of BW_SEND (partition 0): delivered and not yet acked.
+async fn ack_pending(h: &Harness, consumer: &str) -> usize {
+    let stream = h.js.get_stream(names::SendPartitions::stream(0)).await.expect("BW_SEND");
+    let mut c: async_nats::jetstream::consumer::PullConsumer = stream.get_consumer(consumer).await.expect("consumer");
+    c.info().await.expect("consumer info").num_ack_pending
+}
+
+/// The compiled defaults: a flash sale past the portfolio's limit leaves its lane. The held marketing waits on the
+/// held consumer, not in the marketing lane's pending set (whose 50,000 would otherwise stop the lane), an OTP goes
+/// meanwhile, and once Meta raises the tier every held message is sent, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_marketing_waits_out_of_its_lane_and_goes_once_when_the_budget_frees() {
+    let h = stack("20").await;
+    let sale: Vec<SendRequest> = (0..60).map(|i| request(&format!("sale-{i:02}"), i, Category::Marketing)).collect();
+    let sale = submit(&h, sale).await;
+    let first = bw_testkit::wait_until(WAIT, || async {
+        sent(&h, &sale).await.len() == 18 && held(&h, &sale).await.len() == 42
+    })
+    .await;
+    assert!(first, "18 sent, 42 held: {} sent, {} held", sent(&h, &sale).await.len(), held(&h, &sale).await.len());
+    let lane_clear =
+        bw_testkit::wait_until(WAIT, || async { ack_pending(&h, Lane::Low.dispatcher_consumer()).await == 0 }).await;
+    assert!(lane_clear, "held messages leave the lane's pending set");
+    let parked = bw_testkit::wait_until(WAIT, || async { ack_pending(&h, names::HELD_CONSUMER).await == 42 }).await;
+    assert!(parked, "the held consumer has them: {}", ack_pending(&h, names::HELD_CONSUMER).await);
+
+    let otp = submit(&h, vec![request("sale-otp", 100, Category::Authentication)]).await;
+    assert!(h.wait_all(&otp, &SENT, WAIT).await, "an OTP within the reserve goes while the sale is held");
+
+    let up: bw_meta_sim::Event = serde_json::from_value(serde_json::json!({
+        "name": "tier-2k", "kind": "business_capability_update", "max_daily_conversations_per_business": "TIER_2K",
+    }))
+    .expect("event");
+    h.sim.fire_event(up).expect("fired");
+    assert!(h.wait_all(&sale, &SENT, WAIT).await, "the tier rise released every held message");
+    let oracle = h.sim.oracle();
+    for op in sale.iter().chain(&otp) {
+        assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted once");
+    }
+    nothing_failed_at_meta(&h);
+}
+
+/// A held backlog larger than the lane's pending cap. Relaxed beside the default test above: the marketing lane's
+/// consumer is created with a cap of 10 (the default is 50,000, too many for a test) before the dispatcher binds
+/// to it. 30 held messages do not stop the lane: a marketing message to a recipient in its service window (not
+/// counted) on the same lane still goes, and so does an OTP; all go once after the tier rise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_backlog_past_the_lane_cap_does_not_stop_the_lanes_other_messages() {
+    const CAP: i64 = 10;
+    let mut h = Harness::start(sim("20")).await;
+    h.start_ingest(&[]).await;
+    let stream = h.js.get_stream(names::SendPartitions::stream(0)).await.expect("BW_SEND");
+    let lane = Lane::Low;
+    let config = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some(lane.dispatcher_consumer().into()),
+        filter_subject: names::SendPartitions::lane_filter(0, lane),
+        ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+        ack_wait: Duration::from_secs(30),
+        max_deliver: -1,
+        max_ack_pending: CAP,
+        ..Default::default()
+    };
+    stream.get_or_create_consumer(lane.dispatcher_consumer(), config).await.expect("lane consumer with a small cap");
+    h.start_dispatcher_at_defaults().await;
+    h.start_coordinator(&[]).await;
+    let registry = bw_common::registry::Registry::open(&h.js, 1).await.expect("registry");
+    let record = SenderRecord {
+        phone_number_id: PHONE.into(),
+        waba_id: WABA_ID.into(),
+        tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+        portfolio_id: portfolio(),
+        updated_at_unix_ms: bw_common::time::now_ms(),
+    };
+    registry.add(&record).await.expect("registered");
+
+    let sale: Vec<SendRequest> = (0..48).map(|i| request(&format!("cap-{i:02}"), i, Category::Marketing)).collect();
+    let sale = submit(&h, sale).await;
+    let first = bw_testkit::wait_until(WAIT, || async {
+        sent(&h, &sale).await.len() == 18 && held(&h, &sale).await.len() == 30
+    })
+    .await;
+    assert!(first, "18 sent, 30 held: {} sent, {} held", sent(&h, &sale).await.len(), held(&h, &sale).await.len());
+
+    // A customer who wrote in: marketing to them does not count, so it goes on the same lane.
+    let writer = 500;
+    h.sim.inject_inbound(PHONE, &format!("+5491180{writer:06}"), "Ana", "hola").expect("inbound webhook sent");
+    let redis = bw_common::redis_conn::connect(&h.redis.url(), Duration::from_millis(500), Duration::from_secs(10))
+        .await
+        .expect("redis");
+    let budget = bw_breaker::budget::PortfolioBudget::new(bw_breaker::RedisConn::Single(redis));
+    let rk = bw_common::mask::recipient_key(&format!("+5491180{writer:06}"));
+    let open = bw_testkit::wait_until(WAIT, || async { budget.window_open(PHONE, &rk).await.unwrap_or(false) }).await;
+    assert!(open, "ingest recorded the window");
+    let reply = submit(&h, vec![request("cap-window", writer, Category::Marketing)]).await;
+    assert!(h.wait_all(&reply, &SENT, WAIT).await, "the lane's other marketing goes past 30 held, cap 10");
+    let otp = submit(&h, vec![request("cap-otp", 900, Category::Authentication)]).await;
+    assert!(h.wait_all(&otp, &SENT, WAIT).await, "an OTP goes");
+    assert_eq!(held(&h, &sale).await.len(), 30, "the sale stays held");
+
+    let up: bw_meta_sim::Event = serde_json::from_value(serde_json::json!({
+        "name": "tier-2k", "kind": "business_capability_update", "max_daily_conversations_per_business": "TIER_2K",
+    }))
+    .expect("event");
+    h.sim.fire_event(up).expect("fired");
+    assert!(h.wait_all(&sale, &SENT, WAIT).await, "the tier rise released every held message");
+    let oracle = h.sim.oracle();
+    for op in sale.iter().chain(&reply).chain(&otp) {
+        assert_eq!(oracle.get(op).map(|e| e.count), Some(1), "{op} accepted once");
+    }
     nothing_failed_at_meta(&h);
 }

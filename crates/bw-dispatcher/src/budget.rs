@@ -15,16 +15,18 @@
 //! - The reserve: marketing stops `budget.reserve_percent` (10 %) short of the limit; authentication, utility
 //!   and support templates may use it all. So marketing is held first.
 //!
-//! Holding keeps every promise: a held message is given back to its BW_SEND consumer with a delayed
-//! redelivery (a nak with delay; the consumers have no delivery limit), so it is neither sent nor dead-lettered,
-//! its ledger state stays QUEUED (the place it is in) and nothing else can take it. Its first hold writes the
-//! reason into the ledger entry (one revision, so one feed event, with the portfolio and the figures, never a
-//! number) and each hold publishes a `budget_held` outcome. Each redelivery passes every check again (ledger,
-//! deadline, registry, gates), so a held message whose deadline passed ends EXPIRED, and it is sent at most
-//! once like any other. It goes out when the window slides (the delay never exceeds the time until the oldest
-//! counted user leaves the window) or the tier rises (within `budget.hold_max_ms`, the longest delay: each
-//! redelivery doubles it from `budget.hold_ms`). Held messages count toward the lane consumer's
-//! `max_ack_pending` (50,000): past it the lane waits, losing nothing.
+//! Holding keeps every promise: a held message leaves its lane (`Worker::hold_out_of_lane`): the same request is
+//! published to the sender's held subject in its BW_SEND partition and the lane's copy is acked, so held
+//! messages wait in the pending set of the partition's own `dispatcher-held` consumer, never in a lane's
+//! (`max_ack_pending` 50,000), and a flash sale past its limit never stops the lane's other messages. There it is
+//! given back with a delayed redelivery (a nak with delay; no delivery limit), so it is neither sent nor
+//! dead-lettered, its ledger state stays QUEUED (the place it is in) and nothing else can take it. Its first hold
+//! writes the reason into the ledger entry (one revision, so one feed event, with the portfolio and the figures,
+//! never a number) and each hold publishes a `budget_held` outcome. Each delivery passes every check again (ledger,
+//! deadline, registry, gates), so a held message whose deadline passed ends EXPIRED, and it is sent at most once
+//! like any other. It goes out when the window slides (the delay never exceeds the time until the oldest counted
+//! user leaves the window) or the tier rises (within `budget.hold_max_ms`, the longest delay: each redelivery
+//! doubles it from `budget.hold_ms`).
 //!
 //! Redis unreachable: marketing is held for `budget.hold_ms`; authentication, utility and support go on, at the
 //! breaker's bounded local fallback rate. An OTP must not wait for the counting store, and the users such a gap

@@ -117,6 +117,31 @@ pub async fn partition_lane_consumer(
     Ok(stream.get_or_create_consumer(lane.dispatcher_consumer(), config).await?)
 }
 
+/// Pending deliveries the held consumer of a partition may have: held messages wait in its pending set between
+/// their redeliveries, apart from the lanes' (50,000 each), so a flash sale past its portfolio's messaging limit
+/// never stops a lane. Past this many, further held messages wait undelivered in the stream (nothing is lost).
+pub(crate) const HELD_MAX_ACK_PENDING: i64 = 1_000_000;
+
+/// Creates (or binds to) the durable pull consumer of the held messages in one BW_SEND partition: the requests
+/// the portfolio budget holds, parked out of their lanes (`Worker::park`).
+pub async fn held_consumer(
+    js: &async_nats::jetstream::Context,
+    partition: usize,
+    ack_wait: Duration,
+) -> anyhow::Result<consumer::Consumer<pull::Config>> {
+    let stream = js.get_stream(names::SendPartitions::stream(partition)).await?;
+    let config = pull::Config {
+        durable_name: Some(names::HELD_CONSUMER.to_string()),
+        filter_subject: names::SendPartitions::held_filter(partition),
+        ack_policy: consumer::AckPolicy::Explicit,
+        ack_wait,
+        max_deliver: -1,
+        max_ack_pending: HELD_MAX_ACK_PENDING,
+        ..Default::default()
+    };
+    Ok(stream.get_or_create_consumer(names::HELD_CONSUMER, config).await?)
+}
+
 /// The partitions an instance serves: those configured (in order, once each), or every one.
 pub(crate) fn served_partitions(configured: &[usize], send: names::SendPartitions) -> Vec<usize> {
     let mut served: Vec<usize> = Vec::new();
@@ -142,6 +167,8 @@ pub(crate) fn fetch_order(consumers: usize, per_lane: usize, turn: usize) -> imp
 impl Worker {
     /// Decodes, checks the ledger and the deadline. Returns None when the message was already handled here.
     pub(crate) async fn prepare(&self, lane: Lane, msg: jetstream::Message) -> Option<Work> {
+        // A held message (parked by the budget gate) keeps the lane it was accepted on.
+        let lane = names::SendPartitions::held_lane(&msg.subject).unwrap_or(lane);
         let request = match SendRequest::decode(msg.payload.as_ref()) {
             Ok(r) => r,
             Err(e) => {

@@ -280,7 +280,7 @@ impl Worker {
         }
         tracing::warn!(parent: &w.span, %portfolio, %error, "portfolio budget unavailable; marketing held");
         let delay = Duration::from_millis(budget.cfg.hold_ms);
-        self.settle(&w, Settle::nak(Outcome::MovePending, delay), None).await;
+        self.hold_out_of_lane(&w, Outcome::MovePending, delay, None).await;
         None
     }
 
@@ -370,7 +370,7 @@ impl Worker {
         }
         let err = ErrorInfo { details: reason, at_unix_ms: now_ms(), ..Default::default() };
         let event = Event { err: &err, wamid: "", latency_us: 0 };
-        self.settle(&w, Settle::nak(Outcome::BudgetHeld, delay), Some(event)).await;
+        self.hold_out_of_lane(&w, Outcome::BudgetHeld, delay, Some(event)).await;
         None
     }
 }

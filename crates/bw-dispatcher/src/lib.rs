@@ -2,12 +2,14 @@
 //!
 //! It pulls accepted send requests from the BW_SEND work queue through four durable pull consumers, filling a
 //! batch in serving order: `rh` = priority (authentication/transactional/support) replayed from the DLQ, `hi` =
-//! live priority, `lo` = marketing, `rp` = marketing replayed from the DLQ. Priority follows the message: a
+//! live priority, `lo` = marketing, `rp` = marketing replayed from the DLQ; then a fifth, `dispatcher-held`, for
+//! the messages the portfolio budget holds out of their lanes (`budget.rs`). Priority follows the message: a
 //! marketing message waits while its sender has priority messages in the DLQ or `rh`, and a message that cannot
-//! make its deadline ends EXPIRED before any call (`priority.rs`). Each message is checked against the ledger (never send an operation twice) and its
-//! deadline, admitted through the Redis breaker and rate limits in one round trip per batch and scope, POSTed
-//! to Meta, classified by error code, and moved to exactly one next place: SENT, a delayed redelivery, the
-//! DLQ, the quarantine, or the unknown-outcome queue. Any number of instances share the consumers.
+//! make its deadline ends EXPIRED before any call (`priority.rs`). Each message is checked against the ledger
+//! (never send an operation twice) and its deadline, admitted through the Redis breaker and rate limits in one
+//! round trip per batch and scope, POSTed to Meta, classified by error code, and moved to exactly one next place:
+//! SENT, a delayed redelivery, the DLQ, the quarantine, or the unknown-outcome queue. Any number of instances share
+//! the consumers.
 //!
 //! A message the limits refuse for a short while (sender or pair rate, reserve, canary budget) waits in memory
 //! for the slot the admission script names and goes back to admission with the others due then (one round
@@ -43,7 +45,7 @@ mod settle;
 mod worker;
 
 pub use config::{Config, DEFAULT_CONFIG, DispatchConfig, MetaConfig};
-pub use fetch::{lane_consumer, partition_lane_consumer};
+pub use fetch::{held_consumer, lane_consumer, partition_lane_consumer};
 pub use meta::{MetaAnswer, MetaClient, build_body};
 
 use bw_common::service::Deps;
@@ -95,6 +97,13 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                 .await?;
             consumers.push((lane, consumer));
         }
+    }
+    // The held messages after every lane: `prepare` reads each one's own lane from its subject.
+    for &partition in &partitions {
+        let consumer = deps
+            .startup_step("held consumer", Duration::from_secs(30), || held_consumer(&deps.js, partition, ack_wait))
+            .await?;
+        consumers.push((Lane::Replay, consumer));
     }
     let worker = Arc::new(worker::Worker {
         js: deps.js.clone(),

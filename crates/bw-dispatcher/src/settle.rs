@@ -175,6 +175,28 @@ impl Worker {
         }
     }
 
+    /// Holds `w` for `delay` without keeping it in its lane consumer's pending set (the budget gate: a flash sale
+    /// past its portfolio's messaging limit must not stop the lane's other messages). A delivery from a lane is
+    /// parked: a copy of the same request, with its replay number, goes to the sender's held subject in the same
+    /// BW_SEND partition (deterministic message id, so a redelivery after a crash publishes nothing new), then
+    /// this delivery is acked; the held consumer delivers the copy, which passes every check again. A delivery
+    /// from the held consumer, or one whose copy could not be published, is redelivered after `delay`. Either
+    /// way it stays QUEUED in the ledger and in BW_SEND, and the on-the-wire mark keeps any second copy unsent.
+    pub(crate) async fn hold_out_of_lane(&self, w: &Work, outcome: Outcome, delay: Duration, event: Option<Event<'_>>) {
+        if names::SendPartitions::held_lane(&w.msg.subject).is_none() {
+            let subject = self.send.held_subject(w.lane, &w.request.phone_number_id);
+            let mut headers = self.headers(w, &self.move_id(w, "held"));
+            if let Some(replay) = w.msg.headers.as_ref().and_then(|h| h.get(names::REPLAY_HEADER)) {
+                headers.insert(names::REPLAY_HEADER, replay.clone());
+            }
+            match bw_common::nats::publish_durable(&self.js, subject, headers, w.msg.payload.clone()).await {
+                Ok(_) => return self.settle(w, Settle::ack(outcome), event).await,
+                Err(e) => tracing::warn!(parent: &w.span, error = %e, "held message not parked; back to its lane"),
+            }
+        }
+        self.settle(w, Settle::nak(outcome, delay), event).await;
+    }
+
     /// Meta refused for now (rate limit): clear the on-the-wire mark and redeliver after `delay`.
     pub(crate) async fn held_back(&self, w: Work, delay: Duration, err: ErrorInfo) {
         let ok = self

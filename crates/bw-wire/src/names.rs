@@ -165,6 +165,27 @@ impl SendPartitions {
         format!("{}.{}.*", outbox_prefix(partition), lane.token())
     }
 
+    /// Subject of a request its portfolio's messaging-limit budget holds, parked out of its lane's consumer:
+    /// `<outbox>.held.<lane>.<phone_number_id>` in the sender's partition (the dispatcher's [`HELD_CONSUMER`]).
+    pub fn held_subject(self, lane: Lane, phone_number_id: &str) -> String {
+        format!("{}.{HELD_TOKEN}.{}.{phone_number_id}", outbox_prefix(self.of(phone_number_id)), lane.token())
+    }
+
+    /// Filter subject of every held request in partition `partition`'s stream.
+    pub fn held_filter(partition: usize) -> String {
+        format!("{}.{HELD_TOKEN}.>", outbox_prefix(partition))
+    }
+
+    /// The lane a held request's subject names; None for any other subject.
+    pub fn held_lane(subject: &str) -> Option<Lane> {
+        let mut tokens = subject.rsplit('.');
+        let (_phone, lane, held) = (tokens.next()?, tokens.next()?, tokens.next()?);
+        if held != HELD_TOKEN {
+            return None;
+        }
+        Lane::ALL.into_iter().find(|l| l.token() == lane)
+    }
+
     /// The DLQ stream of partition `partition`: `BW_DLQ`, `BW_DLQ_1`, ….
     pub fn dlq_stream(partition: usize) -> String {
         partition_bucket(DLQ_STREAM, partition)
@@ -211,6 +232,12 @@ impl SendPartitions {
         Self::dlq_stream(partition)
     }
 }
+
+/// Subject token of the held requests in a BW_SEND partition (no lane has it).
+const HELD_TOKEN: &str = "held";
+
+/// Durable consumer of the held requests in each BW_SEND partition (the dispatcher's budget gate).
+pub const HELD_CONSUMER: &str = "dispatcher-held";
 
 /// `bw.outbox.v1` for partition 0, `bw.outbox.p<i>.v1` for the others.
 fn outbox_prefix(partition: usize) -> String {
