@@ -166,6 +166,8 @@ async fn queued(js: &jetstream::Context, phone: &str) -> anyhow::Result<Vec<Stri
     let send = bw_common::nats::send_partitions(js).await?;
     let mut checks: Vec<(String, String)> =
         names::Lane::ALL.iter().map(|lane| (send.stream_of(phone), send.outbox_subject(*lane, phone))).collect();
+    // Messages the portfolio budget holds wait out of their lanes, on the held subjects.
+    checks.extend(names::Lane::ALL.iter().map(|lane| (send.stream_of(phone), send.held_subject(*lane, phone))));
     checks.push((send.dlq_stream_of(phone), send.dlq_scope_filter(phone)));
     checks.push((names::UNKNOWN_STREAM.into(), names::unknown_subject(phone)));
     let mut held: std::collections::BTreeMap<String, u64> = Default::default();
