@@ -170,11 +170,13 @@ const LOCAL_ACCESS_TOKENS: [&str; 4] = ["local-access-token", "sim-token", "dril
 pub(crate) fn credentials_warning(meta: &MetaConfig) -> Option<&'static str> {
     if meta.access_token.is_empty() {
         return Some(
-            "meta.access_token is empty: Meta answers every send with 190 and the senders pause for credentials; set BW_DISPATCHER__META__ACCESS_TOKEN",
+            "meta.access_token is empty: Meta answers every send with 190 and the senders pause for credentials; \
+             set BW_DISPATCHER__META__ACCESS_TOKEN",
         );
     }
     let local = bw_common::config::points_at_this_machine(&meta.base_url);
     (LOCAL_ACCESS_TOKENS.contains(&meta.access_token.as_str()) && !local).then_some(
-        "meta.access_token is a well-known local default but meta.base_url is not on this machine: set the real token (BW_DISPATCHER__META__ACCESS_TOKEN)",
+        "meta.access_token is a well-known local default but meta.base_url is not on this machine: set the real \
+         token (BW_DISPATCHER__META__ACCESS_TOKEN)",
     )
 }

@@ -174,7 +174,8 @@ impl Worker {
             Err(e) => {
                 // Ingest validates everything it stores, so this is corruption or a foreign publisher. Keep the
                 // bytes for inspection and stop redelivery.
-                tracing::error!(subject = %msg.subject, error = %e, "undecodable message in BW_SEND; moved to BW_REJECTED");
+                tracing::error!(subject = %msg.subject, error = %e, "undecodable message in BW_SEND; moved to \
+                    BW_REJECTED");
                 let settle = if self.reject_raw(&msg, &e.to_string()).await {
                     Settle::term(Outcome::Undecodable)
                 } else {

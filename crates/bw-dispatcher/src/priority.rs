@@ -4,30 +4,29 @@
 //!
 //! 1. **Lanes.** Lanes are served in the order `rh` (priority replays), `hi` (live priority), `lo` (marketing),
 //!    `rp` (marketing replays) (`bw_wire::names::Lane::ALL`). A priority replay is admitted as
-//!    `TrafficClass::OlderPriority` (priority: it may take the transactional reserve and needs no replay headroom); only a
-//!    marketing replay keeps `TrafficClass::Replay`. The 80 % / 90 % usage rules and the reserve apply as before,
-//!    by class.
+//!    `TrafficClass::OlderPriority` (priority: it may take the transactional reserve and needs no replay
+//!    headroom); only a marketing replay keeps `TrafficClass::Replay`. The 80 % / 90 % usage rules and the reserve
+//!    apply as before, by class.
 //! 2. **The priority gate.** A marketing message (`lo` or `rp`) of a sender that has a priority backlog — priority
-//!    entries in the DLQ (`bw.dlq.v1.p.<phone>`) or priority replays still in BW_SEND (`rh` lane, including
-//!    ones being dispatched) — is held back: a delayed redelivery, not the DLQ, ledger unchanged. The gate
-//!    looks when a message is fetched and again each time a message waiting in memory for its slot goes back to
-//!    admission: a promotion refused for tokens just before its sender's outage otherwise went as the HALF_OPEN
-//!    canary, ahead of every priority message that outage dead-lettered. The delay is
-//!    `priority_hold_ms` at the first delivery and doubles with each one up to 8 × ([`gated_hold_ms`]): a
-//!    promotion behind a 20 s priority backlog comes back 7 times instead of 40 (at a fixed 500 ms the drill's
-//!    dispatchers redelivered 1,700 held promotions a second, the broker's largest load after the outage).
-//!    [`Backlog`] learns every sender's backlog from stream-info requests with subjects (one on the BW_DLQ and
-//!    one on the BW_SEND stream of each partition the dispatcher serves), cached per process for `priority_backlog_refresh_ms`. Stale counts are bounded by
-//!    that interval: a priority entry dead-lettered just after a refresh lets that sender's promotions through
-//!    for at most one interval; a backlog that just cleared holds them for at most one interval plus
-//!    8 × `priority_hold_ms` (messages fetched for the first time since then go at once). With several
-//!    dispatchers each caches its own reading (one pair of requests per interval per instance, and only while
-//!    it handles marketing messages); they may disagree for up to one interval, never longer. The gate is skipped for a sender the dispatcher knows is OPEN: its marketing
-//!    messages fail fast into the DLQ as before instead of cycling through the broker during the outage. A
-//!    reading that fails keeps the last known counts (logged) until a refresh succeeds. Every priority entry in
-//!    the DLQ counts, including one waiting for its not-before time or held for manual release
-//!    (`replay.hold_categories`): it is still an accepted message that has not gone, so the sender's promotions
-//!    wait with it (the DLQ runbook says so; hold marketing only to avoid it).
+//!    entries in the DLQ (`bw.dlq.v1.p.<phone>`) or priority replays still in BW_SEND (`rh` lane, including ones being
+//!    dispatched) — is held back: a delayed redelivery, not the DLQ, ledger unchanged. The gate looks when a message is
+//!    fetched and again each time a message waiting in memory for its slot goes back to admission: a promotion refused
+//!    for tokens just before its sender's outage otherwise went as the HALF_OPEN canary, ahead of every priority
+//!    message that outage dead-lettered. The delay is `priority_hold_ms` at the first delivery and doubles with each
+//!    one up to 8 × ([`gated_hold_ms`]): a promotion behind a 20 s priority backlog comes back 7 times instead of 40
+//!    (at a fixed 500 ms the drill's dispatchers redelivered 1,700 held promotions a second, the broker's largest load
+//!    after the outage). [`Backlog`] learns every sender's backlog from stream-info requests with subjects (one on the
+//!    BW_DLQ and one on the BW_SEND stream of each partition the dispatcher serves), cached per process for
+//!    `priority_backlog_refresh_ms`. Stale counts are bounded by that interval: a priority entry dead-lettered just
+//!    after a refresh lets that sender's promotions through for at most one interval; a backlog that just cleared holds
+//!    them for at most one interval plus 8 × `priority_hold_ms` (messages fetched for the first time since then go at
+//!    once). With several dispatchers each caches its own reading (one pair of requests per interval per instance, and
+//!    only while it handles marketing messages); they may disagree for up to one interval, never longer. The gate is
+//!    skipped for a sender the dispatcher knows is OPEN: its marketing messages fail fast into the DLQ as before
+//!    instead of cycling through the broker during the outage. A reading that fails keeps the last known counts
+//!    (logged) until a refresh succeeds. Every priority entry in the DLQ counts, including one waiting for its
+//!    not-before time or held for manual release (`replay.hold_categories`): it is still an accepted message that has
+//!    not gone, so the sender's promotions wait with it (the DLQ runbook says so; hold marketing only to avoid it).
 //! 3. **Older priority first.** Within the priority class the older message goes first: a live priority
 //!    message (`hi`) of a sender whose priority replays are in the `rh` lane is held back the same way (delayed
 //!    redelivery after `priority_hold_ms`, ledger unchanged), so the dead-lettered messages, older and nearer

@@ -161,7 +161,8 @@ impl Worker {
                 None
             }
             Err(e) => {
-                tracing::warn!(parent: &w.span, error = %e, "ledger unavailable before sending; message will be redelivered");
+                tracing::warn!(parent: &w.span, error = %e, "ledger unavailable before sending; message will be \
+                    redelivered");
                 self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
                 None
             }

@@ -169,7 +169,8 @@ impl Worker {
                 {
                     self.dlq_limit(w).await;
                 }
-                tracing::warn!(parent: &w.span, dest = %dest, error = %e, "move not completed; message will be redelivered");
+                tracing::warn!(parent: &w.span, dest = %dest, error = %e, "move not completed; message will be \
+                    redelivered");
                 self.settle(w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             }
         }
@@ -244,7 +245,8 @@ impl Worker {
         }
         w.span.record("result", Outcome::SentUnrecorded.label());
         self.metrics.result(Outcome::SentUnrecorded.label());
-        tracing::warn!(parent: &w.span, "Meta accepted the message but the ledger stayed unavailable; left for redelivery and reconciliation");
+        tracing::warn!(parent: &w.span, "Meta accepted the message but the ledger stayed unavailable; left for \
+            redelivery and reconciliation");
     }
 
     /// Records Meta's acceptance: SENT, or HELD when Meta holds it for the template's quality assessment (a
@@ -628,7 +630,8 @@ impl Worker {
         };
         if due {
             let stream = self.send.dlq_stream_of(&w.request.phone_number_id);
-            tracing::error!(parent: &w.span, stream = %stream, "the DLQ is full: dead-letter moves are refused and the messages stay queued");
+            tracing::error!(parent: &w.span, stream = %stream, "the DLQ is full: dead-letter moves are refused and the \
+                messages stay queued");
             let err = ErrorInfo {
                 details: format!("{stream} refused a dead-letter entry: the stream is at its limit"),
                 ..Default::default()
