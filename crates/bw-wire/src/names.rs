@@ -564,6 +564,27 @@ pub const SCOPES_INDEX_KEY: &str = "bw:scopes";
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_held_subject_is_in_its_partition_outside_every_lane_and_names_its_lane() {
+        let four = SendPartitions::new(4);
+        for phone in (0..20).map(|i| format!("30000{i}")) {
+            let p = four.of(&phone);
+            for lane in Lane::ALL {
+                let held = four.held_subject(lane, &phone);
+                assert_eq!(SendPartitions::held_lane(&held), Some(lane), "{held}");
+                assert_eq!(phone_of_subject(&held), phone);
+                assert!(held.starts_with(SendPartitions::held_filter(p).trim_end_matches('>')), "{held}");
+                assert!(held.starts_with(SendPartitions::stream_subjects(p).trim_end_matches('>')), "{held}");
+                for any in Lane::ALL {
+                    let filter = SendPartitions::lane_filter(p, any);
+                    assert!(!held.starts_with(filter.trim_end_matches('*')), "{held} in lane filter {filter}");
+                }
+                assert_eq!(SendPartitions::held_lane(&four.outbox_subject(lane, &phone)), None);
+            }
+        }
+        assert_eq!(SendPartitions::default().held_subject(Lane::Low, "123"), "bw.outbox.v1.held.lo.123");
+    }
+
     /// The partition of an operation may never change between versions: a deployment's entries would be looked
     /// for where they are not. These values are FNV-1a 64 computed independently (not by this function).
     #[test]
