@@ -32,6 +32,7 @@ mod processor;
 mod reconciler;
 mod secret;
 pub mod signals;
+mod template_category;
 pub mod validate;
 pub mod webhook;
 
@@ -592,6 +593,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         registry: registry.clone(),
         tenancy: cfg.tenancy.mode,
         capacity: capacity.clone(),
+        templates: deps
+            .redis
+            .clone()
+            .map(|redis| template_category::TemplateCategory::new(redis, Duration::from_millis(cfg.redis.timeout_ms))),
     });
     let keys =
         auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys, cfg.tenancy.mode).map_err(|e| anyhow::anyhow!(e))?;
