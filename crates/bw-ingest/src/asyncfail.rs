@@ -12,7 +12,7 @@
 //! publishes the same attempt again, which the stream's dedup drops (this also covers a crash between the
 //! ledger write and the publish); once the dispatcher routed it, a repeat does nothing.
 
-use crate::processor::{Processor, Retry};
+use crate::processing::{Processor, Retry};
 use bw_common::classify::{Channel, Classification, ErrorClass, classify};
 use bw_common::proto::{LedgerEntry, OperationState, StatusUpdate};
 

@@ -68,7 +68,7 @@ impl Bodies {
             ..stream.cached_info().config.clone()
         };
         if let Err(e) = bw_common::nats::apply_stream_limits(js, stream.cached_info(), &wanted).await {
-            crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+            crate::capacity::limits_not_applied(&wanted.name, &format!("{e:#}"));
         }
         Ok(Bodies { store, inline_max: inline_max(max_payload) })
     }

@@ -486,7 +486,7 @@ pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize, max_byt
     let store = bw_common::nats::open_bucket(js, config.clone()).await?;
     let wanted = bw_common::nats::kv_stream_config(&config);
     if let Err(e) = bw_common::nats::apply_stream_limits(js, store.stream.cached_info(), &wanted).await {
-        crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+        crate::capacity::limits_not_applied(&wanted.name, &format!("{e:#}"));
     }
     Ok(store)
 }

@@ -121,7 +121,7 @@ pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize, max_
         .await
         .map_err(|e| anyhow::anyhow!("cannot create stream {FEED_STREAM}: {e}"))?;
     if let Err(e) = bw_common::nats::apply_stream_limits(js, stream.cached_info(), &config).await {
-        crate::limits_not_applied(FEED_STREAM, &format!("{e:#}"));
+        crate::capacity::limits_not_applied(FEED_STREAM, &format!("{e:#}"));
     }
     Ok(())
 }

@@ -85,7 +85,25 @@ pub(crate) const KEPT_PREFIX: usize = 4096;
 /// Per-recipient order: the order book and which categories keep order.
 pub(crate) struct Order {
     pub book: bw_breaker::OrderBook,
-    pub cfg: crate::OrderConfig,
+    pub cfg: OrderConfig,
+}
+
+/// Per-recipient order (see `bw_breaker::order`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderConfig {
+    /// Categories whose messages to one recipient reach Meta in the order ingest accepted them (by label:
+    /// "authentication", "transactional", "support", "marketing").
+    pub keep: Vec<String>,
+    /// An order set lives this long after its last registration.
+    pub ttl_ms: u64,
+}
+
+impl OrderConfig {
+    /// Whether messages of `category` keep order.
+    pub fn keeps(&self, category: bw_common::proto::Category) -> bool {
+        self.keep.iter().any(|k| k == category.label())
+    }
 }
 
 /// The intake pipeline; cheap to share behind an `Arc`.
