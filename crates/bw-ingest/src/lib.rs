@@ -372,35 +372,14 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         }
     }
 
-    let intake_router = http::intake_routes(state.clone());
-    let webhook_router = http::webhook_routes(state, &cfg.webhook.path);
-    let (main_router, separate) = match listeners.webhook {
-        Some(l) => (intake_router, Some((l, webhook_router))),
-        None => (intake_router.merge(webhook_router), None),
-    };
-    tracker.spawn(capacity.clone().run(deps.js.clone(), Duration::from_secs(1), shutdown.clone()));
-    let http_addr = listeners.http.local_addr()?;
-    tracker.spawn(serve_http(listeners.http, main_router, shutdown.clone()));
-    if let Some((listener, router)) = separate {
-        tracing::info!(webhook = %listener.local_addr()?, "webhook listener bound");
-        tracker.spawn(serve_http(listener, router, shutdown.clone()));
-    }
+    let tasks = Tasks { tracker: tracker.clone(), shutdown: shutdown.clone() };
+    tasks.spawn(capacity.clone().run(deps.js.clone(), Duration::from_secs(1), shutdown.clone()));
+    let http_addr = spawn_http(&tasks, listeners, state, &cfg.webhook.path)?;
     if cfg.intake.nats_enabled {
-        let (nats, tracker2, token) = (deps.nats.clone(), tracker.clone(), shutdown.clone());
-        let max = cfg.intake.max_in_flight;
-        let intake = intake.clone();
-        let sub = intake::subscribe_nats(&nats).await?;
-        tracker.spawn(
-            async move {
-                if let Err(e) = intake::serve_nats(sub, intake, nats, max, tracker2, token).await {
-                    tracing::error!(error = %e, "nats intake stopped");
-                }
-            }
-            .instrument(tracing::info_span!("ingest.nats_intake")),
-        );
+        spawn_nats_intake(&tasks, &deps.nats, intake.clone(), cfg.intake.max_in_flight).await?;
     }
     if let Some(messages) = webhook_messages {
-        let processor = Arc::new(processing::Processor {
+        let processor = processing::Processor {
             js: deps.js.clone(),
             ledger: ledger.clone(),
             dedup: deps.buckets.webhook_dedup.clone(),
@@ -409,18 +388,11 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             send: deps.buckets.send,
             windows: inbound::Windows::new(deps.redis.clone(), Duration::from_millis(cfg.redis.timeout_ms)),
             inbound_rate: inbound_rate::InboundRate::from_config(deps.redis.as_ref(), &cfg.inbound_rate),
-        });
-        let max = cfg.webhook.max_in_flight;
-        tracker.spawn(
-            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
-                let p = processor.clone();
-                async move { p.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = names::WEBHOOK_STREAM)),
-        );
+        };
+        spawn_processor(&tasks, messages, processor, cfg.webhook.max_in_flight);
     }
     if let Some(messages) = unknown_messages {
-        let reconciler = Arc::new(reconciler::Reconciler {
+        let reconciler = reconciler::Reconciler {
             js: deps.js.clone(),
             send: deps.buckets.send,
             ledger: ledger.clone(),
@@ -429,45 +401,14 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             review_delay_ms: cfg.reconciler.review_delay_ms as i64,
             recheck: Duration::from_millis(cfg.reconciler.recheck_ms.max(100)),
             metrics: metrics.clone(),
-        });
-        let max = cfg.reconciler.max_in_flight;
-        tracker.spawn(
-            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
-                let r = reconciler.clone();
-                async move { r.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM)),
-        );
+        };
+        spawn_reconciler(&tasks, messages, reconciler, cfg.reconciler.max_in_flight);
     }
-    let publisher = Arc::new(feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() });
-    for (stream, messages) in feed_messages {
-        let publisher = publisher.clone();
-        tracker.spawn(
-            consume(messages, cfg.feed.max_in_flight, tracker.clone(), shutdown.clone(), move |msg| {
-                let p = publisher.clone();
-                async move { p.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = %stream)),
-        );
-    }
-    for (cb, messages, max, consumer) in callbacks {
-        tracker.spawn(
-            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
-                let cb = cb.clone();
-                async move { cb.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = feed::FEED_STREAM, consumer = %consumer)),
-        );
-    }
+    let publisher = feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() };
+    spawn_feed(&tasks, feed_messages, publisher, cfg.feed.max_in_flight);
+    spawn_callbacks(&tasks, callbacks);
     if cfg.feed.status_enabled {
-        let (intake, nats) = (intake.clone(), deps.nats.clone());
-        let (tracker2, token) = (tracker.clone(), shutdown.clone());
-        let sub = feed::subscribe_status(&nats).await?;
-        tracker.spawn(async move {
-            if let Err(e) = feed::serve_status(sub, intake, nats, tracker2, token).await {
-                tracing::error!(error = %e, "status query listener stopped");
-            }
-        });
+        spawn_status(&tasks, &deps.nats, intake.clone()).await?;
     }
     // The intake and status subscriptions are on the server before ingest reports ready (a producer that waits
     // for /readyz then never meets "no responders").
@@ -481,6 +422,127 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(grace_ms = cfg.shutdown.grace_ms, "in-flight work did not finish within the grace period");
     }
+    Ok(())
+}
+
+/// Where the subsystems' tasks run: tracked for the shutdown grace, stopped by `shutdown`.
+struct Tasks {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Tasks {
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(task);
+    }
+
+    /// Runs `handle` on each message of `messages` (see [`consume`]) in a task of its own.
+    fn consume<F, Fut>(&self, messages: pull::Stream, max_in_flight: usize, span: tracing::Span, handle: F)
+    where
+        F: Fn(async_nats::jetstream::Message) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (tracker, shutdown) = (self.tracker.clone(), self.shutdown.clone());
+        self.spawn(consume(messages, max_in_flight, tracker, shutdown, handle).instrument(span));
+    }
+}
+
+/// The HTTP intake and the webhook routes, on one listener or two. Returns the intake's address.
+fn spawn_http(
+    tasks: &Tasks,
+    listeners: Listeners,
+    state: http::HttpState,
+    webhook_path: &str,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let intake_router = http::intake_routes(state.clone());
+    let webhook_router = http::webhook_routes(state, webhook_path);
+    let (main_router, separate) = match listeners.webhook {
+        Some(l) => (intake_router, Some((l, webhook_router))),
+        None => (intake_router.merge(webhook_router), None),
+    };
+    let http_addr = listeners.http.local_addr()?;
+    tasks.spawn(serve_http(listeners.http, main_router, tasks.shutdown.clone()));
+    if let Some((listener, router)) = separate {
+        tracing::info!(webhook = %listener.local_addr()?, "webhook listener bound");
+        tasks.spawn(serve_http(listener, router, tasks.shutdown.clone()));
+    }
+    Ok(http_addr)
+}
+
+/// The NATS intake (`bw.send.v1.*`), subscribed before it returns.
+async fn spawn_nats_intake(
+    tasks: &Tasks,
+    nats: &async_nats::Client,
+    intake: Arc<intake::Intake>,
+    max: usize,
+) -> anyhow::Result<()> {
+    let (nats, tracker2, token) = (nats.clone(), tasks.tracker.clone(), tasks.shutdown.clone());
+    let sub = intake::subscribe_nats(&nats).await?;
+    tasks.spawn(
+        async move {
+            if let Err(e) = intake::serve_nats(sub, intake, nats, max, tracker2, token).await {
+                tracing::error!(error = %e, "nats intake stopped");
+            }
+        }
+        .instrument(tracing::info_span!("ingest.nats_intake")),
+    );
+    Ok(())
+}
+
+/// The webhook processor on BW_WEBHOOKS.
+fn spawn_processor(tasks: &Tasks, messages: pull::Stream, processor: processing::Processor, max: usize) {
+    let processor = Arc::new(processor);
+    let span = tracing::info_span!("ingest.consume", stream = names::WEBHOOK_STREAM);
+    tasks.consume(messages, max, span, move |msg| {
+        let p = processor.clone();
+        async move { p.handle(msg).await }
+    });
+}
+
+/// The unknown-outcome reconciler on BW_UNKNOWN.
+fn spawn_reconciler(tasks: &Tasks, messages: pull::Stream, reconciler: reconciler::Reconciler, max: usize) {
+    let reconciler = Arc::new(reconciler);
+    let span = tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM);
+    tasks.consume(messages, max, span, move |msg| {
+        let r = reconciler.clone();
+        async move { r.handle(msg).await }
+    });
+}
+
+/// The feed publisher, one consumer per ledger partition.
+fn spawn_feed(tasks: &Tasks, feed_messages: Vec<(String, pull::Stream)>, publisher: feed::Publisher, max: usize) {
+    let publisher = Arc::new(publisher);
+    for (stream, messages) in feed_messages {
+        let publisher = publisher.clone();
+        let span = tracing::info_span!("ingest.consume", stream = %stream);
+        tasks.consume(messages, max, span, move |msg| {
+            let p = publisher.clone();
+            async move { p.handle(msg).await }
+        });
+    }
+}
+
+/// The HTTP callbacks, one consumer each on BW_FEED.
+fn spawn_callbacks(tasks: &Tasks, callbacks: Vec<(Arc<callback::Callback>, pull::Stream, usize, String)>) {
+    for (cb, messages, max, consumer) in callbacks {
+        let span = tracing::info_span!("ingest.consume", stream = feed::FEED_STREAM, consumer = %consumer);
+        tasks.consume(messages, max, span, move |msg| {
+            let cb = cb.clone();
+            async move { cb.handle(msg).await }
+        });
+    }
+}
+
+/// The status query (`bw.status.v1.*`), subscribed before it returns.
+async fn spawn_status(tasks: &Tasks, nats: &async_nats::Client, intake: Arc<intake::Intake>) -> anyhow::Result<()> {
+    let nats = nats.clone();
+    let (tracker2, token) = (tasks.tracker.clone(), tasks.shutdown.clone());
+    let sub = feed::subscribe_status(&nats).await?;
+    tasks.spawn(async move {
+        if let Err(e) = feed::serve_status(sub, intake, nats, tracker2, token).await {
+            tracing::error!(error = %e, "status query listener stopped");
+        }
+    });
     Ok(())
 }
 
