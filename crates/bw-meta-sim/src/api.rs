@@ -18,9 +18,9 @@ use crate::inject::{Call, Mode};
 use crate::limits::{Limits, Refused, RetryAfter};
 use crate::oracle::{Acceptance, FailedMessage, FailureCause, Source};
 use crate::scenario::{Active, FaultKind, Garbled, Page, Picked};
+use crate::state::{Inner, lock_read};
 use crate::versions::{self, Served};
 use crate::webhook::{Failure, StatusEvent, StatusKind};
-use crate::{Inner, lock_read};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -455,7 +455,7 @@ fn account_check(st: &Inner, phone: &str, send: &Send) -> Result<(), Refusal> {
         return Err(account(code));
     }
     if let Some(t) = &template {
-        if let Ok(Some(code)) = crate::account::template_status_effect(&t.status) {
+        if let Ok(Some(code)) = crate::templates::template_status_effect(&t.status) {
             return Err(account(code));
         }
         let otp = matches!(t.otp_type, Some(OtpType::CopyCode | OtpType::OneTap | OtpType::ZeroTap));

@@ -3,13 +3,14 @@
 //! every other, and logs the event for `GET /_sim/state`. A scenario's events run on a task of their own that
 //! ends when the scenario is replaced.
 
-use crate::Inner;
 use crate::account::{FiredEvent, Restriction, webhook_language};
-use crate::config::Tier;
 use crate::errors;
 use crate::events::{Event, EventKind};
 use crate::ids;
+use crate::limits::Tier;
 use crate::scenario::event_name;
+use crate::scenario::{Active, Scenario};
+use crate::state::{Inner, lock_write};
 use crate::webhook::{Failure, StatusEvent};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -618,6 +619,36 @@ pub(crate) fn inbound(st: &Inner, m: &Inbound) -> Option<String> {
     }
     let value = json!({ "contacts": [contact], "messages": [message] });
     st.webhooks.messages_value(&m.phone_number_id, value, true, Duration::ZERO).then_some(wamid)
+}
+
+impl Inner {
+    /// Makes `s` the active scenario, its clock starting now: the announced account state goes back to the
+    /// configuration and the scenario's events are scheduled (the previous scenario's stop).
+    pub(crate) fn set_scenario(self: &Arc<Self>, s: Scenario) {
+        let events = s.events.clone();
+        let active = Arc::new(Active::start(s));
+        let cancel = self.shutdown.child_token();
+        let previous =
+            std::mem::replace(&mut *self.events_cancel.lock().unwrap_or_else(|e| e.into_inner()), cancel.clone());
+        previous.cancel();
+        self.account.reset_announced(&self.cfg);
+        let started = active.started;
+        *lock_write(&self.scenario) = active;
+        schedule(self, events, started, cancel);
+    }
+
+    /// An inbound customer text message: its webhook, the user's service window, and a unit of the number's
+    /// throughput.
+    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+        let m = Inbound {
+            phone_number_id: phone_number_id.to_string(),
+            from: Some(from.to_string()),
+            name: name.to_string(),
+            text: text.to_string(),
+            ..Inbound::default()
+        };
+        inbound(self, &m)
+    }
 }
 
 #[cfg(test)]
