@@ -45,6 +45,7 @@ pub mod ids;
 pub mod inject;
 pub mod limits;
 pub mod oracle;
+mod request;
 pub mod scenario;
 mod state;
 pub mod templates;
