@@ -646,24 +646,7 @@ fn with_usage(st: &Inner, mut resp: Response, usage: Usage, phone: &str, mode: R
 
 /// IMF-fixdate (RFC 9110 §5.6.7): `Tue, 01 Dec 2026 10:00:07 GMT`.
 pub(crate) fn http_date(at: std::time::SystemTime) -> String {
-    let secs = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
-    // Days to civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    let weekday = WEEKDAYS[days.rem_euclid(7) as usize];
-    let month_name = MONTHS[(month - 1) as usize];
-    format!("{weekday}, {day:02} {month_name} {year} {h:02}:{m:02}:{s:02} GMT")
+    chrono::DateTime::<chrono::Utc>::from(at).format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }
 
 /// Anything else under the Graph root: Graph's unsupported-request error.

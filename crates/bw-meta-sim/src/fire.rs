@@ -65,30 +65,8 @@ fn waba(st: &Inner, waba_id: &Option<String>, phone: Option<&str>) -> String {
 
 /// "December 6, 2026": the date form of `ban_info.waba_ban_date`.
 fn long_date(unix_ms: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    let z = (unix_ms / 86_400_000) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{} {day}, {year}", MONTHS[(month - 1) as usize])
+    let at = i64::try_from(unix_ms).ok().and_then(chrono::DateTime::from_timestamp_millis).unwrap_or_default();
+    at.format("%B %-d, %Y").to_string()
 }
 
 /// Fires one event now.
