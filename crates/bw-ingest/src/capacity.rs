@@ -9,7 +9,7 @@
 //! first reading, and while readings fail, nothing is refused on its account.
 
 use async_nats::jetstream;
-use bw_common::names;
+use bw_wire::names;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::AtomicU64;

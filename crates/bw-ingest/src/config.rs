@@ -7,7 +7,7 @@ use crate::reconciler::Policies;
 use crate::{cidr, egress, inbound_rate, secret, validate};
 use bw_common::config::{AdminConfig, ConfigError, NatsConfig, RedisConfig, TelemetryConfig};
 use bw_common::service::ServiceConfig;
-use bw_common::tenancy::TenancyConfig;
+use bw_wire::tenancy::TenancyConfig;
 use serde::Deserialize;
 use std::time::Duration;
 

@@ -28,11 +28,11 @@ use crate::validate::{self, Limits, Rejection};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
-use bw_common::names;
 use bw_common::proto::{IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest};
 use bw_common::registry::{Owner, RegistryView, SenderRefusal};
-use bw_common::tenancy::{self, TenancyMode};
 use bw_common::time::now_ms;
+use bw_wire::names;
+use bw_wire::tenancy::{self, TenancyMode};
 use futures::StreamExt;
 use prost::Message as _;
 use std::sync::Arc;
@@ -230,7 +230,7 @@ impl Intake {
                 }
             }
             Err(r) => {
-                let op = if bw_common::tenancy::valid_operation_id(&request.operation_id) {
+                let op = if bw_wire::tenancy::valid_operation_id(&request.operation_id) {
                     request.operation_id.clone()
                 } else {
                     String::new()

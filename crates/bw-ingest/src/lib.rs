@@ -51,9 +51,9 @@ pub use reconciler::{Policies, Policy};
 use crate::capacity::limits_not_applied;
 use crate::config::refused_destination;
 use async_nats::jetstream::consumer::{self, pull};
-use bw_common::names;
 use bw_common::service::Deps;
-use bw_common::tenancy::TenancyMode;
+use bw_wire::names;
+use bw_wire::tenancy::TenancyMode;
 use futures::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
@@ -75,7 +75,7 @@ fn warn_about(cfg: &Config, keys: &auth::Keys) {
             "tenancy.mode = \"dev\": any producer may send as any number (every number is the tenant `default`'s); \
              run with the sender registry (bwctl senders add) outside the local stack"
         );
-        let named = |t: &Option<String>| t.as_deref().is_some_and(|t| t != bw_common::tenancy::DEFAULT_TENANT);
+        let named = |t: &Option<String>| t.as_deref().is_some_and(|t| t != bw_wire::tenancy::DEFAULT_TENANT);
         for (name, _) in cfg.intake.api_keys.iter().filter(|(_, k)| named(&k.tenant)) {
             tracing::warn!(key = %name, "intake.api_keys.{name}.tenant is ignored in dev mode: the key acts for `default`");
         }

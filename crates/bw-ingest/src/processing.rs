@@ -5,7 +5,7 @@ use crate::bodies::Bodies;
 use crate::metrics::Metrics;
 use async_nats::jetstream::{self, kv};
 use bw_common::ledger::{Ledger, LedgerError};
-use bw_common::names;
+use bw_wire::names;
 
 /// A step failed because the broker was unavailable; the delivery is redelivered later.
 #[derive(Debug, thiserror::Error)]

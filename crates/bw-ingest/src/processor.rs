@@ -29,9 +29,9 @@ use crate::webhook::{self, ValueError};
 use async_nats::jetstream::{self, kv};
 use bw_common::classify::{ErrorClass, classify_code};
 use bw_common::disposition::{Label, Settle, apply};
-use bw_common::names;
 use bw_common::proto::{DeliveryStatus, InboundMessage, OperationState, Signal, StatusUpdate, StoredWebhook};
 use bw_common::time::now_ms;
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
@@ -272,7 +272,7 @@ impl Processor {
     /// True when the status names its operation (`biz_opaque_callback_data`, which the dispatcher sets to the
     /// operation key: a tenant's keys hold a `/`); otherwise only the wamid link can.
     fn names_operation(s: &StatusUpdate) -> bool {
-        !s.operation_id.is_empty() && bw_common::tenancy::valid_operation_key(&s.operation_id)
+        !s.operation_id.is_empty() && bw_wire::tenancy::valid_operation_key(&s.operation_id)
     }
 
     /// The operation a status belongs to: the one its callback data `named` (see [`Self::names_operation`]),

@@ -21,13 +21,13 @@
 
 use crate::processing::Processor;
 use crate::webhook::scrub;
-use bw_common::names;
 use bw_common::proto::account_signal::Kind;
 use bw_common::proto::{
     AccountAlert, AccountBanState, AccountEvent, AccountRestriction, AccountSignal, MessageEcho, MessagingLimitChange,
     TemplateCategoryChange, TemplateQualityChange, TemplateStatusChange, ThroughputChange, UnknownWebhookField,
     UserPreference, WebhookValueError,
 };
+use bw_wire::names;
 use prost::Message as _;
 use serde_json::{Map, Value};
 
