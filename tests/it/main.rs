@@ -24,6 +24,7 @@ mod resilience;
 mod senders;
 mod signals;
 mod skeleton;
+mod template_category;
 mod template_signals;
 mod tenant_stack;
 mod tenants;

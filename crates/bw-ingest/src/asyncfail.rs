@@ -12,7 +12,7 @@
 //! publishes the same attempt again, which the stream's dedup drops (this also covers a crash between the
 //! ledger write and the publish); once the dispatcher routed it, a repeat does nothing.
 
-use crate::processor::{Processor, Retry};
+use crate::processing::{Processor, Retry};
 use bw_common::classify::{Channel, Classification, ErrorClass, classify};
 use bw_common::proto::{LedgerEntry, OperationState, StatusUpdate};
 
@@ -158,7 +158,7 @@ impl Processor {
         request.async_failed_wamid = s.wamid.clone();
         request.async_failed_attempt = attempt;
         let id = bw_common::attempts::msg_id(op, attempt + 1);
-        let lane = bw_common::names::Lane::for_category(request.category());
+        let lane = bw_wire::names::Lane::for_category(request.category());
         bw_common::attempts::publish(&self.js, self.send, lane, &request, &id, entry.replays)
             .await
             .map_err(|e| Retry(format!("new attempt not queued: {e}")))?;

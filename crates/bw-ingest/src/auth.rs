@@ -10,7 +10,7 @@
 //! Compiled default: `auth = "required"` with no key configured, so the HTTP intake refuses every request
 //! (401) until an operator configures one. The local stack, the drill and the tests configure a key.
 
-use bw_common::tenancy::{DEFAULT_TENANT, TenancyMode};
+use bw_wire::tenancy::{DEFAULT_TENANT, TenancyMode};
 use serde::Deserialize;
 use sha2::Digest;
 use std::collections::BTreeMap;
@@ -139,7 +139,7 @@ impl Keys {
                 .and_then(|b| <[u8; 32]>::try_from(b).ok())
                 .ok_or_else(|| format!("intake.api_keys.{name}.sha256 must be 64 hex characters (a sha256)"))?;
             let tenant = match (k.tenant.as_deref(), tenancy) {
-                (Some(t), _) if !bw_common::tenancy::valid_tenant(t) => {
+                (Some(t), _) if !bw_wire::tenancy::valid_tenant(t) => {
                     return Err(format!(
                         "intake.api_keys.{name}.tenant must be 1..=32 characters of [a-z0-9-], starting and ending \
                          with a letter or digit"

@@ -16,9 +16,9 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 /// Object store bucket of large bodies (created by ingest at start-up).
-pub const BODIES_BUCKET: &str = "BW_INGEST_BODIES";
+pub use bw_wire::names::BODIES_BUCKET;
 /// NATS header of a record whose body lives in [`BODIES_BUCKET`]: the object's name.
-pub const OBJECT_HEADER: &str = "Bw-Body-Object";
+pub use bw_wire::names::BODY_OBJECT_HEADER as OBJECT_HEADER;
 /// Room kept in one NATS message for the record around the body (headers, protobuf framing, other fields).
 const RECORD_MARGIN: usize = 64 * 1024;
 /// Chunk size of stored objects.
@@ -68,7 +68,7 @@ impl Bodies {
             ..stream.cached_info().config.clone()
         };
         if let Err(e) = bw_common::nats::apply_stream_limits(js, stream.cached_info(), &wanted).await {
-            crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+            crate::capacity::limits_not_applied(&wanted.name, &format!("{e:#}"));
         }
         Ok(Bodies { store, inline_max: inline_max(max_payload) })
     }
@@ -114,10 +114,10 @@ impl Bodies {
 
 /// The object name of a webhook body.
 pub(crate) fn webhook_object(body_sha256: &str) -> String {
-    format!("webhook.{body_sha256}")
+    bw_wire::names::webhook_body_object(body_sha256)
 }
 
 /// The object name of a signed webhook body that could not be parsed, kept for inspection.
 pub(crate) fn rejected_object(body_sha256: &str) -> String {
-    format!("rejected.{body_sha256}")
+    bw_wire::names::rejected_body_object(body_sha256)
 }

@@ -35,17 +35,17 @@ use async_nats::jetstream::{self, consumer, kv};
 use bw_common::disposition::{Label, NAK_DELAY_MAX, NAK_DELAY_MIN, Settle, apply};
 use bw_common::proto::{OutcomeEvent, OutcomeKind};
 use bw_common::registry::{Owner, RegistryView};
-use bw_common::tenancy::{self, DEFAULT_TENANT, TenancyMode};
 use bw_common::time::now_ms;
+use bw_wire::tenancy::{self, DEFAULT_TENANT, TenancyMode};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// Prefix of a callback's durable consumer name on BW_FEED (`callback-<name>`).
-pub const CONSUMER_PREFIX: &str = "callback-";
+pub use bw_wire::names::CALLBACK_CONSUMER_PREFIX as CONSUMER_PREFIX;
 /// KV bucket of the retry state of events whose delivery failed (key `<callback>.<operation_id>.<revision>`).
-pub const STATE_BUCKET: &str = "BW_CALLBACK_RETRIES";
+pub use bw_wire::names::CALLBACK_RETRIES_BUCKET as STATE_BUCKET;
 /// Signature of the body: `sha256=<hex HMAC-SHA256 of the exact body keyed with the callback's secret>`.
 pub const SIGNATURE_HEADER: &str = "X-Breakwater-Signature-256";
 /// The event's id, `<operation_id>.<revision>` (the producer's own id): the receiver's deduplication key.
@@ -192,7 +192,7 @@ pub fn validate(name: &str, c: &CallbackConfig, mode: TenancyMode) -> Result<(),
     }
     let key = |k: &str| format!("callbacks.{name}.{k}");
     match (c.tenant.as_deref(), mode) {
-        (Some(t), _) if !bw_common::tenancy::valid_tenant(t) => {
+        (Some(t), _) if !bw_wire::tenancy::valid_tenant(t) => {
             return Err(format!(
                 "{} must be 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit",
                 key("tenant")
@@ -267,7 +267,7 @@ pub fn validate(name: &str, c: &CallbackConfig, mode: TenancyMode) -> Result<(),
 
 /// The durable consumer name of a callback.
 pub fn consumer_name(name: &str) -> String {
-    format!("{CONSUMER_PREFIX}{name}")
+    bw_wire::names::callback_consumer(name)
 }
 
 /// The feed subjects a callback of `tenant` reads: only that tenant's.
@@ -486,7 +486,7 @@ pub(crate) async fn open_state(js: &jetstream::Context, replicas: usize, max_byt
     let store = bw_common::nats::open_bucket(js, config.clone()).await?;
     let wanted = bw_common::nats::kv_stream_config(&config);
     if let Err(e) = bw_common::nats::apply_stream_limits(js, store.stream.cached_info(), &wanted).await {
-        crate::limits_not_applied(&wanted.name, &format!("{e:#}"));
+        crate::capacity::limits_not_applied(&wanted.name, &format!("{e:#}"));
     }
     Ok(store)
 }
@@ -621,7 +621,7 @@ impl Callback {
         }
         let event_id = format!("{}.{}", event.operation_id, event.revision);
         span.record("event_id", event_id.as_str());
-        let key = format!("{}.{event_id}", self.name);
+        let key = bw_wire::names::callback_retry_key(&self.name, &event_id);
         let delivered = msg.info().map(|i| i.delivered).unwrap_or(1);
         // Only a redelivery can have a retry state: the first delivery costs no read.
         let state = if delivered > 1 { self.load(&key).await } else { None };

@@ -9,7 +9,7 @@
 //! first reading, and while readings fail, nothing is refused on its account.
 
 use async_nats::jetstream;
-use bw_common::names;
+use bw_wire::names;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::AtomicU64;
@@ -123,6 +123,16 @@ impl Capacity {
             }
         }
     }
+}
+
+/// Reports a stream whose byte limit could not be applied: it keeps working as before, without the disk bound.
+pub(crate) fn limits_not_applied(stream: &str, error: &str) {
+    tracing::error!(
+        stream,
+        error,
+        "stream byte limit not applied: it can fill the disk; give ingest's NATS user $JS.API.STREAM.UPDATE on it \
+         (deploy/nats/accounts.conf) and restart ingest, or set max_bytes on the stream as a NATS administrator"
+    );
 }
 
 #[cfg(test)]

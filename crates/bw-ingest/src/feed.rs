@@ -24,7 +24,7 @@ use bw_common::disposition::{Label, Settle, apply};
 use bw_common::ledger::Ledger;
 use bw_common::proto::{LedgerEntry, OperationState, OutcomeEvent, OutcomeKind, StatusQuery, StatusReply};
 use bw_common::registry::Owner;
-use bw_common::tenancy;
+use bw_wire::tenancy;
 use futures::StreamExt;
 use prost::Message as _;
 use std::sync::Arc;
@@ -32,21 +32,21 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// The feed stream.
-pub const FEED_STREAM: &str = "BW_FEED";
 /// Durable consumer of the feed publisher on the ledger's stream.
-pub const FEED_CONSUMER: &str = bw_common::names::FEED_CONSUMER;
-/// Subject of the status query, one token per sender; [`STATUS_ANY`] asks without naming the sender (operators).
-pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
+pub use bw_wire::names::FEED_CONSUMER;
+/// The feed stream.
+pub use bw_wire::names::FEED_STREAM;
 /// Sender token of an operator's status query (bwctl): answers for any sender. NATS accounts keep it from
 /// producers (deploy/nats/).
-pub const STATUS_ANY: &str = "_";
+pub use bw_wire::names::STATUS_ANY;
+/// Subject of the status query, one token per sender; [`STATUS_ANY`] asks without naming the sender (operators).
+pub use bw_wire::names::STATUS_WILDCARD;
 /// Longest journey returned.
 const MAX_JOURNEY: usize = 500;
 
 /// The status query subject of a sender.
 pub fn status_subject(phone_number_id: &str) -> String {
-    format!("bw.status.v1.{phone_number_id}")
+    bw_wire::names::status_subject(phone_number_id)
 }
 
 /// What the producer reads from an entry.
@@ -105,7 +105,7 @@ pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize, max_
     let config = stream::Config {
         name: FEED_STREAM.to_string(),
         description: Some("Breakwater outcome feed: one event per ledger revision, per sender".into()),
-        subjects: vec!["bw.feed.v1.>".to_string()],
+        subjects: vec![bw_wire::names::FEED_ALL.to_string()],
         retention: stream::RetentionPolicy::Limits,
         discard: stream::DiscardPolicy::Old,
         max_age: Duration::from_secs(7 * 24 * 3600),
@@ -121,7 +121,7 @@ pub(crate) async fn ensure_stream(js: &jetstream::Context, replicas: usize, max_
         .await
         .map_err(|e| anyhow::anyhow!("cannot create stream {FEED_STREAM}: {e}"))?;
     if let Err(e) = bw_common::nats::apply_stream_limits(js, stream.cached_info(), &config).await {
-        crate::limits_not_applied(FEED_STREAM, &format!("{e:#}"));
+        crate::capacity::limits_not_applied(FEED_STREAM, &format!("{e:#}"));
     }
     Ok(())
 }
@@ -260,7 +260,7 @@ pub(crate) async fn status(
 ) -> StatusReply {
     let mut reply = StatusReply { operation_id: operation_id.to_string(), ..Default::default() };
     let key = match tenant {
-        Some(t) if bw_common::tenancy::valid_operation_id(operation_id) => tenancy::operation_key(t, operation_id),
+        Some(t) if bw_wire::tenancy::valid_operation_id(operation_id) => tenancy::operation_key(t, operation_id),
         None if tenancy::valid_operation_key(operation_id) => operation_id.to_string(),
         _ => {
             reply.error = "operation_id must be 1..=128 characters of [A-Za-z0-9_=.-]".into();
@@ -289,7 +289,7 @@ pub(crate) async fn status(
 
 /// Subscribes to `bw.status.v1.*` (queue group of the intake), before the service reports ready.
 pub(crate) async fn subscribe_status(nats: &async_nats::Client) -> anyhow::Result<async_nats::Subscriber> {
-    nats.queue_subscribe(STATUS_WILDCARD, bw_common::names::INTAKE_QUEUE_GROUP.to_string())
+    nats.queue_subscribe(STATUS_WILDCARD, bw_wire::names::INTAKE_QUEUE_GROUP.to_string())
         .await
         .map_err(|e| anyhow::anyhow!("cannot subscribe to {STATUS_WILDCARD}: {e}"))
 }

@@ -55,7 +55,7 @@ pub(crate) struct WebhookGuard {
 }
 
 impl WebhookGuard {
-    pub(crate) fn new(cfg: &crate::WebhookConfig) -> Result<WebhookGuard, String> {
+    pub(crate) fn new(cfg: &crate::config::WebhookConfig) -> Result<WebhookGuard, String> {
         Ok(WebhookGuard {
             reading: Arc::new(Semaphore::new(cfg.max_bodies_in_flight.max(1))),
             max_body_bytes: cfg.max_body_bytes,

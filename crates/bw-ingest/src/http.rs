@@ -16,9 +16,9 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bw_common::names;
 use bw_common::proto::{Category, IntakeReply, RejectReason, SendRequest, StoredWebhook, send_request::Payload};
 use bw_common::registry::Owner;
+use bw_wire::names;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -514,7 +514,7 @@ async fn post_message(State(state): State<HttpState>, headers: HeaderMap, body: 
                 Ok(intake.handle(request, &raw, len, Source::Http, Caller::Key(principal.tenant()), &span).await)
             }
             Err((op, r)) => {
-                let op = if bw_common::tenancy::valid_operation_id(&op) { op } else { String::new() };
+                let op = if bw_wire::tenancy::valid_operation_id(&op) { op } else { String::new() };
                 Ok(intake.reject(&raw, Source::Http, &op, r).await)
             }
         }

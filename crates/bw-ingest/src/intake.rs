@@ -16,6 +16,9 @@
 //! A crash between the publish and the ledger create is healed by the producer's retry (duplicate publish,
 //! then the create) or by the dispatcher, which creates a missing entry.
 //!
+//! Category: a template Meta moved to MARKETING is accepted as marketing, on the marketing lane, with the reason
+//! in its ledger entry ([`crate::template_category`]; the producer's category stands while Redis is down).
+//!
 //! Limits before work: a NATS payload over `intake.max_request_bytes` is refused as OVERSIZE before it is
 //! decoded; a new operation is refused with STORAGE_FULL while BW_SEND or the ledger is near full
 //! ([`crate::capacity`]).
@@ -25,11 +28,11 @@ use crate::validate::{self, Limits, Rejection};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
-use bw_common::names;
 use bw_common::proto::{IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest};
 use bw_common::registry::{Owner, RegistryView, SenderRefusal};
-use bw_common::tenancy::{self, TenancyMode};
 use bw_common::time::now_ms;
+use bw_wire::names;
+use bw_wire::tenancy::{self, TenancyMode};
 use futures::StreamExt;
 use prost::Message as _;
 use std::sync::Arc;
@@ -82,7 +85,25 @@ pub(crate) const KEPT_PREFIX: usize = 4096;
 /// Per-recipient order: the order book and which categories keep order.
 pub(crate) struct Order {
     pub book: bw_breaker::OrderBook,
-    pub cfg: crate::OrderConfig,
+    pub cfg: OrderConfig,
+}
+
+/// Per-recipient order (see `bw_breaker::order`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderConfig {
+    /// Categories whose messages to one recipient reach Meta in the order ingest accepted them (by label:
+    /// "authentication", "transactional", "support", "marketing").
+    pub keep: Vec<String>,
+    /// An order set lives this long after its last registration.
+    pub ttl_ms: u64,
+}
+
+impl OrderConfig {
+    /// Whether messages of `category` keep order.
+    pub fn keeps(&self, category: bw_common::proto::Category) -> bool {
+        self.keep.iter().any(|k| k == category.label())
+    }
 }
 
 /// The intake pipeline; cheap to share behind an `Arc`.
@@ -101,6 +122,8 @@ pub(crate) struct Intake {
     pub tenancy: TenancyMode,
     /// How full BW_SEND and the ledger are.
     pub capacity: Arc<crate::capacity::Capacity>,
+    /// Meta's category of templates (None: ingest runs without Redis, the producer's category stands).
+    pub templates: Option<crate::template_category::TemplateCategory>,
 }
 
 /// Decodes a protobuf `SendRequest`. A body carrying both `text` and `template` is refused like the JSON
@@ -207,7 +230,7 @@ impl Intake {
                 }
             }
             Err(r) => {
-                let op = if bw_common::tenancy::valid_operation_id(&request.operation_id) {
+                let op = if bw_wire::tenancy::valid_operation_id(&request.operation_id) {
                     request.operation_id.clone()
                 } else {
                     String::new()
@@ -305,7 +328,7 @@ impl Intake {
         &self,
         mut request: SendRequest,
         tenant: &str,
-        category: bw_common::proto::Category,
+        mut category: bw_common::proto::Category,
         source: Source<'_>,
         span: &tracing::Span,
     ) -> IntakeReply {
@@ -327,6 +350,15 @@ impl Intake {
         // A retry of an accepted operation was answered above; a new one waits while storage is near full.
         if let Some(why) = self.capacity.refusal(&self.send.stream_of(&request.phone_number_id)) {
             return self.storage_full(source, &op, why);
+        }
+        // Meta's category of the template wins over the producer's: it decides the lane, the order and the budget.
+        let mut moved = None;
+        if let Some(templates) = &self.templates {
+            moved = templates.moved_to_marketing(&request, category, &self.metrics).await;
+            if moved.is_some() {
+                category = bw_common::proto::Category::Marketing;
+                request.set_category(category);
+            }
         }
         // Registered before it is stored, so no dispatcher can see a later message of the recipient before this
         // one is in the set. Never the producer's word: only ingest sets keeps_order.
@@ -363,6 +395,9 @@ impl Intake {
         entry.accepted_at_unix_ms = accepted_at;
         entry.updated_at_unix_ms = accepted_at;
         entry.traceparent = bw_common::telemetry::traceparent(span);
+        if let Some(reason) = moved {
+            entry.reason = reason;
+        }
         // On a JetStream duplicate the first try may have died before this create: do it anyway (idempotent).
         if let Err(e) = self.ledger.create(&entry).await {
             tracing::warn!(error = %e, "ledger entry not created");

@@ -20,6 +20,7 @@ mod bodies;
 pub mod callback;
 mod capacity;
 mod cidr;
+mod config;
 pub mod egress;
 pub mod feed;
 mod guard;
@@ -28,25 +29,32 @@ mod inbound;
 pub mod inbound_rate;
 mod intake;
 mod metrics;
+mod processing;
 mod processor;
 mod reconciler;
 mod secret;
 pub mod signals;
+mod template_category;
 pub mod validate;
 pub mod webhook;
 
 pub use auth::{ApiKeyConfig, AuthMode, key_sha256};
 pub use bodies::{BODIES_BUCKET, OBJECT_HEADER};
 pub use callback::CallbackConfig;
+pub use config::{
+    Config, DEFAULT_CONFIG, EgressConfig, FeedConfig, HttpConfig, IntakeConfig, ReconcilerConfig, ShutdownConfig,
+    WebhookConfig,
+};
+pub use intake::OrderConfig;
 pub use reconciler::{Policies, Policy};
 
+use crate::capacity::limits_not_applied;
+use crate::config::refused_destination;
 use async_nats::jetstream::consumer::{self, pull};
-use bw_common::config::{AdminConfig, ConfigError, NatsConfig, RedisConfig, TelemetryConfig};
-use bw_common::names;
-use bw_common::service::{Deps, ServiceConfig};
-use bw_common::tenancy::{TenancyConfig, TenancyMode};
+use bw_common::service::Deps;
+use bw_wire::names;
+use bw_wire::tenancy::TenancyMode;
 use futures::StreamExt;
-use serde::Deserialize;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,326 +62,6 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
-
-/// Compiled defaults, every key commented.
-pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
-
-/// Ingest configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    pub nats: NatsConfig,
-    pub admin: AdminConfig,
-    #[serde(default)]
-    pub telemetry: TelemetryConfig,
-    pub http: HttpConfig,
-    pub intake: IntakeConfig,
-    pub webhook: WebhookConfig,
-    pub reconciler: ReconcilerConfig,
-    pub feed: FeedConfig,
-    pub shutdown: ShutdownConfig,
-    /// Where the per-recipient order sets live (the breaker's Redis).
-    pub redis: RedisConfig,
-    pub order: OrderConfig,
-    /// Signed HTTP callbacks to producers, by name (none by default).
-    #[serde(default)]
-    pub callbacks: std::collections::BTreeMap<String, CallbackConfig>,
-    /// Who owns which sender: the sender registry (compiled default) or dev mode.
-    #[serde(default)]
-    pub tenancy: TenancyConfig,
-    /// Where outgoing requests (callbacks) may connect.
-    pub egress: EgressConfig,
-    pub inbound_rate: inbound_rate::InboundRateConfig,
-}
-
-/// Destinations of outgoing requests ([`egress`]).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EgressConfig {
-    /// Ranges (CIDR, or single addresses) callbacks may reach although they are loopback, private, link-local
-    /// and the like. Empty: only global addresses.
-    pub allow_cidrs: Vec<String>,
-}
-
-/// Per-recipient order (see `bw_breaker::order`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OrderConfig {
-    /// Categories whose messages to one recipient reach Meta in the order ingest accepted them (by label:
-    /// "authentication", "transactional", "support", "marketing").
-    pub keep: Vec<String>,
-    /// An order set lives this long after its last registration.
-    pub ttl_ms: u64,
-}
-
-impl OrderConfig {
-    /// Whether messages of `category` keep order.
-    pub fn keeps(&self, category: bw_common::proto::Category) -> bool {
-        self.keep.iter().any(|k| k == category.label())
-    }
-}
-
-/// Outcome feed and status query.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FeedConfig {
-    /// Run the feed publisher (durable consumer feed-publisher on the ledger's stream) in this instance.
-    pub enabled: bool,
-    /// Serve status queries on bw.status.v1.* (and GET /v1/messages/{operation_id}).
-    pub status_enabled: bool,
-    /// Revisions handled at once per instance.
-    pub max_in_flight: usize,
-    /// IANA time zone in which status answers show times beside UTC.
-    pub display_time_zone: String,
-}
-
-/// HTTP listeners.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpConfig {
-    /// Producer intake, and the webhook routes unless `webhook_listen` is set.
-    pub listen: String,
-    /// Separate address for the webhook routes; empty serves them on `listen`.
-    pub webhook_listen: String,
-}
-
-/// Producer intake.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IntakeConfig {
-    pub nats_enabled: bool,
-    /// Requests handled at once per instance, by the NATS and the HTTP intake each; the HTTP intake answers
-    /// 429 with Retry-After past it, the NATS intake waits.
-    pub max_in_flight: usize,
-    /// Fill of BW_SEND or the ledger (bytes or messages, of its limit) from which new requests are refused
-    /// with REJECT_REASON_STORAGE_FULL.
-    pub storage_full_ratio: f64,
-    pub max_request_bytes: usize,
-    pub max_text_chars: usize,
-    pub max_template_params: usize,
-    pub max_param_chars: usize,
-    pub max_components_bytes: usize,
-    pub max_labels: usize,
-    /// HTTP intake authentication (`required` by default: no configured key, no HTTP intake).
-    pub auth: AuthMode,
-    /// Producer keys by name: sha256 of the key and the senders it may send for.
-    #[serde(default)]
-    pub api_keys: std::collections::BTreeMap<String, ApiKeyConfig>,
-}
-
-impl IntakeConfig {
-    /// The validation limits.
-    pub fn limits(&self) -> validate::Limits {
-        validate::Limits {
-            max_request_bytes: self.max_request_bytes,
-            max_text_chars: self.max_text_chars,
-            max_template_params: self.max_template_params,
-            max_param_chars: self.max_param_chars,
-            max_components_bytes: self.max_components_bytes,
-            max_labels: self.max_labels,
-        }
-    }
-}
-
-/// Meta webhooks.
-#[derive(Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct WebhookConfig {
-    pub path: String,
-    #[serde(deserialize_with = "secret::string")]
-    pub verify_token: String,
-    #[serde(deserialize_with = "secret::string")]
-    pub app_secret: String,
-    pub max_body_bytes: usize,
-    /// Delivery bodies being read and stored at once per instance; past it 503 with Retry-After.
-    pub max_bodies_in_flight: usize,
-    /// A body not received whole within this long gets 408.
-    pub body_read_timeout_ms: u64,
-    /// Badly signed (or unsigned) requests a source may send at once, and how many more per minute.
-    pub bad_signature_burst: u32,
-    pub bad_signature_per_minute: u32,
-    /// Sources whose bad signatures are counted at most (bounded memory).
-    pub bad_signature_sources: usize,
-    /// Proxies (CIDR) whose `X-Forwarded-For` names the source of a request.
-    pub trusted_proxies: Vec<String>,
-    pub process: bool,
-    pub max_in_flight: usize,
-    pub ack_wait_ms: u64,
-}
-
-impl std::fmt::Debug for WebhookConfig {
-    // Secrets never appear in logs, even through a debug print of the config.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WebhookConfig")
-            .field("path", &self.path)
-            .field("verify_token", &"<redacted>")
-            .field("app_secret", &"<redacted>")
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("max_bodies_in_flight", &self.max_bodies_in_flight)
-            .field("body_read_timeout_ms", &self.body_read_timeout_ms)
-            .field("bad_signature_burst", &self.bad_signature_burst)
-            .field("bad_signature_per_minute", &self.bad_signature_per_minute)
-            .field("bad_signature_sources", &self.bad_signature_sources)
-            .field("trusted_proxies", &self.trusted_proxies)
-            .field("process", &self.process)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Unknown-outcome reconciler.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcilerConfig {
-    pub enabled: bool,
-    pub review_delay_ms: u64,
-    pub recheck_ms: u64,
-    pub max_in_flight: usize,
-    pub policy: Policies,
-}
-
-/// Shutdown behaviour.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShutdownConfig {
-    pub grace_ms: u64,
-}
-
-impl ServiceConfig for Config {
-    fn nats(&self) -> &NatsConfig {
-        &self.nats
-    }
-    fn redis(&self) -> Option<&bw_common::config::RedisConfig> {
-        (!self.order.keep.is_empty() || self.inbound_rate.enabled).then_some(&self.redis) // order sets, inbound count
-    }
-    fn admin(&self) -> &AdminConfig {
-        &self.admin
-    }
-    fn telemetry(&self) -> &TelemetryConfig {
-        &self.telemetry
-    }
-    fn validate(&self) -> Result<(), String> {
-        Config::validate(self)
-    }
-    fn shutdown_grace(&self) -> Duration {
-        Duration::from_millis(self.shutdown.grace_ms)
-    }
-    fn readiness_needs_redis(&self) -> bool {
-        // Without Redis only order-keeping intake is refused (UNAVAILABLE, retried by producers); webhooks,
-        // statuses and the other categories go on, so readiness must not depend on it.
-        false
-    }
-}
-
-impl Config {
-    /// Loads the config from the compiled defaults, an optional file and an env map, and validates it.
-    pub fn load(
-        file: Option<&std::path::Path>,
-        env: &std::collections::HashMap<String, String>,
-    ) -> Result<Config, ConfigError> {
-        // Secrets are taken verbatim: quoted so the loader's scalar parsing never turns them into numbers (and
-        // a type error never prints them).
-        let env: std::collections::HashMap<String, String> = env
-            .iter()
-            .map(|(k, v)| {
-                let upper = k.to_ascii_uppercase();
-                let secret = upper.starts_with("BW_INGEST__")
-                    && ["__VERIFY_TOKEN", "__APP_SECRET", "__SHA256", "__SECRET"].iter().any(|s| upper.ends_with(s));
-                (k.clone(), if secret { toml_quoted(v) } else { v.clone() })
-            })
-            .collect();
-        bw_common::service::load_config("ingest", DEFAULT_CONFIG, file, &env)
-    }
-
-    /// Checks values serde cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        let invalid = |m: &str| Err(m.to_string());
-        if !self.webhook.path.starts_with('/') || self.webhook.path == "/v1/messages" {
-            return invalid("webhook.path must start with '/' and differ from /v1/messages");
-        }
-        if self.webhook.max_body_bytes == 0 || self.intake.max_request_bytes == 0 {
-            return invalid("webhook.max_body_bytes and intake.max_request_bytes must be > 0");
-        }
-        auth::Keys::new(self.intake.auth, &self.intake.api_keys, self.tenancy.mode)?;
-        if self.feed.display_time_zone.parse::<chrono_tz::Tz>().is_err() {
-            return invalid("feed.display_time_zone must be an IANA zone name such as America/Argentina/Buenos_Aires");
-        }
-        if self.feed.max_in_flight == 0 {
-            return invalid("feed.max_in_flight must be > 0");
-        }
-        if self.intake.max_in_flight == 0 || self.webhook.max_in_flight == 0 || self.reconciler.max_in_flight == 0 {
-            return invalid("max_in_flight values must be > 0");
-        }
-        if !(self.intake.storage_full_ratio > 0.0 && self.intake.storage_full_ratio <= 1.0) {
-            return invalid("intake.storage_full_ratio must be > 0 and at most 1");
-        }
-        let w = &self.webhook;
-        if w.max_bodies_in_flight == 0 || w.body_read_timeout_ms == 0 {
-            return invalid("webhook.max_bodies_in_flight and webhook.body_read_timeout_ms must be > 0");
-        }
-        if w.bad_signature_burst == 0 || w.bad_signature_per_minute == 0 || w.bad_signature_sources == 0 {
-            return invalid(
-                "webhook.bad_signature_burst, bad_signature_per_minute and bad_signature_sources must be > 0",
-            );
-        }
-        cidr::parse_all("webhook.trusted_proxies", &w.trusted_proxies)?;
-        let egress = egress::Policy::from_config(&self.egress.allow_cidrs)?;
-        use bw_common::proto::Category;
-        let known = [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
-        if let Some(bad) = self.order.keep.iter().find(|k| !known.iter().any(|c| c.label() == k.as_str())) {
-            return Err(format!(
-                "order.keep: unknown category `{bad}` (expected authentication, transactional, support or marketing)"
-            ));
-        }
-        if self.order.ttl_ms == 0 {
-            return invalid("order.ttl_ms must be > 0");
-        }
-        for (name, c) in &self.callbacks {
-            callback::validate(name, c, self.tenancy.mode)?;
-            let url = reqwest::Url::parse(&c.url).map_err(|_| format!("callbacks.{name}.url is not a URL"))?;
-            if let Err(refused) = egress.check_literal(&url) {
-                return Err(refused_destination(name, refused));
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The configuration error of a callback whose destination the egress policy refuses. It names the callback
-/// and the kind of address, never the address or the URL (which may hold credentials).
-fn refused_destination(name: &str, refused: egress::Refused) -> String {
-    format!(
-        "callbacks.{name}.url: its host is or resolves to a {} address, which callbacks may not reach (it could \
-         reach this machine, the cloud's metadata service or a private network); if the receiver really lives \
-         there, list its range in egress.allow_cidrs",
-        refused.range
-    )
-}
-
-/// Reports a stream whose byte limit could not be applied: it keeps working as before, without the disk bound.
-pub(crate) fn limits_not_applied(stream: &str, error: &str) {
-    tracing::error!(
-        stream,
-        error,
-        "stream byte limit not applied: it can fill the disk; give ingest's NATS user $JS.API.STREAM.UPDATE on it \
-         (deploy/nats/accounts.conf) and restart ingest, or set max_bytes on the stream as a NATS administrator"
-    );
-}
-
-/// `v` as a TOML basic string.
-fn toml_quoted(v: &str) -> String {
-    let mut out = String::with_capacity(v.len() + 2);
-    out.push('"');
-    for c in v.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
 
 /// Secret values the local stack, the drill, the simulator and the tests use; a production ingest with one of
 /// them accepts deliveries anyone can sign.
@@ -387,7 +75,7 @@ fn warn_about(cfg: &Config, keys: &auth::Keys) {
             "tenancy.mode = \"dev\": any producer may send as any number (every number is the tenant `default`'s); \
              run with the sender registry (bwctl senders add) outside the local stack"
         );
-        let named = |t: &Option<String>| t.as_deref().is_some_and(|t| t != bw_common::tenancy::DEFAULT_TENANT);
+        let named = |t: &Option<String>| t.as_deref().is_some_and(|t| t != bw_wire::tenancy::DEFAULT_TENANT);
         for (name, _) in cfg.intake.api_keys.iter().filter(|(_, k)| named(&k.tenant)) {
             tracing::warn!(key = %name, "intake.api_keys.{name}.tenant is ignored in dev mode: the key acts for `default`");
         }
@@ -592,6 +280,10 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         registry: registry.clone(),
         tenancy: cfg.tenancy.mode,
         capacity: capacity.clone(),
+        templates: deps
+            .redis
+            .clone()
+            .map(|redis| template_category::TemplateCategory::new(redis, Duration::from_millis(cfg.redis.timeout_ms))),
     });
     let keys =
         auth::Keys::new(cfg.intake.auth, &cfg.intake.api_keys, cfg.tenancy.mode).map_err(|e| anyhow::anyhow!(e))?;
@@ -680,35 +372,14 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
         }
     }
 
-    let intake_router = http::intake_routes(state.clone());
-    let webhook_router = http::webhook_routes(state, &cfg.webhook.path);
-    let (main_router, separate) = match listeners.webhook {
-        Some(l) => (intake_router, Some((l, webhook_router))),
-        None => (intake_router.merge(webhook_router), None),
-    };
-    tracker.spawn(capacity.clone().run(deps.js.clone(), Duration::from_secs(1), shutdown.clone()));
-    let http_addr = listeners.http.local_addr()?;
-    tracker.spawn(serve_http(listeners.http, main_router, shutdown.clone()));
-    if let Some((listener, router)) = separate {
-        tracing::info!(webhook = %listener.local_addr()?, "webhook listener bound");
-        tracker.spawn(serve_http(listener, router, shutdown.clone()));
-    }
+    let tasks = Tasks { tracker: tracker.clone(), shutdown: shutdown.clone() };
+    tasks.spawn(capacity.clone().run(deps.js.clone(), Duration::from_secs(1), shutdown.clone()));
+    let http_addr = spawn_http(&tasks, listeners, state, &cfg.webhook.path)?;
     if cfg.intake.nats_enabled {
-        let (nats, tracker2, token) = (deps.nats.clone(), tracker.clone(), shutdown.clone());
-        let max = cfg.intake.max_in_flight;
-        let intake = intake.clone();
-        let sub = intake::subscribe_nats(&nats).await?;
-        tracker.spawn(
-            async move {
-                if let Err(e) = intake::serve_nats(sub, intake, nats, max, tracker2, token).await {
-                    tracing::error!(error = %e, "nats intake stopped");
-                }
-            }
-            .instrument(tracing::info_span!("ingest.nats_intake")),
-        );
+        spawn_nats_intake(&tasks, &deps.nats, intake.clone(), cfg.intake.max_in_flight).await?;
     }
     if let Some(messages) = webhook_messages {
-        let processor = Arc::new(processor::Processor {
+        let processor = processing::Processor {
             js: deps.js.clone(),
             ledger: ledger.clone(),
             dedup: deps.buckets.webhook_dedup.clone(),
@@ -717,18 +388,11 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             send: deps.buckets.send,
             windows: inbound::Windows::new(deps.redis.clone(), Duration::from_millis(cfg.redis.timeout_ms)),
             inbound_rate: inbound_rate::InboundRate::from_config(deps.redis.as_ref(), &cfg.inbound_rate),
-        });
-        let max = cfg.webhook.max_in_flight;
-        tracker.spawn(
-            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
-                let p = processor.clone();
-                async move { p.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = names::WEBHOOK_STREAM)),
-        );
+        };
+        spawn_processor(&tasks, messages, processor, cfg.webhook.max_in_flight);
     }
     if let Some(messages) = unknown_messages {
-        let reconciler = Arc::new(reconciler::Reconciler {
+        let reconciler = reconciler::Reconciler {
             js: deps.js.clone(),
             send: deps.buckets.send,
             ledger: ledger.clone(),
@@ -737,45 +401,14 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
             review_delay_ms: cfg.reconciler.review_delay_ms as i64,
             recheck: Duration::from_millis(cfg.reconciler.recheck_ms.max(100)),
             metrics: metrics.clone(),
-        });
-        let max = cfg.reconciler.max_in_flight;
-        tracker.spawn(
-            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
-                let r = reconciler.clone();
-                async move { r.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM)),
-        );
+        };
+        spawn_reconciler(&tasks, messages, reconciler, cfg.reconciler.max_in_flight);
     }
-    let publisher = Arc::new(feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() });
-    for (stream, messages) in feed_messages {
-        let publisher = publisher.clone();
-        tracker.spawn(
-            consume(messages, cfg.feed.max_in_flight, tracker.clone(), shutdown.clone(), move |msg| {
-                let p = publisher.clone();
-                async move { p.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = %stream)),
-        );
-    }
-    for (cb, messages, max, consumer) in callbacks {
-        tracker.spawn(
-            consume(messages, max, tracker.clone(), shutdown.clone(), move |msg| {
-                let cb = cb.clone();
-                async move { cb.handle(msg).await }
-            })
-            .instrument(tracing::info_span!("ingest.consume", stream = feed::FEED_STREAM, consumer = %consumer)),
-        );
-    }
+    let publisher = feed::Publisher { js: deps.js.clone(), metrics: metrics.clone() };
+    spawn_feed(&tasks, feed_messages, publisher, cfg.feed.max_in_flight);
+    spawn_callbacks(&tasks, callbacks);
     if cfg.feed.status_enabled {
-        let (intake, nats) = (intake.clone(), deps.nats.clone());
-        let (tracker2, token) = (tracker.clone(), shutdown.clone());
-        let sub = feed::subscribe_status(&nats).await?;
-        tracker.spawn(async move {
-            if let Err(e) = feed::serve_status(sub, intake, nats, tracker2, token).await {
-                tracing::error!(error = %e, "status query listener stopped");
-            }
-        });
+        spawn_status(&tasks, &deps.nats, intake.clone()).await?;
     }
     // The intake and status subscriptions are on the server before ingest reports ready (a producer that waits
     // for /readyz then never meets "no responders").
@@ -789,6 +422,127 @@ pub async fn run_on(cfg: Config, deps: Deps, listeners: Listeners, shutdown: Can
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!(grace_ms = cfg.shutdown.grace_ms, "in-flight work did not finish within the grace period");
     }
+    Ok(())
+}
+
+/// Where the subsystems' tasks run: tracked for the shutdown grace, stopped by `shutdown`.
+struct Tasks {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Tasks {
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.tracker.spawn(task);
+    }
+
+    /// Runs `handle` on each message of `messages` (see [`consume`]) in a task of its own.
+    fn consume<F, Fut>(&self, messages: pull::Stream, max_in_flight: usize, span: tracing::Span, handle: F)
+    where
+        F: Fn(async_nats::jetstream::Message) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let (tracker, shutdown) = (self.tracker.clone(), self.shutdown.clone());
+        self.spawn(consume(messages, max_in_flight, tracker, shutdown, handle).instrument(span));
+    }
+}
+
+/// The HTTP intake and the webhook routes, on one listener or two. Returns the intake's address.
+fn spawn_http(
+    tasks: &Tasks,
+    listeners: Listeners,
+    state: http::HttpState,
+    webhook_path: &str,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let intake_router = http::intake_routes(state.clone());
+    let webhook_router = http::webhook_routes(state, webhook_path);
+    let (main_router, separate) = match listeners.webhook {
+        Some(l) => (intake_router, Some((l, webhook_router))),
+        None => (intake_router.merge(webhook_router), None),
+    };
+    let http_addr = listeners.http.local_addr()?;
+    tasks.spawn(serve_http(listeners.http, main_router, tasks.shutdown.clone()));
+    if let Some((listener, router)) = separate {
+        tracing::info!(webhook = %listener.local_addr()?, "webhook listener bound");
+        tasks.spawn(serve_http(listener, router, tasks.shutdown.clone()));
+    }
+    Ok(http_addr)
+}
+
+/// The NATS intake (`bw.send.v1.*`), subscribed before it returns.
+async fn spawn_nats_intake(
+    tasks: &Tasks,
+    nats: &async_nats::Client,
+    intake: Arc<intake::Intake>,
+    max: usize,
+) -> anyhow::Result<()> {
+    let (nats, tracker2, token) = (nats.clone(), tasks.tracker.clone(), tasks.shutdown.clone());
+    let sub = intake::subscribe_nats(&nats).await?;
+    tasks.spawn(
+        async move {
+            if let Err(e) = intake::serve_nats(sub, intake, nats, max, tracker2, token).await {
+                tracing::error!(error = %e, "nats intake stopped");
+            }
+        }
+        .instrument(tracing::info_span!("ingest.nats_intake")),
+    );
+    Ok(())
+}
+
+/// The webhook processor on BW_WEBHOOKS.
+fn spawn_processor(tasks: &Tasks, messages: pull::Stream, processor: processing::Processor, max: usize) {
+    let processor = Arc::new(processor);
+    let span = tracing::info_span!("ingest.consume", stream = names::WEBHOOK_STREAM);
+    tasks.consume(messages, max, span, move |msg| {
+        let p = processor.clone();
+        async move { p.handle(msg).await }
+    });
+}
+
+/// The unknown-outcome reconciler on BW_UNKNOWN.
+fn spawn_reconciler(tasks: &Tasks, messages: pull::Stream, reconciler: reconciler::Reconciler, max: usize) {
+    let reconciler = Arc::new(reconciler);
+    let span = tracing::info_span!("ingest.consume", stream = names::UNKNOWN_STREAM);
+    tasks.consume(messages, max, span, move |msg| {
+        let r = reconciler.clone();
+        async move { r.handle(msg).await }
+    });
+}
+
+/// The feed publisher, one consumer per ledger partition.
+fn spawn_feed(tasks: &Tasks, feed_messages: Vec<(String, pull::Stream)>, publisher: feed::Publisher, max: usize) {
+    let publisher = Arc::new(publisher);
+    for (stream, messages) in feed_messages {
+        let publisher = publisher.clone();
+        let span = tracing::info_span!("ingest.consume", stream = %stream);
+        tasks.consume(messages, max, span, move |msg| {
+            let p = publisher.clone();
+            async move { p.handle(msg).await }
+        });
+    }
+}
+
+/// The HTTP callbacks, one consumer each on BW_FEED.
+fn spawn_callbacks(tasks: &Tasks, callbacks: Vec<(Arc<callback::Callback>, pull::Stream, usize, String)>) {
+    for (cb, messages, max, consumer) in callbacks {
+        let span = tracing::info_span!("ingest.consume", stream = feed::FEED_STREAM, consumer = %consumer);
+        tasks.consume(messages, max, span, move |msg| {
+            let cb = cb.clone();
+            async move { cb.handle(msg).await }
+        });
+    }
+}
+
+/// The status query (`bw.status.v1.*`), subscribed before it returns.
+async fn spawn_status(tasks: &Tasks, nats: &async_nats::Client, intake: Arc<intake::Intake>) -> anyhow::Result<()> {
+    let nats = nats.clone();
+    let (tracker2, token) = (tasks.tracker.clone(), tasks.shutdown.clone());
+    let sub = feed::subscribe_status(&nats).await?;
+    tasks.spawn(async move {
+        if let Err(e) = feed::serve_status(sub, intake, nats, tracker2, token).await {
+            tracing::error!(error = %e, "status query listener stopped");
+        }
+    });
     Ok(())
 }
 

@@ -52,6 +52,9 @@ pub(crate) struct Metrics {
     /// Webhook changes beyond `messages` (and value-level errors) by field and result: published, unknown,
     /// malformed. `field` is one of the fields of meta-cloud-api.md §4.5, else `other`.
     pub webhook_fields: Family<Labels, Counter>,
+    /// Template requests whose category intake checked against Meta's, by result: marketing (moved to
+    /// MARKETING, accepted as marketing), unavailable (the rules could not be read; the producer's category stood).
+    pub template_category: Family<Labels, Counter>,
 }
 
 fn request_buckets() -> Histogram {
@@ -83,6 +86,7 @@ impl Metrics {
             callback_egress_refused: Family::default(),
             bad_signature_sources: Default::default(),
             webhook_fields: Family::default(),
+            template_category: Family::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_intake_requests", "Producer requests by source, outcome and reason", m.intake.clone());
@@ -102,6 +106,11 @@ impl Metrics {
                 "bw_webhook_fields",
                 "Webhook changes beyond messages and value-level errors, by field and result",
                 m.webhook_fields.clone(),
+            );
+            r.register(
+                "bw_intake_template_category",
+                "Template requests whose category intake changed to Meta's, or could not check, by result",
+                m.template_category.clone(),
             );
             r.register("bw_statuses_applied", "Status updates applied to the ledger by status", m.statuses.clone());
             r.register(
@@ -202,6 +211,10 @@ impl Metrics {
 
     pub(crate) fn callback_delivered(&self, callback: &str, seconds: f64) {
         self.callback_delivery_seconds.get_or_create(&vec![("callback", callback.to_string())]).observe(seconds);
+    }
+
+    pub(crate) fn template_category(&self, result: &str) {
+        self.template_category.get_or_create(&vec![("result", result.to_string())]).inc();
     }
 
     pub(crate) fn reconciled(&self, action: &str) {

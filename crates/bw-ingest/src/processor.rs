@@ -23,48 +23,21 @@
 //! so the operation id is what ties this trace to the operation's own (where `ingest.reconcile` records
 //! `decision=resolved`); search both by `operation_id`.
 
-use crate::bodies::{Bodies, OBJECT_HEADER};
-use crate::metrics::Metrics;
+use crate::bodies::OBJECT_HEADER;
+use crate::processing::{Processor, Retry};
 use crate::webhook::{self, ValueError};
 use async_nats::jetstream::{self, kv};
 use bw_common::classify::{ErrorClass, classify_code};
 use bw_common::disposition::{Label, Settle, apply};
-use bw_common::ledger::{Ledger, LedgerError};
-use bw_common::names;
 use bw_common::proto::{DeliveryStatus, InboundMessage, OperationState, Signal, StatusUpdate, StoredWebhook};
 use bw_common::time::now_ms;
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
 use tracing::Instrument;
 
 const RETRY_LATER: Duration = Duration::from_secs(1);
-
-/// A step failed because the broker was unavailable; the delivery is redelivered later.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct Retry(pub(crate) String);
-
-impl From<LedgerError> for Retry {
-    fn from(e: LedgerError) -> Self {
-        Retry(e.to_string())
-    }
-}
-
-/// Handles stored webhook deliveries.
-pub(crate) struct Processor {
-    pub js: jetstream::Context,
-    pub ledger: Ledger,
-    pub dedup: kv::Store,
-    pub metrics: Metrics,
-    pub bodies: Bodies,
-    /// Where a new attempt after an asynchronous failure goes (BW_SEND's partitions, as intake publishes).
-    pub send: names::SendPartitions,
-    /// Customer service windows opened by inbound messages (`inbound.rs`); absent without Redis.
-    pub windows: Option<crate::inbound::Windows>,
-    /// Counts forwarded inbound messages against their number's throughput (None: off, or no Redis).
-    pub inbound_rate: Option<crate::inbound_rate::InboundRate>,
-}
 
 fn target_state(status: DeliveryStatus) -> Option<OperationState> {
     match status {
@@ -299,7 +272,7 @@ impl Processor {
     /// True when the status names its operation (`biz_opaque_callback_data`, which the dispatcher sets to the
     /// operation key: a tenant's keys hold a `/`); otherwise only the wamid link can.
     fn names_operation(s: &StatusUpdate) -> bool {
-        !s.operation_id.is_empty() && bw_common::tenancy::valid_operation_key(&s.operation_id)
+        !s.operation_id.is_empty() && bw_wire::tenancy::valid_operation_key(&s.operation_id)
     }
 
     /// The operation a status belongs to: the one its callback data `named` (see [`Self::names_operation`]),

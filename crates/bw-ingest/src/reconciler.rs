@@ -19,12 +19,12 @@ use crate::metrics::Metrics;
 use async_nats::jetstream;
 use bw_common::disposition::{self, Label, Settle};
 use bw_common::ledger::Ledger;
-use bw_common::names;
 use bw_common::proto::{
     Category, DlqEnvelope, DlqReason, OperationState, QuarantineEntry, QuarantineReason, RejectReason, RejectedRequest,
     UnknownOutcome,
 };
 use bw_common::time::now_ms;
+use bw_wire::names;
 use prost::Message as _;
 use serde::Deserialize;
 use std::time::Duration;

@@ -19,14 +19,15 @@
 //! hash, a display phone number is dropped, and free text from Meta is cut to 200 characters with every run of
 //! 7 or more digits replaced (a description may quote a number).
 
-use crate::processor::Processor;
-use bw_common::names;
+use crate::processing::Processor;
+use crate::webhook::scrub;
 use bw_common::proto::account_signal::Kind;
 use bw_common::proto::{
     AccountAlert, AccountBanState, AccountEvent, AccountRestriction, AccountSignal, MessageEcho, MessagingLimitChange,
     TemplateCategoryChange, TemplateQualityChange, TemplateStatusChange, ThroughputChange, UnknownWebhookField,
     UserPreference, WebhookValueError,
 };
+use bw_wire::names;
 use prost::Message as _;
 use serde_json::{Map, Value};
 
@@ -59,8 +60,6 @@ const NAMED_OTHER_FIELDS: [&str; 11] = [
     "business_status_update",
 ];
 
-/// Free text kept from Meta, at most.
-const TEXT_CHARS: usize = 200;
 /// Keys of an unknown value kept in its signal, at most.
 const UNKNOWN_KEYS: usize = 32;
 
@@ -538,13 +537,6 @@ fn seconds(v: &Value) -> Result<i64, &'static str> {
         Value::String(s) => s.trim().parse().map_err(|_| "is not an integer or a string of digits"),
         _ => Err("is not an integer or a string of digits"),
     }
-}
-
-/// Free text from Meta, cut to [`TEXT_CHARS`], every run of 7 or more digits (a phone number, perhaps) replaced
-/// by `<digits>`.
-pub fn scrub(text: &str) -> String {
-    let cut: String = text.chars().take(TEXT_CHARS).collect();
-    bw_common::mask::digit_runs(&cut, 7, |run| if run.starts_with('+') { "+<digits>" } else { "<digits>" }.into())
 }
 
 fn hash(s: &str) -> String {

@@ -119,7 +119,7 @@ pub fn validate(
     if request.operation_id.is_empty() {
         return reject(MissingField, "operation_id is required");
     }
-    if !bw_common::tenancy::valid_operation_id(&request.operation_id) {
+    if !bw_wire::tenancy::valid_operation_id(&request.operation_id) {
         return reject(
             BadOperationId,
             "operation_id must be 1..=128 characters of [A-Za-z0-9_=.-], not starting or ending with '.' and without '..'",

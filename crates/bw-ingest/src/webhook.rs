@@ -163,8 +163,7 @@ fn seconds(v: &serde_json::Value) -> i64 {
 /// Parses a webhook body.
 pub fn parse(body: &[u8]) -> Result<Parsed, ParseError> {
     // serde quotes the offending value ("invalid type: string \"16505551234\""): scrubbed, as it is logged and kept.
-    let envelope: Envelope =
-        serde_json::from_slice(body).map_err(|e| ParseError::Json(crate::signals::scrub(&e.to_string())))?;
+    let envelope: Envelope = serde_json::from_slice(body).map_err(|e| ParseError::Json(scrub(&e.to_string())))?;
     if envelope.object != "whatsapp_business_account" {
         return Err(ParseError::Object(envelope.object.chars().take(64).collect()));
     }
@@ -306,6 +305,16 @@ pub mod examples {
         }]
       }]
     }"#;
+}
+
+/// Free text kept from Meta, at most.
+const TEXT_CHARS: usize = 200;
+
+/// Free text from Meta, cut to [`TEXT_CHARS`], every run of 7 or more digits (a phone number, perhaps) replaced
+/// by `<digits>`.
+pub fn scrub(text: &str) -> String {
+    let cut: String = text.chars().take(TEXT_CHARS).collect();
+    bw_common::mask::digit_runs(&cut, 7, |run| if run.starts_with('+') { "+<digits>" } else { "<digits>" }.into())
 }
 
 #[cfg(test)]

@@ -23,8 +23,9 @@
 //!   `us_marketing_code`, a non-template send outside a window 131047 (when enforced), then the portfolio
 //!   messaging limit (see `MessagingLimitConfig`), each a `failed` status.
 
-use crate::config::{OtpType, SimConfig, Tier};
+use crate::config::{OtpType, SimConfig};
 use crate::ids;
+use crate::limits::Tier;
 use crate::webhook::StatusEvent;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,32 +33,6 @@ use std::sync::{Mutex, RwLock};
 
 /// The customer service window: 24 h from the user's last message (reference §5).
 pub const SERVICE_WINDOW_MS: u64 = 24 * 3_600_000;
-
-/// What a template status means for sends: None = sendable, Some(code) = refused with it.
-pub fn template_status_effect(status: &str) -> Result<Option<i64>, String> {
-    Ok(match status.to_ascii_uppercase().as_str() {
-        "APPROVED" | "REINSTATED" | "UNARCHIVED" | "FLAGGED" | "LOCKED" => None,
-        "PAUSED" => Some(132_015),
-        "DISABLED" => Some(132_016),
-        "REJECTED" | "ARCHIVED" | "DELETED" | "PENDING_DELETION" | "PENDING" | "IN_APPEAL" | "LIMIT_EXCEEDED" => {
-            Some(132_001)
-        }
-        other => {
-            return Err(format!(
-                "template status `{other}` is not one of APPROVED, PENDING, REJECTED, PAUSED, DISABLED, FLAGGED, \
-                 REINSTATED, ARCHIVED, UNARCHIVED, DELETED, PENDING_DELETION, LOCKED, IN_APPEAL, LIMIT_EXCEEDED"
-            ));
-        }
-    })
-}
-
-/// A template category the reference names.
-pub fn check_category(category: &str) -> Result<(), String> {
-    match category.to_ascii_uppercase().as_str() {
-        "MARKETING" | "UTILITY" | "AUTHENTICATION" => Ok(()),
-        other => Err(format!("category `{other}` is not one of MARKETING, UTILITY, AUTHENTICATION")),
-    }
-}
 
 /// `en-US` → `en_US`: webhooks spell languages with a hyphen, sends with an underscore.
 pub fn norm_language(lang: &str) -> String {
@@ -587,6 +562,7 @@ pub struct NumberSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::templates::template_status_effect;
 
     #[test]
     fn the_portfolio_counts_unique_users_in_a_rolling_window() {

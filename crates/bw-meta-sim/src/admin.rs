@@ -75,7 +75,8 @@
 use crate::events::Event;
 use crate::limits::Limits;
 use crate::scenario::Scenario;
-use crate::{Inner, fire, ids, lock_read, lock_write};
+use crate::state::{Inner, lock_read, lock_write};
+use crate::{fire, ids};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Query, State};

@@ -9,7 +9,7 @@
 //! marketing to a US number, 131047 outside the window when enforced, the portfolio limit), and Meta's success
 //! body, or an ambiguous answer after acceptance (reset, hang, bodiless 5xx, unparseable 200).
 
-use crate::account::{SendClass, UserInfo};
+use crate::account::SendClass;
 use crate::config::OtpType;
 use crate::conn::ConnKill;
 use crate::errors;
@@ -17,10 +17,11 @@ use crate::ids;
 use crate::inject::{Call, Mode};
 use crate::limits::{Limits, Refused, RetryAfter};
 use crate::oracle::{Acceptance, FailedMessage, FailureCause, Source};
+use crate::request::{Send, validate};
 use crate::scenario::{Active, FaultKind, Garbled, Page, Picked};
+use crate::state::{Inner, lock_read};
 use crate::versions::{self, Served};
 use crate::webhook::{Failure, StatusEvent, StatusKind};
-use crate::{Inner, lock_read};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -28,47 +29,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
-
-const TYPES: &[&str] = &[
-    "text",
-    "image",
-    "audio",
-    "document",
-    "video",
-    "sticker",
-    "location",
-    "contacts",
-    "interactive",
-    "template",
-    "reaction",
-];
-
-/// A validated send.
-struct Send {
-    /// `to`, or the `recipient` user id when no `to` was sent (the response's `contacts[].input`).
-    input: String,
-    /// The recipient's phone digits, when known.
-    wa_id: Option<String>,
-    /// The directory's entry (None with user ids off and a phone-addressed send).
-    user: Option<UserInfo>,
-    /// Addressed by `recipient` only.
-    by_user_id: bool,
-    mtype: String,
-    biz_opaque: Option<String>,
-    /// (name, language) of a template.
-    template: Option<(String, String)>,
-}
-
-impl Send {
-    /// The key limits and state use for this user: the phone digits when known, else the user id.
-    fn user_key(&self) -> &str {
-        match (&self.wa_id, &self.user) {
-            (Some(w), _) => w,
-            (None, Some(u)) => &u.user_id,
-            (None, None) => &self.input,
-        }
-    }
-}
 
 /// Usage reported in headers: percent of the allowance in use, minutes to regain access, and the wait a
 /// Retry-After would announce.
@@ -455,7 +415,7 @@ fn account_check(st: &Inner, phone: &str, send: &Send) -> Result<(), Refusal> {
         return Err(account(code));
     }
     if let Some(t) = &template {
-        if let Ok(Some(code)) = crate::account::template_status_effect(&t.status) {
+        if let Ok(Some(code)) = crate::templates::template_status_effect(&t.status) {
             return Err(account(code));
         }
         let otp = matches!(t.otp_type, Some(OtpType::CopyCode | OtpType::OneTap | OtpType::ZeroTap));
@@ -589,123 +549,6 @@ fn retry_mode(st: &Inner, limits: &Limits) -> RetryAfter {
     }
 }
 
-fn validate(st: &Inner, phone: &str, parsed: Result<Value, serde_json::Error>) -> Result<Send, (i64, String)> {
-    let invalid = |code: i64, d: &str| Err((code, d.to_string()));
-    let Ok(body) = parsed else {
-        return invalid(100, "Request body is not valid JSON.");
-    };
-    if !body.is_object() {
-        return invalid(100, "Request body must be a JSON object.");
-    }
-    match body.get("messaging_product").and_then(Value::as_str) {
-        None => return invalid(100, "The parameter messaging_product is required."),
-        Some("whatsapp") => {}
-        Some(_) => return invalid(100, "Param messaging_product must be one of {WHATSAPP}."),
-    }
-    match body.get("recipient_type").map(|v| v.as_str()) {
-        None | Some(Some("individual")) | Some(Some("group")) => {}
-        _ => {
-            return invalid(100, "Param recipient_type must be one of {INDIVIDUAL, GROUP}.");
-        }
-    }
-    let to = body.get("to").and_then(Value::as_str).filter(|t| !t.trim().is_empty());
-    let recipient = match body.get("recipient") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(r)) if ids::is_user_id(r) => Some(r.as_str()),
-        // The value is not echoed: it may be a phone number.
-        Some(_) => return invalid(131009, "Parameter 'recipient' is not a valid business-scoped user ID."),
-    };
-    // `to` wins when both are sent (reference §1).
-    let (input, wa_id, user, by_user_id) = match (to, recipient) {
-        (Some(t), _) => {
-            let wa_id = ids::wa_id(t);
-            let allowed = t.chars().all(|c| c.is_ascii_digit() || " +-()".contains(c));
-            if !allowed || !(7..=15).contains(&wa_id.len()) {
-                return invalid(131009, "Parameter 'to' is not a valid phone number.");
-            }
-            // The phone decides who the user is, whatever `recipient` says.
-            let user = (st.cfg.user_ids || recipient.is_some())
-                .then(|| st.account.user_by_phone(&st.cfg, st.cfg.portfolio_of(phone), &wa_id));
-            (t.to_string(), Some(wa_id), user, false)
-        }
-        (None, Some(r)) => {
-            let user = st.account.user_by_id(&st.cfg, r);
-            (r.to_string(), user.wa_id.clone(), Some(user), true)
-        }
-        (None, None) => return invalid(100, "The parameter to is required."),
-    };
-    let mtype = match body.get("type") {
-        None => "text".to_string(),
-        Some(Value::String(t)) if TYPES.contains(&t.as_str()) => t.clone(),
-        Some(_) => {
-            return invalid(
-                100,
-                "Param type must be one of {TEXT, IMAGE, AUDIO, DOCUMENT, VIDEO, STICKER, LOCATION, CONTACTS, INTERACTIVE, TEMPLATE, REACTION}.",
-            );
-        }
-    };
-    let biz_opaque = match body.get("biz_opaque_callback_data") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.chars().count() <= 512 => Some(s.clone()),
-        Some(Value::String(_)) => {
-            return invalid(100, "Param biz_opaque_callback_data must be at most 512 characters long.");
-        }
-        Some(_) => return invalid(100, "Param biz_opaque_callback_data must be a string."),
-    };
-    let Some(nested) = body.get(&mtype).filter(|v| v.is_object() || (mtype == "contacts" && v.is_array())) else {
-        return invalid(131008, &format!("Parameter '{mtype}' is required."));
-    };
-    let mut template = None;
-    match mtype.as_str() {
-        "text" => match nested.get("body") {
-            Some(Value::String(b)) if b.chars().count() > 4096 => {
-                return invalid(100, "Param text['body'] must be at most 4096 characters long.");
-            }
-            Some(Value::String(b)) if !b.is_empty() => {}
-            _ => return invalid(100, "The parameter text['body'] is required."),
-        },
-        "template" => template = Some(validate_template(st, nested)?),
-        "image" | "audio" | "document" | "video" | "sticker"
-            if nested.get("id").and_then(Value::as_str).is_none()
-                && nested.get("link").and_then(Value::as_str).is_none() =>
-        {
-            return invalid(131008, &format!("Parameter '{mtype}.link' or '{mtype}.id' is required."));
-        }
-        _ => {}
-    }
-    Ok(Send { input, wa_id, user, by_user_id, mtype, biz_opaque, template })
-}
-
-fn validate_template(st: &Inner, t: &Value) -> Result<(String, String), (i64, String)> {
-    let invalid = |code: i64, d: String| Err((code, d));
-    let Some(name) = t.get("name").and_then(Value::as_str).filter(|n| !n.is_empty()) else {
-        return invalid(131008, "Parameter 'template.name' is required.".into());
-    };
-    let Some(lang) = t.get("language").and_then(|l| l.get("code")).and_then(Value::as_str).filter(|c| !c.is_empty())
-    else {
-        return invalid(131008, "Parameter 'template.language.code' is required.".into());
-    };
-    if let Some(components) = t.get("components") {
-        let Some(list) = components.as_array() else {
-            return invalid(131009, "Parameter 'template.components' must be an array.".into());
-        };
-        for c in list {
-            let ok_type = c
-                .get("type")
-                .and_then(Value::as_str)
-                .is_some_and(|ty| ["header", "body", "button", "footer"].contains(&ty));
-            let ok_params = c.get("parameters").is_none_or(Value::is_array);
-            if !ok_type || !ok_params {
-                return invalid(131009, "Parameter 'template.components' has an invalid component.".into());
-            }
-        }
-    }
-    if !st.cfg.known_templates.is_empty() && !st.cfg.known_templates.iter().any(|k| k == name) {
-        return invalid(132001, format!("template name ({name}) does not exist in {lang}"));
-    }
-    Ok((name.to_string(), lang.to_string()))
-}
-
 fn http_fault(st: &Inner, status: u16, meta_body: bool, code: Option<i64>, page: Page) -> Response {
     let status_code = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
     if meta_body {
@@ -803,24 +646,7 @@ fn with_usage(st: &Inner, mut resp: Response, usage: Usage, phone: &str, mode: R
 
 /// IMF-fixdate (RFC 9110 §5.6.7): `Tue, 01 Dec 2026 10:00:07 GMT`.
 pub(crate) fn http_date(at: std::time::SystemTime) -> String {
-    let secs = at.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let (h, m, s) = ((secs % 86_400) / 3600, (secs % 3600) / 60, secs % 60);
-    // Days to civil date (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    const WEEKDAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
-    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    let weekday = WEEKDAYS[days.rem_euclid(7) as usize];
-    let month_name = MONTHS[(month - 1) as usize];
-    format!("{weekday}, {day:02} {month_name} {year} {h:02}:{m:02}:{s:02} GMT")
+    chrono::DateTime::<chrono::Utc>::from(at).format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }
 
 /// Anything else under the Graph root: Graph's unsupported-request error.

@@ -99,8 +99,8 @@
 //! value = { anything = "goes" }
 //! ```
 
-use crate::account::{check_category, template_status_effect};
-use crate::config::Tier;
+use crate::limits::Tier;
+use crate::templates::{check_category, template_status_effect};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 

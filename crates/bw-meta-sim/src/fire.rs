@@ -3,13 +3,14 @@
 //! every other, and logs the event for `GET /_sim/state`. A scenario's events run on a task of their own that
 //! ends when the scenario is replaced.
 
-use crate::Inner;
 use crate::account::{FiredEvent, Restriction, webhook_language};
-use crate::config::Tier;
 use crate::errors;
 use crate::events::{Event, EventKind};
 use crate::ids;
+use crate::limits::Tier;
 use crate::scenario::event_name;
+use crate::scenario::{Active, Scenario};
+use crate::state::{Inner, lock_write};
 use crate::webhook::{Failure, StatusEvent};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -64,30 +65,8 @@ fn waba(st: &Inner, waba_id: &Option<String>, phone: Option<&str>) -> String {
 
 /// "December 6, 2026": the date form of `ban_info.waba_ban_date`.
 fn long_date(unix_ms: u64) -> String {
-    const MONTHS: [&str; 12] = [
-        "January",
-        "February",
-        "March",
-        "April",
-        "May",
-        "June",
-        "July",
-        "August",
-        "September",
-        "October",
-        "November",
-        "December",
-    ];
-    let z = (unix_ms / 86_400_000) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{} {day}, {year}", MONTHS[(month - 1) as usize])
+    let at = i64::try_from(unix_ms).ok().and_then(chrono::DateTime::from_timestamp_millis).unwrap_or_default();
+    at.format("%B %-d, %Y").to_string()
 }
 
 /// Fires one event now.
@@ -618,6 +597,36 @@ pub(crate) fn inbound(st: &Inner, m: &Inbound) -> Option<String> {
     }
     let value = json!({ "contacts": [contact], "messages": [message] });
     st.webhooks.messages_value(&m.phone_number_id, value, true, Duration::ZERO).then_some(wamid)
+}
+
+impl Inner {
+    /// Makes `s` the active scenario, its clock starting now: the announced account state goes back to the
+    /// configuration and the scenario's events are scheduled (the previous scenario's stop).
+    pub(crate) fn set_scenario(self: &Arc<Self>, s: Scenario) {
+        let events = s.events.clone();
+        let active = Arc::new(Active::start(s));
+        let cancel = self.shutdown.child_token();
+        let previous =
+            std::mem::replace(&mut *self.events_cancel.lock().unwrap_or_else(|e| e.into_inner()), cancel.clone());
+        previous.cancel();
+        self.account.reset_announced(&self.cfg);
+        let started = active.started;
+        *lock_write(&self.scenario) = active;
+        schedule(self, events, started, cancel);
+    }
+
+    /// An inbound customer text message: its webhook, the user's service window, and a unit of the number's
+    /// throughput.
+    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
+        let m = Inbound {
+            phone_number_id: phone_number_id.to_string(),
+            from: Some(from.to_string()),
+            name: name.to_string(),
+            text: text.to_string(),
+            ..Inbound::default()
+        };
+        inbound(self, &m)
+    }
 }
 
 #[cfg(test)]

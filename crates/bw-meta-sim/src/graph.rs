@@ -4,7 +4,7 @@
 //! `business_capability_update` events). Other fields and objects answer Graph's unsupported-request error; a
 //! missing or unknown token answers 190.
 
-use crate::Inner;
+use crate::state::Inner;
 use crate::versions::{self, Served};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};

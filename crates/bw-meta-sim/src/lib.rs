@@ -45,18 +45,21 @@ pub mod ids;
 pub mod inject;
 pub mod limits;
 pub mod oracle;
+mod request;
 pub mod scenario;
+mod state;
+pub mod templates;
 pub mod versions;
 pub mod webhook;
 
 pub use account::AccountSnapshot;
 pub use config::{
-    MessagingLimitConfig, OtpType, PhoneNumberConfig, PortfolioConfig, SimConfig, TemplateConfig, Tier, UserConfig,
+    MessagingLimitConfig, OtpType, PhoneNumberConfig, PortfolioConfig, SimConfig, TemplateConfig, UserConfig,
     WebhookConfig,
 };
 pub use events::{ErrorSpec, Event, EventKind};
 pub use inject::{Injection, Mode, TemplateRef};
-pub use limits::{Limits, RetryAfter};
+pub use limits::{Limits, RetryAfter, Tier};
 pub use oracle::{
     Counters, DuplicateKind, DuplicateReport, FailedMessage, FailureCause, OracleEntry, OracleSnapshot, WebhookCounters,
 };
@@ -71,6 +74,7 @@ use axum::routing::post;
 use limits::Limiter;
 use oracle::Oracle;
 use scenario::Active;
+use state::{Inner, lock_read, lock_write};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -79,146 +83,6 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use webhook::Webhooks;
-
-/// Shared simulator state.
-pub(crate) struct Inner {
-    pub(crate) cfg: SimConfig,
-    pub(crate) limits: RwLock<Limits>,
-    pub(crate) limiter: Limiter,
-    pub(crate) scenario: RwLock<Arc<Active>>,
-    pub(crate) oracle: Arc<Oracle>,
-    pub(crate) webhooks: Webhooks,
-    pub(crate) shutdown: CancellationToken,
-    /// Tokens expired or revoked by the admin API → the code every call with them gets (190 or 0).
-    pub(crate) dead_tokens: RwLock<BTreeMap<String, i64>>,
-    /// What Meta announced about the account, and the traffic state behind the messaging limit.
-    pub(crate) account: Account,
-    /// Stops the active scenario's event task when the scenario is replaced.
-    pub(crate) events_cancel: Mutex<CancellationToken>,
-}
-
-pub(crate) fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(crate) fn lock_write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Inner {
-    /// Makes `s` the active scenario, its clock starting now: the announced account state goes back to the
-    /// configuration and the scenario's events are scheduled (the previous scenario's stop).
-    pub(crate) fn set_scenario(self: &Arc<Self>, s: Scenario) {
-        let events = s.events.clone();
-        let active = Arc::new(Active::start(s));
-        let cancel = self.shutdown.child_token();
-        let previous =
-            std::mem::replace(&mut *self.events_cancel.lock().unwrap_or_else(|e| e.into_inner()), cancel.clone());
-        previous.cancel();
-        self.account.reset_announced(&self.cfg);
-        let started = active.started;
-        *lock_write(&self.scenario) = active;
-        fire::schedule(self, events, started, cancel);
-    }
-
-    /// The limits in force now: the active scenario's, else the configured ones.
-    pub(crate) fn current_limits(&self) -> Limits {
-        let active = lock_read(&self.scenario).clone();
-        active.scenario.limits.clone().unwrap_or_else(|| lock_read(&self.limits).clone())
-    }
-
-    /// A number's throughput: a throughput upgrade Meta announced, else the limits' override, else the number's
-    /// configuration, else the default.
-    pub(crate) fn mps_for(&self, limits: &Limits, phone_number_id: &str) -> f64 {
-        self.account.number_mps(phone_number_id).unwrap_or_else(|| {
-            let configured = self.cfg.phone_numbers.get(phone_number_id).and_then(|p| p.throughput_mps);
-            limits.mps_for(phone_number_id, configured)
-        })
-    }
-
-    /// A unit of the number's throughput for a message it did not send through the API (Meta counts inbound
-    /// messages too); never refused.
-    pub(crate) fn inbound_throughput(&self, phone_number_id: &str) {
-        let limits = self.current_limits();
-        if limits.enabled {
-            let mps = self.mps_for(&limits, phone_number_id);
-            self.limiter.throughput_inbound(phone_number_id, mps, limits.throughput_burst);
-        }
-    }
-
-    /// A message the business sent from the WhatsApp Business app: a unit of the pair limit and of the number's
-    /// throughput, never refused.
-    pub(crate) fn echo_sent(&self, phone_number_id: &str, wa_id: &str) {
-        let limits = self.current_limits();
-        if limits.enabled {
-            self.inbound_throughput(phone_number_id);
-            if limits.pair_enabled {
-                self.limiter.pair_force(phone_number_id, wa_id, &limits);
-            }
-        }
-    }
-
-    /// An inbound customer text message: its webhook, the user's service window, and a unit of the number's
-    /// throughput.
-    pub(crate) fn inbound(&self, phone_number_id: &str, from: &str, name: &str, text: &str) -> Option<String> {
-        let m = fire::Inbound {
-            phone_number_id: phone_number_id.to_string(),
-            from: Some(from.to_string()),
-            name: name.to_string(),
-            text: text.to_string(),
-            ..fire::Inbound::default()
-        };
-        fire::inbound(self, &m)
-    }
-
-    /// The code a dead token gets (`*` kills every token).
-    pub(crate) fn token_state(&self, token: &str) -> Option<i64> {
-        let dead = lock_read(&self.dead_tokens);
-        dead.get(token).or_else(|| dead.get("*")).copied()
-    }
-
-    /// Expires (190) or invalidates (0) a token; `*` for every token. Err for another code.
-    pub(crate) fn kill_token(&self, token: &str, code: i64) -> Result<(), String> {
-        if ![0, 190].contains(&code) {
-            return Err(format!("code must be 190 or 0, not {code}"));
-        }
-        if token.is_empty() {
-            return Err("token must not be empty (use \"*\" for every token)".into());
-        }
-        lock_write(&self.dead_tokens).insert(token.to_string(), code);
-        Ok(())
-    }
-
-    /// Makes a dead token valid again (`*`: every token); true when it was dead.
-    pub(crate) fn restore_token(&self, token: &str) -> bool {
-        let mut dead = lock_write(&self.dead_tokens);
-        if token == "*" {
-            let any = !dead.is_empty();
-            dead.clear();
-            return any;
-        }
-        dead.remove(token).is_some()
-    }
-
-    pub(crate) fn restart_clock(self: &Arc<Self>) {
-        let s = lock_read(&self.scenario).scenario.clone();
-        self.set_scenario(s);
-    }
-
-    pub(crate) fn reset(self: &Arc<Self>) {
-        self.oracle.clear();
-        self.limiter.clear();
-        self.restore_token("*");
-        self.account.reset_all(&self.cfg);
-        self.restart_clock();
-    }
-
-    pub(crate) fn dump(&self, path: &Path) -> anyhow::Result<()> {
-        let snap = self.oracle.snapshot();
-        let text = serde_json::to_vec_pretty(&snap)?;
-        std::fs::write(path, text).with_context(|| format!("cannot write oracle dump `{}`", path.display()))
-    }
-}
 
 /// Entry point.
 pub struct MetaSim;

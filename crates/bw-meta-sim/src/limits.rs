@@ -320,6 +320,79 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A messaging-limit tier: a number of unique users per rolling window, or unlimited (None).
+///
+/// Parsed from every form the reference lists (§4.5 `business_capability_update`, UNCERTAIN format):
+/// `"TIER_250"`, `"TIER_2K"`, `"TIER_10K"`, `"TIER_100K"`, `"TIER_UNLIMITED"`, `"UNLIMITED"`, `"2000"`, `2000`,
+/// and `-1` (the legacy "unlimited"); `"TIER_1K"` is 2,000 ("the old 1K tier is now 2,000"). Any positive
+/// count is accepted so tests can use small tiers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tier(pub Option<u64>);
+
+impl Tier {
+    pub const UNLIMITED: Tier = Tier(None);
+
+    /// Parses a string form.
+    pub fn parse(s: &str) -> Result<Tier, String> {
+        let t = s.trim();
+        let n = match t.to_ascii_uppercase().as_str() {
+            "TIER_250" => Some(250),
+            "TIER_1K" | "TIER_2K" => Some(2_000),
+            "TIER_10K" => Some(10_000),
+            "TIER_100K" => Some(100_000),
+            "TIER_UNLIMITED" | "UNLIMITED" | "-1" => None,
+            other => match other.parse::<u64>() {
+                Ok(n) if n > 0 => Some(n),
+                _ => {
+                    return Err(format!(
+                        "tier `{t}` is not one of TIER_250, TIER_2K, TIER_10K, TIER_100K, TIER_UNLIMITED \
+                         or a positive count"
+                    ));
+                }
+            },
+        };
+        Ok(Tier(n))
+    }
+
+    /// From a webhook-style JSON value (string or number).
+    pub fn from_json(v: &serde_json::Value) -> Result<Tier, String> {
+        match v {
+            serde_json::Value::String(s) => Tier::parse(s),
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(-1) => Ok(Tier::UNLIMITED),
+                Some(n) if n > 0 => Ok(Tier(Some(n as u64))),
+                _ => Err(format!("tier {n} is not a positive count or -1")),
+            },
+            other => Err(format!("tier must be a string or a number, not {other}")),
+        }
+    }
+
+    /// Meta's name for the tier (`TIER_2K`), or the bare count for a count Meta has no tier for.
+    pub fn name(&self) -> String {
+        match self.0 {
+            None => "TIER_UNLIMITED".into(),
+            Some(250) => "TIER_250".into(),
+            Some(2_000) => "TIER_2K".into(),
+            Some(10_000) => "TIER_10K".into(),
+            Some(100_000) => "TIER_100K".into(),
+            Some(n) => n.to_string(),
+        }
+    }
+}
+
+impl Serialize for Tier {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for Tier {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Tier, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Tier::from_json(&v).map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! finish check after a drain of a CLOSED scope (the "replayed" event with its report, published once however
 //! many instances run, and again after a restart only if it never went out).
 
-use crate::Ctx;
+use crate::ctx::Ctx;
 use bw_common::proto::DlqEnvelope;
 use bw_ops::incident::{Counted, Counts};
 use std::collections::HashMap;

@@ -2,7 +2,7 @@
 //! scope has anything to replay (so idle scopes cost nothing), and every `stats_interval_ms` the depth and
 //! oldest-age metrics are refreshed (one extra request per non-empty scope, never a scan).
 
-use crate::Ctx;
+use crate::ctx::Ctx;
 use bw_common::names::phone_of_subject;
 use bw_common::proto::DlqEnvelope;
 use bw_common::time::now_ms;
@@ -12,9 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// DLQ depth per scope (phone_number_id), as last polled.
-pub(crate) type Depths = Arc<BTreeMap<String, u64>>;
 
 pub(crate) async fn poll(ctx: Arc<Ctx>) {
     let every = Duration::from_millis(ctx.cfg.replay.idle_ms.max(10));

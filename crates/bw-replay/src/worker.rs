@@ -12,7 +12,7 @@
 //! waits: the dispatcher holds marketing back while a priority entry is in the DLQ, so a full rp lane would
 //! otherwise never drain and the session never end (`priority_waiting`).
 
-use crate::{Ctx, ScopeView};
+use crate::ctx::{Ctx, ScopeView};
 use async_nats::jetstream::{Message, consumer::pull};
 use bw_common::disposition::{Label, Settle};
 use bw_common::names::{replay_class_consumer, replay_consumer};

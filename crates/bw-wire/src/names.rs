@@ -391,6 +391,34 @@ pub fn status_subject(phone_number_id: &str) -> String {
 }
 /// Every status query subject (ingest's queue subscription).
 pub const STATUS_WILDCARD: &str = "bw.status.v1.*";
+/// Sender token of an operator's status query (bwctl): answers for any sender. NATS accounts keep it from
+/// producers (deploy/nats/).
+pub const STATUS_ANY: &str = "_";
+/// Prefix of a producer callback's durable consumer on BW_FEED ([`callback_consumer`]).
+pub const CALLBACK_CONSUMER_PREFIX: &str = "callback-";
+/// The durable consumer of callback `name` on BW_FEED: `callback-<name>`.
+pub fn callback_consumer(name: &str) -> String {
+    format!("{CALLBACK_CONSUMER_PREFIX}{name}")
+}
+/// Retry state of callback events whose delivery failed (KV, written by ingest). Key: [`callback_retry_key`].
+pub const CALLBACK_RETRIES_BUCKET: &str = "BW_CALLBACK_RETRIES";
+/// Key of an event's retry state: `<callback>.<event id>` (the event id is `<operation_id>.<revision>`).
+pub fn callback_retry_key(callback: &str, event_id: &str) -> String {
+    format!("{callback}.{event_id}")
+}
+/// Webhook bodies over the server's `max_payload` (object store, created by ingest). Names:
+/// [`webhook_body_object`], [`rejected_body_object`].
+pub const BODIES_BUCKET: &str = "BW_INGEST_BODIES";
+/// NATS header of a BW_WEBHOOKS or BW_REJECTED record whose body lives in [`BODIES_BUCKET`]: the object's name.
+pub const BODY_OBJECT_HEADER: &str = "Bw-Body-Object";
+/// The object name of a webhook body in [`BODIES_BUCKET`].
+pub fn webhook_body_object(body_sha256: &str) -> String {
+    format!("webhook.{body_sha256}")
+}
+/// The object name of a signed webhook body that could not be parsed, kept for inspection.
+pub fn rejected_body_object(body_sha256: &str) -> String {
+    format!("rejected.{body_sha256}")
+}
 /// Every subject of BW_UNKNOWN, BW_QUARANTINE, BW_REJECTED and BW_INBOUND.
 pub const UNKNOWN_ALL: &str = "bw.unknown.v1.>";
 /// See [`UNKNOWN_ALL`].
