@@ -249,7 +249,7 @@ pub async fn transitions(js: &async_nats::jetstream::Context, phone: &str) -> Ve
     messages.iter().skip(skip).filter_map(|m| BreakerTransition::decode(m.payload.as_ref()).ok()).collect()
 }
 
-pub async fn page(State(app): State<crate::Shared>, headers: HeaderMap, Path(phone): Path<String>) -> Response {
+pub async fn page(State(app): State<crate::app::Shared>, headers: HeaderMap, Path(phone): Path<String>) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
