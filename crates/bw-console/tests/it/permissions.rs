@@ -1,6 +1,6 @@
-//! The console under deploy/nats/accounts.conf as committed: it connects as the `operator` NATS user (the person
-//! on call's rights, the same `bwctl` has), reads every page's state, and writes the audit stream, with no
-//! permissions violation in the server's log.
+//! The console under deploy/nats/accounts.conf as committed: it connects as its own `console` NATS user (bwctl's
+//! reads and moves, its audit stream), reads every page's state, and writes the audit stream, with no
+//! permissions violation in the server's log; the sender registry and the live lanes stay closed to it.
 
 use crate::support::{OPERATOR_KEY, sha256_hex};
 
@@ -10,12 +10,13 @@ use std::path::Path;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-const USERS: [(&str, &str); 6] = [
+const USERS: [(&str, &str); 7] = [
     ("ingest", "BW_NATS_INGEST_PASSWORD"),
     ("dispatcher", "BW_NATS_DISPATCHER_PASSWORD"),
     ("replay", "BW_NATS_REPLAY_PASSWORD"),
     ("breaker-coordinator", "BW_NATS_BREAKER_COORDINATOR_PASSWORD"),
     ("alerting", "BW_NATS_ALERTING_PASSWORD"),
+    ("console", "BW_NATS_CONSOLE_PASSWORD"),
     ("operator", "BW_NATS_OPERATOR_PASSWORD"),
 ];
 
@@ -28,7 +29,7 @@ fn url(server: &bw_testkit::NatsServer, user: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_console_runs_as_the_operator_nats_user_without_a_violation() {
+async fn the_console_runs_as_its_own_nats_user_without_a_violation() {
     bw_common::crypto::install_crypto();
     let conf = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats/accounts.conf");
     let envs: Vec<(&str, String)> = USERS.iter().map(|(user, var)| (*var, password(user))).collect();
@@ -43,7 +44,8 @@ async fn the_console_runs_as_the_operator_nats_user_without_a_violation() {
 
     let port = bw_testkit::free_port();
     let pairs: Vec<(&str, String)> = vec![
-        ("nats.url", url(&nats, "operator")),
+        ("nats.url", url(&nats, "console")),
+        ("nats.inbox_prefix", "_INBOX_console".into()),
         ("redis.url", String::new()),
         ("admin.listen", "127.0.0.1:0".into()),
         ("console.listen", format!("127.0.0.1:{port}")),
@@ -76,7 +78,7 @@ async fn the_console_runs_as_the_operator_nats_user_without_a_violation() {
         let log = std::fs::read_to_string(nats.dir().join("nats.log")).unwrap_or_default();
         log.lines().filter(|l| l.contains("Violation")).map(String::from).collect::<Vec<_>>()
     };
-    assert!(read, "the console reads its view as the operator user: {:#?}", violations());
+    assert!(read, "the console reads its view as the console user: {:#?}", violations());
     for path in ["/dlq", "/incidents", "/quarantine", "/op?id=nothing-here"] {
         let r = client.get(format!("{base}{path}")).bearer_auth(OPERATOR_KEY).send().await.expect("answer");
         assert!(r.status().as_u16() < 500, "{path}: {}", r.status());
@@ -108,4 +110,19 @@ async fn the_console_runs_as_the_operator_nats_user_without_a_violation() {
     let outcomes: Vec<&str> = audit.iter().map(|e| e.outcome.as_str()).collect();
     assert_eq!(outcomes, ["requested", "refused"], "{audit:?}");
     assert_eq!(violations(), Vec::<String>::new(), "no permissions violation");
+
+    // Least privilege: what only bwctl may do (the sender registry), and what only ingest may (the live lanes),
+    // the console user may not.
+    let mut console_cfg = bw_common::config::NatsConfig::single(url(&nats, "console"), "test-console");
+    console_cfg.inbox_prefix = "_INBOX_console".into();
+    let console = bw_common::nats::connect(&console_cfg, "test", Duration::from_secs(10)).await.expect("connects");
+    for subject in ["$KV.BW_SENDERS.1001", "bw.outbox.v1.hi.1001"] {
+        console.publish(subject, "x".into()).await.expect("sent");
+        console.flush().await.expect("flushed");
+        let refused = bw_testkit::wait_until(WAIT, || async {
+            violations().iter().any(|l| l.contains("Publish Violation") && l.contains(subject))
+        })
+        .await;
+        assert!(refused, "{subject}: refused to the console user: {:#?}", violations());
+    }
 }
