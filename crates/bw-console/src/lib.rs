@@ -12,6 +12,7 @@ pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod holds;
 pub mod html;
 pub mod keys;
 pub mod pages;
