@@ -1,6 +1,7 @@
 //! The console under deploy/nats/accounts.conf as committed: it connects as its own `console` NATS user (bwctl's
-//! reads and moves, its audit stream), reads every page's state, and writes the audit stream, with no
-//! permissions violation in the server's log; the sender registry and the live lanes stay closed to it.
+//! reads and moves, its audit stream), reads every page's state, resends a failed operation and writes the audit
+//! stream, with no permissions violation in the server's log; the sender registry and the live lanes stay closed
+//! to it.
 
 use crate::support::{OPERATOR_KEY, sha256_hex};
 
@@ -38,7 +39,7 @@ async fn the_console_runs_as_its_own_nats_user_without_a_violation() {
     // The services create the shared topology (ingest here), as in a deployment.
     let mut ingest = bw_common::config::NatsConfig::single(url(&nats, "ingest"), "ingest");
     ingest.inbox_prefix = "_INBOX_ingest".into();
-    let _ingest = bw_common::service::Deps::connect("ingest", &ingest, None, Duration::from_secs(10))
+    let ingest_deps = bw_common::service::Deps::connect("ingest", &ingest, None, Duration::from_secs(10))
         .await
         .expect("ingest creates the topology");
 
@@ -103,12 +104,44 @@ async fn the_console_runs_as_its_own_nats_user_without_a_violation() {
         .await
         .expect("answer");
     assert_eq!(r.status().as_u16(), 503, "refused: the coordinator is not reachable");
+
+    // An action that moves something: a FAILED operation (its request kept in its wamid link, written here as
+    // ingest and the dispatcher would) is resent: ledger reopened, the request on a replay lane.
+    let ledger = bw_common::ledger::Ledger::new(&ingest_deps.buckets);
+    let request = bw_common::proto::SendRequest {
+        operation_id: "op-resend".into(),
+        waba_id: "9".into(),
+        phone_number_id: "1001".into(),
+        recipient: "+5491155550000".into(),
+        category: bw_common::proto::Category::Transactional as i32,
+        ..Default::default()
+    };
+    let mut failed = bw_common::ledger::entry_for(&request, bw_common::proto::OperationState::Failed);
+    failed.wamid = "wamid.resend-test".into();
+    ledger.update("op-resend", |_| Some(failed.clone())).await.expect("ledger");
+    let link = bw_common::ledger::WamidLink {
+        operation_id: "op-resend".into(),
+        attempt: 1,
+        request: prost::Message::encode_to_vec(&request),
+    };
+    ledger.link_attempt("wamid.resend-test", &link).await.expect("link");
+    let r = client
+        .post(format!("{base}/actions/resend"))
+        .bearer_auth(OPERATOR_KEY)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&confirm=yes&op=op-resend&reason=customer%20asked"))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap_or_default());
+    let resent = ledger.get("op-resend").await.expect("ledger").expect("entry").entry;
+    assert_eq!((resent.state(), resent.resends), (bw_common::proto::OperationState::Queued, 1));
     let operator_cfg = bw_common::config::NatsConfig::single(url(&nats, "operator"), "test-operator");
     let operator =
         bw_common::nats::connect(&operator_cfg, "test", Duration::from_secs(10)).await.expect("operator connects");
     let audit = bw_console::audit::read_all(&async_nats::jetstream::new(operator)).await.expect("audit");
     let outcomes: Vec<&str> = audit.iter().map(|e| e.outcome.as_str()).collect();
-    assert_eq!(outcomes, ["requested", "refused"], "{audit:?}");
+    assert_eq!(outcomes, ["requested", "refused", "requested", "done"], "{audit:?}");
     assert_eq!(violations(), Vec::<String>::new(), "no permissions violation");
 
     // Least privilege: what only bwctl may do (the sender registry), and what only ingest may (the live lanes),
