@@ -306,3 +306,49 @@ async fn an_operator_resend_requeues_a_failed_operation_and_refuses_a_delivered_
     assert_eq!(entry(&h, &op).await.resends, 1);
     assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1), "nothing was sent again");
 }
+
+/// Issue #40 item 6: an ambiguous failure (Meta holds the request past the client's timeout and never accepts
+/// it) goes to BW_UNKNOWN flagged, no status comes, and the reconciler expires it by the authentication policy
+/// (the compiled default). The reconciler keeps its request, so the operator can resend it: a new attempt with
+/// the reason in the journey, which the simulator's oracle sees accepted and delivered once; then a resend of
+/// the delivered operation is refused and nothing is sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resend_requeues_an_expired_unknown_operation_once() {
+    const PHONE: &str = "106540352240007";
+    let mut h = Harness::start(sim(true)).await;
+    let hang = bw_meta_sim::FaultKind::Hang { hold_ms: 2_000, accept: false };
+    h.sim.set_scenario(crate::dispatch::failing(0, None, hang));
+    // Relaxed beside the defaults: the review comes after 1 s instead of 10 min, rechecked every 200 ms; the
+    // client gives up after 500 ms instead of waiting out the hang. The policy (authentication: expire) is the
+    // default.
+    h.start_ingest(&[("reconciler.recheck_ms", "200".into())]).await;
+    let relaxed = [("meta.request_timeout_ms", "500".into()), ("dispatch.unknown_review_ms", "1000".into())];
+    h.start_dispatcher_at_defaults_but(&relaxed).await;
+
+    let op = submit_as(&h, PHONE, "otp-unknown", Category::Authentication).await;
+    assert!(h.wait_state(&op, &[OperationState::Expired], WAIT).await, "{:?}", entry(&h, &op).await);
+    let e = entry(&h, &op).await;
+    assert!(e.flagged_unknown, "{e:?}");
+    assert_eq!(accepted_and_failed(&h, &op), (0, 0, 0), "Meta never accepted it");
+
+    // Meta answers again; the operator resends it.
+    h.sim.clear_scenario();
+    let url = h.nats.url();
+    let why = "OTP still valid, customer on the phone";
+    let (code, out) = crate::bwctl(&url, &["op", "resend", &op, "--reason", why, "--yes"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("as a new attempt (resend 1)"), "{out}");
+    assert!(h.wait_state(&op, &REACHED, WAIT).await, "{:?}", entry(&h, &op).await);
+    assert_eq!(accepted_and_failed(&h, &op), (1, 0, 1), "the new attempt reached the user once");
+    assert_eq!(entry(&h, &op).await.resends, 1);
+    let told = bw_testkit::wait_until(WAIT, || async {
+        journey(&h, &op).await.contains(&format!("operator resend 1 after expired: {why}"))
+    })
+    .await;
+    assert!(told, "{}", journey(&h, &op).await);
+
+    let (code, out) = crate::bwctl(&url, &["op", "resend", &op, "--reason", "again", "--yes"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("the message reached the recipient"), "{out}");
+    assert_eq!(accepted_and_failed(&h, &op), (1, 0, 1), "nothing was sent again");
+}

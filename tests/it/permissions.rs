@@ -79,6 +79,7 @@ fn tenant_server() -> NatsServer {
 fn server_with(conf: &Path) -> NatsServer {
     let mut envs: Vec<(&str, String)> = SERVICES.iter().map(|(user, var)| (*var, password(user))).collect();
     envs.push(("BW_NATS_OPERATOR_PASSWORD", password("operator")));
+    envs.push(("BW_NATS_CONSOLE_PASSWORD", password("console")));
     let producer = bw_ops::senders::password_var(TENANT);
     envs.push((producer.as_str(), password(&bw_common::tenancy::nats_user(TENANT))));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();

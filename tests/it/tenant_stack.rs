@@ -18,12 +18,13 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 /// The service and operator users of accounts.conf, by the variable holding each password.
-const SERVICE_USERS: [(&str, &str); 6] = [
+const SERVICE_USERS: [(&str, &str); 7] = [
     ("ingest", "BW_NATS_INGEST_PASSWORD"),
     ("dispatcher", "BW_NATS_DISPATCHER_PASSWORD"),
     ("replay", "BW_NATS_REPLAY_PASSWORD"),
     ("breaker-coordinator", "BW_NATS_BREAKER_COORDINATOR_PASSWORD"),
     ("alerting", "BW_NATS_ALERTING_PASSWORD"),
+    ("console", "BW_NATS_CONSOLE_PASSWORD"),
     ("operator", "BW_NATS_OPERATOR_PASSWORD"),
 ];
 

@@ -3,6 +3,7 @@
 use crate::coordinator::{BreakerCommand, OperatorToken, PauseCommand};
 use crate::dlq::DlqCommand;
 use crate::ledger::LedgerCommand;
+use crate::limits::{TemplatePaceCommand, ThroughputCommand};
 use crate::partitions::SendCommand;
 use crate::quarantine::QuarantineCommand;
 use crate::{op, senders, signals};
@@ -37,8 +38,16 @@ pub struct Cli {
 pub enum Command {
     /// List scopes and their breaker states (from BW_SCOPES), then every pause that holds a scope: its number's,
     /// its WABA's, its app's, its token's (code, since, until or what lifts it, who set it), then each business
-    /// portfolio's messaging-limit budget (used, limit, who set it, what it holds).
+    /// portfolio's messaging-limit budget (used, limit, who set it, what it holds), then the numbers' stated
+    /// throughput and the templates paced while RED.
     Scopes,
+    /// A number's throughput as Meta stated it (THROUGHPUT_UPGRADE): show it, or clear it so the configured rate
+    /// applies again (audited).
+    #[command(subcommand)]
+    Throughput(ThroughputCommand),
+    /// A template's marketing pace while Meta rates it RED: show it, or clear it (audited).
+    #[command(subcommand)]
+    TemplatePace(TemplatePaceCommand),
     /// Dead-letter queue.
     #[command(subcommand)]
     Dlq(DlqCommand),

@@ -1,7 +1,8 @@
 //! `bwctl`, the operator CLI: scopes and breaker states, DLQ and quarantine statistics (the DLQ's also per
 //! breaker incident, [`dlq`]) and (masked) inspection, replay now (or exactly one incident, [`dlq`]), purge with
 //! confirmation, breaker overrides through the coordinator's admin API ([`coordinator`]), the accounting check,
-//! and the sender registry with the producers' NATS users generated from it ([`senders`]).
+//! the sender registry with the producers' NATS users generated from it ([`senders`]), and Meta's stated
+//! throughput of a number and a template's RED pace, shown and cleared ([`limits`]).
 //!
 //! It reads the work-queue streams without consuming them and moves entries only through `bw_ops`, so it
 //! obeys the same ledger rules as the replay service and can run alongside it. It never prints recipients in
@@ -17,6 +18,7 @@ pub mod dlq;
 pub mod exit;
 pub mod fmt;
 pub mod ledger;
+pub mod limits;
 pub mod op;
 pub mod partitions;
 pub mod quarantine;
@@ -69,6 +71,8 @@ pub async fn run(cli: Cli, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> 
         Command::Quarantine(cmd) => quarantine::run(js, buckets, &cli.redis_url, cmd, out).await,
         Command::Account { expected } => account::run(js, buckets, expected, out).await,
         Command::Op(args) => op::run(js, buckets, &args, out).await,
+        Command::Throughput(cmd) => limits::throughput(js, buckets, &cli.redis_url, &cmd, out).await,
+        Command::TemplatePace(cmd) => limits::template_pace(js, &cli.redis_url, &cmd, out).await,
         Command::Ledger(LedgerCommand::MigrateTenants { yes }) => ledger::migrate_tenants(js, buckets, yes, out).await,
         Command::Breaker(_)
         | Command::Pause(_)

@@ -1,5 +1,6 @@
 //! `bwctl scopes`: every scope's breaker state (BW_SCOPES), then every pause that holds one, then each business
-//! portfolio's messaging-limit budget (`budget.rs`, from the breaker's Redis).
+//! portfolio's messaging-limit budget (`budget.rs`, from the breaker's Redis), then the numbers' stated throughput
+//! and the templates paced while RED (`limits.rs`).
 
 use crate::fmt;
 use bw_common::nats::Buckets;
@@ -11,6 +12,10 @@ use std::io::Write;
 pub(crate) async fn scopes(buckets: &Buckets, redis_url: &str, out: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
     let now = now_ms();
     let snapshots = ops::scope_snapshots(buckets).await?;
+    let limit_scopes: Vec<bw_breaker::Scope> = snapshots
+        .iter()
+        .filter_map(|(phone, s)| s.scope.as_ref().map(|x| bw_breaker::Scope::new(x.waba_id.clone(), phone.clone())))
+        .collect();
     let pauses: Vec<Vec<String>> =
         snapshots.iter().flat_map(|(phone, s)| s.pauses.iter().map(move |p| pause_row(phone, p))).collect();
     let rows: Vec<Vec<String>> = snapshots
@@ -47,6 +52,7 @@ pub(crate) async fn scopes(buckets: &Buckets, redis_url: &str, out: &mut (dyn Wr
         write!(out, "{}", fmt::table(&header, &pauses))?;
     }
     crate::budget::show(redis_url, out).await?;
+    crate::limits::show_all(redis_url, &limit_scopes, out).await?;
     Ok(0)
 }
 

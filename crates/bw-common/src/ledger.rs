@@ -357,6 +357,13 @@ pub fn reopen_allowed(from: OperationState, to: OperationState) -> bool {
     matches!((from, to), (Sent | Held | Failed | Expired, Queued)) || transition_allowed(from, to)
 }
 
+/// The pseudo-wamid under which the reconciler keeps the request of an operation it expired with its outcome
+/// unknown (no wamid came back, so no link holds it): `bwctl op resend` reads it there (issue #40 item 6). A
+/// real wamid never starts with `unknown-outcome:`.
+pub fn unknown_outcome_link(operation_key: &str) -> String {
+    format!("unknown-outcome:{operation_key}")
+}
+
 /// The key of a wamid's link to its operation in the wamid bucket: wamids hold characters KV keys refuse ('+',
 /// '/', '='), so they are keyed by their hex sha256. Also what ingest logs in place of a wamid, which encodes
 /// the recipient's number.

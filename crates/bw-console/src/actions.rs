@@ -153,7 +153,7 @@ fn forbidden(who: &Principal) -> Response {
 }
 
 pub async fn confirm(
-    State(app): State<crate::Shared>,
+    State(app): State<crate::app::Shared>,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
@@ -207,7 +207,7 @@ fn entry(who: &Principal, action: &Action, outcome: &str, detail: String) -> Ent
 }
 
 pub async fn act(
-    State(app): State<crate::Shared>,
+    State(app): State<crate::app::Shared>,
     headers: HeaderMap,
     Path(name): Path<String>,
     form: Result<Form<HashMap<String, String>>, axum::extract::rejection::FormRejection>,
@@ -263,7 +263,7 @@ fn failed(e: impl std::fmt::Display) -> Refused {
     Refused(StatusCode::SERVICE_UNAVAILABLE, format!("failed, nothing more was done: {e}"))
 }
 
-async fn run(app: &crate::Shared, who: &Principal, action: &Action) -> Result<Done, Refused> {
+async fn run(app: &crate::app::Shared, who: &Principal, action: &Action) -> Result<Done, Refused> {
     let rate = app.cfg.console.action_rate_per_s;
     match action.clone() {
         Action::ReplayIncident { scope, incident } => {
@@ -361,7 +361,7 @@ async fn run(app: &crate::Shared, who: &Principal, action: &Action) -> Result<Do
 }
 
 /// `POST <coordinator>/admin/breakers/<scope>/<verb>` with the operator token, as `bwctl breaker` does.
-async fn breaker(app: &crate::Shared, who: &Principal, scope: &str, verb: &str) -> Result<String, Refused> {
+async fn breaker(app: &crate::app::Shared, who: &Principal, scope: &str, verb: &str) -> Result<String, Refused> {
     let token = app.cfg.console.operator_token.trim();
     if token.is_empty() {
         return Err(Refused(

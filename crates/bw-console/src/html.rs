@@ -1,7 +1,7 @@
 //! HTML building blocks: escaping, the page layout, state labels (always text, colour only repeats it), tables,
 //! times, and inline SVG bar charts. Every dynamic text goes through [`esc`].
 
-use crate::auth::Principal;
+use crate::keys::Principal;
 use std::fmt::Write as _;
 
 /// Escapes text for HTML content and attribute values.

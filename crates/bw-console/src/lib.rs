@@ -8,14 +8,18 @@
 //! action reads and moves live through `bw_ops`. Recipients are masked before anything reaches a page.
 
 pub mod actions;
+pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod holds;
 pub mod html;
+pub mod keys;
 pub mod pages;
 pub mod sender;
 pub mod view;
 
+pub use app::{App, Shared};
 use axum::Router;
 use axum::routing::{get, post};
 use bw_common::service::Deps;
@@ -26,26 +30,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Compiled defaults, every key commented.
 pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
-
-/// What every handler shares.
-pub struct App {
-    pub cfg: Config,
-    pub js: async_nats::jetstream::Context,
-    pub buckets: bw_common::nats::Buckets,
-    pub redis: Option<bw_common::redis_conn::RedisConn>,
-    pub auth: auth::Auth,
-    /// The latest view; a new value at most once per refresh.
-    pub view: watch::Receiver<Arc<view::View>>,
-    /// Asks the refresher for a new view now (after an action).
-    pub refresh_now: Arc<tokio::sync::Notify>,
-    /// Actions started in the background (incident replays), awaited on shutdown.
-    pub tasks: tokio_util::task::TaskTracker,
-    /// Cancelled at shutdown: live-refresh streams end, so the server can stop.
-    pub stop: CancellationToken,
-}
-
-/// Shared handle of [`App`].
-pub type Shared = Arc<App>;
 
 /// The console's routes.
 pub fn router(app: Shared) -> Router {
@@ -91,7 +75,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind console on {}: {e}", cfg.console.listen))?;
     let addr = listener.local_addr()?;
-    let auth = auth::Auth::new(&cfg.auth)?;
+    let auth = keys::Auth::new(&cfg.auth)?;
     let app = Arc::new(App {
         cfg,
         js: deps.js.clone(),

@@ -413,11 +413,11 @@ pub fn render_quarantine(view: &View, who: &Principal, now: i64) -> String {
     out
 }
 
-fn current(app: &crate::App) -> std::sync::Arc<View> {
+fn current(app: &crate::app::App) -> std::sync::Arc<View> {
     app.view.borrow().clone()
 }
 
-pub async fn overview(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
+pub async fn overview(State(app): State<crate::app::Shared>, headers: HeaderMap) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
@@ -425,7 +425,7 @@ pub async fn overview(State(app): State<crate::Shared>, headers: HeaderMap) -> R
     respond(StatusCode::OK, "Overview", &who, &render_overview(&current(&app), &who, now_ms()), Some("/"))
 }
 
-pub async fn incidents(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
+pub async fn incidents(State(app): State<crate::app::Shared>, headers: HeaderMap) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
@@ -433,7 +433,7 @@ pub async fn incidents(State(app): State<crate::Shared>, headers: HeaderMap) -> 
     respond(StatusCode::OK, "Incidents", &who, &render_incidents(&current(&app), &who, now_ms()), Some("/incidents"))
 }
 
-pub async fn quarantine(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
+pub async fn quarantine(State(app): State<crate::app::Shared>, headers: HeaderMap) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
@@ -442,7 +442,7 @@ pub async fn quarantine(State(app): State<crate::Shared>, headers: HeaderMap) ->
 }
 
 pub async fn dlq(
-    State(app): State<crate::Shared>,
+    State(app): State<crate::app::Shared>,
     headers: HeaderMap,
     q: Result<Query<DlqQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -540,7 +540,7 @@ pub fn render_op(
 }
 
 pub async fn op(
-    State(app): State<crate::Shared>,
+    State(app): State<crate::app::Shared>,
     headers: HeaderMap,
     q: Result<Query<OpQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -583,7 +583,7 @@ pub async fn op(
 }
 
 /// Server-sent events: one `view` event per new view, at most one a second.
-pub async fn events(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
+pub async fn events(State(app): State<crate::app::Shared>, headers: HeaderMap) -> Response {
     if app.auth.principal(&headers).is_none() {
         return StatusCode::UNAUTHORIZED.into_response();
     }
@@ -615,7 +615,7 @@ pub async fn js() -> Response {
     ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8")], include_str!("../assets/live.js")).into_response()
 }
 
-pub async fn not_found(State(app): State<crate::Shared>, headers: HeaderMap) -> Response {
+pub async fn not_found(State(app): State<crate::app::Shared>, headers: HeaderMap) -> Response {
     let who = app.auth.principal(&headers).unwrap_or(Principal {
         name: "not signed in".into(),
         role: crate::config::Role::Viewer,

@@ -1,7 +1,8 @@
 //! The sender page: the breaker's window (calls, failure rate), its state timeline from the breaker's
 //! transition events (BW_EVENTS `bw.breaker.v1.<phone_number_id>`, as a chart and a table), its pauses, its DLQ
 //! entries per reason and the most recent ones, its recent dispatch outcomes (`bw.outcome.v1.<phone_number_id>`),
-//! and the breaker actions.
+//! the breaker actions, and from Redis its pair back-offs, its recipients' holds and Meta's stated throughput
+//! ([`crate::holds`]).
 
 use crate::auth::{Principal, require};
 use crate::html::{self, action_button, age, bars, esc, state_label, table, utc};
@@ -241,6 +242,80 @@ pub fn render(phone: &str, view: &View, transitions: &[BreakerTransition], who: 
     out
 }
 
+/// The section of the sender's holds in Redis (or why they could not be read).
+pub fn holds_section(holds: &Result<crate::holds::Holds, String>) -> String {
+    let mut out = String::from("<h2>Pair and recipient holds</h2>");
+    let h = match holds {
+        Ok(h) => h,
+        Err(e) => {
+            let _ =
+                write!(out, "<p class=\"error\" role=\"alert\">Not read: {}</p>", esc(&bw_ops::views::mask_digits(e)));
+            return out;
+        }
+    };
+    let stated = if h.throughput.mps > 0 {
+        format!(
+            "Meta's stated throughput: {} messages/s ({} at {}); bwctl throughput clear forgets it.",
+            h.throughput.mps,
+            esc(&h.throughput.event),
+            utc(h.throughput.at_ms)
+        )
+    } else {
+        "Meta's stated throughput: none recorded (the configured rate applies).".to_string()
+    };
+    let _ = write!(out, "<p id=\"stated-throughput\">{stated}</p>");
+    let until = |ms: i64| format!("{} (in {})", utc(ms), age(ms - h.now_ms));
+    let pairs: Vec<Vec<String>> = h
+        .pairs
+        .iter()
+        .map(|p| vec![esc(&p.recipient), "131056 pair rate back-off".into(), p.backoffs.to_string(), until(p.until_ms)])
+        .collect();
+    out.push_str(&table(
+        "Pair back-offs of this sender (recipient masked)",
+        &["Recipient", "Reason", "Back-offs in a row", "Ends"],
+        &pairs,
+    ));
+    let recipients: Vec<Vec<String>> = h
+        .recipients
+        .iter()
+        .map(|r| {
+            let (reason, end) = match r.code {
+                131_049 => ("131049 marketing cool-off (every sender of the tenant)", until(r.until_ms)),
+                131_050 => ("131050 the user stopped marketing", "when the user resumes".to_string()),
+                code => (if code == 130_472 { "130472 Meta's marketing experiment" } else { "suppressed" }, "-".into()),
+            };
+            vec![esc(&r.recipient), esc(reason), end]
+        })
+        .collect();
+    out.push_str(&table(
+        "Recipient holds on this sender's recent recipients (recipient masked; marketing only)",
+        &["Recipient", "Reason", "Ends"],
+        &recipients,
+    ));
+    if h.partial {
+        let _ = write!(
+            out,
+            "<p class=\"note\">Partial: the page stops after {} SCAN steps or {} pairs.</p>",
+            crate::holds::SCAN_STEPS,
+            crate::holds::MAX_PAIRS
+        );
+    }
+    out
+}
+
+/// The tenant `phone` sends for (the sender registry; unregistered numbers send for the default tenant).
+async fn tenant_of(js: &async_nats::jetstream::Context, phone: &str) -> String {
+    let record = match js.get_key_value(bw_common::names::SENDERS_BUCKET).await {
+        Ok(kv) => kv.get(phone).await.ok().flatten(),
+        Err(_) => None,
+    };
+    record
+        .and_then(|b| bw_common::proto::SenderRecord::decode(b).ok())
+        .map(|r| r.tenant)
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| bw_common::tenancy::DEFAULT_TENANT.to_string())
+}
+
 /// The newest transitions of `phone`, oldest first.
 pub async fn transitions(js: &async_nats::jetstream::Context, phone: &str) -> Vec<BreakerTransition> {
     let subject = bw_common::names::breaker_subject(phone);
@@ -249,7 +324,7 @@ pub async fn transitions(js: &async_nats::jetstream::Context, phone: &str) -> Ve
     messages.iter().skip(skip).filter_map(|m| BreakerTransition::decode(m.payload.as_ref()).ok()).collect()
 }
 
-pub async fn page(State(app): State<crate::Shared>, headers: HeaderMap, Path(phone): Path<String>) -> Response {
+pub async fn page(State(app): State<crate::app::Shared>, headers: HeaderMap, Path(phone): Path<String>) -> Response {
     let who = match require(&app, &headers) {
         Ok(p) => p,
         Err(r) => return r.into_response(),
@@ -268,7 +343,22 @@ pub async fn page(State(app): State<crate::Shared>, headers: HeaderMap, Path(pho
     }
     let transitions = transitions(&app.js, &phone).await;
     let outcomes = recent_outcomes(&app.js, &phone).await;
-    let body = format!("{}{}", render(&phone, &view, &transitions, &who, now_ms()), outcomes_section(&outcomes));
+    let waba = view.scopes.get(&phone).and_then(|s| s.scope.as_ref()).map(|s| s.waba_id.clone());
+    let holds = match (&app.redis, waba) {
+        (Some(redis), Some(waba)) => {
+            let scope = bw_breaker::Scope::new(waba, phone.clone());
+            let tenant = tenant_of(&app.js, &phone).await;
+            crate::holds::read(redis, &scope, &tenant).await.map_err(|e| e.to_string())
+        }
+        (None, _) => Err("the console runs without Redis (redis.url is empty)".to_string()),
+        (_, None) => Err("no breaker snapshot names this sender's WABA".to_string()),
+    };
+    let body = format!(
+        "{}{}{}",
+        render(&phone, &view, &transitions, &who, now_ms()),
+        holds_section(&holds),
+        outcomes_section(&outcomes)
+    );
     let title = format!("Sender {phone}");
     let live = format!("/senders/{phone}");
     (StatusCode::OK, Html(html::page(&title, &who, &body, Some(&live)))).into_response()

@@ -210,7 +210,16 @@ impl Reconciler {
                 None => false,
             },
             Policy::Quarantine => self.quarantine(&entry, seq).await,
-            Policy::Expire => true,
+            // The request is kept for an operator's resend (`bw_ops::resend`): no wamid link holds it.
+            Policy::Expire => {
+                let link = bw_common::ledger::WamidLink {
+                    operation_id: op.clone(),
+                    attempt: current.as_ref().map(|c| c.entry.attempts).unwrap_or(0),
+                    request: request.encode_to_vec(),
+                };
+                let pseudo = bw_common::ledger::unknown_outcome_link(&op);
+                self.ledger.link_attempt(&pseudo, &link).await.is_ok()
+            }
         };
         if !moved {
             return Settle::nak(Decision::Retry, RETRY_LATER);

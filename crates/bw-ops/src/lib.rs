@@ -7,13 +7,14 @@
 //! obey the same no-duplicate rules ([`moves`]), the replay jitter schedule the dispatcher uses
 //! (`bw_common::jitter::next_replay_delay`), the operator batch actions `bwctl` runs ([`ops`]), the offline change of
 //! the ledger's partition count ([`repartition`]), the producers' NATS users generated from the sender registry
-//! ([`senders`]), the move of ledger entries from before tenants to their tenant's key ([`tenants`]) and a
-//! small token bucket ([`pace`]).
+//! ([`senders`]), the move of ledger entries from before tenants to their tenant's key ([`tenants`]), the
+//! operators' audit stream the console and bwctl write ([`audit`]) and a small token bucket ([`pace`]).
 //!
 //! What must not live here: anything that talks to Meta or to Redis. This crate depends on `bw-common` only;
 //! services may depend on it, it never depends on a service.
 
 pub mod account;
+pub mod audit;
 pub mod incident;
 pub mod inspect;
 /// The replay back-off schedule now lives with the dispatcher's shared plumbing.

@@ -1,7 +1,8 @@
 //! Operator resend (`bwctl op resend <id> --reason ...`): a FAILED operation, or one whose outcome was unknown
 //! and that ended EXPIRED by policy, goes back to the dispatcher as a new attempt, with the reason in its
 //! journey. The request is the one its last accepted attempt sent, kept in its wamid link
-//! (`bw_common::ledger::WamidLink`). It refuses, changing nothing, when the operation is unknown, when the
+//! (`bw_common::ledger::WamidLink`), or, for one expired with its outcome unknown (no wamid came back), the one the
+//! reconciler kept under `bw_common::ledger::unknown_outcome_link`. It refuses, changing nothing, when the operation is unknown, when the
 //! message reached the recipient (delivered, read), and when it is still in flight (queued, on the wire, sent
 //! and waiting for its status, in the DLQ, the quarantine or reconciliation: those have their own ways out).
 //!
@@ -88,7 +89,11 @@ pub async fn resend(
         return Ok(Resent::Refused(refusal));
     }
     let wamid = current.entry.wamid.clone();
-    let link = if wamid.is_empty() { None } else { ledger.wamid_link(&wamid).await? };
+    let mut link = if wamid.is_empty() { None } else { ledger.wamid_link(&wamid).await? };
+    if link.is_none() && current.entry.flagged_unknown {
+        // Expired with its outcome unknown: no wamid came back; the reconciler kept the request.
+        link = ledger.wamid_link(&bw_common::ledger::unknown_outcome_link(key)).await?;
+    }
     let Some(request) = link.filter(|l| l.operation_id == key).and_then(|l| l.send_request()) else {
         return Ok(Resent::Refused(Refusal::NotResendable(
             "its request is not kept (no accepted attempt, dispatch.wamid_link off, or the link expired)".into(),

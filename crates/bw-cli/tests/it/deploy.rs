@@ -22,12 +22,13 @@ const MIN_MAX_PAYLOAD: u64 = 4 * 1024 * 1024;
 const MAX_MAX_PAYLOAD: u64 = 64 * 1024 * 1024;
 
 /// Breakwater service → admin port (see deploy/Dockerfile).
-const SERVICES: [(&str, u64); 5] = [
+const SERVICES: [(&str, u64); 6] = [
     ("bw-ingest", 9101),
     ("bw-dispatcher", 9102),
     ("bw-breaker-coordinator", 9103),
     ("bw-replay", 9104),
     ("bw-alerting", 9105),
+    ("bw-console", 9106),
 ];
 
 fn deploy_dir() -> PathBuf {
@@ -310,7 +311,7 @@ fn check_k8s(docs: &[(String, Value)], secret_keys: &BTreeSet<String>) -> Vec<St
 
 /// Deployments of the services that use Redis (each loads a `[redis]` section: `every_kubernetes_service_config_
 /// loads_at_its_binary` checks this list against their configs).
-const REDIS_USERS: [&str; 3] = ["bw-ingest", "bw-dispatcher", "bw-breaker-coordinator"];
+const REDIS_USERS: [&str; 4] = ["bw-ingest", "bw-dispatcher", "bw-breaker-coordinator", "bw-console"];
 
 /// The pod template labels of a workload.
 fn pod_labels(workload: &Value) -> serde_norway::Mapping {
@@ -402,9 +403,10 @@ fn peer_workloads(peer: &Value, workloads: &[(String, Value)]) -> Option<BTreeSe
 }
 
 /// NetworkPolicies (deploy/k8s/network-policies.yaml): every pod is covered by an Ingress policy; admin ports
-/// (and NATS monitoring) only from the namespace `monitoring`; NATS clients only from Breakwater's service pods
-/// (every one of them) and producer namespaces, routes only between NATS pods; Redis only from its users;
-/// ingest's HTTP port from namespaces only (the ingress controller's, producers'), never from anyone.
+/// (and NATS monitoring) only from the namespace `monitoring` (the coordinator's also from the console's pods);
+/// NATS clients only from Breakwater's service pods (every one of them) and producer namespaces, routes only
+/// between NATS pods; Redis only from its users; ingest's HTTP port from namespaces only (the ingress
+/// controller's, producers'), the console's from the ingress controller's only, never from anyone.
 fn check_network_policies(docs: &[(String, Value)], workloads: &[(String, Value)]) -> Vec<String> {
     let mut problems = Vec::new();
     let describe = |peers: &[Value]| serde_json::to_string(&peers).unwrap_or_default();
@@ -423,9 +425,26 @@ fn check_network_policies(docs: &[(String, Value)], workloads: &[(String, Value)
             format!("NetworkPolicy: {what} must be reachable from the namespace monitoring only: {}", describe(&peers))
         })
     };
-    for (name, port) in SERVICES {
+    for (name, port) in SERVICES.iter().filter(|(n, _)| *n != "bw-breaker-coordinator") {
         if let Some(w) = workload(name) {
-            problems.extend(monitoring_only(&format!("{name} port admin"), &pod_labels(w), ("admin", port)));
+            problems.extend(monitoring_only(&format!("{name} port admin"), &pod_labels(w), ("admin", *port)));
+        }
+    }
+    // The coordinator's admin API: from the namespace monitoring, and from the console's pods (breaker actions,
+    // with the operator token), nothing else.
+    if let Some(w) = workload("bw-breaker-coordinator") {
+        let peers = allowed_peers(docs, &pod_labels(w), ("admin", 9103)).unwrap_or_default();
+        let console = BTreeSet::from(["bw-console".to_string()]);
+        let from_console = |p: &Value| peer_workloads(p, workloads).is_some_and(|n| n == console);
+        let ok = peers.iter().all(|p| is_namespace(p, "monitoring") || from_console(p))
+            && peers.iter().any(|p| is_namespace(p, "monitoring"))
+            && peers.iter().any(from_console);
+        if !ok {
+            problems.push(format!(
+                "NetworkPolicy: bw-breaker-coordinator port admin must be reachable from the namespace monitoring \
+                 and the console's pods only: {}",
+                describe(&peers)
+            ));
         }
     }
     if let Some(nats) = workload("nats") {
@@ -465,6 +484,16 @@ fn check_network_policies(docs: &[(String, Value)], workloads: &[(String, Value)
         let users: BTreeSet<String> = REDIS_USERS.iter().map(|n| n.to_string()).collect();
         if reached != users {
             problems.push(format!("NetworkPolicy: redis must admit exactly {users:?}, admits {reached:?}"));
+        }
+    }
+    // The console's pages: from the ingress controller's namespace (an authenticating proxy), never from anyone.
+    if let Some(console) = workload("bw-console") {
+        let peers = allowed_peers(docs, &pod_labels(console), ("http", 9180)).unwrap_or_default();
+        if peers.is_empty() || !peers.iter().all(|p| is_namespace(p, "ingress-nginx")) {
+            problems.push(format!(
+                "NetworkPolicy: bw-console port http must admit the ingress controller's namespace only: {}",
+                describe(&peers)
+            ));
         }
     }
     if let Some(ingest) = workload("bw-ingest") {
@@ -805,7 +834,8 @@ fn url_credentials(urls: &str) -> Option<&str> {
 
 /// The NATS users of every NATS user's password variable, as accounts.conf names them.
 /// Producers' users are generated per tenant (`bwctl senders nats-accounts`); the committed file has none.
-const NATS_USERS: [&str; 6] = ["ingest", "dispatcher", "replay", "breaker-coordinator", "alerting", "operator"];
+const NATS_USERS: [&str; 7] =
+    ["ingest", "dispatcher", "replay", "breaker-coordinator", "alerting", "console", "operator"];
 
 /// `BW_NATS_<USER>_PASSWORD`, the variable accounts.conf reads a user's password from.
 fn nats_password_var(user: &str) -> String {
@@ -1439,6 +1469,12 @@ fn the_checks_catch_broken_manifests() {
     for (_, d) in docs.iter_mut().filter(|(_, d)| s(&d["metadata"], "name") == "nats-config") {
         d["data"]["nats.conf"] = Value::from("port: 4222\nmax_payload: 1MB\n");
     }
+    let operator = Value::from("nats://operator:$(NATS_PASSWORD)@nats-0.nats.breakwater.svc:4222");
+    for e in container_mut(&mut docs, "bw-console")["env"].as_sequence_mut().expect("env") {
+        if s(e, "name") == "BW_CONSOLE__NATS__URL" {
+            e["value"] = operator.clone();
+        }
+    }
     let url = Value::from("nats://replay:$(NATS_PASSWORD)@nats-0.nats.breakwater.svc:4222");
     for e in container_mut(&mut docs, "bw-dispatcher")["env"].as_sequence_mut().expect("env") {
         if s(e, "name") == "BW_DISPATCHER__NATS__URL" {
@@ -1465,6 +1501,10 @@ fn the_checks_catch_broken_manifests() {
                 d["spec"]["ingress"][0]["from"][0] = serde_norway::from_str("namespaceSelector: {}").expect("yaml")
             }
             "bw-redis" => d["spec"]["ingress"][0]["from"][0] = serde_norway::from_str("podSelector: {}").expect("yaml"),
+            "bw-console-http" => d["spec"]["ingress"][0]["from"] = Value::Null,
+            "bw-coordinator-admin-from-console" => {
+                d["spec"]["ingress"][0]["from"][0] = serde_norway::from_str("podSelector: {}").expect("yaml")
+            }
             _ => {}
         }
     }
@@ -1495,6 +1535,9 @@ fn the_checks_catch_broken_manifests() {
         "NetworkPolicy: no Ingress policy selects the pods of nats",
         "NetworkPolicy: bw-ingest port admin must be reachable from the namespace monitoring only",
         "NetworkPolicy: redis must admit exactly",
+        "NetworkPolicy: bw-console port http must admit the ingress controller's namespace only",
+        "NetworkPolicy: bw-breaker-coordinator port admin must be reachable from the namespace monitoring and",
+        "bw-console: BW_CONSOLE__NATS__URL must connect as NATS user console",
         "bw-dispatcher: BW_DISPATCHER__REDIS__PASSWORD must come from the secret key redis-password",
         "StatefulSet nats: BW_NATS_ROUTE_PASSWORD must come from the secret key nats-route-password",
         "nats.yaml nats.conf: must `include accounts.conf`",
@@ -1519,6 +1562,8 @@ fn the_checks_catch_broken_manifests() {
     doc["services"]["replay"]["environment"]["BW_REPLAY__NATS__URL"] =
         Value::from("nats://dispatcher:local-nats-dispatcher@nats-1:4222");
     doc["services"]["ingest"]["environment"]["BW_INGEST__NATS__INBOX_PREFIX"] = Value::from("_INBOX");
+    doc["services"]["console"]["environment"]["BW_CONSOLE__NATS__URL"] =
+        Value::from("nats://operator:local-nats-operator@nats-1:4222");
     doc["services"]["dispatcher"]["environment"]["BW_DISPATCHER__REDIS__PASSWORD"] = Value::from("local-other");
     doc["services"]["nats-2"]["environment"]["BW_NATS_ROUTE_2"] = Value::from("nats://nats-2:6222");
     let problems = check_compose(&doc, "port: 4222\n").join("\n");
@@ -1534,6 +1579,7 @@ fn the_checks_catch_broken_manifests() {
         "compose alerting: BW_ALERTING__NATS__URL must connect as NATS user alerting",
         "compose replay: BW_REPLAY__NATS__URL must connect as NATS user replay",
         "compose ingest: BW_INGEST__NATS__INBOX_PREFIX must be _INBOX_ingest",
+        "compose console: BW_CONSOLE__NATS__URL must connect as NATS user console",
     ] {
         assert!(problems.contains(expected), "`{expected}` not reported:\n{problems}");
     }
@@ -1572,6 +1618,7 @@ fn load_service(
         }
         "replay" => load_config::<bw_replay::Config>(service, bw_replay::DEFAULT_CONFIG, file, &env).map(redis),
         "alerting" => load_config::<bw_alerting::Config>(service, bw_alerting::DEFAULT_CONFIG, file, &env).map(redis),
+        "console" => load_config::<bw_console::Config>(service, bw_console::DEFAULT_CONFIG, file, &env).map(redis),
         other => return Err(format!("unknown service {other}")),
     };
     r.map_err(|e| e.to_string())

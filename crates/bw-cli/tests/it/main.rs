@@ -2,6 +2,7 @@
 //! refusal, purge, account exit codes, and the coordinator call.
 
 mod deploy;
+mod limits;
 mod operator;
 mod senders;
 

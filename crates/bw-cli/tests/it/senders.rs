@@ -15,12 +15,13 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(30);
 const PASSWORD: &str = "pw";
 /// The service and operator users of accounts.conf, by the variable holding each password.
-const SERVICE_VARS: [&str; 6] = [
+const SERVICE_VARS: [&str; 7] = [
     "BW_NATS_INGEST_PASSWORD",
     "BW_NATS_DISPATCHER_PASSWORD",
     "BW_NATS_REPLAY_PASSWORD",
     "BW_NATS_BREAKER_COORDINATOR_PASSWORD",
     "BW_NATS_ALERTING_PASSWORD",
+    "BW_NATS_CONSOLE_PASSWORD",
     "BW_NATS_OPERATOR_PASSWORD",
 ];
 

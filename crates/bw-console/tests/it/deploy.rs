@@ -28,7 +28,8 @@ fn the_compose_console_loads_and_reaches_the_coordinator_with_its_token() {
         bw_common::service::load_config("console", bw_console::DEFAULT_CONFIG, None, &env).expect("loads");
     assert_eq!(cfg.console.listen, "0.0.0.0:9180");
     assert_eq!(cfg.admin.listen, "0.0.0.0:9106");
-    assert!(cfg.nats.url.starts_with("nats://operator:"), "as the operator NATS user: ON_CALL has its audit rights");
+    assert!(cfg.nats.url.starts_with("nats://console:"), "as its own NATS user (deploy/nats/accounts.conf CONSOLE)");
+    assert_eq!(cfg.nats.inbox_prefix, "_INBOX_console", "the only inbox prefix the console user may subscribe to");
     let ports: Vec<&str> = console["ports"].as_sequence().expect("ports").iter().filter_map(|p| p.as_str()).collect();
     assert_eq!(ports, ["127.0.0.1:9180:9180"], "published on the host's loopback only");
     let test: Vec<&str> =

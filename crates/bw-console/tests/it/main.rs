@@ -3,6 +3,7 @@
 
 mod browser;
 mod deploy;
+mod holds;
 mod leaks;
 mod permissions;
 mod shutdown;

@@ -65,6 +65,7 @@ pub(crate) fn accounts_server() -> NatsServer {
             ("BW_NATS_REPLAY_PASSWORD", "replay-pw"),
             ("BW_NATS_BREAKER_COORDINATOR_PASSWORD", "coordinator-pw"),
             ("BW_NATS_ALERTING_PASSWORD", "alerting-pw"),
+            ("BW_NATS_CONSOLE_PASSWORD", "console-pw"),
             ("BW_NATS_OPERATOR_PASSWORD", "op-pw"),
             ("BW_NATS_PRODUCER_CRM_PASSWORD", "crm-pw"),
         ],
