@@ -222,6 +222,26 @@ mod tests {
         assert_eq!(l.burst, ScopeLimits::default().burst);
     }
 
+    /// bw-breaker's compiled `ScopeLimits::default()` is the one source of the scope-limit defaults: the
+    /// coordinator's `[limits.default]` states it key by key, and the dispatcher's `[breaker]` states the client
+    /// settings' compiled values and leaves `defaults` to it. A value edited in either file fails here.
+    #[test]
+    fn scope_limit_defaults_have_one_source() {
+        let cfg = load("").expect("defaults load");
+        assert_eq!(cfg.limits.resolve().expect("resolve").default, ScopeLimits::default());
+        let mut every: Vec<&str> = ScopeLimits::default().fields().into_iter().map(|(k, _)| k).collect();
+        every.sort_unstable();
+        let mut keys: Vec<&str> = cfg.limits.default.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, every, "[limits.default] documents every ScopeLimits key");
+        let dispatcher: toml::Table =
+            toml::from_str(include_str!("../../bw-dispatcher/default.toml")).expect("dispatcher defaults parse");
+        let breaker = dispatcher.get("breaker").cloned().expect("the dispatcher's [breaker]");
+        assert!(breaker.get("defaults").is_none(), "the dispatcher takes the scope limits from bw-breaker");
+        let breaker = BreakerConfig::deserialize(breaker).expect("the dispatcher's [breaker] is a BreakerConfig");
+        assert_eq!(breaker, BreakerConfig::default(), "the dispatcher's [breaker] states the compiled values");
+    }
+
     #[test]
     fn bad_limits_are_clear_errors() {
         let cfg = load("[limits.scopes.\"123\"]\nrate_per_s = 2.0\n").expect("loads");
