@@ -25,7 +25,7 @@
 //! The `GET` routes are read-only (states, counters, limits, no personal data) and stay open like `/livez`,
 //! `/readyz` and `/metrics`.
 
-use crate::Coordinator;
+use crate::coordinator::Coordinator;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};

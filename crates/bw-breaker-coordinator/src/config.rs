@@ -6,6 +6,9 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// Compiled defaults, every key commented (the shared sections come from bw-common's base.toml).
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
 /// Service configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -172,7 +175,7 @@ pub fn load_limits_file(path: &Path) -> Result<Limits, String> {
 impl Config {
     /// Loads and validates the config from the compiled defaults, an optional file and an env map.
     pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Config, bw_common::config::ConfigError> {
-        bw_common::service::load_config("breaker-coordinator", crate::DEFAULT_CONFIG, file, env)
+        bw_common::service::load_config("breaker-coordinator", DEFAULT_CONFIG, file, env)
     }
 
     /// Checks lease timing and the operator token hashes (part of `ServiceConfig::validate`).
@@ -205,7 +208,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let path = dir.path().join("c.toml");
         std::fs::write(&path, extra).map_err(|e| e.to_string())?;
-        bw_common::config::load("breaker-coordinator", crate::DEFAULT_CONFIG, Some(&path), &HashMap::new())
+        bw_common::config::load("breaker-coordinator", DEFAULT_CONFIG, Some(&path), &HashMap::new())
             .map_err(|e| e.to_string())
     }
 

@@ -22,7 +22,7 @@
 //!   the pair's rate and a token of the number's throughput, as a send of Breakwater's would: Meta's pair and
 //!   throughput limits count it too. An echo opens no customer service window (the user did not write).
 
-use crate::Coordinator;
+use crate::coordinator::Coordinator;
 use bw_breaker::Scope;
 use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
