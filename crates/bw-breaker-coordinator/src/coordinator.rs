@@ -14,10 +14,6 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::SystemTime;
 use tokio::time::Instant;
 
-/// Redis key the leader sets once Redis holds its data; its absence means Redis is new or lost its data.
-/// (Not scope-tagged: one key, never touched by the scripts.)
-pub const REDIS_EPOCH_KEY: &str = "bw:coordinator:epoch";
-
 /// Fields of a snapshot whose change is written to BW_SCOPES at once.
 pub(crate) type SnapshotKey = (i32, String, i64, i64, String, u32, i64, Vec<(String, String, i64, i64, String)>);
 

@@ -18,9 +18,9 @@
 //! transition is decided by a Lua script on the Redis state (an OPEN scope moves to HALF_OPEN once), so even
 //! two instances ticking at once (a stalled leader past its lease) publish each transition once.
 //!
-//! When Redis loses its data (restart without persistence, failover to an empty replica) the leader notices the
-//! missing [`REDIS_EPOCH_KEY`] before it writes any snapshot, and re-applies the FORCED_OPEN overrides the last
-//! BW_SCOPES snapshots record (see `Coordinator::store_checked`).
+//! When Redis loses its data (restart without persistence, failover to an empty replica) the leader notices the missing
+//! epoch key (`bw_wire::names::COORDINATOR_EPOCH_KEY`) before it writes any snapshot, and re-applies the FORCED_OPEN
+//! overrides the last BW_SCOPES snapshots record (see `Coordinator::store_checked`).
 //!
 //! What it must not do: change breaker state other than through the `bw-breaker` scripts. Entry point: [`run`].
 
@@ -35,7 +35,7 @@ mod metrics;
 mod snapshots;
 
 pub use config::{Config, DEFAULT_CONFIG};
-pub use coordinator::{Coordinator, REDIS_EPOCH_KEY};
+pub use coordinator::Coordinator;
 
 use bw_common::service::Deps;
 use tokio_util::sync::CancellationToken;

@@ -2,9 +2,10 @@
 //! pause that holds it stored in BW_SCOPES by the leader, and the FORCED_OPEN overrides restored after Redis
 //! lost its data.
 
-use crate::coordinator::{Coordinator, REDIS_EPOCH_KEY, lock, snapshot_key};
+use crate::coordinator::{Coordinator, lock, snapshot_key};
 use bw_breaker::{Parent, ParentStatus, Scope, ScopeStatus};
 use bw_common::proto::BreakerState;
+use bw_wire::names::COORDINATOR_EPOCH_KEY;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message as _;
 use std::collections::HashMap;
@@ -141,7 +142,7 @@ impl Coordinator {
     }
 
     /// Ticks one scope (cooldown → HALF_OPEN) and stores its state (on the leader, once Redis proves it kept its
-    /// data: see [`REDIS_EPOCH_KEY`]).
+    /// data: see [`COORDINATOR_EPOCH_KEY`]).
     pub async fn tick_scope(&self, scope: &Scope, force_store: bool) -> Option<ScopeStatus> {
         let ticked = self.tick_only(scope).await?;
         let status = ticked.0.clone();
@@ -210,7 +211,8 @@ impl Coordinator {
     /// Whether Redis holds the epoch key (None: Redis did not answer).
     pub(crate) async fn redis_epoch(&self) -> Option<bool> {
         let mut conn = self.inner.redis.clone();
-        let exists: redis::RedisResult<bool> = redis::cmd("EXISTS").arg(REDIS_EPOCH_KEY).query_async(&mut conn).await;
+        let exists: redis::RedisResult<bool> =
+            redis::cmd("EXISTS").arg(COORDINATOR_EPOCH_KEY).query_async(&mut conn).await;
         exists.ok()
     }
 
@@ -286,7 +288,7 @@ impl Coordinator {
         self.write_all_configs().await;
         let mut conn = self.inner.redis.clone();
         let value = format!("{} {}", self.inner.instance, bw_common::time::now_ms());
-        if let Err(e) = redis::cmd("SET").arg(REDIS_EPOCH_KEY).arg(value).query_async::<()>(&mut conn).await {
+        if let Err(e) = redis::cmd("SET").arg(COORDINATOR_EPOCH_KEY).arg(value).query_async::<()>(&mut conn).await {
             tracing::warn!(error = %e, "cannot set the coordinator epoch in redis; retrying next round");
         }
     }
