@@ -34,7 +34,7 @@
 //! in flight: a ban and its reinstatement apply in order whichever instance takes them. A step that fails (Redis,
 //! NATS) is redelivered; applying a signal twice changes nothing (a pause only extends, an alert deduplicates).
 
-use crate::Coordinator;
+use crate::coordinator::Coordinator;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use bw_breaker::recipient::RecipientMarketing;
 use bw_breaker::templates::{ScopeKey, TemplateHolds};

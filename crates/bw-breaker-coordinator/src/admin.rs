@@ -7,6 +7,9 @@
 //! - `POST /admin/pauses/{number|waba|app|token}/{id}/{pause|lift}` — an operator's pause of one scope (body
 //!   `{"for_ms": N, "reason": "..."}`; without `for_ms` until lifted), or the lift of any pause of it (an answer's,
 //!   a webhook's or an operator's); `id` is the phone_number_id, WABA id, app id or the token's fingerprint;
+//! - `POST /admin/throughput/{phone_number_id}` — record Meta's stated throughput of a known number (body
+//!   `{"mps": N}`, 1 to 1,000, default 1,000), as its `THROUGHPUT_UPGRADE` webhook would: for an upgrade whose
+//!   webhook named no number the coordinator could tell (`meta_limits.rs`);
 //! - `POST /admin/reload` — re-read the limits (also done on SIGHUP and when the limits file changes);
 //! - `GET  /admin/leader` — this instance's id, whether it leads, and the lease holder.
 //!
@@ -22,7 +25,7 @@
 //! The `GET` routes are read-only (states, counters, limits, no personal data) and stay open like `/livez`,
 //! `/readyz` and `/metrics`.
 
-use crate::Coordinator;
+use crate::coordinator::Coordinator;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -38,6 +41,7 @@ pub fn router(coordinator: Coordinator) -> Router {
         Router::new()
             .route("/admin/breakers/{phone}/{action}", post(act))
             .route("/admin/pauses/{level}/{id}/{action}", post(pause_action))
+            .route("/admin/throughput/{phone}", post(throughput))
             .route("/admin/reload", post(reload)),
     );
     Router::new()
@@ -246,6 +250,43 @@ async fn pause_action(
                 c.tick_all(true).await;
             }
             axum::Json(pause_json(&parent, &status)).into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}")),
+    }
+}
+
+/// An operator records Meta's stated throughput of one known number (the event is recorded as `OPERATOR`).
+async fn throughput(State(c): State<Coordinator>, Path(phone): Path<String>, body: Bytes) -> Response {
+    let Some(scope) = c.scope(&phone) else {
+        return error(StatusCode::NOT_FOUND, format!("scope `{phone}` not found"));
+    };
+    let body: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
+        }
+    };
+    let max = bw_breaker::throughput::UPGRADED_MPS;
+    let mps = match body.get("mps") {
+        None | Some(Value::Null) => max,
+        // Meta's highest stated throughput is the ceiling: Breakwater never sends above what Meta allows.
+        Some(v) => match v.as_u64().filter(|m| (1..=u64::from(max)).contains(m)) {
+            Some(m) => m as u32,
+            None => return error(StatusCode::BAD_REQUEST, format!("mps must be a whole number from 1 to {max}")),
+        },
+    };
+    match c.record_throughput(&scope, mps, "OPERATOR").await {
+        Ok((mps, rate)) => {
+            c.metrics().operator_actions.get_or_create(&vec![("action".into(), "throughput".into())]).inc();
+            axum::Json(json!({
+                "waba_id": scope.waba_id,
+                "phone_number_id": scope.phone_number_id,
+                "mps": mps,
+                "rate_per_s": rate,
+            }))
+            .into_response()
         }
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, format!("redis unavailable: {e}")),
     }

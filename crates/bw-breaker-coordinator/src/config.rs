@@ -6,6 +6,9 @@ use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
+/// Compiled defaults, every key commented (the shared sections come from bw-common's base.toml).
+pub const DEFAULT_CONFIG: &str = include_str!("../default.toml");
+
 /// Service configuration.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -172,7 +175,7 @@ pub fn load_limits_file(path: &Path) -> Result<Limits, String> {
 impl Config {
     /// Loads and validates the config from the compiled defaults, an optional file and an env map.
     pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Config, bw_common::config::ConfigError> {
-        bw_common::service::load_config("breaker-coordinator", crate::DEFAULT_CONFIG, file, env)
+        bw_common::service::load_config("breaker-coordinator", DEFAULT_CONFIG, file, env)
     }
 
     /// Checks lease timing and the operator token hashes (part of `ServiceConfig::validate`).
@@ -205,7 +208,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let path = dir.path().join("c.toml");
         std::fs::write(&path, extra).map_err(|e| e.to_string())?;
-        bw_common::config::load("breaker-coordinator", crate::DEFAULT_CONFIG, Some(&path), &HashMap::new())
+        bw_common::config::load("breaker-coordinator", DEFAULT_CONFIG, Some(&path), &HashMap::new())
             .map_err(|e| e.to_string())
     }
 
@@ -220,6 +223,26 @@ mod tests {
         assert_eq!(scope.waba_id, "9");
         assert_eq!(l.rate_per_s, 200.0);
         assert_eq!(l.burst, ScopeLimits::default().burst);
+    }
+
+    /// bw-breaker's compiled `ScopeLimits::default()` is the one source of the scope-limit defaults: the
+    /// coordinator's `[limits.default]` states it key by key, and the dispatcher's `[breaker]` states the client
+    /// settings' compiled values and leaves `defaults` to it. A value edited in either file fails here.
+    #[test]
+    fn scope_limit_defaults_have_one_source() {
+        let cfg = load("").expect("defaults load");
+        assert_eq!(cfg.limits.resolve().expect("resolve").default, ScopeLimits::default());
+        let mut every: Vec<&str> = ScopeLimits::default().fields().into_iter().map(|(k, _)| k).collect();
+        every.sort_unstable();
+        let mut keys: Vec<&str> = cfg.limits.default.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, every, "[limits.default] documents every ScopeLimits key");
+        let dispatcher: toml::Table =
+            toml::from_str(include_str!("../../bw-dispatcher/default.toml")).expect("dispatcher defaults parse");
+        let breaker = dispatcher.get("breaker").cloned().expect("the dispatcher's [breaker]");
+        assert!(breaker.get("defaults").is_none(), "the dispatcher takes the scope limits from bw-breaker");
+        let breaker = BreakerConfig::deserialize(breaker).expect("the dispatcher's [breaker] is a BreakerConfig");
+        assert_eq!(breaker, BreakerConfig::default(), "the dispatcher's [breaker] states the compiled values");
     }
 
     #[test]

@@ -1,12 +1,12 @@
-//! Leadership of the coordinator fleet: one lease in the JetStream KV bucket [`LEADER_BUCKET`].
+//! Leadership of the coordinator fleet: one lease in the JetStream KV bucket [`COORDINATOR_LEADER_BUCKET`].
 //!
 //! Any number of coordinators may run. Exactly one of them, the holder of the lease, runs the loops that
 //! write: cooldown ticks, BW_SCOPES snapshots and the per-scope config hashes in Redis. The others serve the
 //! admin API (whose breaker actions go through the same Lua scripts, so they are safe on any instance), count
 //! the transition events they receive, learn scopes, and try to take the lease.
 //!
-//! The lease is the key [`LEADER_KEY`] in a bucket whose `max_age` is the lease length: the holder rewrites it
-//! (compare-and-set on its revision) every `leader_renew_ms`; when it stops (crash, partition), the server
+//! The lease is the key [`COORDINATOR_LEADER_KEY`] in a bucket whose `max_age` is the lease length: the holder
+//! rewrites it (compare-and-set on its revision) every `leader_renew_ms`; when it stops (crash, partition), the server
 //! drops the entry `leader_lease_ms` after the last renewal and the next `create` by another instance wins.
 //! Expiry runs on the NATS server's clock, so the instances' wall clocks play no part. A graceful stop
 //! deletes the entry, so the next instance takes over at its next attempt.
@@ -18,14 +18,10 @@
 //! scope only once), and snapshots and config hashes are whole-value rewrites the next leader repeats.
 
 use async_nats::jetstream::{self, kv};
+use bw_wire::names::{COORDINATOR_LEADER_BUCKET, COORDINATOR_LEADER_KEY};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// KV bucket holding the coordinator lease (created by the coordinator; `max_age` = lease length).
-pub const LEADER_BUCKET: &str = "BW_COORDINATOR_LEADER";
-/// The one key of [`LEADER_BUCKET`]; its value is the holder's instance id.
-pub const LEADER_KEY: &str = "leader";
 
 /// What one [`Leadership::step`] changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +63,7 @@ impl Leadership {
         max_bytes: i64,
     ) -> anyhow::Result<Leadership> {
         let config = kv::Config {
-            bucket: LEADER_BUCKET.to_string(),
+            bucket: COORDINATOR_LEADER_BUCKET.to_string(),
             description: "breaker-coordinator leader lease".to_string(),
             history: 1,
             max_age: lease,
@@ -90,7 +86,7 @@ impl Leadership {
         Ok(Leadership { store, instance, lease, held: Mutex::new(None) })
     }
 
-    /// This instance's id (the value it writes under [`LEADER_KEY`]).
+    /// This instance's id (the value it writes under [`COORDINATOR_LEADER_KEY`]).
     pub(crate) fn instance(&self) -> &str {
         &self.instance
     }
@@ -102,7 +98,7 @@ impl Leadership {
 
     /// The instance id holding the lease, as NATS has it.
     pub(crate) async fn holder(&self) -> Option<String> {
-        match self.store.entry(LEADER_KEY).await {
+        match self.store.entry(COORDINATOR_LEADER_KEY).await {
             Ok(Some(e)) if e.operation == kv::Operation::Put => Some(String::from_utf8_lossy(&e.value).into_owned()),
             _ => None,
         }
@@ -113,37 +109,39 @@ impl Leadership {
         let sent = Instant::now();
         let revision = lock(&self.held).as_ref().map(|h| h.revision);
         match revision {
-            Some(revision) => match self.store.update(LEADER_KEY, self.instance.clone().into(), revision).await {
-                Ok(revision) => {
-                    *lock(&self.held) = Some(Held { revision, valid_until: Some(sent + self.lease) });
-                    Change::Same
-                }
-                Err(e) => {
-                    // Unsure whether the renewal landed: keep acting until the local deadline only, then try
-                    // to take the lease again (it may still be ours, see `acquire`).
-                    let still_valid = self.is_leader();
-                    tracing::warn!(error = %e, still_valid, "coordinator lease renewal failed");
-                    if still_valid {
-                        match self.adopt().await {
-                            Some(revision) => {
-                                let mut held = lock(&self.held);
-                                if let Some(h) = held.as_mut() {
-                                    h.revision = revision;
+            Some(revision) => {
+                match self.store.update(COORDINATOR_LEADER_KEY, self.instance.clone().into(), revision).await {
+                    Ok(revision) => {
+                        *lock(&self.held) = Some(Held { revision, valid_until: Some(sent + self.lease) });
+                        Change::Same
+                    }
+                    Err(e) => {
+                        // Unsure whether the renewal landed: keep acting until the local deadline only, then try
+                        // to take the lease again (it may still be ours, see `acquire`).
+                        let still_valid = self.is_leader();
+                        tracing::warn!(error = %e, still_valid, "coordinator lease renewal failed");
+                        if still_valid {
+                            match self.adopt().await {
+                                Some(revision) => {
+                                    let mut held = lock(&self.held);
+                                    if let Some(h) = held.as_mut() {
+                                        h.revision = revision;
+                                    }
+                                    Change::Same
                                 }
-                                Change::Same
+                                None if self.holder().await.is_some_and(|h| h != self.instance) => {
+                                    *lock(&self.held) = None;
+                                    Change::Lost
+                                }
+                                None => Change::Same,
                             }
-                            None if self.holder().await.is_some_and(|h| h != self.instance) => {
-                                *lock(&self.held) = None;
-                                Change::Lost
-                            }
-                            None => Change::Same,
+                        } else {
+                            *lock(&self.held) = None;
+                            Change::Lost
                         }
-                    } else {
-                        *lock(&self.held) = None;
-                        Change::Lost
                     }
                 }
-            },
+            }
             None => match self.acquire(sent).await {
                 true => Change::Acquired,
                 false => Change::Same,
@@ -153,7 +151,7 @@ impl Leadership {
 
     /// The revision of the lease entry when it names this instance.
     async fn adopt(&self) -> Option<u64> {
-        match self.store.entry(LEADER_KEY).await {
+        match self.store.entry(COORDINATOR_LEADER_KEY).await {
             Ok(Some(e)) if e.operation == kv::Operation::Put && e.value.as_ref() == self.instance.as_bytes() => {
                 Some(e.revision)
             }
@@ -162,11 +160,13 @@ impl Leadership {
     }
 
     async fn acquire(&self, sent: Instant) -> bool {
-        let revision = match self.store.create(LEADER_KEY, self.instance.clone().into()).await {
+        let revision = match self.store.create(COORDINATOR_LEADER_KEY, self.instance.clone().into()).await {
             Ok(revision) => Some(revision),
             // Still ours from before (a renewal whose answer was lost): renew it under its current revision.
             Err(_) => match self.adopt().await {
-                Some(revision) => self.store.update(LEADER_KEY, self.instance.clone().into(), revision).await.ok(),
+                Some(revision) => {
+                    self.store.update(COORDINATOR_LEADER_KEY, self.instance.clone().into(), revision).await.ok()
+                }
                 None => None,
             },
         };
@@ -183,7 +183,7 @@ impl Leadership {
     pub(crate) async fn release(&self) {
         let revision = lock(&self.held).take().map(|h| h.revision);
         if let Some(revision) = revision
-            && let Err(e) = self.store.delete_expect_revision(LEADER_KEY, Some(revision)).await
+            && let Err(e) = self.store.delete_expect_revision(COORDINATOR_LEADER_KEY, Some(revision)).await
         {
             tracing::warn!(error = %e, "cannot release the coordinator lease; it expires by itself");
         }

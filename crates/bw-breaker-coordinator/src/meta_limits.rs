@@ -4,11 +4,12 @@
 //! - `phone_number_quality_update` `THROUGHPUT_UPGRADE`: the number's stated limit becomes 1,000 messages per
 //!   second in its throughput hash (`bw_breaker::throughput`), which every dispatcher's admission reads; the
 //!   number then sends at 1,000 x `throughput_margin` (925 at the default), never above 1,000. Meta names the
-//!   number by its display phone only, which Breakwater does not keep: the signal's `phone_number_id` when ingest
-//!   found one, else the WABA's only known number. A WABA with several numbers and no id is not guessed at (a
-//!   wrong guess would send another number at 12 times its limit): an operator alert says to set
-//!   `throughput_mps` for the number in the coordinator's limits. `ONBOARDING` and the legacy events change
-//!   nothing (since October 2025 quality no longer moves throughput).
+//!   number only by `display_phone_number` (reference §4.5), a phone number Breakwater keeps nowhere (ingest
+//!   drops it, the registry is keyed by `phone_number_id`): the signal's `phone_number_id` when ingest found one,
+//!   else the WABA's only known number. A WABA with several numbers and no id is not guessed at (a wrong guess
+//!   would send another number at 12 times its limit): the operator alert lists the WABA's numbers and the exact
+//!   call that records the upgrade for one of them, `POST /admin/throughput/{phone_number_id}` (`admin.rs`).
+//!   `ONBOARDING` and the legacy events change nothing (since October 2025 quality no longer moves throughput).
 //! - `message_template_quality_update` RED paces the template's marketing fleet-wide at [`RED_MARKETING_PER_MIN`]
 //!   sends per minute (`bw_breaker::template_rules`); GREEN, YELLOW or UNKNOWN ends the pace. The reference says
 //!   "slow or stop that template's campaigns: a pause is next"; the safe reading taken is a pace so slow it is
@@ -21,7 +22,7 @@
 //!   the pair's rate and a token of the number's throughput, as a send of Breakwater's would: Meta's pair and
 //!   throughput limits count it too. An echo opens no customer service window (the user did not write).
 
-use crate::Coordinator;
+use crate::coordinator::Coordinator;
 use bw_breaker::Scope;
 use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
@@ -93,6 +94,21 @@ pub fn steps(s: &AccountSignal) -> Vec<Step> {
     }
 }
 
+/// The operator alert of a throughput upgrade the coordinator could not tie to one number: the WABA's known
+/// numbers (Meta ids, not phone numbers) and the exact call that records it for the one Meta upgraded (WhatsApp
+/// Manager shows which: the webhook's display number is not kept).
+pub fn unresolved_throughput(waba: &str, event: &str, mps: u32, numbers: &[String]) -> String {
+    let known = if numbers.is_empty() { "none known yet".to_string() } else { numbers.join(", ") };
+    format!(
+        "Meta phone_number_quality_update {event} ({mps} mps) for one number of WABA {waba}; the webhook names it \
+         only by its display phone, and the WABA has {} known numbers ({known}): rate unchanged. Find the upgraded \
+         number in WhatsApp Manager and run: curl -X POST -H \"Authorization: Bearer $BW_OPERATOR_TOKEN\" \
+         -d '{{\"mps\":{mps}}}' <coordinator admin>/admin/throughput/<phone_number_id> \
+         (deploy/runbooks/account-signals.md)",
+        numbers.len()
+    )
+}
+
 impl Coordinator {
     /// The number a WABA-level signal names: its own id, else the WABA's only known number.
     fn number_of(&self, waba_id: &str, phone_number_id: &str) -> Result<Scope, usize> {
@@ -106,6 +122,25 @@ impl Coordinator {
         }
     }
 
+    /// Records Meta's stated throughput of a number (a webhook's, or an operator's on its behalf); returns the
+    /// recorded limit and the rate every dispatcher now sends the number at.
+    pub(crate) async fn record_throughput(&self, scope: &Scope, mps: u32, event: &str) -> anyhow::Result<(u32, f64)> {
+        let limits = self.limits();
+        let timeout = Duration::from_millis(self.inner.breaker.config().command_timeout_ms.max(1_000));
+        let tput = Throughput::new(self.inner.redis.clone(), timeout, limits.for_scope(&scope.phone_number_id));
+        let state = tput.set_limit(scope, mps, event).await?;
+        let rate = bw_breaker::throughput::configured_rate(limits.for_scope(&scope.phone_number_id), state.mps);
+        tracing::info!(
+            waba_id = %scope.waba_id,
+            phone_number_id = %scope.phone_number_id,
+            mps = state.mps,
+            rate_per_s = rate,
+            %event,
+            "number's throughput recorded; every dispatcher sends at the new rate"
+        );
+        Ok((state.mps, rate))
+    }
+
     /// Applies one step; returns the detail of the operator alert it raises, if any.
     pub(crate) async fn apply_step(&self, signal: &AccountSignal, step: Step) -> anyhow::Result<Option<String>> {
         match step {
@@ -113,32 +148,24 @@ impl Coordinator {
                 let waba = &signal.waba_id;
                 let scope = match self.number_of(waba, &phone_number_id) {
                     Ok(scope) => scope,
-                    Err(n) => {
+                    Err(_) => {
+                        let mut numbers: Vec<String> = self
+                            .known_scopes()
+                            .into_iter()
+                            .filter(|s| &s.waba_id == waba)
+                            .map(|s| s.phone_number_id)
+                            .collect();
+                        numbers.sort();
+                        let n = numbers.len();
                         tracing::warn!(waba_id = %waba, numbers = n, %event, "throughput signal: number unknown");
-                        return Ok(Some(format!(
-                            "Meta phone_number_quality_update {event} ({mps} mps) for a number of WABA {waba}, \
-                             which has {n} known numbers and the webhook names none by id: rate unchanged; set \
-                             `throughput_mps = {mps}` for the upgraded number in the coordinator's [limits.scopes] \
-                             (deploy/runbooks/account-signals.md)"
-                        )));
+                        return Ok(Some(unresolved_throughput(waba, &event, mps, &numbers)));
                     }
                 };
-                let limits = self.limits();
-                let timeout = Duration::from_millis(self.inner.breaker.config().command_timeout_ms.max(1_000));
-                let tput = Throughput::new(self.inner.redis.clone(), timeout, limits.for_scope(&scope.phone_number_id));
-                let state = tput.set_limit(&scope, mps, &event).await?;
-                let rate = bw_breaker::throughput::configured_rate(limits.for_scope(&scope.phone_number_id), state.mps);
-                tracing::info!(
-                    waba_id = %scope.waba_id,
-                    phone_number_id = %scope.phone_number_id,
-                    mps = state.mps,
-                    rate_per_s = rate,
-                    "Meta raised the number's throughput; every dispatcher sends at the new rate"
-                );
+                let (mps, rate) = self.record_throughput(&scope, mps, &event).await?;
                 Ok(Some(format!(
-                    "Meta phone_number_quality_update {event}: number {} may send {} mps; Breakwater now sends it at \
-                     {rate:.0}/s",
-                    scope.phone_number_id, state.mps
+                    "Meta phone_number_quality_update {event}: number {} may send {mps} mps; Breakwater now sends it \
+                     at {rate:.0}/s",
+                    scope.phone_number_id
                 )))
             }
             Step::TemplateQuality { key, quality } => {
@@ -182,6 +209,14 @@ impl Coordinator {
 mod tests {
     use super::*;
     use bw_common::proto::{TemplateCategoryChange, TemplateQualityChange, ThroughputChange};
+
+    #[test]
+    fn an_unresolved_upgrade_names_every_candidate_and_the_exact_call() {
+        let a = unresolved_throughput("w9", "THROUGHPUT_UPGRADE", 1000, &["8101".into(), "8102".into()]);
+        assert!(a.contains("WABA w9") && a.contains("2 known numbers (8101, 8102)"), "{a}");
+        assert!(a.contains("-d '{\"mps\":1000}' <coordinator admin>/admin/throughput/<phone_number_id>"), "{a}");
+        assert!(unresolved_throughput("w9", "THROUGHPUT_UPGRADE", 1000, &[]).contains("0 known numbers (none"));
+    }
 
     fn throughput(event: &str, mps: u32, phone: &str) -> AccountSignal {
         AccountSignal {

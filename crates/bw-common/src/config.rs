@@ -1,4 +1,5 @@
-//! Layered configuration: compiled defaults → optional TOML file → environment, later wins.
+//! Layered configuration: the shared base ([`BASE`], the sections a service's defaults name in `base = [...]`) →
+//! the service's compiled defaults → optional TOML file → environment, later wins.
 //!
 //! Environment keys are `BW_<SERVICE>__<SECTION>__<FIELD>` (double underscore separates levels), for example
 //! `BW_DISPATCHER__NATS__URL=nats://10.0.0.5:4222`. Values are parsed as TOML scalars when they parse
@@ -21,15 +22,47 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// Loads `T` from `defaults` (TOML text), then `file`, then env keys starting with `BW_<SERVICE>__`.
+/// The sections every service shares (`[nats]`, `[redis]`, `[admin]`, `[telemetry]`), each key documented once.
+pub const BASE: &str = include_str!("../base.toml");
+
+/// The top-level key of a service's compiled defaults that names the [`BASE`] sections it takes.
+pub const BASE_KEY: &str = "base";
+
+/// A service's compiled defaults over the [`BASE`] sections they name in `base = [...]` (none when absent).
+pub fn defaults_table(defaults: &str) -> Result<toml::Table, ConfigError> {
+    let mut own: toml::Table =
+        toml::from_str(defaults).map_err(|source| ConfigError::Toml { origin: "compiled defaults".into(), source })?;
+    let Some(wanted) = own.remove(BASE_KEY) else { return Ok(own) };
+    let mut base: toml::Table =
+        toml::from_str(BASE).map_err(|source| ConfigError::Toml { origin: "the shared base".into(), source })?;
+    let known = base.keys().cloned().collect::<Vec<_>>().join(", ");
+    let names = wanted.as_array().cloned().unwrap_or_default();
+    if names.is_empty() {
+        return Err(ConfigError::Invalid(format!("compiled defaults: `{BASE_KEY}` must list sections of {known}")));
+    }
+    let mut merged = toml::Table::new();
+    for name in names {
+        let section = name.as_str().and_then(|n| base.remove(n).map(|t| (n.to_string(), t)));
+        let Some((name, table)) = section else {
+            return Err(ConfigError::Invalid(format!(
+                "compiled defaults: `{BASE_KEY}` names {name}, not one of {known}"
+            )));
+        };
+        merged.insert(name, table);
+    }
+    merge(&mut merged, own);
+    Ok(merged)
+}
+
+/// Loads `T` from the [`BASE`] sections `defaults` names, then `defaults` (TOML text), then `file`, then env keys
+/// starting with `BW_<SERVICE>__`.
 pub fn load<T: DeserializeOwned>(
     service: &str,
     defaults: &str,
     file: Option<&Path>,
     env: &HashMap<String, String>,
 ) -> Result<T, ConfigError> {
-    let mut merged: toml::Table =
-        toml::from_str(defaults).map_err(|source| ConfigError::Toml { origin: "compiled defaults".into(), source })?;
+    let mut merged = defaults_table(defaults)?;
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
@@ -512,6 +545,61 @@ mod tests {
         assert!(shown.contains("<redacted>") && shown.contains("10.0.0.7:6379") && shown.contains("bw-dispatcher"));
         let unset: WithRedis = load("dispatcher", defaults, None, &HashMap::new()).expect("loads");
         assert!(unset.redis.password.is_empty() && format!("{unset:?}").contains("<none>"));
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Service {
+        nats: NatsConfig,
+        redis: RedisConfig,
+        admin: AdminConfig,
+        telemetry: TelemetryConfig,
+        workers: u32,
+    }
+
+    const SERVICE: &str = "base = [\"nats\", \"redis\", \"admin\", \"telemetry\"]\nworkers = 4\n\
+                           [admin]\nlisten = \"127.0.0.1:9102\"\n";
+
+    #[test]
+    fn the_base_comes_first_its_values_are_the_compiled_ones_and_env_still_overrides() {
+        let cfg: Service = load("dispatcher", SERVICE, None, &HashMap::new()).expect("loads");
+        // The service's own value wins over the base's; the rest is the base's.
+        assert_eq!((cfg.admin.listen.as_str(), cfg.workers), ("127.0.0.1:9102", 4));
+        assert_eq!(
+            (cfg.nats.url.as_str(), cfg.redis.url.as_str()),
+            ("nats://127.0.0.1:4222", "redis://127.0.0.1:6379/")
+        );
+        // The base states the compiled defaults of the shared structs: a drift fails here.
+        assert_eq!(format!("{:?}", cfg.nats.limits), format!("{:?}", StreamLimits::default()));
+        assert_eq!((cfg.nats.replicas, cfg.nats.ledger_partitions, cfg.nats.send_partitions), (1, 1, 1));
+        assert_eq!(
+            (cfg.nats.name.as_str(), cfg.nats.inbox_prefix.as_str(), cfg.nats.tls_ca_file.as_str()),
+            ("", "", "")
+        );
+        assert_eq!(format!("{:?}", cfg.redis), format!("{:?}", RedisConfig::single("redis://127.0.0.1:6379/")));
+        let t = TelemetryConfig::default();
+        assert_eq!(
+            (&cfg.telemetry.log_level, &cfg.telemetry.log_format, &cfg.telemetry.otlp_endpoint),
+            (&t.log_level, &t.log_format, &t.otlp_endpoint)
+        );
+        // BW_<SERVICE>__SECTION__KEY overrides a base key, a nested one and a service's own value.
+        let env = HashMap::from([
+            ("BW_DISPATCHER__NATS__URL".to_string(), "nats://10.0.0.5:4222".to_string()),
+            ("BW_DISPATCHER__NATS__LIMITS__SEND_MAX_BYTES".to_string(), "4096".to_string()),
+            ("BW_DISPATCHER__REDIS__TIMEOUT_MS".to_string(), "900".to_string()),
+            ("BW_DISPATCHER__ADMIN__LISTEN".to_string(), "0.0.0.0:9102".to_string()),
+            ("BW_DISPATCHER__TELEMETRY__LOG_FORMAT".to_string(), "json".to_string()),
+        ]);
+        let cfg: Service = load("dispatcher", SERVICE, None, &env).expect("loads");
+        assert_eq!((cfg.nats.url.as_str(), cfg.nats.limits.send_max_bytes), ("nats://10.0.0.5:4222", 4096));
+        assert_eq!((cfg.redis.timeout_ms, cfg.admin.listen.as_str()), (900, "0.0.0.0:9102"));
+        assert_eq!(cfg.telemetry.log_format, "json");
+        // A service that takes only some sections gets only those (deny_unknown_fields still holds).
+        let only_nats: Sample = load("x", "base = [\"nats\"]\nworkers = 1\n", None, &HashMap::new()).expect("loads");
+        assert_eq!(only_nats.nats.url, "nats://127.0.0.1:4222");
+        let err = load::<Sample>("x", "base = [\"nats\", \"kafka\"]\nworkers = 1\n", None, &HashMap::new())
+            .expect_err("no such section");
+        assert!(err.to_string().contains("names \"kafka\", not one of"), "{err}");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 // The report's JSON literal is large.
 #![recursion_limit = "512"]
 
+pub mod budget;
 pub mod chaos;
 pub mod chart;
 pub mod drive;

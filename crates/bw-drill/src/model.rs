@@ -1,6 +1,7 @@
 //! The drill's report as data: [`DrillReport`] and its parts. A leaf: the computation (`report`) and the
 //! renderers (`render`, `html`, `chart`, `validation`) depend on it, never the other way.
 
+use crate::budget::BudgetCheck;
 use crate::errors::ErrorSplit;
 use crate::journey::Journey;
 use crate::scoped::{Noise, WabaCheck};
@@ -169,6 +170,8 @@ pub struct DrillReport {
     /// failures over the run.
     pub noise: Option<Noise>,
     pub failure_share: Option<f64>,
+    /// The portfolio messaging limit's holds, when the scenario announces a tier.
+    pub budget: Option<BudgetCheck>,
 }
 
 impl DrillReport {

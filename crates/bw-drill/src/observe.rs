@@ -1,11 +1,11 @@
 //! What the drill sees while it runs: breaker transitions, dispatch outcomes and alerts from NATS
 //! ([`spawn_watchers`] fills [`Observed`]), stream depths, and the reads that heal the view after a restart.
 
-use crate::{errors, scoped};
+use crate::{budget, errors, scoped};
 use async_nats::jetstream;
 use bw_common::names;
 use bw_common::nats::Buckets;
-use bw_common::proto::{Alert, AlertState, BreakerState, BreakerTransition, DispatchOutcome};
+use bw_common::proto::{Alert, AlertState, BreakerState, BreakerTransition, DispatchOutcome, OutcomeEvent};
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,6 +78,9 @@ pub struct Observed {
     pub waba_paused: BTreeMap<String, u64>,
     /// Operations a WABA restriction held: refused as `waba_paused`, or answered with a restriction code.
     pub held_ops: BTreeSet<String>,
+    /// Holds by the portfolio messaging-limit budget: every `budget_held` outcome, and each feed revision that
+    /// wrote a hold's reason with the portfolio's figures ([`crate::budget`]).
+    pub budget_holds: Vec<budget::Hold>,
 }
 
 /// One sender's outcome counts.
@@ -182,6 +185,18 @@ async fn spawn_watchers(
     let mut transitions = nats.subscribe(names::BREAKER_ALL).await?;
     let mut outcomes = nats.subscribe(names::OUTCOME_ALL).await?;
     let mut alerts = nats.subscribe(names::ALERT_ALL).await?;
+    let tenant = bw_common::tenancy::DEFAULT_TENANT;
+    let mut feed = nats.subscribe(bw_common::tenancy::feed_filter(tenant)).await?;
+    let o4 = observed.clone();
+    let t4 = tokio::spawn(async move {
+        while let Some(msg) = feed.next().await {
+            let Ok(e) = OutcomeEvent::decode(msg.payload.as_ref()) else { continue };
+            let Some(figures) = budget::figures(&e.reason) else { continue };
+            let mut o = o4.lock().await;
+            let t = (e.at_unix_ms - o.started_unix_ms) as f64 / 1000.0;
+            o.budget_holds.push(budget::Hold { t, operation_id: e.operation_id, figures: Some(figures) });
+        }
+    });
     let o3 = observed.clone();
     let t3 = tokio::spawn(async move {
         while let Some(msg) = alerts.next().await {
@@ -211,6 +226,10 @@ async fn spawn_watchers(
                 let called = d.decision == "allow" || d.decision == "canary";
                 if d.result == "sent" {
                     o.sent_at.entry(d.phone_number_id.clone()).or_default().push(t);
+                }
+                if d.result == "budget_held" {
+                    let t = (d.at_unix_ms - o.started_unix_ms) as f64 / 1000.0;
+                    o.budget_holds.push(budget::Hold { t, operation_id: d.operation_id.clone(), figures: None });
                 }
                 if d.decision == "waba_paused" {
                     *o.waba_paused.entry(d.phone_number_id.clone()).or_default() += 1;
@@ -268,5 +287,5 @@ async fn spawn_watchers(
             }
         }
     });
-    Ok(vec![t1, t2, t3])
+    Ok(vec![t1, t2, t3, t4])
 }

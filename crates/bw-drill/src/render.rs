@@ -202,7 +202,8 @@ pub fn to_json(r: &DrillReport, samples: &[Sample], observed: &Observed) -> serd
     })
 }
 
-/// The figures of the scenario's own checks (a WABA restriction, sub-threshold noise), null when not this one.
+/// The figures of the scenario's own checks (a WABA restriction, sub-threshold noise, the messaging limit), null
+/// when not this one.
 fn scenario_json(r: &DrillReport) -> serde_json::Value {
     let waba = r.waba.as_ref().map(|w| {
         json!({
@@ -223,7 +224,15 @@ fn scenario_json(r: &DrillReport) -> serde_json::Value {
             "trips": r.breaker_trips, "failure_share": r.failure_share,
         })
     });
-    json!({ "waba_restriction": waba, "noise": noise })
+    let budget = r.budget.as_ref().map(|b| {
+        json!({
+            "held": b.held, "first_held_s": b.first_held_s, "otp_held": b.otp_held,
+            "otp_within_reserve": b.otp_within_reserve, "otp_with_figures": b.otp_with_figures,
+            "marketing_first_figures": b.marketing_first_figures,
+            "priority_before_marketing": b.priority_before_marketing,
+        })
+    });
+    json!({ "waba_restriction": waba, "noise": noise, "portfolio_budget": budget })
 }
 
 /// Writes `report.json`, `timeline.svg`, `report.html` and `validation.md` to `dir`.

@@ -149,6 +149,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         .collect();
     alerts.sort_by_key(|a| (a.started_at_unix_ms, a.dedup_key.clone()));
     let waba = waba_check(&i, started_ms);
+    let budget = budget_check(&i);
     let mut r = DrillReport {
         requested: i.opts.messages,
         accepted: i.produced.accepted.len(),
@@ -212,6 +213,7 @@ pub(crate) fn build(i: Inputs<'_>) -> DrillReport {
         zone: i.zone,
         waba,
         noise: crate::scoped::noise(i.scenario, bw_breaker::ScopeLimits::default().failure_threshold),
+        budget,
         failure_share: crate::scoped::failure_share(&i.observed.calls),
     };
     r.header.observed = format!(
@@ -272,6 +274,18 @@ fn waba_check(i: &Inputs<'_>, started_ms: i64) -> Option<crate::scoped::WabaChec
             lifted_s,
         },
     ))
+}
+
+/// The messaging limit's holds judged, when the scenario announces a tier; categories from the ledger, by
+/// operation id without its tenant (the feed's form).
+fn budget_check(i: &Inputs<'_>) -> Option<crate::budget::BudgetCheck> {
+    if !crate::budget::announces_tier(i.scenario) {
+        return None;
+    }
+    let bare = |op: &str| bw_common::tenancy::split_operation_key(op).1.to_string();
+    let categories: BTreeMap<String, bw_common::proto::Category> =
+        i.entries.iter().map(|e| (bare(&e.operation_id), e.category())).collect();
+    Some(crate::budget::check(&i.observed.budget_holds, |op| categories.get(&bare(op)).copied()))
 }
 
 /// For every CLOSED → OPEN transition, the time from the moment the breaker's failure rule first held over

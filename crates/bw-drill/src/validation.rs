@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 pub const DEFAULT_OWNERS: &str = include_str!("../validation-owners.toml");
 
 /// The row keys, in display order.
-pub const ROWS: [&str; 18] = [
+pub const ROWS: [&str; 20] = [
     "quotas",
     "windows",
     "bursts",
@@ -33,6 +33,8 @@ pub const ROWS: [&str; 18] = [
     "waba_rate",
     "waba_held",
     "noise",
+    "budget_reserve",
+    "budget_order",
 ];
 
 #[derive(Deserialize)]
@@ -243,13 +245,14 @@ pub fn rows(r: &DrillReport, owners: &BTreeMap<String, String>) -> Vec<Row> {
         row.required = match row.key {
             "waba_scope" | "waba_rate" | "waba_held" => r.waba.is_some(),
             "noise" => r.noise.is_some(),
+            "budget_reserve" | "budget_order" => r.budget.is_some(),
             _ => false,
         };
     }
     out
 }
 
-/// The rows of one kind of scenario ([`crate::scoped`]): pending in any other scenario.
+/// The rows of one kind of scenario ([`crate::scoped`], [`crate::budget`]): pending in any other scenario.
 fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &str, String, Status)) {
     let not_this = |what: &str| format!("not this scenario: it {what}");
     match &r.waba {
@@ -359,6 +362,55 @@ fn scenario_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &s
             Status::Pending,
         ),
     }
+    budget_rows(r, push);
+}
+
+/// The portfolio messaging limit's rows ([`crate::budget`]).
+fn budget_rows(r: &DrillReport, push: &mut impl FnMut(&'static str, String, &str, String, Status)) {
+    let Some(b) = &r.budget else {
+        for key in ["budget_reserve", "budget_order"] {
+            let what = "portfolio messaging limit reached".to_string();
+            push(key, what, "see docs/drill.md", "not this scenario: it announces no tier".into(), Status::Pending);
+        }
+        return;
+    };
+    let held = |c: &str| b.held.get(c).copied().unwrap_or(0);
+    let first = |c: &str| b.first_held_s.get(c).map(|t| format!("{t:.1} s")).unwrap_or_else(|| "never".into());
+    push(
+        "budget_reserve",
+        "authentication messages may use the reserve: an OTP is held only once the whole limit is used".into(),
+        "0 authentication messages held while the portfolio had used less than its limit",
+        format!(
+            "{} OTPs held, {} of them within the reserve ({} with the portfolio's figures); marketing held from {} \
+             (feed: the hold's reason; budget_held outcomes)",
+            b.otp_held,
+            b.otp_within_reserve,
+            b.otp_with_figures,
+            b.marketing_first_figures.map(|(u, l)| format!("{u} of {l} users")).unwrap_or_else(|| "n/a".into())
+        ),
+        // Measured once marketing was held (the reserve was entered) and every held OTP's figures were read.
+        verdict(b.reserve_entered() && b.otp_figures_complete(), b.otp_kept_reserve()),
+    );
+    push(
+        "budget_order",
+        "marketing is held first, before any authentication or utility message".into(),
+        "the first message held is marketing; 0 authentication, utility or support messages held before it",
+        format!(
+            "first held: marketing {}, transactional {}, authentication {}, support {}; held: {} marketing, {} \
+             transactional, {} authentication, {} support; {} priority holds before the first marketing one \
+             (budget_held outcomes and feed)",
+            first("marketing"),
+            first("transactional"),
+            first("authentication"),
+            first("support"),
+            held("marketing"),
+            held("transactional"),
+            held("authentication"),
+            held("support"),
+            b.priority_before_marketing
+        ),
+        verdict(b.any_held(), b.marketing_first()),
+    );
 }
 
 fn md_cell(s: &str) -> String {
@@ -411,7 +463,7 @@ mod tests {
         let owners = parse_owners(DEFAULT_OWNERS).expect("owners");
         // An empty run measured nothing: every row pending, none passed.
         let rows = rows(&DrillReport::default(), &owners);
-        assert_eq!(rows.len(), ROWS.len());
+        assert_eq!(rows.iter().map(|r| r.key).collect::<Vec<_>>(), ROWS, "the matrix keeps the display order");
         assert!(rows.iter().all(|r| r.status == Status::Pending), "{rows:?}");
         let mut r = DrillReport { accepted: 10, lost: 1, meta_requests: 10, ..Default::default() };
         r.errors.codes.push(crate::errors::CodeCount {
@@ -434,6 +486,7 @@ mod tests {
     #[test]
     fn scenario_rows_are_required_for_pass_only_in_their_scenario() {
         use crate::scoped::{KeptRate, Noise, WabaCheck};
+        use bw_common::proto::Category;
         let owners = parse_owners(DEFAULT_OWNERS).expect("owners");
         let judged = |mut r: DrillReport| {
             r.validation = rows(&r, &owners);
@@ -492,6 +545,28 @@ mod tests {
             judged(DrillReport { waba: Some(WabaCheck { others: vec![kept(60.0)], ..waba.clone() }), ..base.clone() });
         assert_eq!(status(&r, "waba_rate"), Some((Status::Failed, true)));
         assert!(!r.passed());
+        // A tier announced: the budget rows are required; an OTP held within the reserve fails the run.
+        use crate::budget::{Hold, check};
+        let hold = |t: f64, op: &str, f: (i64, i64)| Hold { t, operation_id: op.into(), figures: Some(f) };
+        let cat = |op: &str| Some(if op.starts_with('m') { Category::Marketing } else { Category::Authentication });
+        let good = check(&[hold(60.0, "m1", (9000, 10000)), hold(80.0, "a1", (10000, 10000))], cat);
+        let r = judged(DrillReport { budget: Some(good), ..base.clone() });
+        for key in ["budget_reserve", "budget_order"] {
+            assert_eq!(status(&r, key), Some((Status::Passed, true)), "{key}: {:?}", r.validation);
+        }
+        assert!(r.passed());
+        let otp_early = check(&[hold(60.0, "m1", (9000, 10000)), hold(70.0, "a1", (9500, 10000))], cat);
+        let r = judged(DrillReport { budget: Some(otp_early), ..base.clone() });
+        assert_eq!(status(&r, "budget_reserve"), Some((Status::Failed, true)));
+        assert!(!r.passed());
+        let otp_first = check(&[hold(50.0, "a1", (10000, 10000)), hold(60.0, "m1", (10000, 10000))], cat);
+        let r = judged(DrillReport { budget: Some(otp_first), ..base.clone() });
+        assert_eq!(status(&r, "budget_order"), Some((Status::Failed, true)));
+        // Nothing held although a tier was announced: not measured, and the run does not pass on it.
+        let r = judged(DrillReport { budget: Some(check(&[], cat)), ..base.clone() });
+        assert_eq!(status(&r, "budget_order"), Some((Status::Pending, true)));
+        assert!(!r.passed());
+
         // The restricted number's health breaker tripped: not a pause in its scope.
         let r = judged(DrillReport { waba: Some(WabaCheck { restricted_trips: 1, ..waba }), ..base });
         assert_eq!(status(&r, "waba_scope"), Some((Status::Failed, true)));

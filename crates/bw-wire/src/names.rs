@@ -535,6 +535,12 @@ pub fn audit_subject(action: &str) -> String {
     format!("bw.audit.v1.{action}")
 }
 
+/// KV bucket of the breaker-coordinator fleet's leader lease: one key, [`COORDINATOR_LEADER_KEY`], whose value is
+/// the holder's instance id; the bucket's `max_age` is the lease length.
+pub const COORDINATOR_LEADER_BUCKET: &str = "BW_COORDINATOR_LEADER";
+/// The one key of [`COORDINATOR_LEADER_BUCKET`].
+pub const COORDINATOR_LEADER_KEY: &str = "leader";
+
 /// KV bucket of replay leases: key phone_number_id, value `<instance>|<expires unix ms>`. The lease makes one
 /// replay instance at a time drain a scope, so the per-scope replay rate holds across instances.
 pub const REPLAY_LEASE_BUCKET: &str = "BW_REPLAY_LEASES";
@@ -587,6 +593,10 @@ pub fn scope_key(waba_id: &str, phone_number_id: &str, suffix: &str) -> String {
 
 /// Redis set of every scope ever seen (not hash-tagged; written only by the coordinator and read by admin tools).
 pub const SCOPES_INDEX_KEY: &str = "bw:scopes";
+
+/// Redis key the coordinator's leader sets once Redis holds its data; its absence means Redis is new or lost its
+/// data (not scope-tagged: one key, never touched by the scripts).
+pub const COORDINATOR_EPOCH_KEY: &str = "bw:coordinator:epoch";
 
 #[cfg(test)]
 mod tests {

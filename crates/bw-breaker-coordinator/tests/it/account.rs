@@ -79,3 +79,56 @@ async fn a_restriction_pauses_its_waba_until_expiration_and_a_ban_holds_until_re
     .await;
     assert!(applied, "{}", h.metrics_text());
 }
+
+/// A THROUGHPUT_UPGRADE that names no number, for a WABA with two: nothing is guessed, the alert lists both
+/// numbers and the exact call; the operator's call then raises that number only.
+#[tokio::test]
+async fn an_upgrade_without_a_number_alerts_with_the_call_that_records_it_for_one() {
+    use bw_breaker::throughput::{Throughput, UPGRADED_MPS};
+    use bw_common::proto::ThroughputChange;
+    let h = start().await;
+    let dispatcher = h.client();
+    let (a, b) = (Scope::new("w-t", "8101"), Scope::new("w-t", "8102"));
+    for s in [&a, &b] {
+        dispatcher.admit(s, &[AdmitItem { recipient_key: "r".into(), class: TrafficClass::Priority }]).await;
+    }
+    let both = || async {
+        let scopes = h.get("/admin/breakers").await.1["scopes"].as_array().cloned().unwrap_or_default();
+        scopes.iter().filter(|s| s["waba_id"] == "w-t").count() == 2
+    };
+    assert!(bw_testkit::wait_until(WAIT, both).await, "both numbers discovered");
+    let upgrade = ThroughputChange { event: "THROUGHPUT_UPGRADE".into(), mps: UPGRADED_MPS, ..Default::default() };
+    let mut s = signal("w-t", Kind::Throughput(upgrade));
+    s.field = "phone_number_quality_update".into();
+    publish(&h, s, "t1").await;
+    let stream = h.deps.js.get_stream(names::EVENTS_STREAM).await.expect("events");
+    let alert = || async {
+        let m = stream.get_last_raw_message_by_subject(&names::signal_subject("account_alert")).await.ok()?;
+        Signal::decode(m.payload.as_ref()).ok().map(|s| s.detail)
+    };
+    assert!(bw_testkit::wait_until(WAIT, || async { alert().await.is_some() }).await, "alert published");
+    let detail = alert().await.unwrap_or_default();
+    assert!(detail.contains("2 known numbers (8101, 8102)") && detail.contains("/admin/throughput/"), "{detail}");
+    let tput = Throughput::new(h.redis.clone(), WAIT, &bw_breaker::ScopeLimits::default());
+    for s in [&a, &b] {
+        assert_eq!(tput.read(s).await.expect("read").mps, 0, "no number guessed");
+    }
+
+    // Bad input is a precise error; the operator's call records the upgrade for 8102 only.
+    let (status, body) = h.post("/admin/throughput/9999").await;
+    assert_eq!((status, body["error"].as_str()), (404, Some("scope `9999` not found")));
+    let too_fast = reqwest::Client::new()
+        .post(format!("{}/admin/throughput/8102", h.admin))
+        .bearer_auth(OPERATOR_TOKEN)
+        .body("{\"mps\": 5000}")
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(too_fast.status().as_u16(), 400);
+    let (status, body) = h.post_as("/admin/throughput/8102", None).await;
+    assert_eq!(status, 401, "{body}");
+    let (status, body) = h.post("/admin/throughput/8102").await;
+    assert_eq!((status, body["mps"].as_u64(), body["rate_per_s"].as_f64()), (200, Some(1000), Some(925.0)), "{body}");
+    assert_eq!(tput.read(&b).await.expect("read").mps, UPGRADED_MPS);
+    assert_eq!(tput.read(&a).await.expect("read").mps, 0, "the other number keeps its rate");
+}

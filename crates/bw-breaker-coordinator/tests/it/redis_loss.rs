@@ -8,7 +8,7 @@ use super::*;
 async fn epoch_set(deps: &bw_common::service::Deps) -> bool {
     let mut conn = deps.redis.clone().expect("redis");
     redis::cmd("EXISTS")
-        .arg(bw_breaker_coordinator::REDIS_EPOCH_KEY)
+        .arg(bw_wire::names::COORDINATOR_EPOCH_KEY)
         .query_async::<bool>(&mut conn)
         .await
         .unwrap_or(false)
