@@ -301,6 +301,18 @@ pub struct BreakerConfig {
     /// ten-minute runs, a token-wide 20 % outage trips after a median 0.34 s. Every dispatcher must use the
     /// same value: they feed one pool.
     pub pool_trip_evidence: f64,
+    /// The pool's second, shorter test (`lua/pool_evidence.lua`, [`crate::evidence::Declared`]): the share of
+    /// calls that Meta may answer with its own "service unavailable" code (2, 131016, 133004 in its JSON error
+    /// body) before that is evidence of an outage. Each such answer weighs ln(q / this) against the outage rate
+    /// q (`fast_trip_outage_rate`), every other call ln((1 - q) / (1 - this)). Ambiguous failures (a bodiless
+    /// 5xx, a timeout, 131000) never feed it. 0 (or at least q): off.
+    pub pool_unavailable_rate: f64,
+    /// Evidence of the second test that opens the breakers of the numbers that contributed (0: off). 10 at a
+    /// rate of 0.01, simulated (docs/performance.md): the drill's outage (Meta answering code 2 on 14 % of the
+    /// calls and 130429, a 1 s pause each, on another 14 %) trips its first number within 0.5 s in most runs,
+    /// where the main test needs seconds; Meta's "unavailable" on a steady 0.5 % of the calls trips rarely, on
+    /// 2 % it trips (Meta then states an outage on one call in fifty).
+    pub pool_unavailable_evidence: f64,
     /// Limits used when a scope has no config hash in Redis (the coordinator normally writes one).
     pub defaults: ScopeLimits,
 }
@@ -310,6 +322,15 @@ impl BreakerConfig {
     pub fn validate_pool(&self) -> Result<(), String> {
         if !(self.pool_trip_evidence.is_finite() && self.pool_trip_evidence >= 0.0) {
             return Err(format!("`pool_trip_evidence` must be 0 (off) or positive, got {}", self.pool_trip_evidence));
+        }
+        if !(0.0..1.0).contains(&self.pool_unavailable_rate) {
+            return Err(format!("`pool_unavailable_rate` must be within [0, 1), got {}", self.pool_unavailable_rate));
+        }
+        if !(self.pool_unavailable_evidence.is_finite() && self.pool_unavailable_evidence >= 0.0) {
+            return Err(format!(
+                "`pool_unavailable_evidence` must be 0 (off) or positive, got {}",
+                self.pool_unavailable_evidence
+            ));
         }
         Ok(())
     }
@@ -330,6 +351,8 @@ impl Default for BreakerConfig {
             token_halt_ttl_ms: 7 * 86_400_000,
             token_halt_retry_ms: 600_000,
             pool_trip_evidence: 16.0,
+            pool_unavailable_rate: 0.01,
+            pool_unavailable_evidence: 10.0,
             defaults: ScopeLimits::default(),
         }
     }
@@ -359,6 +382,12 @@ mod tests {
         for bad in [-1.0, f64::NAN, f64::INFINITY] {
             let cfg = BreakerConfig { pool_trip_evidence: bad, ..BreakerConfig::default() };
             assert!(cfg.validate_pool().expect_err("refused").contains("pool_trip_evidence"), "{bad}");
+            let cfg = BreakerConfig { pool_unavailable_evidence: bad, ..BreakerConfig::default() };
+            assert!(cfg.validate_pool().expect_err("refused").contains("pool_unavailable_evidence"), "{bad}");
+        }
+        for bad in [-0.1, 1.0, f64::NAN] {
+            let cfg = BreakerConfig { pool_unavailable_rate: bad, ..BreakerConfig::default() };
+            assert!(cfg.validate_pool().expect_err("refused").contains("pool_unavailable_rate"), "{bad}");
         }
     }
 }

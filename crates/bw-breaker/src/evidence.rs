@@ -175,34 +175,90 @@ impl Window {
     }
 }
 
+/// Codes by which Meta itself states that its service is unavailable (meta-cloud-api.md §2.3: 2 "API Service:
+/// downtime or overload", 131016 "A service is temporarily unavailable", 133004 "Server temporarily
+/// unavailable"), answered in Meta's JSON error body. They weigh in the pool's second test
+/// ([`crate::OutcomeKind::Unavailable`]); 1 ("invalid request or possible server error") and 131000 ("unknown
+/// error") do not state an outage and stay with the ambiguous failures (a bodiless 5xx, a timeout, a reset).
+pub const UNAVAILABLE_CODES: [i64; 3] = [2, 131016, 133004];
+
+/// Whether Meta's error `code` states that its service is unavailable ([`UNAVAILABLE_CODES`]).
+pub fn declares_unavailable(code: i64) -> bool {
+    UNAVAILABLE_CODES.contains(&code)
+}
+
+/// The pool's second, shorter test (`lua/pool_evidence.lua`): the CUSUM of Meta's declared unavailability, each
+/// such answer a failure at the tolerated rate `rate` against the outage rate q, every other call a success, and
+/// its own trip level `needed`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Declared {
+    /// Tolerated share of calls that Meta answers "unavailable" (`BreakerConfig::pool_unavailable_rate`).
+    pub rate: f64,
+    /// Evidence that trips it (`BreakerConfig::pool_unavailable_evidence`; 0 is off).
+    pub needed: f64,
+}
+
+impl Declared {
+    /// Off.
+    pub const OFF: Declared = Declared { rate: 0.0, needed: 0.0 };
+
+    /// Log-likelihood ratio of a batch of `calls` calls of which `declared` were Meta's declared unavailability,
+    /// against outage rate `q` (the Lua's expression), or None when the test is off.
+    pub fn llr(&self, q: f64, calls: u64, declared: u64) -> Option<f64> {
+        if self.needed <= 0.0 || self.rate <= 0.0 || self.rate >= q {
+            return None;
+        }
+        let (calls, declared) = (calls as f64, declared as f64);
+        Some(declared * (q / self.rate).ln() + (calls - declared) * ((1.0 - q) / (1.0 - self.rate)).ln())
+    }
+}
+
+/// Which of the pool's tests tripped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolTest {
+    /// The fast trip's evidence over every transient failure.
+    Evidence,
+    /// The second test, Meta's declared unavailability ([`Declared`]).
+    Unavailable,
+}
+
 /// The pooled fast trip of one access token, as `lua/pool_evidence.lua` keeps it: the fast trip's evidence
-/// summed over the batches of every number of the token, the distinct failed recipients of any of them within
-/// `fast_trip_window_ms`, and each number's own evidence and last transient failure. At `needed` (and the
-/// recipient guard) the pool trips and names the numbers with a failure within the window and evidence of their
-/// own above 0; the trip spends the pool's evidence and the named numbers' own. The expressions are the Lua's.
+/// summed over the batches of every number of the token, the second test's ([`Declared`]), the distinct failed
+/// recipients of any of them within `fast_trip_window_ms`, and each number's own evidence of both tests and last
+/// transient failure. At `needed` (or the second test's level), with the recipient guard, the pool trips and
+/// names the numbers with a failure within the window and evidence of their own above 0 in either test; the trip
+/// spends the pool's evidence and the named numbers' own. The expressions are the Lua's.
 #[derive(Debug, Clone)]
 pub struct Pool {
     evidence: Option<Evidence>,
+    q: f64,
     needed: f64,
+    declared: Declared,
     guard: usize,
     window_ms: u64,
     /// The pooled evidence.
     pub value: f64,
+    /// The second test's pooled evidence.
+    pub declared_value: f64,
     since_ms: Option<u64>,
     recipients: Vec<String>,
-    /// Per number: (own evidence, last transient failure ms).
-    numbers: std::collections::BTreeMap<String, (f64, Option<u64>)>,
+    /// Per number: (own evidence, own evidence of the second test, last transient failure ms).
+    numbers: std::collections::BTreeMap<String, (f64, f64, Option<u64>)>,
 }
 
 impl Pool {
-    /// A fresh pool at `limits`, tripping at `needed` (`BreakerConfig::pool_trip_evidence`; 0 is off).
-    pub fn new(limits: &ScopeLimits, needed: f64) -> Pool {
+    /// A fresh pool at `limits`, tripping at `needed` (`BreakerConfig::pool_trip_evidence`; 0 is off, the second
+    /// test too) or on the second test `declared`.
+    pub fn new(limits: &ScopeLimits, needed: f64, declared: Declared) -> Pool {
         Pool {
             evidence: Evidence::of(limits).filter(|_| needed > 0.0),
+            q: limits.fast_trip_outage_rate,
             needed,
+            declared,
             guard: limits.fast_trip_failures as usize,
             window_ms: limits.fast_trip_window_ms,
             value: 0.0,
+            declared_value: 0.0,
             since_ms: None,
             recipients: Vec::new(),
             numbers: std::collections::BTreeMap::new(),
@@ -214,15 +270,24 @@ impl Pool {
     }
 
     /// Records one batch of `member` answered at `now_ms`: `calls` successes and transient failures, and the
-    /// recipient key of each transient failure. Returns the numbers named when the batch trips the pool (sorted
-    /// as the script sorts them), else None.
-    pub fn record(&mut self, now_ms: u64, member: &str, calls: u64, failed: &[&str]) -> Option<Vec<String>> {
+    /// recipient key of each transient failure, the first `declared` of them Meta's declared unavailability.
+    /// Returns the test that tripped and the numbers named when the batch trips the pool (sorted as the script
+    /// sorts them), else None.
+    pub fn record(
+        &mut self,
+        now_ms: u64,
+        member: &str,
+        calls: u64,
+        failed: &[&str],
+        declared: usize,
+    ) -> Option<(PoolTest, Vec<String>)> {
         let e = self.evidence?;
         let fails = failed.len() as u64;
-        if calls == 0 || fails > calls {
+        if calls == 0 || fails > calls || declared > failed.len() {
             return None;
         }
         let llr = e.llr(calls, fails);
+        let dllr = self.declared.llr(self.q, calls, declared as u64);
         for key in failed {
             if !self.open(now_ms) {
                 self.since_ms = Some(now_ms);
@@ -232,25 +297,40 @@ impl Pool {
                 self.recipients.push((*key).to_string());
             }
         }
-        let own = self.numbers.entry(member.to_string()).or_insert((0.0, None));
+        let own = self.numbers.entry(member.to_string()).or_insert((0.0, 0.0, None));
         own.0 = (own.0 + llr).max(0.0);
+        if let Some(d) = dllr {
+            own.1 = (own.1 + d).max(0.0);
+        }
         if fails > 0 {
-            own.1 = Some(now_ms);
+            own.2 = Some(now_ms);
         }
         self.value = (self.value + llr).max(0.0);
-        if !(self.value >= self.needed && self.open(now_ms) && self.recipients.len() >= self.guard) {
+        if let Some(d) = dllr {
+            self.declared_value = (self.declared_value + d).max(0.0);
+        }
+        let test = if self.value >= self.needed {
+            PoolTest::Evidence
+        } else if dllr.is_some() && self.declared_value >= self.declared.needed {
+            PoolTest::Unavailable
+        } else {
+            return None;
+        };
+        if !(self.open(now_ms) && self.recipients.len() >= self.guard) {
             return None;
         }
         let window_ms = self.window_ms;
         let mut named = Vec::new();
-        for (m, (own, last)) in self.numbers.iter_mut() {
-            if last.is_some_and(|l| now_ms.saturating_sub(l) <= window_ms) && *own > 0.0 {
+        for (m, (own, own_declared, last)) in self.numbers.iter_mut() {
+            if last.is_some_and(|l| now_ms.saturating_sub(l) <= window_ms) && (*own > 0.0 || *own_declared > 0.0) {
                 named.push(m.clone());
                 *own = 0.0;
+                *own_declared = 0.0;
             }
         }
         self.value = 0.0;
-        Some(named)
+        self.declared_value = 0.0;
+        Some((test, named))
     }
 }
 
@@ -261,8 +341,10 @@ pub enum TripPath {
     Window,
     /// The fast trip's evidence ([`FastTrip`]).
     Fast,
-    /// The token's pooled evidence named the number ([`Pool`]).
+    /// The token's pooled evidence named the number ([`Pool`], [`PoolTest::Evidence`]).
     Pooled,
+    /// The pool's second test, Meta's declared unavailability, named the number ([`PoolTest::Unavailable`]).
+    PooledUnavailable,
 }
 
 /// One CLOSED scope's trip checks over time, in the script's order: every outcome of a batch into the window,
@@ -324,27 +406,50 @@ pub mod sim {
         }
     }
 
-    /// What Meta answers: shares of the attempts that fail transiently (5xx, 131000, timeouts) and that are
-    /// throttled (130429: neither a call nor a failure of the window); the rest succeed.
+    /// What Meta answers: shares of the attempts that fail transiently and ambiguously (a bodiless 5xx, 131000,
+    /// timeouts), that Meta answers with its own "unavailable" code ([`super::UNAVAILABLE_CODES`], also transient
+    /// failures), and that are throttled (130429: neither a call nor a failure of the window); the rest succeed.
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub struct Mix {
-        /// Share of transient failures.
+        /// Share of ambiguous transient failures.
         pub transient: f64,
+        /// Share of Meta's declared unavailability (code 2, 131016, 133004).
+        pub unavailable: f64,
         /// Share of 130429 answers.
         pub throttle: f64,
     }
 
     impl Mix {
-        /// Transient failures only.
+        /// Ambiguous transient failures only.
         pub fn errors(transient: f64) -> Mix {
-            Mix { transient, throttle: 0.0 }
+            Mix { transient, unavailable: 0.0, throttle: 0.0 }
+        }
+
+        /// Meta's declared unavailability only.
+        pub fn unavailable(unavailable: f64) -> Mix {
+            Mix { transient: 0.0, unavailable, throttle: 0.0 }
+        }
+
+        /// The drill's outage (crates/bw-meta-sim/scenarios/flash-sale-outage.toml): 28 % of the attempts fail,
+        /// half 503 with Meta's code 2, half 130429.
+        pub fn drill_outage() -> Mix {
+            Mix { transient: 0.0, unavailable: 0.14, throttle: 0.14 }
+        }
+
+        /// What `x` in [0, 1) draws: None for a 130429, else Some(failed, declared).
+        fn draw(&self, x: f64) -> Option<(bool, bool)> {
+            if x < self.throttle {
+                return None;
+            }
+            let x = x - self.throttle;
+            Some((x < self.unavailable + self.transient, x < self.unavailable))
         }
     }
 
     /// One number's traffic: `before` until `change_ms`, `after` from then, until `end_ms`.
     #[derive(Debug, Clone, Copy, PartialEq)]
     pub struct Traffic {
-        /// Attempts answered per second.
+        /// Attempts sent per second while the number is not paused.
         pub rate_per_s: f64,
         /// Recording period, ms.
         pub flush_ms: u64,
@@ -356,17 +461,41 @@ pub mod sim {
         pub change_ms: u64,
         /// End of the run, ms.
         pub end_ms: u64,
+        /// Time from a send to its answer, ms ([`run_token`] only).
+        pub latency_ms: u64,
+        /// How long a 130429 answer pauses the number's sends, ms (0: never; [`run_token`] only). The
+        /// dispatcher pauses a number for the answer's Retry-After, 1 s without one.
+        pub throttle_pause_ms: u64,
     }
 
     impl Traffic {
         /// A steady mix for `end_ms` at 75 attempts/s, recorded every 20 ms.
         pub fn steady(mix: Mix, end_ms: u64) -> Traffic {
-            Traffic { rate_per_s: 75.0, flush_ms: 20, before: mix, after: mix, change_ms: end_ms, end_ms }
+            Traffic::outage(mix, end_ms, mix, 0)
         }
 
         /// `before` for `change_ms`, then `after` for `after_ms`, at 75 attempts/s, recorded every 20 ms.
         pub fn outage(before: Mix, change_ms: u64, after: Mix, after_ms: u64) -> Traffic {
-            Traffic { rate_per_s: 75.0, flush_ms: 20, before, after, change_ms, end_ms: change_ms + after_ms }
+            Traffic {
+                rate_per_s: 75.0,
+                flush_ms: 20,
+                before,
+                after,
+                change_ms,
+                end_ms: change_ms + after_ms,
+                latency_ms: 0,
+                throttle_pause_ms: 0,
+            }
+        }
+
+        /// The drill's outage after 20 s of success, for `after_ms`: [`Mix::drill_outage`], answered after 120 ms
+        /// (the scenario's mean latency), each 130429 pausing the number for 1 s.
+        pub fn drill(after_ms: u64) -> Traffic {
+            Traffic {
+                latency_ms: 120,
+                throttle_pause_ms: 1_000,
+                ..Traffic::outage(Mix::errors(0.0), 20_000, Mix::drill_outage(), after_ms)
+            }
         }
     }
 
@@ -394,10 +523,9 @@ pub mod sim {
             fails.clear();
             while next_call < now as f64 {
                 let mix = if (next_call as u64) < traffic.change_ms { traffic.before } else { traffic.after };
-                let x = rng.next_f64();
-                if x >= mix.throttle {
+                if let Some((failed, _)) = mix.draw(rng.next_f64()) {
                     keys.push(format!("r{i}"));
-                    fails.push(x < mix.throttle + mix.transient);
+                    fails.push(failed);
                 }
                 i += 1;
                 next_call = i as f64 * step;
@@ -416,17 +544,72 @@ pub mod sim {
     /// One number's first trip in [`run_token`]: when (ms from the run's start) and which check.
     pub type NumberTrip = Trip;
 
+    /// One answer on its way: (answer time ms, recipient key, failed, declared); None for a 130429.
+    type Answer = (u64, String, Option<(bool, bool)>);
+
+    /// One number's sends in [`run_token`]: sent every 1000 / `rate_per_s` ms unless a 130429 answered before
+    /// the send time paused the number, each answered `latency_ms` later.
+    struct Sender {
+        rng: Rng,
+        next: u64,
+        paused_until: u64,
+        in_flight: std::collections::VecDeque<Answer>,
+    }
+
+    impl Sender {
+        /// Sends every attempt due before `now` and returns the answers that arrived before `now`.
+        fn answers(&mut self, t: &Traffic, i: usize, now: u64) -> Vec<Answer> {
+            let step = 1000.0 / t.rate_per_s;
+            let mut out = Vec::new();
+            loop {
+                let at = (self.next as f64 * step) as u64;
+                // Answers that arrive before this send (or before `now`, when no send is due) may pause it.
+                let horizon = at.min(now);
+                while self.in_flight.front().is_some_and(|a| a.0 < horizon) {
+                    let a = self.in_flight.pop_front().expect("front");
+                    if a.2.is_none() && t.throttle_pause_ms > 0 {
+                        self.paused_until = self.paused_until.max(a.0 + t.throttle_pause_ms);
+                    }
+                    out.push(a);
+                }
+                if at >= now {
+                    break;
+                }
+                if at >= self.paused_until {
+                    let mix = if at < t.change_ms { t.before } else { t.after };
+                    let drawn = mix.draw(self.rng.next_f64());
+                    self.in_flight.push_back((at + t.latency_ms, format!("n{i}r{}", self.next), drawn));
+                }
+                self.next += 1;
+            }
+            out
+        }
+    }
+
     /// Numbers sharing one access token, each with its own `traffic` (its own seeded draws), through their own
-    /// checks ([`ScopeTrips`]) and the token's [`super::Pool`] tripping at `needed`, as the dispatcher records
-    /// a batch: the number's own record first, then the pool. A number stops sending at its first trip (OPEN for
-    /// its cooldown, 30 s at the defaults, which outlasts the runs measured). Returns each number's first trip.
-    pub fn run_token(limits: &ScopeLimits, needed: f64, traffic: &[Traffic], seed: u64) -> Vec<Option<NumberTrip>> {
+    /// checks ([`ScopeTrips`]) and the token's [`super::Pool`] tripping at `needed` or on its second test
+    /// `declared`, as the dispatcher records a batch: the number's own record first, then the pool. A 130429
+    /// pauses the number's sends for `throttle_pause_ms`; a number stops sending at its first trip (OPEN for its
+    /// cooldown, 30 s at the defaults, which outlasts the runs measured). Returns each number's first trip.
+    pub fn run_token(
+        limits: &ScopeLimits,
+        needed: f64,
+        declared: super::Declared,
+        traffic: &[Traffic],
+        seed: u64,
+    ) -> Vec<Option<NumberTrip>> {
         let n = traffic.len();
         let mut scopes: Vec<ScopeTrips> = (0..n).map(|_| ScopeTrips::new(limits)).collect();
-        let mut pool = super::Pool::new(limits, needed);
-        let mut rngs: Vec<Rng> = (0..n as u64).map(|i| Rng::new(seed.wrapping_mul(7919).wrapping_add(i))).collect();
+        let mut pool = super::Pool::new(limits, needed, declared);
+        let mut senders: Vec<Sender> = (0..n as u64)
+            .map(|i| Sender {
+                rng: Rng::new(seed.wrapping_mul(7919).wrapping_add(i)),
+                next: 0,
+                paused_until: 0,
+                in_flight: std::collections::VecDeque::new(),
+            })
+            .collect();
         let members: Vec<String> = (0..n).map(|i| format!("n{i}")).collect();
-        let mut next = vec![0u64; n];
         let mut trips: Vec<Option<NumberTrip>> = vec![None; n];
         let end = traffic.iter().map(|t| t.end_ms).max().unwrap_or(0);
         let flush = traffic.iter().map(|t| t.flush_ms).min().unwrap_or(20).max(1);
@@ -437,29 +620,33 @@ pub mod sim {
                 if trips[i].is_some() || now > t.end_ms {
                     continue;
                 }
-                let step = 1000.0 / t.rate_per_s;
-                let mut batch: Vec<(String, bool)> = Vec::new();
-                while (next[i] as f64 * step) < now as f64 {
-                    let at = (next[i] as f64 * step) as u64;
-                    let mix = if at < t.change_ms { t.before } else { t.after };
-                    let x = rngs[i].next_f64();
-                    if x >= mix.throttle {
-                        batch.push((format!("n{i}r{}", next[i]), x < mix.throttle + mix.transient));
-                    }
-                    next[i] += 1;
-                }
+                // Declared failures first: the pool takes them as the first of its failed keys.
+                let mut batch: Vec<(String, bool, bool)> = senders[i]
+                    .answers(t, i, now)
+                    .into_iter()
+                    .filter_map(|(_, key, drawn)| drawn.map(|(failed, declared)| (key, failed, declared)))
+                    .collect();
                 if batch.is_empty() {
                     continue;
                 }
-                let items: Vec<(&str, bool)> = batch.iter().map(|(k, f)| (k.as_str(), *f)).collect();
+                batch.sort_by_key(|b| !b.2);
+                let items: Vec<(&str, bool)> = batch.iter().map(|(k, f, _)| (k.as_str(), *f)).collect();
                 if let Some(path) = scopes[i].record(now, &items) {
                     trips[i] = Some(Trip { at_ms: now, path });
                 }
-                let failed: Vec<&str> = items.iter().filter(|(_, f)| *f).map(|(k, _)| *k).collect();
-                for m in pool.record(now, &members[i], items.len() as u64, &failed).unwrap_or_default() {
+                let failed: Vec<&str> = batch.iter().filter(|b| b.1).map(|b| b.0.as_str()).collect();
+                let declared = batch.iter().filter(|b| b.2).count();
+                let Some((test, named)) = pool.record(now, &members[i], items.len() as u64, &failed, declared) else {
+                    continue;
+                };
+                let path = match test {
+                    super::PoolTest::Evidence => TripPath::Pooled,
+                    super::PoolTest::Unavailable => TripPath::PooledUnavailable,
+                };
+                for m in named {
                     let j = members.iter().position(|x| *x == m).unwrap_or(i);
                     if trips[j].is_none() {
-                        trips[j] = Some(Trip { at_ms: now, path: TripPath::Pooled });
+                        trips[j] = Some(Trip { at_ms: now, path });
                     }
                 }
             }

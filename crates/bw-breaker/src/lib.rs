@@ -235,6 +235,10 @@ pub enum OutcomeKind {
     Success,
     /// 5xx, 131000 and friends, timeouts before a response: counts toward the breaker.
     Transient,
+    /// Meta's own answer that its service is unavailable ([`evidence::UNAVAILABLE_CODES`] in its JSON error
+    /// body): a transient failure everywhere, and also the evidence of the pool's second test
+    /// ([`evidence::Declared`]). [`OutcomeKind::transient`] picks it from the code.
+    Unavailable,
     /// A rate limit at its own scope; never a health failure:
     /// - [`RateScope::PhoneNumber`] (130429): pauses the number for `pause_ms`, cuts its adaptive rate;
     /// - [`RateScope::Pair`] (131056): the pair backs off 4^X s (`pause_ms` is ignored);
@@ -253,6 +257,18 @@ pub enum OutcomeKind {
     /// A pause of the number, its WABA, its app or its access token (set with [`Breaker::set_account`]), and of
     /// nothing else ([`PauseSpec`]). Never a health failure: the window does not see it.
     Pause(PauseSpec),
+}
+
+impl OutcomeKind {
+    /// The kind of a transient failure answered with Meta's error `code` (0: no Meta error body).
+    pub fn transient(code: i64) -> OutcomeKind {
+        if evidence::declares_unavailable(code) { OutcomeKind::Unavailable } else { OutcomeKind::Transient }
+    }
+
+    /// A transient failure: counts in the breaker's window and fast trip.
+    pub fn is_transient(self) -> bool {
+        matches!(self, OutcomeKind::Transient | OutcomeKind::Unavailable)
+    }
 }
 
 /// A pause to record: its scope (token, app, WABA or phone number; other scopes have no pause key here), the

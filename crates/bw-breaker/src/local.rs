@@ -197,7 +197,7 @@ impl LocalBreakers {
                         }
                     }
                 }
-                OutcomeKind::Transient => {
+                OutcomeKind::Transient | OutcomeKind::Unavailable => {
                     s.window[slot].1 += 1;
                     s.window[slot].2 += 1;
                     let (calls, fails) = s

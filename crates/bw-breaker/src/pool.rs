@@ -4,6 +4,7 @@
 //! only the numbers that contributed failures: docs/decisions/pooled-evidence.md. The decision is mirrored in
 //! [`crate::evidence::Pool`].
 
+use crate::evidence::PoolTest;
 use crate::{Breaker, OutcomeItem, OutcomeKind, RecordResult, Scope, lock, scripts};
 use rand::RngExt;
 
@@ -12,29 +13,38 @@ use rand::RngExt;
 pub struct PoolResult {
     /// The pooled evidence after the batch (at the trip, before it is spent).
     pub evidence: f64,
-    /// True when the batch made the pool trip.
-    pub tripped: bool,
+    /// The second test's pooled evidence after the batch ([`crate::evidence::Declared`]).
+    pub unavailable_evidence: f64,
+    /// The test that made the pool trip with this batch, if any.
+    pub tripped: Option<PoolTest>,
     /// The numbers the pool named, each with what its trip did (a number that was not CLOSED stays as it was:
     /// no transition).
     pub trips: Vec<(Scope, RecordResult)>,
 }
 
 /// The pool's part of a batch: calls (successes and transient failures, canaries left out: they probe a scope
-/// that is not CLOSED) and the recipient key of each transient failure.
-pub(crate) fn pool_batch(outcomes: &[OutcomeItem]) -> (u64, Vec<&str>) {
+/// that is not CLOSED), the recipient key of each transient failure, Meta's declared unavailability first, and
+/// how many of those there are.
+pub(crate) fn pool_batch(outcomes: &[OutcomeItem]) -> (u64, Vec<&str>, usize) {
     let mut calls = 0;
-    let mut failed = Vec::new();
+    let (mut declared, mut other) = (Vec::new(), Vec::new());
     for o in outcomes.iter().filter(|o| !o.canary) {
         match o.kind {
             OutcomeKind::Success => calls += 1,
+            OutcomeKind::Unavailable => {
+                calls += 1;
+                declared.push(o.recipient_key.as_str());
+            }
             OutcomeKind::Transient => {
                 calls += 1;
-                failed.push(o.recipient_key.as_str());
+                other.push(o.recipient_key.as_str());
             }
             _ => {}
         }
     }
-    (calls, failed)
+    let n = declared.len();
+    declared.extend(other);
+    (calls, declared, n)
 }
 
 impl Breaker {
@@ -53,13 +63,16 @@ impl Breaker {
     /// (`pool_trip_evidence` 0), while Redis is unreachable (each number's local fallback decides alone), or for
     /// a batch without successes or transient failures.
     pub async fn record_pooled(&self, scope: &Scope, outcomes: &[OutcomeItem]) -> PoolResult {
-        let needed = self.inner.cfg.pool_trip_evidence;
-        let (calls, failed) = pool_batch(outcomes);
+        let cfg = &self.inner.cfg;
+        let needed = cfg.pool_trip_evidence;
+        let (calls, failed, declared) = pool_batch(outcomes);
         if needed <= 0.0 || calls == 0 || self.redis_skipped() {
             return PoolResult::default();
         }
         let mut inv = scripts::POOL_EVIDENCE.prepare_invoke();
-        inv.key(self.pool_key()).arg(&self.inner.defaults).arg(needed).arg(scope.index_member()).arg(calls);
+        inv.key(self.pool_key()).arg(&self.inner.defaults).arg(needed);
+        inv.arg(cfg.pool_unavailable_rate).arg(cfg.pool_unavailable_evidence);
+        inv.arg(scope.index_member()).arg(calls).arg(declared);
         for key in &failed {
             inv.arg(*key);
         }
@@ -71,13 +84,21 @@ impl Breaker {
                 return PoolResult::default();
             }
         };
-        let mut result = PoolResult { evidence: reply.0, tripped: reply.1, trips: Vec::new() };
-        for member in reply.2 {
-            let Some(named) = Scope::from_index_member(&member) else { continue };
-            let reason = format!(
+        let mut result =
+            PoolResult { evidence: reply.0, unavailable_evidence: reply.1, tripped: reply.2, trips: Vec::new() };
+        let reason = match reply.2 {
+            Some(PoolTest::Unavailable) => format!(
+                "pooled fast trip: Meta declares its service unavailable, evidence {:.1} >= {} over the token's \
+                 numbers, this one failing too",
+                reply.1, cfg.pool_unavailable_evidence
+            ),
+            _ => format!(
                 "pooled fast trip: evidence {:.1} >= {needed} over the token's numbers, this one failing too",
                 reply.0
-            );
+            ),
+        };
+        for member in reply.3 {
+            let Some(named) = Scope::from_index_member(&member) else { continue };
             if let Some(r) = self.pool_trip(&named, &reason).await {
                 result.trips.push((named, r));
             }
@@ -105,16 +126,23 @@ impl Breaker {
     }
 }
 
-/// (evidence, tripped, named members) of `pool_evidence.lua`.
-fn parse_pool(value: redis::Value) -> Result<(f64, bool, Vec<String>), crate::BreakerError> {
+/// (evidence, the second test's evidence, the test that tripped, named members) of `pool_evidence.lua`.
+type PoolReply = (f64, f64, Option<PoolTest>, Vec<String>);
+
+fn parse_pool(value: redis::Value) -> Result<PoolReply, crate::BreakerError> {
     let mut reply = scripts::Reply::new(value)?;
     let evidence = reply.float()?;
-    let tripped = reply.int()? == 1;
+    let unavailable = reply.float()?;
+    let tripped = match reply.int()? {
+        1 => Some(PoolTest::Evidence),
+        2 => Some(PoolTest::Unavailable),
+        _ => None,
+    };
     let mut named = Vec::new();
     while reply.remaining() > 0 {
         named.push(reply.string()?);
     }
-    Ok((evidence, tripped, named))
+    Ok((evidence, unavailable, tripped, named))
 }
 
 #[cfg(test)]
@@ -133,7 +161,10 @@ mod tests {
             item("c", OutcomeKind::Transient, true),
             item("d", OutcomeKind::Permanent, false),
             item("e", OutcomeKind::Success, true),
+            item("f", OutcomeKind::Unavailable, false),
+            item("g", OutcomeKind::Unavailable, true),
         ];
-        assert_eq!(pool_batch(&batch), (2, vec!["b"]));
+        // Meta's declared unavailability first, whatever the order of the batch.
+        assert_eq!(pool_batch(&batch), (3, vec!["f", "b"], 1));
     }
 }

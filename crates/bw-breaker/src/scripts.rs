@@ -329,7 +329,7 @@ pub(crate) fn admit_invocation(
 pub(crate) fn outcome_arg(kind: OutcomeKind) -> (&'static str, u64) {
     match kind {
         OutcomeKind::Success => (out("success"), 0),
-        OutcomeKind::Transient => (out("transient"), 0),
+        OutcomeKind::Transient | OutcomeKind::Unavailable => (out("transient"), 0),
         OutcomeKind::Permanent => (out("permanent"), 0),
         OutcomeKind::Pause(_) => (out("neutral"), 0),
         OutcomeKind::RateLimited { scope: RateScope::Pair, .. } => (out("pair"), 0),

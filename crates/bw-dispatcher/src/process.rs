@@ -487,7 +487,8 @@ pub(crate) fn outcome_kinds(answer: &MetaAnswer) -> Vec<OutcomeKind> {
     };
     match meaning.class {
         ErrorClass::Transient => {
-            let mut kinds = vec![OutcomeKind::Transient];
+            // Meta's own "service unavailable" codes also feed the pool's second test.
+            let mut kinds = vec![OutcomeKind::transient(*code)];
             if meaning.paused_scope().is_some()
                 && let Some(end) = end
             {

@@ -92,3 +92,82 @@ async fn parent_pauses_work_on_a_redis_cluster() {
     assert_eq!(snap.pauses.len(), 1, "{snap:?}");
     assert_eq!(snap.pauses[0].code, 133010);
 }
+
+/// The pooled trip on a 3-master cluster: `pool_evidence.lua` runs on the token's slot and `pool_trip.lua` on each
+/// named number's slot (each script touches one slot), and the trip opens the failing numbers only.
+#[tokio::test]
+async fn the_pooled_trip_opens_the_failing_numbers_only_on_a_redis_cluster() {
+    use bw_breaker::evidence::PoolTest;
+    let cluster = bw_testkit::RedisCluster::start();
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("cluster client");
+    let conn = client.get_async_connection().await.expect("cluster connection");
+    // The compiled defaults, the numbers' own checks out of reach: only the pool opens a breaker here.
+    let defaults = bw_breaker::ScopeLimits { min_calls: u32::MAX, fast_trip_evidence: 1e9, ..Default::default() };
+    let breaker = Breaker::with_conn(Some(RedisConn::Cluster(conn)), None, config(defaults));
+    breaker.set_account("app-pool", "token-pool");
+    // Enough numbers that their slots spread over the masters; the first 9 fail, the last 3 only succeed.
+    let scopes: Vec<_> = (0..12).map(|_| scope()).collect();
+    let (failing, healthy) = scopes.split_at(9);
+    let batch = |prefix: &str, fails: usize, kind: OutcomeKind| -> Vec<bw_breaker::OutcomeItem> {
+        (0..4)
+            .map(|i| bw_breaker::OutcomeItem {
+                recipient_key: format!("{prefix}-{i}"),
+                kind: if i < fails { kind } else { OutcomeKind::Success },
+                canary: false,
+            })
+            .collect()
+    };
+    let mut tripped = None;
+    'rounds: for round in 0..10 {
+        for (i, s) in scopes.iter().enumerate() {
+            let b = if i < failing.len() {
+                batch(&format!("f{round}-{i}"), 2, OutcomeKind::Transient)
+            } else {
+                batch(&format!("h{round}-{i}"), 0, OutcomeKind::Transient)
+            };
+            let r = breaker.record_pooled(s, &b).await;
+            if r.tripped.is_some() {
+                tripped = Some(r);
+                break 'rounds;
+            }
+        }
+    }
+    let r = tripped.expect("the pool trips on the cluster");
+    assert_eq!(r.tripped, Some(PoolTest::Evidence));
+    assert!(!r.trips.is_empty() && r.trips.iter().all(|(s, t)| t.state == BreakerState::Open && failing.contains(s)));
+    for s in failing.iter().filter(|s| r.trips.iter().any(|(t, _)| t == *s)) {
+        assert_eq!(breaker.status(s).await.expect("read").snapshot.state(), BreakerState::Open);
+    }
+    for s in healthy {
+        assert_eq!(breaker.status(s).await.expect("read").snapshot.state(), BreakerState::Closed);
+    }
+    // Meta's declared unavailability trips the second test the same way, on another token's pool.
+    breaker.set_account("app-pool", "token-pool-2");
+    let scopes: Vec<_> = (0..6).map(|_| scope()).collect();
+    let mut second = None;
+    'declared: for round in 0..10 {
+        for (i, s) in scopes.iter().enumerate() {
+            let fails = usize::from(i < 4);
+            let r = breaker.record_pooled(s, &batch(&format!("d{round}-{i}"), fails, OutcomeKind::Unavailable)).await;
+            if r.tripped.is_some() {
+                second = Some(r);
+                break 'declared;
+            }
+        }
+    }
+    let r = second.expect("the second test trips on the cluster");
+    assert_eq!(r.tripped, Some(PoolTest::Unavailable));
+    let named: Vec<&bw_breaker::Scope> = r.trips.iter().map(|(s, _)| s).collect();
+    assert!(!named.is_empty() && named.iter().all(|s| scopes[..4].contains(s)), "{named:?}");
+    for s in &scopes[4..] {
+        assert_eq!(breaker.status(s).await.expect("read").snapshot.state(), BreakerState::Closed);
+    }
+    // The pooled keys and the numbers' keys are spread over the masters.
+    let mut masters_with_keys = 0;
+    for url in cluster.urls() {
+        let mut conn = manager(&url).await;
+        let n: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.expect("dbsize");
+        masters_with_keys += usize::from(n > 0);
+    }
+    assert!(masters_with_keys >= 2, "keys landed on {masters_with_keys} masters");
+}

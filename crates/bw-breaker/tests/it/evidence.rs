@@ -347,10 +347,11 @@ fn a_20_percent_outage_trips_within_seconds_at_the_defaults() {
     assert!(median <= 2.0 && p90 <= 3.0, "{l:?}");
 }
 
-/// The drill's outage: 14 % 503 and 14 % 130429 (neither a call nor a failure), so 16 % of the calls fail.
+/// The drill's outage at full rate: 14 % 503 and 14 % 130429 (neither a call nor a failure), so 16 % of the calls
+/// fail.
 #[test]
 fn the_drills_outage_trips_at_the_defaults() {
-    let l = latencies(Mix::errors(0.0), Mix { transient: 0.14, throttle: 0.14 }, 40);
+    let l = latencies(Mix::errors(0.0), Mix::drill_outage(), 40);
     let (median, p90) = (sim::quantile(&l, 0.5), sim::quantile(&l, 0.9));
     eprintln!("drill outage: median {median} s, p90 {p90} s over {} seeds", l.len());
     assert!(median <= 4.0 && p90 <= 6.0, "{l:?}");
