@@ -363,16 +363,22 @@ impl Intake {
         // Registered before it is stored, so no dispatcher can see a later message of the recipient before this
         // one is in the set. Never the producer's word: only ingest sets keeps_order.
         request.keeps_order = false;
+        let mut accepted_at = now_ms();
         if let Some(order) = self.order.as_ref().filter(|o| o.cfg.keeps(category)) {
             let scope = bw_breaker::Scope::new(&request.waba_id, &request.phone_number_id);
             let recipient_key = bw_common::mask::recipient_key(&request.recipient);
-            if let Err(e) = order.book.register(&scope, &recipient_key, &key).await {
-                tracing::warn!(error = %e, "order set unavailable at intake");
-                return self.unavailable(source, &op, "order could not be recorded");
+            match order.book.register(&scope, &recipient_key, &key).await {
+                // The order set's place is the acceptance time: a retry after a timed-out registration keeps its
+                // first place, so its ledger time must too, or a correctly ordered pair reads as out of order.
+                Ok(r) if r.score_us > 0 => accepted_at = accepted_at.min(r.score_us / 1000),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "order set unavailable at intake");
+                    return self.unavailable(source, &op, "order could not be recorded");
+                }
             }
             request.keeps_order = true;
         }
-        let accepted_at = now_ms();
         request.accepted_at_unix_ms = accepted_at;
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", key.as_str());
