@@ -11,8 +11,8 @@
 
 use bw_common::ledger::{Ledger, Versioned};
 use bw_common::nats::Buckets;
-use bw_common::proto::OperationState;
 use bw_common::service::Deps;
+use bw_proto::v1::OperationState;
 use bw_testkit::{NatsServer, RedisServer};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -30,10 +30,10 @@ pub const WABA_ID: &str = "102290129340398";
 
 /// The shared request of the tests and benchmarks: a transactional `order_confirmation` template from `phone`
 /// to a recipient unique to `i` (`+5491<i, 9 digits>`), operation id `op`.
-pub fn order(phone: &str, op: &str, i: usize) -> bw_common::proto::SendRequest {
+pub fn order(phone: &str, op: &str, i: usize) -> bw_proto::v1::SendRequest {
     bw_client::Request::template(op, WABA_ID, phone, &format!("+5491{i:09}"), "order_confirmation", "es_AR")
         .param("1")
-        .category(bw_common::proto::Category::Transactional)
+        .category(bw_proto::v1::Category::Transactional)
         .build()
 }
 
@@ -92,10 +92,10 @@ pub fn dispatcher_process(nats_url: &str, redis_url: &str, meta_url: &str, token
 pub async fn register_senders(js: &async_nats::jetstream::Context, senders: &[(&str, &str)]) {
     let registry = bw_common::registry::Registry::open(js, 1).await.expect("sender registry opens");
     for (phone, waba) in senders {
-        let record = bw_common::proto::SenderRecord {
+        let record = bw_proto::v1::SenderRecord {
             phone_number_id: phone.to_string(),
             waba_id: waba.to_string(),
-            tenant: bw_common::tenancy::DEFAULT_TENANT.to_string(),
+            tenant: bw_wire::tenancy::DEFAULT_TENANT.to_string(),
             updated_at_unix_ms: bw_common::time::now_ms(),
             ..Default::default()
         };
@@ -106,7 +106,7 @@ pub async fn register_senders(js: &async_nats::jetstream::Context, senders: &[(&
 /// A producer connection of `tenant`: replies come back on the tenant's inbox prefix.
 pub async fn producer_connection(url: &str, tenant: &str) -> async_nats::Client {
     async_nats::ConnectOptions::new()
-        .custom_inbox_prefix(bw_common::tenancy::inbox_prefix(tenant))
+        .custom_inbox_prefix(bw_wire::tenancy::inbox_prefix(tenant))
         .connect(url)
         .await
         .expect("producer connects")
@@ -214,7 +214,7 @@ impl Harness {
             sim_cfg.webhook.url = Some(format!("http://{ingest_http}/webhooks/meta"));
         }
         let sim = bw_meta_sim::MetaSim::start(sim_cfg).await.expect("simulator starts");
-        let client = producer_connection(&nats.url(), bw_common::tenancy::DEFAULT_TENANT).await;
+        let client = producer_connection(&nats.url(), bw_wire::tenancy::DEFAULT_TENANT).await;
         let js = async_nats::jetstream::new(client.clone());
         let mut nats_cfg = bw_common::config::NatsConfig::single(nats.url(), "bw-e2e");
         nats_cfg.ledger_partitions = ledger_partitions;
@@ -265,7 +265,7 @@ impl Harness {
             ("webhook.app_secret", APP_SECRET.to_string()),
             ("webhook.verify_token", "e2e-verify".to_string()),
             ("intake.api_keys.e2e.sha256", bw_ingest::key_sha256(INTAKE_API_KEY)),
-            ("intake.api_keys.e2e.tenant", bw_common::tenancy::DEFAULT_TENANT.to_string()),
+            ("intake.api_keys.e2e.tenant", bw_wire::tenancy::DEFAULT_TENANT.to_string()),
             ("intake.api_keys.e2e.phone_number_ids", r#"["*"]"#.to_string()),
             ("tenancy.mode", "dev".to_string()),
         ];
@@ -408,15 +408,15 @@ impl Harness {
 
     /// Stores requests exactly as ingest does (the live high lane of the sender's BW_SEND partition with `Nats-Msg-Id` = operation id,
     /// then the QUEUED ledger entry), pipelined: a backlog that exists before any dispatcher starts.
-    pub async fn preload(&self, requests: &[bw_common::proto::SendRequest]) {
+    pub async fn preload(&self, requests: &[bw_proto::v1::SendRequest]) {
         use prost::Message as _;
         let senders: std::collections::BTreeSet<(&str, &str)> =
             requests.iter().map(|r| (r.phone_number_id.as_str(), r.waba_id.as_str())).collect();
         register_senders(&self.js, &senders.into_iter().collect::<Vec<_>>()).await;
         let mut acks = Vec::with_capacity(2048);
         for r in requests {
-            let subject = self.buckets.send.outbox_subject(bw_common::names::Lane::High, &r.phone_number_id);
-            let headers = bw_common::names::msg_id_headers(&r.operation_id);
+            let subject = self.buckets.send.outbox_subject(bw_wire::names::Lane::High, &r.phone_number_id);
+            let headers = bw_wire::names::msg_id_headers(&r.operation_id);
             acks.push(self.js.publish_with_headers(subject, headers, r.encode_to_vec().into()).await.expect("publish"));
             if acks.len() == 2048 {
                 for a in acks.drain(..) {

@@ -183,9 +183,9 @@ async fn run(n: usize) {
         if sim.total_accepted() < n as u64 || sim.counters().webhooks.statuses_delivered < 3 * n as u64 {
             return false;
         }
-        let Ok(stream) = js.get_stream(bw_common::names::WEBHOOK_STREAM).await else { return false };
+        let Ok(stream) = js.get_stream(bw_wire::names::WEBHOOK_STREAM).await else { return false };
         let Ok(mut consumer) = stream
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_common::names::WEBHOOK_CONSUMER)
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_wire::names::WEBHOOK_CONSUMER)
             .await
         else {
             return false;

@@ -13,8 +13,8 @@
 //!
 //! Run: `cargo bench -p bw-e2e --bench pair_storm` (about 3 minutes: past the burst, one message per 6 s).
 
-use bw_common::proto::{Category, OperationState};
 use bw_e2e::{ACCESS_TOKEN, Harness, WABA_ID};
+use bw_proto::v1::{Category, OperationState};
 use std::time::Duration;
 
 /// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.

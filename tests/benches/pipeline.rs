@@ -32,9 +32,9 @@
 //! 2,467 vs 2,948 over 200 senders, one run each).
 #![expect(clippy::disallowed_methods, reason = "the benchmark drains streams as a consumer would, without a handler")]
 
-use bw_common::names;
-use bw_common::proto::{LedgerEntry, OperationState, SendRequest};
 use bw_e2e::Harness;
+use bw_proto::v1::{LedgerEntry, OperationState, SendRequest};
+use bw_wire::names;
 use prost::Message as _;
 use std::time::{Duration, Instant};
 

@@ -11,9 +11,9 @@
 //! Run: `cargo bench -p bw-e2e --bench replay_drain` (BW_BENCH_N and BW_BENCH_RATE change N and R;
 //! BW_BENCH_VERBOSE=1 prints progress every 2 s; BW_BENCH_IDLE sets the dispatcher's idle wait, ms).
 
-use bw_common::names;
-use bw_common::proto::{BreakerState, Category, DlqEnvelope, DlqReason, OperationState, Scope, ScopeSnapshot};
 use bw_e2e::{Harness, WABA_ID};
+use bw_proto::v1::{BreakerState, Category, DlqEnvelope, DlqReason, OperationState, Scope, ScopeSnapshot};
+use bw_wire::names;
 use prost::Message as _;
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,7 @@ fn main() {
                 creates.join_next().await;
             }
             let envelope = DlqEnvelope { request: Some(request), reason: DlqReason::BreakerOpen as i32, incident_id: "bench".into(), ..Default::default() };
-            acks.push(h.js.publish(names::dlq_subject(bw_common::proto::Category::Marketing, PHONE), envelope.encode_to_vec().into()).await.expect("publish"));
+            acks.push(h.js.publish(names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE), envelope.encode_to_vec().into()).await.expect("publish"));
             if acks.len() == 4096 {
                 for a in acks.drain(..) {
                     a.await.expect("ack");

@@ -7,9 +7,9 @@
 //! again as a new attempt and refuses a delivered one.
 
 use bw_breaker::{Breaker, BreakerConfig, Scope};
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::{Injection, Mode, Scenario, SimConfig};
+use bw_proto::v1::*;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -181,7 +181,7 @@ async fn an_async_131049_defers_the_marketing_message_to_its_recipients_cool_off
     assert!(h.wait_state(&op, &[OperationState::Dlq], WAIT).await, "{:?}", entry(&h, &op).await);
     let e = entry(&h, &op).await;
     assert_eq!((e.last_code, e.async_failures), (131049, 1), "{e:?}");
-    let mut dlq = h.js.get_stream(bw_common::names::DLQ_STREAM).await.expect("BW_DLQ");
+    let mut dlq = h.js.get_stream(bw_wire::names::DLQ_STREAM).await.expect("BW_DLQ");
     let last = dlq.info().await.expect("info").state.last_sequence;
     let stored = dlq.get_raw_message(last).await.expect("the dead letter");
     let envelope = <DlqEnvelope as prost::Message>::decode(stored.payload.as_ref()).expect("envelope");
@@ -236,10 +236,10 @@ async fn a_late_failed_status_of_an_earlier_attempt_does_not_requeue() {
 /// Waits until ingest's webhook processor acknowledged every webhook stored in BW_WEBHOOKS.
 async fn webhooks_processed(h: &Harness) -> bool {
     bw_testkit::wait_until(WAIT, || async {
-        let Ok(mut stream) = h.js.get_stream(bw_common::names::WEBHOOK_STREAM).await else { return false };
+        let Ok(mut stream) = h.js.get_stream(bw_wire::names::WEBHOOK_STREAM).await else { return false };
         let Ok(last) = stream.info().await.map(|i| i.state.last_sequence) else { return false };
         let Ok(mut consumer) = stream
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_common::names::WEBHOOK_CONSUMER)
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_wire::names::WEBHOOK_CONSUMER)
             .await
         else {
             return false;

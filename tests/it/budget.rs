@@ -5,10 +5,10 @@
 //! `business_capability_update`) releases the held messages, each sent once; an inbound message opens the
 //! recipient's service window, so a template to them does not count.
 
-use bw_common::names::{self, Lane};
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::{FailureCause, PortfolioConfig, SimConfig, Tier};
+use bw_proto::v1::*;
+use bw_wire::names::{self, Lane};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -41,7 +41,7 @@ async fn stack(tier: &str) -> Harness {
     let record = SenderRecord {
         phone_number_id: PHONE.into(),
         waba_id: WABA_ID.into(),
-        tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+        tenant: bw_wire::tenancy::DEFAULT_TENANT.into(),
         portfolio_id: portfolio(),
         updated_at_unix_ms: bw_common::time::now_ms(),
     };
@@ -281,7 +281,7 @@ async fn a_held_backlog_past_the_lane_cap_does_not_stop_the_lanes_other_messages
     let record = SenderRecord {
         phone_number_id: PHONE.into(),
         waba_id: WABA_ID.into(),
-        tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+        tenant: bw_wire::tenancy::DEFAULT_TENANT.into(),
         portfolio_id: portfolio(),
         updated_at_unix_ms: bw_common::time::now_ms(),
     };

@@ -1,9 +1,9 @@
 //! Horizontal scaling and crash safety of the dispatcher: two instances share the load, one dies mid-run,
 //! and the accounting check proves nothing was lost.
 
-use bw_common::proto::OperationState;
 use bw_e2e::Harness;
 use bw_meta_sim::{Latency, Scenario, SimConfig};
+use bw_proto::v1::OperationState;
 use std::time::Duration;
 
 const PHONE: &str = "106540352242923";

@@ -3,8 +3,8 @@
 //! causes as limit-caused (not injected), so a self-inflicted 131056 cannot hide. Ingest and the dispatcher check
 //! the sender registry (the compiled default tenancy); the senders are registered to the tenant `default`.
 
-use bw_common::proto::{Category, OperationState};
 use bw_e2e::{Harness, WABA_ID};
+use bw_proto::v1::{Category, OperationState};
 use std::time::Duration;
 
 const PHONE: &str = "106540352247001";

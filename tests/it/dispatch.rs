@@ -1,9 +1,9 @@
 //! Every row of the dispatcher's classification table, against the simulator, with real NATS and Redis.
 
-use bw_common::names;
-use bw_common::proto::{Category, DlqEnvelope, DlqReason, OperationState, QuarantineEntry, SendRequest, Signal};
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
+use bw_proto::v1::{Category, DlqEnvelope, DlqReason, OperationState, QuarantineEntry, SendRequest, Signal};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;

@@ -62,7 +62,7 @@ async fn stack(tenant: &'static str, phone: &'static str) -> TenantStack {
 fn tenant_env(cmd: &mut tokio::process::Command, s: &TenantStack, tenant: &str) {
     cmd.env("NATS_URL", s.nats.url())
         .env("BW_TENANT", tenant)
-        .env("NATS_PASSWORD", password(&bw_common::tenancy::nats_user(tenant)));
+        .env("NATS_PASSWORD", password(&bw_wire::tenancy::nats_user(tenant)));
 }
 
 /// What an example printed, in one shape for both.
@@ -100,7 +100,7 @@ async fn run(mut cmd: tokio::process::Command) -> (std::process::ExitStatus, Str
 async fn check(s: &TenantStack, tenant: &str, phone: &str, op: &str, printed: &Printed, output: &str) {
     assert!(printed.accepted && !printed.duplicate, "ingest accepted it once: {printed:?}\n{output}");
     // Inside Breakwater the operation is the tenant's: its key carries the tenant.
-    let key = bw_common::tenancy::operation_key(tenant, op);
+    let key = bw_wire::tenancy::operation_key(tenant, op);
 
     // Meta accepted exactly this message, exactly once, from the example's sender to its recipient.
     let oracle = s.sim.oracle();
@@ -138,7 +138,7 @@ async fn check(s: &TenantStack, tenant: &str, phone: &str, op: &str, printed: &P
     let ledger = bw_common::ledger::Ledger::new(&operator.buckets);
     let state = ledger.get(&key).await.expect("ledger read").expect("ledger entry").entry.state();
     assert!(
-        matches!(state, bw_common::proto::OperationState::Delivered | bw_common::proto::OperationState::Read),
+        matches!(state, bw_proto::v1::OperationState::Delivered | bw_proto::v1::OperationState::Read),
         "ledger at {state:?}"
     );
 

@@ -1,7 +1,7 @@
 //! One message through the whole pipeline, and the basic dispatch rows.
 
-use bw_common::proto::{Category, OperationState};
 use bw_e2e::{Harness, WABA_ID};
+use bw_proto::v1::{Category, OperationState};
 use std::time::Duration;
 
 const PHONE: &str = "106540352242922";
@@ -73,7 +73,7 @@ async fn a_send_writes_the_wamid_link_at_the_defaults_and_not_when_it_is_off() {
         assert!(h.producer().send(&request).await.expect("ingest answers").accepted);
         assert!(h.wait_state(&op, &[OperationState::Sent], Duration::from_secs(20)).await, "sent ({link})");
         // Acked: the dispatcher is done with it (the link, when written, was written before the ack).
-        let send = h.js.get_stream(bw_common::names::SEND_STREAM).await.expect("BW_SEND");
+        let send = h.js.get_stream(bw_wire::names::SEND_STREAM).await.expect("BW_SEND");
         let acked = bw_testkit::wait_until(Duration::from_secs(20), || async {
             send.get_info().await.map(|i| i.state.messages == 0 && i.state.last_sequence == 1).unwrap_or(false)
         })

@@ -7,14 +7,14 @@
 //! Every parser must never panic and must refuse with a precise reason; the real services must answer with a
 //! clear error, store nothing in BW_SEND and keep every rejected intake body in BW_REJECTED.
 
-use bw_common::names;
-use bw_common::proto::{
-    Category, DlqEnvelope, IntakeReply, LedgerEntry, QuarantineEntry, RejectReason, RejectedRequest, ScopeSnapshot,
-    SendRequest, StoredWebhook, TemplatePayload, TextPayload, UnknownOutcome, send_request::Payload,
-};
 use bw_e2e::{APP_SECRET, Harness, WABA_ID};
 use bw_ingest::validate::{self, Limits};
 use bw_ingest::webhook;
+use bw_proto::v1::{
+    Category, DlqEnvelope, IntakeReply, LedgerEntry, QuarantineEntry, RejectReason, RejectedRequest, ScopeSnapshot,
+    SendRequest, StoredWebhook, TemplatePayload, TextPayload, UnknownOutcome, send_request::Payload,
+};
+use bw_wire::names;
 use proptest::prelude::*;
 use prost::Message as _;
 use serde_json::Value;
@@ -36,7 +36,7 @@ fn valid_request() -> SendRequest {
 
 /// What an accepted request must satisfy whatever bytes it came from.
 fn assert_accepted_is_sound(r: &SendRequest) {
-    assert!(bw_common::tenancy::valid_operation_id(&r.operation_id));
+    assert!(bw_wire::tenancy::valid_operation_id(&r.operation_id));
     assert!(validate::is_digits(&r.waba_id) && validate::is_digits(&r.phone_number_id));
     assert!(validate::check_recipient(&r.recipient).is_ok());
     assert!(matches!(validate::category(r), Ok(c) if c != Category::Unspecified));

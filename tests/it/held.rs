@@ -6,9 +6,9 @@
 //! with the template's new messages, none of which Meta accepts, and APPROVED sends each once more.
 
 use bw_breaker::templates::{ScopeKey, TemplateHolds};
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::SimConfig;
+use bw_proto::v1::*;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);

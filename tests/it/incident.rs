@@ -6,14 +6,14 @@
 
 use bw_breaker::{Breaker, BreakerConfig, Forced, OutcomeItem, OutcomeKind, Scope};
 use bw_common::classify::RateScope;
-use bw_common::names;
 use bw_common::nats::publish_durable;
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::{Fault, FaultKind, Latency, Scenario, Selection, SimConfig, Window};
 use bw_ops::incident::Incidents;
 use bw_ops::scan::{scan_stream, subject_counts};
+use bw_proto::v1::*;
 use bw_testkit::wait_until;
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::BTreeMap;
@@ -178,7 +178,7 @@ async fn seed(h: &Harness, s: &Seed) {
 
 async fn set_closed(h: &Harness, phone: &str) {
     let snapshot = ScopeSnapshot {
-        scope: Some(bw_common::proto::Scope { waba_id: WABA_ID.into(), phone_number_id: phone.into() }),
+        scope: Some(bw_proto::v1::Scope { waba_id: WABA_ID.into(), phone_number_id: phone.into() }),
         state: BreakerState::Closed as i32,
         since_unix_ms: bw_common::time::now_ms() - 60_000,
         updated_at_unix_ms: bw_common::time::now_ms(),

@@ -3,9 +3,9 @@
 //! earlier one waits in the DLQ, replay (two workers, two dispatchers) keeps ingest's acceptance order at Meta,
 //! an OTP is not held behind a waiting promotion, and purging the earlier message releases the later one.
 
-use bw_common::proto::{Category, OperationState, SendRequest};
 use bw_e2e::{Harness, WABA_ID, order_violations};
 use bw_meta_sim::{FaultKind, SimConfig};
+use bw_proto::v1::{Category, OperationState, SendRequest};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -51,10 +51,10 @@ async fn in_dlq(h: &Harness, op: &str, replays: u32) {
 /// What the last BW_UNKNOWN entry of `op`'s sender says (for a failure message).
 async fn last_unknown(h: &Harness, op: &str) -> String {
     let Some(entry) = h.ledger_entry(op).await else { return "no ledger entry".into() };
-    let subject = bw_common::names::unknown_subject(&entry.entry.phone_number_id);
-    let Ok(stream) = h.js.get_stream(bw_common::names::UNKNOWN_STREAM).await else { return "no stream".into() };
+    let subject = bw_wire::names::unknown_subject(&entry.entry.phone_number_id);
+    let Ok(stream) = h.js.get_stream(bw_wire::names::UNKNOWN_STREAM).await else { return "no stream".into() };
     match stream.get_last_raw_message_by_subject(&subject).await {
-        Ok(m) => match <bw_common::proto::UnknownOutcome as prost::Message>::decode(m.payload) {
+        Ok(m) => match <bw_proto::v1::UnknownOutcome as prost::Message>::decode(m.payload) {
             Ok(u) => format!(
                 "{} error {:?}",
                 u.request.map(|r| r.operation_id).unwrap_or_default(),

@@ -3,9 +3,9 @@
 //! once.
 
 use crate::dispatch::failing;
-use bw_common::proto::{BreakerState, BreakerTransition, OperationState};
 use bw_e2e::Harness;
 use bw_meta_sim::{FaultKind, SimConfig};
+use bw_proto::v1::{BreakerState, BreakerTransition, OperationState};
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
@@ -48,7 +48,7 @@ async fn outage_round(redis: &[(&str, String)]) {
         Some(1_500),
         FaultKind::Http { status: 503, meta_body: true, code: None, after_processing: false },
     ));
-    let mut transitions = h.client.subscribe(bw_common::names::breaker_subject(PHONE)).await.expect("subscribe");
+    let mut transitions = h.client.subscribe(bw_wire::names::breaker_subject(PHONE)).await.expect("subscribe");
     // Breaker limits that trip and recover within a second or two (bw_e2e::FastBreaker), on both sides.
     let keys = |prefix: &str| bw_e2e::FastBreaker::default().settings(prefix);
     let (mut coordinator, mut dispatcher) = (keys("limits.default"), keys("breaker.defaults"));

@@ -5,10 +5,10 @@
 //! partition count than the topology was created with refuses to start.
 
 use crate::dispatch::failing;
-use bw_common::names;
-use bw_common::proto::OperationState;
 use bw_e2e::Harness;
 use bw_meta_sim::{FaultKind, SimConfig};
+use bw_proto::v1::OperationState;
+use bw_wire::names;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::time::Duration;

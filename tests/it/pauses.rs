@@ -6,11 +6,11 @@
 
 use bw_breaker::{Breaker, BreakerConfig, Parent, PauseEnd, PauseSource, PauseSpec, Scope};
 use bw_common::classify::PauseScope;
-use bw_common::names;
 use bw_common::nats::publish_durable;
-use bw_common::proto::*;
 use bw_e2e::{ACCESS_TOKEN, Harness, WABA_ID};
 use bw_meta_sim::{Fault, FaultKind, Page, Scenario, Selection, SimConfig, Window};
+use bw_proto::v1::*;
+use bw_wire::names;
 use prost::Message as _;
 use std::time::Duration;
 

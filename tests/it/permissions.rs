@@ -8,12 +8,12 @@
 #![expect(clippy::disallowed_methods, reason = "the test acks as each NATS user to prove what its permissions allow")]
 
 use bw_common::config::NatsConfig;
-use bw_common::names;
-use bw_common::proto::{Category, OperationState, SendRequest};
 use bw_common::service::Deps;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, INTAKE_API_KEY, WABA_ID};
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
+use bw_proto::v1::{Category, OperationState, SendRequest};
 use bw_testkit::{NatsServer, RedisServer};
+use bw_wire::names;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
@@ -43,7 +43,7 @@ fn password(user: &str) -> String {
 /// The test's senders, both registered to the tenant `default` (their operation keys are the bare ids).
 const SENDERS: [&str; 2] = [PHONE, PHONE_PURGED];
 /// The producers' tenant.
-const TENANT: &str = bw_common::tenancy::DEFAULT_TENANT;
+const TENANT: &str = bw_wire::tenancy::DEFAULT_TENANT;
 
 fn accounts_conf() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats/accounts.conf")
@@ -57,9 +57,9 @@ fn server() -> NatsServer {
 /// nats-server with deploy/nats/accounts.conf whose producers' region holds the user of [`TENANT`] owning
 /// [`SENDERS`] (what `bwctl senders nats-accounts` prints once the operator registered them).
 fn tenant_server() -> NatsServer {
-    let records: Vec<bw_common::proto::SenderRecord> = SENDERS
+    let records: Vec<bw_proto::v1::SenderRecord> = SENDERS
         .iter()
-        .map(|phone| bw_common::proto::SenderRecord {
+        .map(|phone| bw_proto::v1::SenderRecord {
             phone_number_id: phone.to_string(),
             waba_id: WABA_ID.into(),
             tenant: TENANT.into(),
@@ -81,7 +81,7 @@ fn server_with(conf: &Path) -> NatsServer {
     envs.push(("BW_NATS_OPERATOR_PASSWORD", password("operator")));
     envs.push(("BW_NATS_CONSOLE_PASSWORD", password("console")));
     let producer = bw_ops::senders::password_var(TENANT);
-    envs.push((producer.as_str(), password(&bw_common::tenancy::nats_user(TENANT))));
+    envs.push((producer.as_str(), password(&bw_wire::tenancy::nats_user(TENANT))));
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
     NatsServer::start_with_config(conf, &envs)
 }
@@ -297,7 +297,7 @@ async fn services_and_operator_as_their_users() {
     };
 
     // A producer, as its tenant's user on the tenant's inbox prefix.
-    let producer = bw_client::tenant_options(TENANT, password(&bw_common::tenancy::nats_user(TENANT)))
+    let producer = bw_client::tenant_options(TENANT, password(&bw_wire::tenancy::nats_user(TENANT)))
         .connect(format!("127.0.0.1:{}", nats.port()))
         .await
         .expect("producer connects");
@@ -628,7 +628,7 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
     }
     // The DLQ follows: the dispatcher dead-letters into BW_DLQ_1, the operator sees the entry, and replay's
     // consumer of that sender takes it from there.
-    let envelope = bw_common::proto::DlqEnvelope { request: Some(request.clone()), ..Default::default() };
+    let envelope = bw_proto::v1::DlqEnvelope { request: Some(request.clone()), ..Default::default() };
     let dlq_subject = send.dlq_subject(request.category(), &phone);
     let payload = prost::Message::encode_to_vec(&envelope);
     bw_common::nats::publish_durable(&dispatcher.js, dlq_subject.clone(), Default::default(), payload.into())
@@ -640,11 +640,11 @@ async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partit
     let replay = deps_partitioned(&nats, "replay", None, 2, 2).await;
     let stream = replay.js.get_stream("BW_DLQ_1").await.expect("dlq partition");
     let config = async_nats::jetstream::consumer::pull::Config {
-        durable_name: Some(bw_common::names::replay_class_consumer("p", &phone)),
+        durable_name: Some(bw_wire::names::replay_class_consumer("p", &phone)),
         filter_subject: send.dlq_class_filter("p", &phone),
         ..Default::default()
     };
-    let consumer = stream.get_or_create_consumer(&bw_common::names::replay_class_consumer("p", &phone), config).await;
+    let consumer = stream.get_or_create_consumer(&bw_wire::names::replay_class_consumer("p", &phone), config).await;
     let consumer = consumer.expect("replay's consumer on BW_DLQ_1");
     {
         use futures::StreamExt;

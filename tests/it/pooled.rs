@@ -3,9 +3,9 @@
 //! is the sum of theirs, so it reaches its bound before any one number's own); one number failing while three
 //! healthy numbers on the same token keep sending trips that number only. No timings: the tests wait for states.
 
-use bw_common::proto::{BreakerState, BreakerTransition, OperationState};
 use bw_e2e::Harness;
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
+use bw_proto::v1::{BreakerState, BreakerTransition, OperationState};
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::BTreeMap;
@@ -64,7 +64,7 @@ struct Transitions {
 
 impl Transitions {
     async fn follow(h: &Harness) -> Transitions {
-        let sub = h.client.subscribe(bw_common::names::breaker_subject("*")).await.expect("subscribe");
+        let sub = h.client.subscribe(bw_wire::names::breaker_subject("*")).await.expect("subscribe");
         Transitions { sub, seen: BTreeMap::new() }
     }
 

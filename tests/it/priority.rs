@@ -4,12 +4,10 @@
 //! without a call; the nearer deadline goes first within a batch.
 
 use crate::dispatch::failing;
-use bw_common::names;
-use bw_common::proto::{
-    BreakerState, BreakerTransition, Category, DlqEnvelope, DlqReason, OperationState, SendRequest,
-};
 use bw_e2e::{Harness, WABA_ID, pairs};
 use bw_meta_sim::{FaultKind, SimConfig};
+use bw_proto::v1::{BreakerState, BreakerTransition, Category, DlqEnvelope, DlqReason, OperationState, SendRequest};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;

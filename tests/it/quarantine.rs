@@ -8,12 +8,12 @@
 //! 131049 and 131050 in `failed` status webhooks (the reference lists them as asynchronous); those reach the same
 //! gates once asynchronous failures re-enter the dispatcher (#40 item 3), and need a test of their own there.
 
-use bw_common::names;
 use bw_common::nats::publish_durable;
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::inject::{Injection, Mode, TemplateRef};
 use bw_meta_sim::{Scenario, SimConfig};
+use bw_proto::v1::*;
+use bw_wire::names;
 use prost::Message as _;
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! and every span field of the services is captured at TRACE level; none may contain the access token, the
 //! app secret, the webhook verify token, the message body or the full recipient number.
 
-use bw_common::proto::{Category, OperationState};
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, Harness, WABA_ID};
+use bw_proto::v1::{Category, OperationState};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

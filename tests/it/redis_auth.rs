@@ -3,8 +3,8 @@
 //! the outcome, the coordinator writes config and ticks, all through Lua scripts), and each one given no
 //! password or a wrong one refuses to start, its error naming the setting and never a password.
 
-use bw_common::proto::{Category, OperationState};
 use bw_e2e::{APP_SECRET, Harness, WABA_ID};
+use bw_proto::v1::{Category, OperationState};
 use bw_testkit::RedisServer;
 use std::collections::HashMap;
 use std::time::Duration;

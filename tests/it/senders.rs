@@ -2,11 +2,11 @@
 //! simulator: one operation id used by two tenants is two operations, each sent once; a message whose sender
 //! was revoked after ingest accepted it is quarantined with the reason, and Meta never sees it.
 
-use bw_common::proto::{OperationState, QuarantineReason, SenderRecord};
 use bw_common::registry::Registry;
-use bw_common::tenancy::{self, DEFAULT_TENANT};
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::SimConfig;
+use bw_proto::v1::{OperationState, QuarantineReason, SenderRecord};
+use bw_wire::tenancy::{self, DEFAULT_TENANT};
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(30);

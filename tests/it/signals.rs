@@ -7,11 +7,11 @@
 //! unknown field is answered 200, published with its keys and kept raw.
 
 use bw_breaker::{Breaker, BreakerConfig, Parent};
-use bw_common::names;
-use bw_common::proto::account_signal::Kind;
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::SimConfig;
+use bw_proto::v1::account_signal::Kind;
+use bw_proto::v1::*;
+use bw_wire::names;
 use prost::Message as _;
 use std::time::Duration;
 
@@ -253,7 +253,7 @@ async fn a_user_stop_fails_later_marketing_fast_and_resume_lets_it_go() {
         .expect("redis");
     let marketing = bw_breaker::recipient::RecipientMarketing::new(bw_breaker::RedisConn::Single(redis));
     let rk = bw_common::mask::recipient_key(TO);
-    let suppressed = || async { marketing.read(bw_common::tenancy::DEFAULT_TENANT, &rk).await.expect("read") };
+    let suppressed = || async { marketing.read(bw_wire::tenancy::DEFAULT_TENANT, &rk).await.expect("read") };
 
     h.sim
         .fire_event(event(serde_json::json!({

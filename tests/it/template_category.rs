@@ -5,9 +5,9 @@
 
 use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
-use bw_common::names::Lane;
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
+use bw_proto::v1::*;
+use bw_wire::names::Lane;
 use prost::Message as _;
 use std::time::Duration;
 
@@ -47,7 +47,7 @@ async fn stored(h: &Harness, op: &str) -> (Lane, Category) {
         let subject = h.buckets.send.outbox_subject(lane, A1);
         let Ok(raw) = stream.get_last_raw_message_by_subject(&subject).await else { continue };
         let request = SendRequest::decode(raw.payload).expect("a SendRequest");
-        if bw_common::tenancy::split_operation_key(&request.operation_id).1 == op {
+        if bw_wire::tenancy::split_operation_key(&request.operation_id).1 == op {
             return (lane, request.category());
         }
     }

@@ -5,9 +5,9 @@
 
 use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::SimConfig;
+use bw_proto::v1::*;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -4,11 +4,11 @@
 //! redis-server and the Meta simulator. Each tenant connects as its own user with its own password and inbox
 //! prefix, and has its own HTTP key.
 
-use bw_common::proto::SenderRecord;
 use bw_common::service::Deps;
-use bw_common::tenancy;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET};
+use bw_proto::v1::SenderRecord;
 use bw_testkit::{NatsServer, RedisServer};
+use bw_wire::tenancy;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;

@@ -18,9 +18,9 @@
 
 use crate::tenant_stack::{TenantStack, WAIT, http_key};
 use bw_client::{Client, Options, Request};
-use bw_common::proto::{OperationState, OutcomeKind, RejectReason, SendRequest, StatusQuery};
-use bw_common::tenancy;
 use bw_e2e::WABA_ID;
+use bw_proto::v1::{OperationState, OutcomeKind, RejectReason, SendRequest, StatusQuery};
+use bw_wire::tenancy;
 use prost::Message as _;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -265,7 +265,7 @@ async fn hostile_tenant() {
     }
     let operator = s.operator().await;
     let publisher = operator.js.get_stream("KV_BW_LEDGER").await.expect("ledger stream");
-    let publisher_before = publisher.consumer_info(bw_common::names::FEED_CONSUMER).await.expect("feed-publisher");
+    let publisher_before = publisher.consumer_info(bw_wire::names::FEED_CONSUMER).await.expect("feed-publisher");
 
     // Ingest handled both and refused them, counting each (never processed: nothing stored below).
     let counted = bw_testkit::wait_until(WAIT, || async {
@@ -281,7 +281,7 @@ async fn hostile_tenant() {
     assert_eq!(messages(&s, "BW_REJECTED").await, rejected, "not even kept as rejected input");
     assert!(ledger.get(&tenancy::operation_key(SHOP, "steal-1")).await.expect("ledger").is_none());
     assert!(ledger.get(&tenancy::operation_key(CRM, "steal-1")).await.expect("ledger").is_none());
-    let publisher_after = publisher.consumer_info(bw_common::names::FEED_CONSUMER).await.expect("feed-publisher");
+    let publisher_after = publisher.consumer_info(bw_wire::names::FEED_CONSUMER).await.expect("feed-publisher");
     assert_eq!(
         (publisher_after.delivered.stream_sequence, publisher_after.ack_floor.stream_sequence),
         (publisher_before.delivered.stream_sequence, publisher_before.ack_floor.stream_sequence),

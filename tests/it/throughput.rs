@@ -7,9 +7,9 @@
 
 use bw_breaker::throughput::{Throughput, UPGRADED_MPS};
 use bw_breaker::{AdmitItem, Breaker, Scope, TrafficClass};
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::SimConfig;
+use bw_proto::v1::*;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -3,9 +3,9 @@
 //! matched by statuses that carry no phone number; an OTP template with a copy-code button sent to a user id is
 //! refused by Meta with 131062, is quarantined and is never sent again.
 
-use bw_common::proto::*;
 use bw_e2e::{Harness, WABA_ID};
 use bw_meta_sim::{OtpType, SimConfig, TemplateConfig, UserConfig};
+use bw_proto::v1::*;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(60);

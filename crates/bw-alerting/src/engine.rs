@@ -9,8 +9,8 @@ use crate::notify::{Notifier, StormGate};
 use crate::sinks::Event;
 use crate::state::{Change, StateError, StateStore};
 use async_nats::jetstream;
-use bw_common::names;
-use bw_common::proto::{Alert, BreakerState, BreakerTransition, Severity, Signal};
+use bw_proto::v1::{Alert, BreakerState, BreakerTransition, Severity, Signal};
+use bw_wire::names;
 use prost::Message;
 use std::sync::Arc;
 
@@ -115,7 +115,7 @@ impl Engine {
         let mut headers = async_nats::HeaderMap::new();
         let msg_id = format!("{}:{}:{}:{}", alert.dedup_key, event.word(), alert.started_at_unix_ms, alert.severity);
         headers.insert("Nats-Msg-Id", msg_id.as_str());
-        bw_common::telemetry::inject(&tracing::Span::current(), &mut headers);
+        bw_wire::trace::inject(&tracing::Span::current(), &mut headers);
         let subject = names::alert_subject(&alert.rule);
         let payload = bytes::Bytes::from(alert.encode_to_vec());
         if let Err(e) = bw_common::nats::publish_durable(&self.js, subject, headers, payload).await {

@@ -32,8 +32,8 @@ pub use model::{CONSUMER, EVENT_FILTERS, Rule, STATE_BUCKET, dedup_key, storm_ke
 use async_nats::jetstream::Message;
 use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, pull};
 use bw_common::disposition::{Label, Settle, apply};
-use bw_common::names;
 use bw_common::service::Deps;
+use bw_wire::names;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,9 +43,9 @@ use tracing::Instrument;
 
 /// The alert held in a value of the [`STATE_BUCKET`] (what tools read to learn an alert's current state
 /// without having seen every `bw.alert.v1.*` message). None when the value is not an alert state.
-pub fn alert_from_state(value: &[u8]) -> Option<bw_common::proto::Alert> {
+pub fn alert_from_state(value: &[u8]) -> Option<bw_proto::v1::Alert> {
     use prost::Message as _;
-    bw_common::proto::AlertState::decode(value).ok()?.alert.filter(|a| !a.dedup_key.is_empty())
+    bw_proto::v1::AlertState::decode(value).ok()?.alert.filter(|a| !a.dedup_key.is_empty())
 }
 
 /// Compiled defaults, every key commented.
@@ -209,7 +209,7 @@ pub(crate) fn settle(outcome: Result<(), engine::EventError>) -> Settle<EventRes
 
 async fn handle(engine: &engine::Engine, msg: Message) {
     let subject = msg.subject.to_string();
-    let kind = if bw_common::names::is_breaker_subject(&subject) { "breaker" } else { "signal" };
+    let kind = if bw_wire::names::is_breaker_subject(&subject) { "breaker" } else { "signal" };
     let span = tracing::info_span!("alerting.event", subject = %subject, result = tracing::field::Empty);
     bw_common::telemetry::set_parent_from(&span, msg.headers.as_ref());
     let outcome = async {
@@ -238,12 +238,9 @@ mod tests {
     #[test]
     fn alert_states_read_back_their_alert() {
         use prost::Message as _;
-        let alert = bw_common::proto::Alert {
-            dedup_key: "breaker_open.1".into(),
-            resolved_at_unix_ms: 5,
-            ..Default::default()
-        };
-        let state = bw_common::proto::AlertState { alert: Some(alert.clone()), last_seen_unix_ms: 3, individual: true };
+        let alert =
+            bw_proto::v1::Alert { dedup_key: "breaker_open.1".into(), resolved_at_unix_ms: 5, ..Default::default() };
+        let state = bw_proto::v1::AlertState { alert: Some(alert.clone()), last_seen_unix_ms: 3, individual: true };
         assert_eq!(super::alert_from_state(&state.encode_to_vec()), Some(alert));
         assert_eq!(super::alert_from_state(b"\xff\xff"), None);
         assert_eq!(super::alert_from_state(&[]), None);

@@ -1,13 +1,13 @@
 //! Rules, dedup keys and the alert state kept in the KV bucket.
 
-use bw_common::proto::{AlertState, AlertStatus, Severity};
+use bw_proto::v1::{AlertState, AlertStatus, Severity};
 
 /// KV bucket of alert states (key = dedup key). Owned by this service and created at start.
-pub const STATE_BUCKET: &str = bw_common::names::ALERTS_BUCKET;
+pub const STATE_BUCKET: &str = bw_wire::names::ALERTS_BUCKET;
 /// Durable consumer of the alerting instances on BW_EVENTS (breaker transitions and signals).
 pub const CONSUMER: &str = "alerting";
 /// Subjects the event consumer reads.
-pub const EVENT_FILTERS: [&str; 2] = [bw_common::names::BREAKER_ALL, bw_common::names::SIGNAL_ALL];
+pub const EVENT_FILTERS: [&str; 2] = [bw_wire::names::BREAKER_ALL, bw_wire::names::SIGNAL_ALL];
 
 /// Every rule: its name (subject token, metric label, dedup-key prefix) and runbook file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -127,7 +127,7 @@ fn sanitize(raw: &str) -> String {
     raw.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') { c } else { '_' }).collect()
 }
 
-/// Reads of the state the KV bucket holds per dedup key (`bw_common::proto::AlertState`).
+/// Reads of the state the KV bucket holds per dedup key (`bw_proto::v1::AlertState`).
 pub(crate) trait AlertStateExt {
     fn is_firing(&self) -> bool;
     fn severity(&self) -> Severity;

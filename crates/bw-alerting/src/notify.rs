@@ -11,7 +11,7 @@ use crate::metrics::{Metrics, labels};
 use crate::model::{Firing, Rule, STORM_TARGET, storm_key};
 use crate::sinks::{self, Digest, Event, Notice, RenderContext, SinkKind};
 use crate::state::StateStore;
-use bw_common::proto::{Alert, Severity};
+use bw_proto::v1::{Alert, Severity};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

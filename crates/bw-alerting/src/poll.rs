@@ -7,10 +7,10 @@ use crate::engine::Engine;
 use crate::metrics::labels;
 use crate::model::{AlertStateExt as _, FLEET, Firing, Rule, STORM_TARGET, dedup_key, storm_key};
 use async_nats::jetstream::{self, kv};
-use bw_common::names;
 use bw_common::nats::LaneReading;
-use bw_common::proto::AlertState;
-use bw_common::proto::{BreakerState, ScopeSnapshot, Severity};
+use bw_proto::v1::AlertState;
+use bw_proto::v1::{BreakerState, ScopeSnapshot, Severity};
+use bw_wire::names;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -391,7 +391,7 @@ fn closed_after(snap: &ScopeSnapshot, started_ms: i64) -> Option<i64> {
 mod tests {
     use super::{closed_after, unserved};
     use bw_common::nats::LaneReading;
-    use bw_common::proto::ScopeSnapshot;
+    use bw_proto::v1::ScopeSnapshot;
 
     /// At the compiled default (120 s, read from default.toml): waiting messages with nobody waiting on any lane
     /// fire once both the last delivery and the oldest message are 120 s old; a parked pull request, a recent

@@ -8,9 +8,9 @@
 use crate::config::DeliveryConfig;
 use crate::metrics::{Metrics, labels};
 use crate::model::severity_word;
-use bw_common::proto::{Alert, AlertStatus};
 use bw_common::time::Tz;
 use bw_common::time::{format_local, format_utc, rfc3339_ms as rfc3339};
+use bw_proto::v1::{Alert, AlertStatus};
 use serde_json::{Value, json};
 use std::time::Duration;
 

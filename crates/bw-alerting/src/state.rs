@@ -6,8 +6,8 @@
 
 use crate::model::{AlertStateExt as _, Firing, STATE_BUCKET, dedup_key};
 use async_nats::jetstream::{self, kv};
-use bw_common::proto::AlertState;
-use bw_common::proto::{Alert, AlertStatus, Severity};
+use bw_proto::v1::AlertState;
+use bw_proto::v1::{Alert, AlertStatus, Severity};
 use futures::TryStreamExt;
 use prost::Message;
 use std::time::Duration;

@@ -41,9 +41,9 @@ use bw_breaker::templates::{ScopeKey, TemplateHolds};
 use bw_breaker::{Parent, PauseEnd, PauseSource, PauseSpec};
 use bw_common::classify::PauseScope;
 use bw_common::disposition::{Label, Settle, apply};
-use bw_common::names;
-use bw_common::proto::account_signal::Kind;
-use bw_common::proto::{AccountSignal, Signal};
+use bw_proto::v1::account_signal::Kind;
+use bw_proto::v1::{AccountSignal, Signal};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
@@ -250,7 +250,7 @@ impl Coordinator {
             registry.list().await?.into_iter().filter(|r| r.waba_id == waba_id).map(|r| r.tenant).collect();
         tenants.dedup();
         if tenants.is_empty() {
-            tenants.push(bw_common::tenancy::DEFAULT_TENANT.to_string());
+            tenants.push(bw_wire::tenancy::DEFAULT_TENANT.to_string());
         }
         Ok(tenants)
     }
@@ -508,7 +508,7 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{
+    use bw_proto::v1::{
         AccountAlert, AccountBanState, AccountEvent, AccountRestriction, TemplateStatusChange, ThroughputChange,
         UserPreference,
     };
@@ -591,9 +591,9 @@ mod tests {
     #[test]
     fn template_statuses_hold_or_release_the_scope_the_dispatcher_checks() {
         // The key a send of this template is checked against (bw-dispatcher gates: ScopeKey::template_of).
-        let send = bw_common::proto::SendRequest {
+        let send = bw_proto::v1::SendRequest {
             waba_id: "102290129340398".into(),
-            payload: Some(bw_common::proto::send_request::Payload::Template(bw_common::proto::TemplatePayload {
+            payload: Some(bw_proto::v1::send_request::Payload::Template(bw_proto::v1::TemplatePayload {
                 name: "order_update".into(),
                 language: "en_US".into(),
                 ..Default::default()
@@ -636,7 +636,7 @@ mod tests {
 
     #[test]
     fn a_tier_sets_the_portfolio_limit_and_an_unexplained_value_changes_nothing() {
-        use bw_common::proto::MessagingLimitChange;
+        use bw_proto::v1::MessagingLimitChange;
         let tier = |n: i64, raw: &str, pf: &str| {
             signal(Kind::MessagingLimit(MessagingLimitChange {
                 unique_users_per_24h: n,

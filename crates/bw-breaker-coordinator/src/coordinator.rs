@@ -44,7 +44,7 @@ pub(crate) struct Inner {
     /// The KV buckets (the ledger, for a template release's moves out of the quarantine).
     pub(crate) buckets: bw_common::nats::Buckets,
     /// Which DLQ partition holds each sender's entries.
-    pub(crate) send: bw_common::names::SendPartitions,
+    pub(crate) send: bw_wire::names::SendPartitions,
     pub(crate) scopes_kv: async_nats::jetstream::kv::Store,
     /// Id of this instance in the leader lease.
     pub(crate) instance: String,

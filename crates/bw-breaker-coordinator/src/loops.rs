@@ -4,7 +4,7 @@
 use crate::coordinator::Coordinator;
 use crate::leader;
 use bw_breaker::Scope;
-use bw_common::proto::{BreakerState, BreakerTransition};
+use bw_proto::v1::{BreakerState, BreakerTransition};
 use futures::StreamExt;
 use prost::Message as _;
 use std::sync::atomic::Ordering;
@@ -24,7 +24,7 @@ impl Coordinator {
     /// breaker would never get a snapshot in BW_SCOPES, and replay, which follows the snapshots, would never
     /// drain it.
     pub(crate) async fn discover_dlq(&self) {
-        use bw_common::names;
+        use bw_wire::names;
         // Only the leader ticks and writes snapshots; an instance that takes the lease discovers at once.
         if !self.is_leader() {
             return;
@@ -40,7 +40,7 @@ impl Coordinator {
             let Ok(Some(first)) = bw_ops::scan::first_message(&self.inner.js, &stream, &filter).await else {
                 continue;
             };
-            let Ok(envelope) = bw_common::proto::DlqEnvelope::decode(first.payload.as_ref()) else { continue };
+            let Ok(envelope) = bw_proto::v1::DlqEnvelope::decode(first.payload.as_ref()) else { continue };
             let Some(request) = envelope.request.as_ref() else { continue };
             let scope = Scope::new(request.waba_id.clone(), request.phone_number_id.clone());
             if scope.waba_id.is_empty() || scope.phone_number_id.is_empty() || !self.learn(&scope) {
@@ -63,7 +63,7 @@ impl Coordinator {
         }
         let mut conn = self.inner.redis.clone();
         let members: Vec<String> =
-            match redis::cmd("SMEMBERS").arg(bw_common::names::SCOPES_INDEX_KEY).query_async(&mut conn).await {
+            match redis::cmd("SMEMBERS").arg(bw_wire::names::SCOPES_INDEX_KEY).query_async(&mut conn).await {
                 Ok(m) => m,
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot read the scope index");
@@ -122,7 +122,7 @@ impl Coordinator {
         let events = self
             .inner
             .nats
-            .queue_subscribe(bw_common::names::BREAKER_WILDCARD, EVENTS_QUEUE_GROUP.to_string())
+            .queue_subscribe(bw_wire::names::BREAKER_WILDCARD, EVENTS_QUEUE_GROUP.to_string())
             .await
             .map_err(|e| anyhow::anyhow!("cannot subscribe to breaker events: {e}"))?;
         // The loops stop on `stop`: the shutdown token, or this future dropped (the guard).

@@ -27,8 +27,8 @@ use bw_breaker::Scope;
 use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
 use bw_breaker::throughput::Throughput;
-use bw_common::proto::AccountSignal;
-use bw_common::proto::account_signal::Kind;
+use bw_proto::v1::AccountSignal;
+use bw_proto::v1::account_signal::Kind;
 use std::time::Duration;
 
 /// Sends per minute of a RED template's marketing, fleet-wide.
@@ -208,7 +208,7 @@ impl Coordinator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{TemplateCategoryChange, TemplateQualityChange, ThroughputChange};
+    use bw_proto::v1::{TemplateCategoryChange, TemplateQualityChange, ThroughputChange};
 
     #[test]
     fn an_unresolved_upgrade_names_every_candidate_and_the_exact_call() {
@@ -277,7 +277,7 @@ mod tests {
         let echo = AccountSignal {
             waba_id: "100".into(),
             phone_number_id: "200".into(),
-            kind: Some(Kind::Echo(bw_common::proto::MessageEcho {
+            kind: Some(Kind::Echo(bw_proto::v1::MessageEcho {
                 recipient_key_hash: "abc".into(),
                 ..Default::default()
             })),

@@ -4,7 +4,7 @@
 
 use crate::coordinator::{Coordinator, lock, snapshot_key};
 use bw_breaker::{Parent, ParentStatus, Scope, ScopeStatus};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use bw_wire::names::COORDINATOR_EPOCH_KEY;
 use futures::{StreamExt, TryStreamExt};
 use prost::Message as _;
@@ -57,7 +57,7 @@ impl Coordinator {
     }
 
     /// The pauses above the number in force for `scope`, from what [`Coordinator::refresh_parents`] read.
-    pub(crate) fn parent_pauses(&self, scope: &Scope, now_ms: i64) -> Vec<bw_common::proto::ScopePause> {
+    pub(crate) fn parent_pauses(&self, scope: &Scope, now_ms: i64) -> Vec<bw_proto::v1::ScopePause> {
         let cache = lock(&self.inner.parents);
         self.parents_of(scope)
             .iter()
@@ -294,13 +294,13 @@ impl Coordinator {
     }
 
     /// Every snapshot in BW_SCOPES.
-    pub(crate) async fn stored_snapshots(&self) -> anyhow::Result<Vec<bw_common::proto::ScopeSnapshot>> {
+    pub(crate) async fn stored_snapshots(&self) -> anyhow::Result<Vec<bw_proto::v1::ScopeSnapshot>> {
         let kv = &self.inner.scopes_kv;
         let keys: Vec<String> = kv.keys().await?.try_collect().await?;
         let mut out = Vec::with_capacity(keys.len());
         for key in keys {
             if let Some(value) = kv.get(&key).await?
-                && let Ok(snapshot) = bw_common::proto::ScopeSnapshot::decode(value.as_ref())
+                && let Ok(snapshot) = bw_proto::v1::ScopeSnapshot::decode(value.as_ref())
             {
                 out.push(snapshot);
             }

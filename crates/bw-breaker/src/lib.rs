@@ -40,7 +40,7 @@ pub use order::{Blocker, OrderBook, OrderRelease, Registration};
 pub use pool::PoolResult;
 
 use bw_common::classify::{PauseScope, RateScope};
-use bw_common::proto::{self, BreakerState, BreakerTransition};
+use bw_proto::v1::{self as proto, BreakerState, BreakerTransition};
 use prost::Message as _;
 use rand::RngExt;
 use std::collections::{HashMap, HashSet};
@@ -728,7 +728,7 @@ impl Breaker {
             let timeout = Duration::from_millis(self.inner.cfg.command_timeout_ms);
             let account = self.account();
             let registered = async {
-                sadd(redis, bw_common::names::SCOPES_INDEX_KEY, &member).await?;
+                sadd(redis, bw_wire::names::SCOPES_INDEX_KEY, &member).await?;
                 if let Some(account) = &account {
                     let mut conn = redis.clone();
                     redis::cmd("HSET")
@@ -762,7 +762,7 @@ impl Breaker {
     /// the subscription lives as long as the breaker.
     pub async fn follow_transitions(&self) -> Result<(), async_nats::SubscribeError> {
         let Some(nats) = &self.inner.nats else { return Ok(()) };
-        let mut events = nats.subscribe(bw_common::names::breaker_subject("*")).await?;
+        let mut events = nats.subscribe(bw_wire::names::breaker_subject("*")).await?;
         let inner = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             use futures::StreamExt;
@@ -1330,7 +1330,7 @@ impl Breaker {
             at_unix_ms: bw_common::time::now_ms(),
             operation_id: String::new(),
         };
-        if let Err(e) = nats.publish(bw_common::names::signal_subject("quota"), signal.encode_to_vec().into()).await {
+        if let Err(e) = nats.publish(bw_wire::names::signal_subject("quota"), signal.encode_to_vec().into()).await {
             tracing::debug!(error = %e, "quota signal not published");
         }
     }
@@ -1517,7 +1517,7 @@ impl Breaker {
             );
             metrics::Metrics::inc(&self.inner.metrics.transitions, "to", t.to.as_str_name());
             if let Some(nats) = &self.inner.nats {
-                let subject = bw_common::names::breaker_subject(&scope.phone_number_id);
+                let subject = bw_wire::names::breaker_subject(&scope.phone_number_id);
                 if let Err(e) = nats.publish(subject, event.encode_to_vec().into()).await {
                     tracing::warn!(error = %e, "cannot publish breaker transition");
                 }

@@ -7,7 +7,7 @@
 
 use crate::AdmitItem;
 use crate::{Admission, BreakerConfig, Decision, DenyReason, OutcomeItem, OutcomeKind, TrafficClass};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use std::collections::HashMap;
 use tokio::time::{Duration, Instant};
 

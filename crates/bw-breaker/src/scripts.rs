@@ -6,7 +6,7 @@
 
 use crate::{AdmitItem, BreakerError, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
 use bw_common::classify::RateScope;
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use redis::{Script, Value};
 use std::sync::LazyLock;
 
@@ -235,22 +235,22 @@ fn out(name: &str) -> &'static str {
 
 /// Redis key of a scope's config hash (written by the coordinator).
 pub fn cfg_key(scope: &Scope) -> String {
-    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, "cfg")
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, "cfg")
 }
 
 /// Redis key of a scope's state hash.
 pub fn state_key(scope: &Scope) -> String {
-    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, "state")
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, "state")
 }
 
 /// Redis key of a (scope, recipient) pair hash (GCRA, 131056 back-off, 131049 deferral).
 pub fn pair_key(scope: &Scope, recipient_key: &str) -> String {
-    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("pair:{recipient_key}"))
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("pair:{recipient_key}"))
 }
 
 /// Redis key of a (scope, recipient) order set (`lua/order_register.lua`): same hash tag as the scope.
 pub fn order_key(scope: &Scope, recipient_key: &str) -> String {
-    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("ord:{recipient_key}"))
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, &format!("ord:{recipient_key}"))
 }
 
 /// Redis hash of the account each scope is sent with: field `waba:phone` ([`Scope::index_member`]), value
@@ -261,7 +261,7 @@ pub const SCOPE_ACCOUNTS_KEY: &str = "bw:scope-accounts";
 /// Key of a number's own pause (registration, display name, authentication probe...): the scope's hash tag, so
 /// `admit_send.lua` reads it in the admission call.
 pub fn number_pause_key(scope: &Scope) -> String {
-    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, "pause")
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, "pause")
 }
 
 /// Key of an app's pause (codes 4, 17, 32, 613), own hash tag.

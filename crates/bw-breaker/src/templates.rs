@@ -9,7 +9,7 @@
 //! Held state lives in Redis and changes only in the Lua script (one key per scope, hash tag `{qs}`).
 
 use crate::{BreakerError, RedisConn};
-use bw_common::proto::SendRequest;
+use bw_proto::v1::SendRequest;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -35,7 +35,7 @@ impl ScopeKey {
     /// message is a template; otherwise the code.
     pub fn of(request: &SendRequest, code: i64, template_scope: bool) -> ScopeKey {
         match &request.payload {
-            Some(bw_common::proto::send_request::Payload::Template(t)) if template_scope => ScopeKey::Template {
+            Some(bw_proto::v1::send_request::Payload::Template(t)) if template_scope => ScopeKey::Template {
                 waba_id: request.waba_id.clone(),
                 language: t.language.clone(),
                 name: t.name.clone(),
@@ -47,7 +47,7 @@ impl ScopeKey {
     /// The template scope of a message, if it is a template message (what the dispatcher checks before a send).
     pub fn template_of(request: &SendRequest) -> Option<ScopeKey> {
         match &request.payload {
-            Some(bw_common::proto::send_request::Payload::Template(_)) => Some(ScopeKey::of(request, 0, true)),
+            Some(bw_proto::v1::send_request::Payload::Template(_)) => Some(ScopeKey::of(request, 0, true)),
             _ => None,
         }
     }
@@ -202,7 +202,7 @@ fn parse_reply(value: redis::Value) -> Result<Option<Hold>, BreakerError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{TemplatePayload, TextPayload, send_request::Payload};
+    use bw_proto::v1::{TemplatePayload, TextPayload, send_request::Payload};
 
     fn template(name: &str) -> SendRequest {
         SendRequest {

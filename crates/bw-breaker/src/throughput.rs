@@ -34,7 +34,7 @@ pub const UPGRADED_MPS: u32 = 1_000;
 
 /// Key of a number's throughput hash: the scope's hash tag, so `admit_send.lua` reads it.
 pub fn throughput_key(scope: &Scope) -> String {
-    bw_common::names::scope_key(&scope.waba_id, &scope.phone_number_id, "tput")
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, "tput")
 }
 
 /// What the throughput hash of a number holds.

@@ -2,8 +2,8 @@
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use bw_common::names;
 use bw_common::nats::Buckets;
+use bw_wire::names;
 
 /// Connections of one CLI run.
 pub struct Conn {

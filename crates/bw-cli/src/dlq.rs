@@ -7,11 +7,11 @@ use crate::fmt::{self, write_batch};
 use crate::stats::{ScopeArg, write_stats};
 use async_nats::jetstream;
 use bw_common::nats::Buckets;
-use bw_common::proto::BreakerState;
 use bw_common::time::now_ms;
 use bw_ops::incident::{self, IncidentStats, Incidents};
 use bw_ops::inspect::{self, DlqItem, dlq_reason_label, masked};
 use bw_ops::ops;
+use bw_proto::v1::BreakerState;
 use clap::Subcommand;
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -174,7 +174,7 @@ pub async fn write_incident_stats(
     out: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
     // The bucket exists once replay ran; without it nothing is held.
-    let progress = match js.get_key_value(bw_common::names::INCIDENTS_BUCKET).await {
+    let progress = match js.get_key_value(bw_wire::names::INCIDENTS_BUCKET).await {
         Ok(_) => Incidents::open(js, 1).await?.list(None).await?,
         Err(_) => Vec::new(),
     };
@@ -222,7 +222,7 @@ pub async fn replay_incident(
         writeln!(out, "incident {incident}: no DLQ entry carries it; nothing replayed")?;
         return Ok(1);
     }
-    let mut refused: Vec<&str> = selected.iter().map(|i| bw_common::names::phone_of_subject(&i.subject)).collect();
+    let mut refused: Vec<&str> = selected.iter().map(|i| bw_wire::names::phone_of_subject(&i.subject)).collect();
     refused.sort_unstable();
     refused.dedup();
     refused.retain(|p| !closed(p));

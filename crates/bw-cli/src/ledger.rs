@@ -4,8 +4,8 @@
 use crate::exit::{EXIT_ABORTED, confirm};
 use crate::partitions::{RepartitionArgs, confirmed_admin};
 use async_nats::jetstream;
-use bw_common::names;
 use bw_common::nats::Buckets;
+use bw_wire::names;
 use clap::Subcommand;
 use std::io::Write;
 

@@ -142,7 +142,7 @@ async fn audit(
 
 /// Replicas of the audit stream when bwctl is the first to write it: the ledger's (the deployment's choice).
 async fn audit_replicas(js: &jetstream::Context) -> usize {
-    match js.get_stream(format!("KV_{}", bw_common::names::ledger_bucket(0))).await {
+    match js.get_stream(format!("KV_{}", bw_wire::names::ledger_bucket(0))).await {
         Ok(mut s) => s.info().await.map(|i| i.config.num_replicas).unwrap_or(1),
         Err(_) => 1,
     }

@@ -1,14 +1,14 @@
 //! `bwctl op <operation_id>`: where one operation is and how it got there, for a human.
 //!
 //! Reads the ledger entry (BW_LEDGER, by operation key: the producer's id for the tenant `default`,
-//! `<tenant>/<id>` for the others, `bw_common::tenancy::operation_key`) and the events the outcome feed holds for
+//! `<tenant>/<id>` for the others, `bw_wire::tenancy::operation_key`) and the events the outcome feed holds for
 //! it (BW_FEED, subject `bw.feed.v1.<tenant>.<phone_number_id>.<operation_id>`, written by ingest's feed
 //! publisher; for `default` also the subject from before tenants, `bw.feed.v1.<phone_number_id>.<operation_id>`),
 //! so it works while ingest is down. Ledger entries and feed events hold no recipient and no body; reasons are non-personal texts.
 
 use async_nats::jetstream::{self, consumer};
 use bw_common::nats::Buckets;
-use bw_common::proto::{LedgerEntry, OutcomeEvent};
+use bw_proto::v1::{LedgerEntry, OutcomeEvent};
 use futures::StreamExt;
 use prost::Message as _;
 use std::io::Write;
@@ -53,8 +53,8 @@ pub enum OpAction {
 const MAX_EVENTS: usize = 500;
 
 async fn journey(js: &jetstream::Context, phone: &str, key: &str) -> anyhow::Result<Vec<OutcomeEvent>> {
-    use bw_common::tenancy;
-    let Ok(stream) = js.get_stream(bw_common::names::FEED_STREAM).await else { return Ok(Vec::new()) };
+    use bw_wire::tenancy;
+    let Ok(stream) = js.get_stream(bw_wire::names::FEED_STREAM).await else { return Ok(Vec::new()) };
     let (tenant, op) = tenancy::split_operation_key(key);
     let mut filters = vec![tenancy::feed_subject(tenant, phone, op)];
     if tenant == tenancy::DEFAULT_TENANT {
@@ -148,12 +148,12 @@ pub fn render(entry: &LedgerEntry, events: &[OutcomeEvent], out: &mut (dyn Write
 
 /// The operation key named by `operation_id` and `tenant`, or the line saying why it is not one.
 fn key_of(operation_id: &str, tenant: Option<&str>) -> Result<String, &'static str> {
-    use bw_common::tenancy;
+    use bw_wire::tenancy;
     match tenant {
         Some(t) if !tenancy::valid_tenant(t) => {
             Err("not a tenant: 1..=32 characters of [a-z0-9-], starting and ending with a letter or digit")
         }
-        Some(_) if !bw_common::tenancy::valid_operation_id(operation_id) => {
+        Some(_) if !bw_wire::tenancy::valid_operation_id(operation_id) => {
             Err("not an operation id: 1..=128 characters of [A-Za-z0-9_=.-]")
         }
         Some(t) => Ok(tenancy::operation_key(t, operation_id)),
@@ -248,7 +248,7 @@ async fn resend(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{OperationState, OutcomeKind};
+    use bw_proto::v1::{OperationState, OutcomeKind};
 
     #[test]
     fn journey_is_readable_and_masked() {
@@ -304,8 +304,8 @@ mod tests {
         bw_common::ledger::Ledger::new(&deps.buckets).create(&entry).await.expect("ledger");
         deps.js
             .get_or_create_stream(jetstream::stream::Config {
-                name: bw_common::names::FEED_STREAM.into(),
-                subjects: vec![bw_common::names::FEED_ALL.into()],
+                name: bw_wire::names::FEED_STREAM.into(),
+                subjects: vec![bw_wire::names::FEED_ALL.into()],
                 ..Default::default()
             })
             .await
@@ -363,7 +363,7 @@ mod tests {
     #[tokio::test]
     async fn bwctl_op_resend_requeues_a_failed_operation_and_refuses_the_rest() {
         use bw_common::ledger::{Ledger, WamidLink};
-        use bw_common::proto::SendRequest;
+        use bw_proto::v1::SendRequest;
         use clap::Parser as _;
         let server = bw_testkit::NatsServer::start();
         let cfg = bw_common::config::NatsConfig::single(server.url(), "");
@@ -404,7 +404,7 @@ mod tests {
             }
         };
         let sent_requests = || async {
-            let mut stream = deps.js.get_stream(bw_common::names::SEND_STREAM).await.expect("BW_SEND");
+            let mut stream = deps.js.get_stream(bw_wire::names::SEND_STREAM).await.expect("BW_SEND");
             stream.info().await.expect("info").state.messages
         };
         // Refusals change nothing and exit 1.

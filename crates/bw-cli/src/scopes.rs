@@ -57,7 +57,7 @@ pub(crate) async fn scopes(buckets: &Buckets, redis_url: &str, out: &mut (dyn Wr
 }
 
 /// One row of the pause table of `bwctl scopes`.
-fn pause_row(phone: &str, p: &bw_common::proto::ScopePause) -> Vec<String> {
+fn pause_row(phone: &str, p: &bw_proto::v1::ScopePause) -> Vec<String> {
     vec![
         phone.to_string(),
         p.level.clone(),

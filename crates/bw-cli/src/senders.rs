@@ -7,10 +7,10 @@
 
 use anyhow::Context as _;
 use async_nats::jetstream;
-use bw_common::names;
-use bw_common::proto::SenderRecord;
 use bw_common::registry::{Registry, RegistryError};
-use bw_common::tenancy;
+use bw_proto::v1::SenderRecord;
+use bw_wire::names;
+use bw_wire::tenancy;
 use clap::{Args, Subcommand};
 use std::io::{Read as _, Write};
 

@@ -4,9 +4,9 @@
 
 use crate::fmt;
 use async_nats::jetstream;
-use bw_common::names;
-use bw_common::proto::AccountSignal;
-use bw_common::proto::account_signal::Kind;
+use bw_proto::v1::AccountSignal;
+use bw_proto::v1::account_signal::Kind;
+use bw_wire::names;
 use prost::Message as _;
 use std::io::Write;
 

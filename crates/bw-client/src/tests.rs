@@ -100,7 +100,7 @@ async fn gives_up_with_a_clear_error() {
 fn tenant_server() -> NatsServer {
     let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/nats/accounts.conf"))
         .expect("accounts.conf");
-    let record = |phone: &str, tenant: &str| bw_common::proto::SenderRecord {
+    let record = |phone: &str, tenant: &str| bw_proto::v1::SenderRecord {
         phone_number_id: phone.into(),
         waba_id: "77".into(),
         tenant: tenant.into(),

@@ -4,9 +4,9 @@
 //! deliver it, so a new attempt cannot deliver twice), and an operator's `bwctl op resend`. The request is the
 //! one the failed attempt sent, kept in its wamid link ([`crate::ledger::WamidLink`]).
 
-use crate::names::{self, Lane, SendPartitions};
 use crate::nats::PublishError;
-use crate::proto::SendRequest;
+use bw_proto::v1::SendRequest;
+use bw_wire::names::{self, Lane, SendPartitions};
 use prost::Message as _;
 
 /// The message id of attempt `attempt` of `operation_key` in BW_SEND: a repeated webhook or a repeated command

@@ -203,7 +203,7 @@ pub struct NatsConfig {
     #[serde(default = "one")]
     pub ledger_partitions: usize,
     /// BW_SEND and DLQ partitions (`BW_SEND`, `BW_SEND_1`, …, `BW_DLQ`, `BW_DLQ_1`, …, by sender:
-    /// [`crate::names::SendPartitions`]): each is its own stream, so on a cluster the send load's leaders spread
+    /// [`bw_wire::names::SendPartitions`]): each is its own stream, so on a cluster the send load's leaders spread
     /// over the nodes, and dispatchers can each serve some (`dispatch.partitions`). Fixed when BW_SEND is first
     /// created, like `ledger_partitions`: a service given another number refuses to start. 1 on one machine.
     #[serde(default = "one")]

@@ -7,8 +7,8 @@
 //! Meta accepted goes back to a queue).
 
 use crate::nats::Buckets;
-use crate::proto::{LedgerEntry, OperationState, SendRequest};
 use async_nats::jetstream::kv;
+use bw_proto::v1::{LedgerEntry, OperationState, SendRequest};
 use futures::StreamExt;
 use prost::Message;
 
@@ -80,7 +80,7 @@ pub fn entry_for(request: &SendRequest, state: OperationState) -> LedgerEntry {
 /// Handle to the ledger buckets. Cheap to clone.
 #[derive(Clone)]
 pub struct Ledger {
-    /// One bucket per partition ([`crate::names::ledger_partition`]).
+    /// One bucket per partition ([`bw_wire::names::ledger_partition`]).
     stores: std::sync::Arc<[kv::Store]>,
     /// The wamid links, as many partitions as the ledger, by link key.
     wamid: std::sync::Arc<[kv::Store]>,
@@ -312,9 +312,9 @@ impl Ledger {
     }
 }
 
-/// The bucket of `partitions` that holds `key` ([`crate::names::ledger_partition`]).
+/// The bucket of `partitions` that holds `key` ([`bw_wire::names::ledger_partition`]).
 fn partition_of<'a>(partitions: &'a [kv::Store], key: &str) -> &'a kv::Store {
-    &partitions[crate::names::ledger_partition(key, partitions.len())]
+    &partitions[bw_wire::names::ledger_partition(key, partitions.len())]
 }
 
 /// Where a wamid belongs: its operation, the attempt that sent it (0: unknown, a link written from a status),

@@ -3,8 +3,8 @@
 //! What lives here: layered config loading ([`config`]), telemetry init and trace-context propagation over
 //! NATS headers ([`telemetry`]), the shutdown token ([`shutdown`]), the admin server with `/livez`, `/readyz`
 //! and `/metrics` ([`admin`]), NATS connection and JetStream topology ([`nats`]), the durable operation ledger
-//! ([`ledger`]), Meta error classification ([`classify`]), and every subject, stream and key name
-//! ([`names`]). The `service` module ties them into the start-up sequence each thin `main.rs` calls.
+//! ([`ledger`]) and Meta error classification ([`classify`]). The `service` module ties them into the start-up
+//! sequence each thin `main.rs` calls. Subject and key names live in `bw-wire`, message types in `bw-proto`.
 //!
 //! What must not live here: service logic. Services depend on this crate, never on each other.
 
@@ -26,11 +26,6 @@ pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 pub mod time;
-
-pub use bw_proto::v1 as proto;
-/// The wire names and tenancy names live in the leaf crate `bw-wire` (so `bw-client` links them alone); every
-/// service reaches them here.
-pub use bw_wire::{names, tenancy};
 
 /// The two innermost causes of an error, outermost first joined by ` <- ` (an HTTP client's error chain: the
 /// outer layers repeat the URL and add nothing).

@@ -15,8 +15,8 @@
 
 use crate::ledger::{Ledger, LedgerError, Versioned};
 use crate::nats::PublishError;
-use crate::proto::LedgerEntry;
 use async_nats::jetstream;
+use bw_proto::v1::LedgerEntry;
 
 /// The step a move stopped at; the source must be redelivered.
 #[derive(Debug, thiserror::Error)]

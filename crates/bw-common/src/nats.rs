@@ -1,11 +1,11 @@
 //! NATS connection and the JetStream topology every service relies on.
 //!
 //! [`ensure_topology`] creates every stream and KV bucket idempotently; every service calls it at start, so
-//! any start order works. Names come from [`crate::names`].
+//! any start order works. Names come from [`bw_wire::names`].
 
 use crate::config::{NatsConfig, StreamLimits, redact_url};
-use crate::names;
 use async_nats::jetstream::{self, kv, stream};
+use bw_wire::names;
 use std::time::Duration;
 
 /// Connects to NATS, retrying the first connection for up to `wait`; later disconnects reconnect forever.

@@ -5,10 +5,10 @@
 //! whole map loaded at start and kept current by a KV watch, with a direct read on a miss so a number added a
 //! moment ago is found at once. A record moves between tenants only by `rm` then `add`, never by overwrite.
 
-use crate::names;
-use crate::proto::SenderRecord;
-use crate::tenancy;
 use async_nats::jetstream::{self, kv, stream};
+use bw_proto::v1::SenderRecord;
+use bw_wire::names;
+use bw_wire::tenancy;
 use futures::StreamExt;
 use prost::Message;
 use std::collections::HashMap;
@@ -261,7 +261,7 @@ impl RegistryView {
     /// Whether an accepted request (its `operation_id` holds the operation key) may still be sent from its
     /// number: the registry must still assign the number to the key's tenant, under the request's WABA. Always
     /// Ok(None) in dev mode.
-    pub async fn revoked(&self, request: &crate::proto::SendRequest) -> Result<Option<SenderRefusal>, RegistryError> {
+    pub async fn revoked(&self, request: &bw_proto::v1::SendRequest) -> Result<Option<SenderRefusal>, RegistryError> {
         if self.is_dev() {
             return Ok(None);
         }

@@ -64,17 +64,17 @@ pub fn load_config<C: ServiceConfig>(
 ) -> Result<C, ConfigError> {
     let cfg: C = crate::config::load(service, defaults, file, env)?;
     let partitions = cfg.nats().ledger_partitions;
-    if !(1..=crate::names::MAX_LEDGER_PARTITIONS).contains(&partitions) {
+    if !(1..=bw_wire::names::MAX_LEDGER_PARTITIONS).contains(&partitions) {
         return Err(ConfigError::Invalid(format!(
             "nats.ledger_partitions must be between 1 and {}, got {partitions}",
-            crate::names::MAX_LEDGER_PARTITIONS
+            bw_wire::names::MAX_LEDGER_PARTITIONS
         )));
     }
     let send = cfg.nats().send_partitions;
-    if !(1..=crate::names::MAX_SEND_PARTITIONS).contains(&send) {
+    if !(1..=bw_wire::names::MAX_SEND_PARTITIONS).contains(&send) {
         return Err(ConfigError::Invalid(format!(
             "nats.send_partitions must be between 1 and {}, got {send}",
-            crate::names::MAX_SEND_PARTITIONS
+            bw_wire::names::MAX_SEND_PARTITIONS
         )));
     }
     cfg.nats().limits.validate().map_err(ConfigError::Invalid)?;

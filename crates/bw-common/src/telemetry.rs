@@ -4,7 +4,7 @@
 //! Never put tokens, app secrets, message bodies or full phone numbers in span fields or log lines.
 
 use crate::config::TelemetryConfig;
-pub use bw_wire::trace::inject;
+use bw_wire::trace::inject;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;

@@ -1,7 +1,7 @@
 //! The sender registry against a real nats-server: ownership, refusals, and a view that follows changes.
 
-use bw_common::proto::SenderRecord;
 use bw_common::registry::{Owner, Registry, RegistryError, RegistryView};
+use bw_proto::v1::SenderRecord;
 use bw_testkit::NatsServer;
 use std::time::Duration;
 
@@ -65,6 +65,6 @@ async fn a_number_belongs_to_one_tenant_and_views_follow_changes() {
 
     // Dev mode: everything is the default tenant's, with the request's WABA.
     let dev = RegistryView::dev();
-    assert_eq!(dev.owner("5", "7").await.expect("dev").tenant(), Some(bw_common::tenancy::DEFAULT_TENANT));
+    assert_eq!(dev.owner("5", "7").await.expect("dev").tenant(), Some(bw_wire::tenancy::DEFAULT_TENANT));
     shutdown.cancel();
 }

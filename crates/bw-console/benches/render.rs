@@ -7,13 +7,13 @@
 //! What it does not include: reading the view from NATS (done in the background every refresh, never while a
 //! page is served) and the network.
 
-use bw_common::proto::{
-    BreakerState, BreakerTransition, IncidentProgress, LedgerEntry, OutcomeEvent, Scope, ScopePause, ScopeSnapshot,
-};
 use bw_console::auth::Principal;
 use bw_console::config::Role;
 use bw_console::pages::{DlqQuery, render_dlq, render_incidents, render_op, render_overview, render_quarantine};
 use bw_console::view::{DlqRow, View};
+use bw_proto::v1::{
+    BreakerState, BreakerTransition, IncidentProgress, LedgerEntry, OutcomeEvent, Scope, ScopePause, ScopeSnapshot,
+};
 use std::time::Instant;
 
 /// The allocator of every Breakwater binary (docs/decisions/allocator.md); libraries never set one.

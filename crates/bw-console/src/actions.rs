@@ -11,8 +11,8 @@ use axum::Form;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use bw_common::proto::BreakerState;
 use bw_common::time::now_ms;
+use bw_proto::v1::BreakerState;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 

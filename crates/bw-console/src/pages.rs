@@ -41,7 +41,7 @@ fn sender_link(phone: &str) -> String {
     format!("<a href=\"/senders/{}\">{}</a>", url(phone), esc(phone))
 }
 
-fn pause_text(p: &bw_common::proto::ScopePause, now: i64) -> String {
+fn pause_text(p: &bw_proto::v1::ScopePause, now: i64) -> String {
     let end = if p.until_unix_ms > 0 {
         format!("until {} (in {})", utc(p.until_unix_ms), age(p.until_unix_ms - now))
     } else {
@@ -59,8 +59,8 @@ fn pause_text(p: &bw_common::proto::ScopePause, now: i64) -> String {
 }
 
 /// The rate the breaker allows now against the sender's limit (the ramp's share of it).
-pub fn rate_text(s: &bw_common::proto::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
-    use bw_common::proto::BreakerState;
+pub fn rate_text(s: &bw_proto::v1::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
+    use bw_proto::v1::BreakerState;
     let limit = limits.map(|l| format!(" of {:.1}/s", l.rate_per_s)).unwrap_or_default();
     match s.state() {
         BreakerState::Open | BreakerState::ForcedOpen => return format!("none while OPEN{limit}"),
@@ -75,7 +75,7 @@ pub fn rate_text(s: &bw_common::proto::ScopeSnapshot, limits: Option<&crate::vie
 }
 
 /// The window's failure rate against the trip threshold.
-pub fn failure_text(s: &bw_common::proto::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
+pub fn failure_text(s: &bw_proto::v1::ScopeSnapshot, limits: Option<&crate::view::Limits>) -> String {
     let rate = format!("{:.1}% of {} calls", s.failure_rate * 100.0, s.calls_in_window);
     match limits {
         Some(l) => format!(
@@ -469,12 +469,10 @@ pub struct OpQuery {
 
 /// The operation key a lookup names, or why not (never echoing the input).
 pub fn key_of(id: &str, tenant: Option<&str>) -> Result<String, &'static str> {
-    use bw_common::tenancy;
+    use bw_wire::tenancy;
     match tenant.filter(|t| !t.is_empty()) {
         Some(t) if !tenancy::valid_tenant(t) => Err("not a tenant: 1 to 32 characters of a-z, 0-9 and '-'"),
-        Some(_) if !bw_common::tenancy::valid_operation_id(id) => {
-            Err("not an operation id: 1 to 128 of [A-Za-z0-9_=.-]")
-        }
+        Some(_) if !bw_wire::tenancy::valid_operation_id(id) => Err("not an operation id: 1 to 128 of [A-Za-z0-9_=.-]"),
         Some(t) => Ok(tenancy::operation_key(t, id)),
         None if !tenancy::valid_operation_key(id) => {
             Err("not an operation key: an operation id (1 to 128 of [A-Za-z0-9_=.-]) or <tenant>/<id>")
@@ -486,8 +484,8 @@ pub fn key_of(id: &str, tenant: Option<&str>) -> Result<String, &'static str> {
 /// One operation's journey from its ledger entry and its feed events; no recipient is stored in either.
 pub fn render_op(
     key: &str,
-    entry: &bw_common::proto::LedgerEntry,
-    events: &[bw_common::proto::OutcomeEvent],
+    entry: &bw_proto::v1::LedgerEntry,
+    events: &[bw_proto::v1::OutcomeEvent],
     who: &Principal,
 ) -> String {
     use bw_ops::views::mask_digits;
@@ -553,8 +551,8 @@ pub async fn op(
         "<form method=\"get\" action=\"/op\" class=\"filters\"><label for=\"op-id\">Operation id</label> \
          <input id=\"op-id\" name=\"id\" value=\"{}\" required> <label for=\"op-tenant\">Tenant (optional)</label> \
          <input id=\"op-tenant\" name=\"tenant\" value=\"{}\"> <button type=\"submit\">Look up</button></form>",
-        q.id.as_deref().filter(|i| bw_common::tenancy::valid_operation_key(i)).map(esc).unwrap_or_default(),
-        q.tenant.as_deref().filter(|t| bw_common::tenancy::valid_tenant(t)).map(esc).unwrap_or_default()
+        q.id.as_deref().filter(|i| bw_wire::tenancy::valid_operation_key(i)).map(esc).unwrap_or_default(),
+        q.tenant.as_deref().filter(|t| bw_wire::tenancy::valid_tenant(t)).map(esc).unwrap_or_default()
     );
     let Some(id) = q.id.as_deref().map(str::trim).filter(|i| !i.is_empty()) else {
         return respond(StatusCode::OK, "Message lookup", &who, &form, None);

@@ -10,8 +10,8 @@ use crate::view::View;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
-use bw_common::proto::{BreakerState, BreakerTransition, DispatchOutcome};
 use bw_common::time::now_ms;
+use bw_proto::v1::{BreakerState, BreakerTransition, DispatchOutcome};
 use prost::Message as _;
 use std::fmt::Write as _;
 
@@ -67,10 +67,10 @@ pub fn timeline_svg(transitions: &[BreakerTransition], now: i64) -> String {
 pub async fn recent_outcomes(js: &async_nats::jetstream::Context, phone: &str) -> Vec<DispatchOutcome> {
     use async_nats::jetstream::consumer;
     use futures::StreamExt as _;
-    let Ok(stream) = js.get_stream(bw_common::names::EVENTS_STREAM).await else { return Vec::new() };
+    let Ok(stream) = js.get_stream(bw_wire::names::EVENTS_STREAM).await else { return Vec::new() };
     let start = time::OffsetDateTime::now_utc() - OUTCOMES_SPAN;
     let config = consumer::pull::Config {
-        filter_subject: bw_common::names::outcome_subject(phone),
+        filter_subject: bw_wire::names::outcome_subject(phone),
         deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time: start },
         ack_policy: consumer::AckPolicy::None,
         inactive_threshold: std::time::Duration::from_secs(30),
@@ -305,21 +305,21 @@ pub fn holds_section(holds: &Result<crate::holds::Holds, String>) -> String {
 
 /// The tenant `phone` sends for (the sender registry; unregistered numbers send for the default tenant).
 async fn tenant_of(js: &async_nats::jetstream::Context, phone: &str) -> String {
-    let record = match js.get_key_value(bw_common::names::SENDERS_BUCKET).await {
+    let record = match js.get_key_value(bw_wire::names::SENDERS_BUCKET).await {
         Ok(kv) => kv.get(phone).await.ok().flatten(),
         Err(_) => None,
     };
     record
-        .and_then(|b| bw_common::proto::SenderRecord::decode(b).ok())
+        .and_then(|b| bw_proto::v1::SenderRecord::decode(b).ok())
         .map(|r| r.tenant)
         .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| bw_common::tenancy::DEFAULT_TENANT.to_string())
+        .unwrap_or_else(|| bw_wire::tenancy::DEFAULT_TENANT.to_string())
 }
 
 /// The newest transitions of `phone`, oldest first.
 pub async fn transitions(js: &async_nats::jetstream::Context, phone: &str) -> Vec<BreakerTransition> {
-    let subject = bw_common::names::breaker_subject(phone);
-    let messages = bw_ops::scan::scan_stream(js, bw_common::names::EVENTS_STREAM, &subject).await.unwrap_or_default();
+    let subject = bw_wire::names::breaker_subject(phone);
+    let messages = bw_ops::scan::scan_stream(js, bw_wire::names::EVENTS_STREAM, &subject).await.unwrap_or_default();
     let skip = messages.len().saturating_sub(TIMELINE);
     messages.iter().skip(skip).filter_map(|m| BreakerTransition::decode(m.payload.as_ref()).ok()).collect()
 }

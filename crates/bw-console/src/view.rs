@@ -7,11 +7,11 @@
 
 use async_nats::jetstream;
 use bw_common::nats::Buckets;
-use bw_common::proto::{Alert, IncidentProgress, ScopeSnapshot};
 use bw_common::time::now_ms;
 use bw_ops::incident::{IncidentStats, Incidents};
 use bw_ops::inspect::{self, masked};
 use bw_ops::quarantine::ScopeSummary;
+use bw_proto::v1::{Alert, IncidentProgress, ScopeSnapshot};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -120,7 +120,7 @@ impl View {
         let scopes = bw_ops::ops::scope_snapshots(buckets).await?;
         let (items, bad) = inspect::dlq_items(js, buckets.send, None).await?;
         // The bucket exists once replay ran; without it nothing is held.
-        let incidents = match js.get_key_value(bw_common::names::INCIDENTS_BUCKET).await {
+        let incidents = match js.get_key_value(bw_wire::names::INCIDENTS_BUCKET).await {
             Ok(_) => Incidents::open(js, 1).await?.list(None).await?,
             Err(_) => Vec::new(),
         };
@@ -196,7 +196,7 @@ pub fn row(item: &inspect::DlqItem) -> DlqRow {
     let m = masked(&e.request.clone().unwrap_or_default());
     DlqRow {
         sequence: item.sequence,
-        scope: bw_common::names::phone_of_subject(&item.subject).to_string(),
+        scope: bw_wire::names::phone_of_subject(&item.subject).to_string(),
         operation_id: m.operation_id,
         incident_id: e.incident_id.clone(),
         reason: e.reason().label(),

@@ -14,7 +14,7 @@ use crate::worker::{Work, Worker};
 use bw_breaker::OutcomeItem;
 use bw_common::classify::{Channel, classify};
 use bw_common::disposition::Settle;
-use bw_common::proto::{OperationState, SendRequest};
+use bw_proto::v1::{OperationState, SendRequest};
 use std::time::Duration;
 
 /// Meta's answer the carried asynchronous failure stands for: a refusal with its code, classified for the async

@@ -38,7 +38,7 @@
 
 use bw_breaker::budget::PortfolioBudget;
 use bw_common::admin::MetricsRegistry;
-use bw_common::proto::Category;
+use bw_proto::v1::Category;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;

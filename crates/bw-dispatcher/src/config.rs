@@ -25,7 +25,7 @@ pub struct Config {
     pub breaker: bw_breaker::BreakerConfig,
     /// Whether senders are checked against the sender registry before each send (the compiled default).
     #[serde(default)]
-    pub tenancy: bw_common::tenancy::TenancyConfig,
+    pub tenancy: bw_wire::tenancy::TenancyConfig,
     /// The portfolio messaging-limit budget (`budget.rs`).
     #[serde(default)]
     pub budget: crate::budget::BudgetConfig,

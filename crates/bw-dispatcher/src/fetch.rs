@@ -10,8 +10,8 @@ use async_nats::jetstream::{
     consumer::{self, pull},
 };
 use bw_common::disposition::Settle;
-use bw_common::proto::{ErrorInfo, OperationState, QuarantineReason, SendRequest};
 use bw_common::time::now_ms;
+use bw_proto::v1::{ErrorInfo, OperationState, QuarantineReason, SendRequest};
 use bw_wire::names::{self, Lane};
 use futures::StreamExt;
 use prost::Message as _;
@@ -227,7 +227,7 @@ impl Worker {
         let copy_replay = msg
             .headers
             .as_ref()
-            .and_then(|h| h.get(bw_common::names::REPLAY_HEADER))
+            .and_then(|h| h.get(bw_wire::names::REPLAY_HEADER))
             .and_then(|v| v.as_str().parse::<u32>().ok())
             .unwrap_or(0);
         if versioned.entry.state() != OperationState::Queued || copy_replay < versioned.entry.replays {

@@ -32,9 +32,9 @@ use bw_breaker::budget::Verdict;
 use bw_breaker::templates::ScopeKey;
 use bw_common::classify::{Only, PauseScope, RateScope};
 use bw_common::disposition::Settle;
-use bw_common::proto::{Category, DlqReason, ErrorInfo, OperationState, QuarantineReason, send_request::Payload};
 use bw_common::registry::Owner;
 use bw_common::time::now_ms;
+use bw_proto::v1::{Category, DlqReason, ErrorInfo, OperationState, QuarantineReason, send_request::Payload};
 use std::time::{Duration, Instant};
 
 fn is_marketing_template(w: &Work) -> bool {
@@ -47,7 +47,7 @@ pub(crate) fn undeliverable_prefix<'a>(recipient: &str, prefixes: &'a [String]) 
 }
 
 fn tenant_of(w: &Work) -> &str {
-    bw_common::tenancy::split_operation_key(&w.request.operation_id).0
+    bw_wire::tenancy::split_operation_key(&w.request.operation_id).0
 }
 
 impl Worker {

@@ -4,7 +4,7 @@
 
 use crate::config::MetaConfig;
 use bw_common::classify::{self, Channel, Classification, Retry};
-use bw_common::proto::{SendRequest, send_request::Payload};
+use bw_proto::v1::{SendRequest, send_request::Payload};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -324,7 +324,7 @@ pub fn build_body(request: &SendRequest) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{TemplatePayload, TextPayload};
+    use bw_proto::v1::{TemplatePayload, TextPayload};
 
     #[test]
     fn bodies_match_meta_shapes() {

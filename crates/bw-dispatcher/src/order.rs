@@ -25,7 +25,7 @@ use crate::backoff::doubled;
 use crate::meta::MetaAnswer;
 use crate::worker::{Waiting, Work, Worker};
 use bw_breaker::{Admission, OrderRelease, Scope};
-use bw_common::proto::OperationState;
+use bw_proto::v1::OperationState;
 use std::collections::HashMap;
 
 /// A message refused with order_wait is first re-admitted from memory after this long, then after twice as long

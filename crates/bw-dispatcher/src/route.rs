@@ -29,7 +29,7 @@
 use crate::meta::MetaAnswer;
 use bw_breaker::DenyReason;
 use bw_common::classify::{ErrorClass, PauseScope, RateScope};
-use bw_common::proto::{DlqReason, QuarantineReason};
+use bw_proto::v1::{DlqReason, QuarantineReason};
 use bw_wire::names::Lane;
 
 /// Where a message goes after one try or one refusal.

@@ -11,11 +11,11 @@ use crate::worker::{Work, Worker};
 use bw_common::disposition::{Label, Settle};
 use bw_common::ledger::WamidLink;
 use bw_common::moves::{Destination, publish_then_record};
-use bw_common::proto::{
+use bw_common::time::now_ms;
+use bw_proto::v1::{
     Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,
     SendRequest, Signal, UnknownOutcome,
 };
-use bw_common::time::now_ms;
 use bw_wire::names;
 use prost::Message as _;
 use std::time::Duration;
@@ -118,7 +118,7 @@ impl Worker {
 
     fn headers(&self, w: &Work, msg_id: &str) -> async_nats::HeaderMap {
         let mut h = names::msg_id_headers(msg_id);
-        bw_common::telemetry::inject(&w.span, &mut h);
+        bw_wire::trace::inject(&w.span, &mut h);
         h
     }
 
@@ -353,7 +353,7 @@ impl Worker {
     /// refusal did not name one: retries exhausted, a long pause after an answer). Every DLQ entry written while
     /// a scope is OPEN so carries its incident, and replays with it. Empty when CLOSED or Redis is unreachable.
     async fn open_incident(&self, w: &Work) -> String {
-        use bw_common::proto::BreakerState;
+        use bw_proto::v1::BreakerState;
         match self.breaker.snapshot(&w.scope()).await {
             Ok(s) if !matches!(s.state(), BreakerState::Closed | BreakerState::Unspecified) => s.incident_id,
             Ok(_) => String::new(),
@@ -655,10 +655,10 @@ impl Worker {
 
     /// Keeps undecodable bytes in BW_REJECTED; true when stored.
     pub(crate) async fn reject_raw(&self, msg: &async_nats::jetstream::Message, error: &str) -> bool {
-        let rejected = bw_common::proto::RejectedRequest {
+        let rejected = bw_proto::v1::RejectedRequest {
             raw: msg.payload.to_vec(),
             source: msg.subject.to_string(),
-            reason: bw_common::proto::RejectReason::Undecodable as i32,
+            reason: bw_proto::v1::RejectReason::Undecodable as i32,
             error: error.to_string(),
             at_unix_ms: now_ms(),
             raw_size: msg.payload.len() as u64,
@@ -712,7 +712,7 @@ fn still_queued_since(cur: Option<&LedgerEntry>, replays_read: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::still_queued_since;
-    use bw_common::proto::{LedgerEntry, OperationState};
+    use bw_proto::v1::{LedgerEntry, OperationState};
 
     #[test]
     fn a_move_by_a_copy_the_ledger_has_moved_past_writes_nothing() {

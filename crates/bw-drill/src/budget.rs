@@ -9,8 +9,8 @@
 //!
 //! Pure functions of what the drill observed, unit-tested without a drill.
 
-use bw_common::proto::Category;
 use bw_meta_sim::{EventKind, Scenario};
+use bw_proto::v1::Category;
 use std::collections::BTreeMap;
 
 /// The start of the ledger reason a budget hold writes (`bw-dispatcher` `budget::HELD_PREFIX`; the drill reads

@@ -11,8 +11,8 @@
 //!
 //! Pure functions over plain data, unit-tested below.
 
-use bw_common::proto::{Category, LedgerEntry, OperationState};
 use bw_meta_sim::OracleSnapshot;
+use bw_proto::v1::{Category, LedgerEntry, OperationState};
 use serde::Serialize;
 use std::collections::BTreeMap;
 

@@ -3,9 +3,9 @@
 
 use crate::{budget, errors, scoped};
 use async_nats::jetstream;
-use bw_common::names;
 use bw_common::nats::Buckets;
-use bw_common::proto::{Alert, AlertState, BreakerState, BreakerTransition, DispatchOutcome, OutcomeEvent};
+use bw_proto::v1::{Alert, AlertState, BreakerState, BreakerTransition, DispatchOutcome, OutcomeEvent};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,7 +28,7 @@ impl Live {
     /// Connects as the tenant `default`'s producer does (its inbox) and starts watching.
     pub(crate) async fn connect(nats_url: &str) -> anyhow::Result<Live> {
         let nats = async_nats::ConnectOptions::new()
-            .custom_inbox_prefix(bw_common::tenancy::inbox_prefix(bw_common::tenancy::DEFAULT_TENANT))
+            .custom_inbox_prefix(bw_wire::tenancy::inbox_prefix(bw_wire::tenancy::DEFAULT_TENANT))
             .connect(nats_url)
             .await?;
         let js = jetstream::new(nats.clone());
@@ -151,7 +151,7 @@ pub(crate) async fn heal_states(scopes: &async_nats::jetstream::kv::Store, obser
     };
     for (phone, last_ms) in suspects {
         let Ok(Some(bytes)) = scopes.get(&phone).await else { continue };
-        let Ok(snap) = bw_common::proto::ScopeSnapshot::decode(bytes) else { continue };
+        let Ok(snap) = bw_proto::v1::ScopeSnapshot::decode(bytes) else { continue };
         let closed =
             matches!(BreakerState::try_from(snap.state), Ok(BreakerState::Closed | BreakerState::ForcedClosed));
         if closed && snap.updated_at_unix_ms as f64 > last_ms {
@@ -185,8 +185,8 @@ async fn spawn_watchers(
     let mut transitions = nats.subscribe(names::BREAKER_ALL).await?;
     let mut outcomes = nats.subscribe(names::OUTCOME_ALL).await?;
     let mut alerts = nats.subscribe(names::ALERT_ALL).await?;
-    let tenant = bw_common::tenancy::DEFAULT_TENANT;
-    let mut feed = nats.subscribe(bw_common::tenancy::feed_filter(tenant)).await?;
+    let tenant = bw_wire::tenancy::DEFAULT_TENANT;
+    let mut feed = nats.subscribe(bw_wire::tenancy::feed_filter(tenant)).await?;
     let o4 = observed.clone();
     let t4 = tokio::spawn(async move {
         while let Some(msg) = feed.next().await {

@@ -2,7 +2,7 @@
 //! spread over several sender numbers, submitted through the producer client at a steady rate.
 
 use bw_client::{Client, Request};
-use bw_common::proto::Category;
+use bw_proto::v1::Category;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -59,7 +59,7 @@ pub fn recipient_index(i: usize) -> usize {
 
 /// Builds message `i` of the run (deterministic, so a run can be reproduced).
 /// `wabas[k]` is the WABA of `senders[k]`.
-pub fn build(run_id: &str, i: usize, wabas: &[String], senders: &[String]) -> bw_common::proto::SendRequest {
+pub fn build(run_id: &str, i: usize, wabas: &[String], senders: &[String]) -> bw_proto::v1::SendRequest {
     // The customer decides the sender too: a confirmation and its shipping update come from the same number.
     let customer = recipient_index(i);
     let sender = &senders[customer % senders.len()];

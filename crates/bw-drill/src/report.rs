@@ -8,9 +8,9 @@ use crate::observe::Observed;
 use crate::options::DrillOptions;
 use crate::producer::Produced;
 use crate::validation;
-use bw_common::proto::{BreakerState, LedgerEntry, OperationState};
 use bw_meta_sim::{OracleSnapshot, Scenario, WebhookCounters};
 use bw_ops::account::AccountingReport;
+use bw_proto::v1::{BreakerState, LedgerEntry, OperationState};
 use std::collections::{BTreeMap, HashSet};
 
 /// Everything the report is computed from.
@@ -282,8 +282,8 @@ fn budget_check(i: &Inputs<'_>) -> Option<crate::budget::BudgetCheck> {
     if !crate::budget::announces_tier(i.scenario) {
         return None;
     }
-    let bare = |op: &str| bw_common::tenancy::split_operation_key(op).1.to_string();
-    let categories: BTreeMap<String, bw_common::proto::Category> =
+    let bare = |op: &str| bw_wire::tenancy::split_operation_key(op).1.to_string();
+    let categories: BTreeMap<String, bw_proto::v1::Category> =
         i.entries.iter().map(|e| (bare(&e.operation_id), e.category())).collect();
     Some(crate::budget::check(&i.observed.budget_holds, |op| categories.get(&bare(op)).copied()))
 }

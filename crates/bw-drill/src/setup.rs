@@ -252,10 +252,10 @@ async fn register_senders(nats_url: &str, senders: &BTreeMap<String, String>) ->
     let nats = async_nats::connect(nats_url).await?;
     let registry = bw_common::registry::Registry::open(&async_nats::jetstream::new(nats), 1).await?;
     for (phone, waba) in senders {
-        let record = bw_common::proto::SenderRecord {
+        let record = bw_proto::v1::SenderRecord {
             phone_number_id: phone.clone(),
             waba_id: waba.clone(),
-            tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+            tenant: bw_wire::tenancy::DEFAULT_TENANT.into(),
             updated_at_unix_ms: bw_common::time::now_ms(),
             ..Default::default()
         };

@@ -4,8 +4,8 @@
 //! Every line names senders (phone_number_id, not personal data), subjects, consumers and counts; never a
 //! recipient: order sets appear only as counts, ledger entries only grouped by state, category and reason.
 
-use bw_common::names;
-use bw_common::proto::{BreakerState, LedgerEntry, OperationState, ScopeSnapshot};
+use bw_proto::v1::{BreakerState, LedgerEntry, OperationState, ScopeSnapshot};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::BTreeMap;

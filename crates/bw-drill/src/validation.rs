@@ -486,7 +486,7 @@ mod tests {
     #[test]
     fn scenario_rows_are_required_for_pass_only_in_their_scenario() {
         use crate::scoped::{KeptRate, Noise, WabaCheck};
-        use bw_common::proto::Category;
+        use bw_proto::v1::Category;
         let owners = parse_owners(DEFAULT_OWNERS).expect("owners");
         let judged = |mut r: DrillReport| {
             r.validation = rows(&r, &owners);

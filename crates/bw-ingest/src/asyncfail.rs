@@ -14,7 +14,7 @@
 
 use crate::processing::{Processor, Retry};
 use bw_common::classify::{Channel, Classification, ErrorClass, classify};
-use bw_common::proto::{LedgerEntry, OperationState, StatusUpdate};
+use bw_proto::v1::{LedgerEntry, OperationState, StatusUpdate};
 
 /// Meta accepted the attempt and has not delivered it: sent, or held by template pacing (a held message Meta
 /// drops fails with 132015, and gets a new attempt like a sent one).

@@ -33,9 +33,9 @@ use crate::metrics::Metrics;
 use crate::secret;
 use async_nats::jetstream::{self, consumer, kv};
 use bw_common::disposition::{Label, NAK_DELAY_MAX, NAK_DELAY_MIN, Settle, apply};
-use bw_common::proto::{OutcomeEvent, OutcomeKind};
 use bw_common::registry::{Owner, RegistryView};
 use bw_common::time::now_ms;
+use bw_proto::v1::{OutcomeEvent, OutcomeKind};
 use bw_wire::tenancy::{self, DEFAULT_TENANT, TenancyMode};
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -909,7 +909,7 @@ mod tests {
             tenant: "crm".into(),
             revision: 42,
             kind: OutcomeKind::DeadLettered as i32,
-            state: bw_common::proto::OperationState::Dlq as i32,
+            state: bw_proto::v1::OperationState::Dlq as i32,
             phone_number_id: "2002".into(),
             at_unix_ms: 1_796_183_919_004,
             ..Default::default()

@@ -255,7 +255,7 @@ impl Config {
         }
         cidr::parse_all("webhook.trusted_proxies", &w.trusted_proxies)?;
         let egress = egress::Policy::from_config(&self.egress.allow_cidrs)?;
-        use bw_common::proto::Category;
+        use bw_proto::v1::Category;
         let known = [Category::Authentication, Category::Transactional, Category::Support, Category::Marketing];
         if let Some(bad) = self.order.keep.iter().find(|k| !known.iter().any(|c| c.label() == k.as_str())) {
             return Err(format!(

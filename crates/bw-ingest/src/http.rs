@@ -16,8 +16,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bw_common::proto::{Category, IntakeReply, RejectReason, SendRequest, StoredWebhook, send_request::Payload};
 use bw_common::registry::Owner;
+use bw_proto::v1::{Category, IntakeReply, RejectReason, SendRequest, StoredWebhook, send_request::Payload};
 use bw_wire::names;
 use prost::Message as _;
 use serde::{Deserialize, Serialize};
@@ -183,7 +183,7 @@ async fn store_webhook(
         Vec::new()
     };
     let stored = StoredWebhook { body, received_at_unix_ms: bw_common::time::now_ms(), body_sha256: sha };
-    bw_common::telemetry::inject(&span, &mut nats_headers);
+    bw_wire::trace::inject(&span, &mut nats_headers);
     let result = bw_common::nats::publish_durable(
         &state.js,
         names::WEBHOOK_SUBJECT.to_string(),
@@ -331,10 +331,8 @@ fn from_json(raw: &[u8]) -> Result<SendRequest, (String, Rejection)> {
     };
     let payload = match (j.text, j.template) {
         (Some(_), Some(_)) => return Err((op, crate::validate::both_payloads())),
-        (Some(t), None) => {
-            Some(Payload::Text(bw_common::proto::TextPayload { body: t.body, preview_url: t.preview_url }))
-        }
-        (None, Some(t)) => Some(Payload::Template(bw_common::proto::TemplatePayload {
+        (Some(t), None) => Some(Payload::Text(bw_proto::v1::TextPayload { body: t.body, preview_url: t.preview_url })),
+        (None, Some(t)) => Some(Payload::Template(bw_proto::v1::TemplatePayload {
             name: t.name,
             language: t.language,
             body_parameters: t.body_parameters,
@@ -546,7 +544,7 @@ fn times(ms: i64, tz: chrono_tz::Tz) -> serde_json::Value {
 }
 
 /// The JSON of one feed event.
-pub(crate) fn event_json(e: &bw_common::proto::OutcomeEvent, tz: chrono_tz::Tz) -> serde_json::Value {
+pub(crate) fn event_json(e: &bw_proto::v1::OutcomeEvent, tz: chrono_tz::Tz) -> serde_json::Value {
     let kind = e.kind().as_str_name().trim_start_matches("OUTCOME_KIND_").to_ascii_lowercase();
     serde_json::json!({
         "revision": e.revision,

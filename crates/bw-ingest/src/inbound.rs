@@ -8,7 +8,7 @@
 //! then counts toward the budget, the safe direction, and the inbound message itself still flows to BW_INBOUND.
 
 use bw_breaker::budget::PortfolioBudget;
-use bw_common::proto::InboundMessage;
+use bw_proto::v1::InboundMessage;
 use std::time::Duration;
 
 /// Records windows; absent without Redis.

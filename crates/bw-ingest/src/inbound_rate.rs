@@ -10,7 +10,7 @@
 
 use bw_breaker::Scope;
 use bw_breaker::throughput::Throughput;
-use bw_common::proto::InboundMessage;
+use bw_proto::v1::InboundMessage;
 use serde::Deserialize;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;

@@ -28,9 +28,9 @@ use crate::validate::{self, Limits, Rejection};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
-use bw_common::proto::{IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest};
 use bw_common::registry::{Owner, RegistryView, SenderRefusal};
 use bw_common::time::now_ms;
+use bw_proto::v1::{IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest};
 use bw_wire::names;
 use bw_wire::tenancy::{self, TenancyMode};
 use futures::StreamExt;
@@ -101,7 +101,7 @@ pub struct OrderConfig {
 
 impl OrderConfig {
     /// Whether messages of `category` keep order.
-    pub fn keeps(&self, category: bw_common::proto::Category) -> bool {
+    pub fn keeps(&self, category: bw_proto::v1::Category) -> bool {
         self.keep.iter().any(|k| k == category.label())
     }
 }
@@ -328,7 +328,7 @@ impl Intake {
         &self,
         mut request: SendRequest,
         tenant: &str,
-        mut category: bw_common::proto::Category,
+        mut category: bw_proto::v1::Category,
         source: Source<'_>,
         span: &tracing::Span,
     ) -> IntakeReply {
@@ -356,7 +356,7 @@ impl Intake {
         if let Some(templates) = &self.templates {
             moved = templates.moved_to_marketing(&request, category, &self.metrics).await;
             if moved.is_some() {
-                category = bw_common::proto::Category::Marketing;
+                category = bw_proto::v1::Category::Marketing;
                 request.set_category(category);
             }
         }
@@ -382,7 +382,7 @@ impl Intake {
         request.accepted_at_unix_ms = accepted_at;
         let mut headers = HeaderMap::new();
         headers.insert("Nats-Msg-Id", key.as_str());
-        bw_common::telemetry::inject(span, &mut headers);
+        bw_wire::trace::inject(span, &mut headers);
         let subject = self.send.outbox_subject(names::Lane::for_category(category), &request.phone_number_id);
         let duplicate =
             match bw_common::nats::publish_durable(&self.js, subject, headers, request.encode_to_vec().into()).await {

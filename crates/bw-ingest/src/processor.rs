@@ -29,8 +29,8 @@ use crate::webhook::{self, ValueError};
 use async_nats::jetstream::{self, kv};
 use bw_common::classify::{ErrorClass, classify_code};
 use bw_common::disposition::{Label, Settle, apply};
-use bw_common::proto::{DeliveryStatus, InboundMessage, OperationState, Signal, StatusUpdate, StoredWebhook};
 use bw_common::time::now_ms;
+use bw_proto::v1::{DeliveryStatus, InboundMessage, OperationState, Signal, StatusUpdate, StoredWebhook};
 use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
@@ -224,10 +224,10 @@ impl Processor {
             headers.insert(OBJECT_HEADER, name.as_str());
             Vec::new()
         };
-        let rejected = bw_common::proto::RejectedRequest {
+        let rejected = bw_proto::v1::RejectedRequest {
             raw,
             source: "webhook".into(),
-            reason: bw_common::proto::RejectReason::Undecodable as i32,
+            reason: bw_proto::v1::RejectReason::Undecodable as i32,
             error: error.to_string(),
             at_unix_ms: now_ms(),
             raw_size: stored.body.len() as u64,

@@ -19,11 +19,11 @@ use crate::metrics::Metrics;
 use async_nats::jetstream;
 use bw_common::disposition::{self, Label, Settle};
 use bw_common::ledger::Ledger;
-use bw_common::proto::{
+use bw_common::time::now_ms;
+use bw_proto::v1::{
     Category, DlqEnvelope, DlqReason, OperationState, QuarantineEntry, QuarantineReason, RejectReason, RejectedRequest,
     UnknownOutcome,
 };
-use bw_common::time::now_ms;
 use bw_wire::names;
 use prost::Message as _;
 use serde::Deserialize;
@@ -138,7 +138,7 @@ pub(crate) struct Reconciler {
 fn headers(msg_id: &str) -> async_nats::HeaderMap {
     let mut h = async_nats::HeaderMap::new();
     h.insert("Nats-Msg-Id", msg_id);
-    bw_common::telemetry::inject(&tracing::Span::current(), &mut h);
+    bw_wire::trace::inject(&tracing::Span::current(), &mut h);
     h
 }
 
@@ -291,7 +291,7 @@ impl Reconciler {
     /// The incident of the sender's breaker when its BW_SCOPES snapshot says it is not CLOSED (else empty), so a
     /// DLQ entry written while the scope is OPEN carries the incident like the dispatcher's do.
     async fn open_incident(&self, phone_number_id: &str) -> String {
-        use bw_common::proto::{BreakerState, ScopeSnapshot};
+        use bw_proto::v1::{BreakerState, ScopeSnapshot};
         match self.scopes.get(phone_number_id).await {
             Ok(Some(bytes)) => match ScopeSnapshot::decode(bytes.as_ref()) {
                 Ok(s) if !matches!(s.state(), BreakerState::Closed | BreakerState::Unspecified) => s.incident_id,

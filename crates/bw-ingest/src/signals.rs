@@ -21,8 +21,8 @@
 
 use crate::processing::Processor;
 use crate::webhook::scrub;
-use bw_common::proto::account_signal::Kind;
-use bw_common::proto::{
+use bw_proto::v1::account_signal::Kind;
+use bw_proto::v1::{
     AccountAlert, AccountBanState, AccountEvent, AccountRestriction, AccountSignal, MessageEcho, MessagingLimitChange,
     TemplateCategoryChange, TemplateQualityChange, TemplateStatusChange, ThroughputChange, UnknownWebhookField,
     UserPreference, WebhookValueError,
@@ -599,10 +599,10 @@ impl Processor {
             tracing::warn!(field = kept.label, bytes = kept.raw.len(), "webhook change too large to keep a raw copy");
             return Ok(());
         }
-        let rejected = bw_common::proto::RejectedRequest {
+        let rejected = bw_proto::v1::RejectedRequest {
             raw: kept.raw.clone().into_bytes(),
             source: REJECTED_SOURCE.into(),
-            reason: bw_common::proto::RejectReason::Unspecified as i32,
+            reason: bw_proto::v1::RejectReason::Unspecified as i32,
             error: match &kept.error {
                 Some(e) => e.to_string(),
                 None => format!("webhook field `{}` is not acted on: stored and counted", kept.label),

@@ -9,7 +9,7 @@
 use crate::metrics::Metrics;
 use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
-use bw_common::proto::{Category, SendRequest};
+use bw_proto::v1::{Category, SendRequest};
 use std::time::Duration;
 
 /// The template rules ingest reads at intake; absent when ingest runs without Redis.
@@ -69,7 +69,7 @@ pub(crate) fn moved_reason(key: &ScopeKey, asked: Category) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{TemplatePayload, send_request::Payload};
+    use bw_proto::v1::{TemplatePayload, send_request::Payload};
 
     #[test]
     fn the_reason_names_the_template_and_the_asked_category_only() {

@@ -3,7 +3,7 @@
 //! Every refusal carries a [`RejectReason`] and a precise, non-personal error text (it never echoes the
 //! recipient or the message body).
 
-use bw_common::proto::{Category, RejectReason, SendRequest, send_request::Payload};
+use bw_proto::v1::{Category, RejectReason, SendRequest, send_request::Payload};
 
 /// Limits applied to producer input.
 #[derive(Debug, Clone)]
@@ -212,7 +212,7 @@ pub fn has_both_payloads(raw: &[u8]) -> bool {
     text && template
 }
 
-fn check_template(t: &bw_common::proto::TemplatePayload, limits: &Limits) -> Result<(), Rejection> {
+fn check_template(t: &bw_proto::v1::TemplatePayload, limits: &Limits) -> Result<(), Rejection> {
     use RejectReason::*;
     if t.name.is_empty() {
         return reject(MissingField, "template name is required");

@@ -6,7 +6,7 @@
 //! "errors":[..]}}]}]}`. Unknown fields are ignored, so new Meta fields never break parsing; the changes of
 //! other fields (and value-level errors again, as typed signals) are read by `crate::signals`.
 
-use bw_common::proto::{DeliveryStatus, InboundMessage, StatusUpdate};
+use bw_proto::v1::{DeliveryStatus, InboundMessage, StatusUpdate};
 use hmac::{KeyInit, Mac};
 use serde::Deserialize;
 

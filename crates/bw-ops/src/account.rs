@@ -11,9 +11,9 @@
 use crate::OpsError;
 use crate::scan::scan_stream;
 use async_nats::jetstream;
-use bw_common::names;
 use bw_common::nats::Buckets;
-use bw_common::proto::{DlqEnvelope, LedgerEntry, OperationState, QuarantineEntry, SendRequest, UnknownOutcome};
+use bw_proto::v1::{DlqEnvelope, LedgerEntry, OperationState, QuarantineEntry, SendRequest, UnknownOutcome};
+use bw_wire::names;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -180,7 +180,7 @@ async fn one_pass(
         }
         counts.insert(stream, messages.len() as u64);
         for m in messages {
-            let op = if m.headers.get(bw_common::names::UNDECODABLE_HEADER).is_some() {
+            let op = if m.headers.get(bw_wire::names::UNDECODABLE_HEADER).is_some() {
                 None
             } else {
                 operation_of(stream, m.payload.as_ref())

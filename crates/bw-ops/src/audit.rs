@@ -1,10 +1,10 @@
-//! The audit stream `BW_AUDIT` (`bw_common::names`): one JSON message per operator action and outcome (the
+//! The audit stream `BW_AUDIT` (`bw_wire::names`): one JSON message per operator action and outcome (the
 //! console's and bwctl's), on `bw.audit.v1.<action>`: who (the key's name or the proxy's user) with their role, what, when, on which scope,
 //! and how it ended. Scopes are phone_number_ids, incident ids, operation keys and quarantine scope keys;
 //! free texts (reasons) have their digit runs masked. No recipient, token or key ever goes in.
 
 use async_nats::jetstream;
-use bw_common::names;
+use bw_wire::names;
 use std::collections::BTreeMap;
 
 /// How long audit entries are kept.

@@ -23,8 +23,9 @@ use crate::pace::TokenBucket;
 use crate::scan::{delete, subject_depth};
 use async_nats::jetstream::{self, kv};
 use bw_common::nats::{Buckets, publish_durable};
-use bw_common::proto::{IncidentProgress, IncidentReplayed};
-use bw_common::{names, time::now_ms};
+use bw_common::time::now_ms;
+use bw_proto::v1::{IncidentProgress, IncidentReplayed};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet};
@@ -469,7 +470,7 @@ pub async fn replay_incident(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::{Category, DlqEnvelope, SendRequest};
+    use bw_proto::v1::{Category, DlqEnvelope, SendRequest};
 
     fn item(seq: u64, incident: &str, category: Category, accepted: i64) -> DlqItem {
         DlqItem {

@@ -4,9 +4,10 @@
 use crate::OpsError;
 use crate::scan::scan_stream;
 use async_nats::jetstream;
-use bw_common::names::phone_of_subject;
-use bw_common::proto::{DlqEnvelope, DlqReason, QuarantineEntry, QuarantineReason, SendRequest, send_request};
-use bw_common::{mask, names};
+use bw_common::mask;
+use bw_proto::v1::{DlqEnvelope, DlqReason, QuarantineEntry, QuarantineReason, SendRequest, send_request};
+use bw_wire::names;
+use bw_wire::names::phone_of_subject;
 use prost::Message;
 use std::collections::BTreeMap;
 
@@ -81,7 +82,7 @@ pub async fn quarantine_items(
     let mut items = Vec::with_capacity(messages.len());
     let mut bad = Vec::new();
     for m in messages {
-        let undecodable_marker = m.headers.get(bw_common::names::UNDECODABLE_HEADER).is_some();
+        let undecodable_marker = m.headers.get(bw_wire::names::UNDECODABLE_HEADER).is_some();
         match QuarantineEntry::decode(m.payload.as_ref()) {
             Ok(entry) if entry.request.is_some() && !undecodable_marker => {
                 items.push(QuarantineItem { sequence: m.sequence, subject: m.subject.to_string(), entry })
@@ -218,7 +219,7 @@ pub fn masked(request: &SendRequest) -> MaskedRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bw_common::proto::TextPayload;
+    use bw_proto::v1::TextPayload;
 
     #[test]
     fn masked_view_hides_recipient_and_body() {
@@ -243,7 +244,7 @@ mod tests {
     fn stats_count_depth_oldest_and_reasons() {
         let item = |phone: &str, at: i64, reason: DlqReason| DlqItem {
             sequence: 1,
-            subject: names::dlq_subject(bw_common::proto::Category::Marketing, phone),
+            subject: names::dlq_subject(bw_proto::v1::Category::Marketing, phone),
             envelope: DlqEnvelope { reason: reason as i32, dead_lettered_at_unix_ms: at, ..Default::default() },
         };
         let stats = dlq_stats(&[

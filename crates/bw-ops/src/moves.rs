@@ -12,14 +12,15 @@ use crate::inspect::{DlqItem, QuarantineItem, quarantine_reason_label};
 use crate::pace::Gate;
 use async_nats::jetstream;
 use bw_common::ledger::Ledger;
-use bw_common::names::{REPLAY_HEADER, UNDECODABLE_HEADER, quarantine_msg_id, replay_msg_id};
 use bw_common::nats::{Buckets, publish_durable};
-use bw_common::proto::{
+use bw_common::registry::RegistryView;
+use bw_common::time::now_ms;
+use bw_proto::v1::{
     Attempt, DlqEnvelope, DlqReason, ErrorInfo, LedgerEntry, OperationState, QuarantineEntry, QuarantineReason,
     SendRequest, Signal, send_request,
 };
-use bw_common::registry::RegistryView;
-use bw_common::{names, telemetry, time::now_ms};
+use bw_wire::names;
+use bw_wire::names::{REPLAY_HEADER, UNDECODABLE_HEADER, quarantine_msg_id, replay_msg_id};
 use prost::Message;
 use std::time::Duration;
 
@@ -392,7 +393,7 @@ impl Mover {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, replay_msg_id(&request.operation_id, replay).as_str());
         headers.insert(REPLAY_HEADER, replay.to_string().as_str());
-        telemetry::inject(&tracing::Span::current(), &mut headers);
+        bw_wire::trace::inject(&tracing::Span::current(), &mut headers);
         // Priority follows the message: a priority entry goes back through the priority replay lane (`rh`),
         // served first and admitted as priority traffic; a marketing one through `rp`.
         let subject = self.send.outbox_subject(names::Lane::for_replay(outgoing.category()), &outgoing.phone_number_id);
@@ -457,7 +458,7 @@ impl Mover {
         let mut headers = async_nats::HeaderMap::new();
         let msg_id = quarantine_msg_id(op, replays, quarantine_reason_label(reason));
         headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id.as_str());
-        telemetry::inject(&tracing::Span::current(), &mut headers);
+        bw_wire::trace::inject(&tracing::Span::current(), &mut headers);
         let subject = names::quarantine_subject(&request.phone_number_id);
         publish_durable(&self.js, subject, headers, entry.encode_to_vec().into()).await?;
         let stored = self

@@ -10,9 +10,9 @@ use crate::moves::{Mover, Outcome, Rules};
 use crate::pace::TokenBucket;
 use crate::scan::delete;
 use async_nats::jetstream;
-use bw_common::names;
 use bw_common::nats::Buckets;
-use bw_common::proto::{QuarantineReason, ScopeSnapshot};
+use bw_proto::v1::{QuarantineReason, ScopeSnapshot};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message;
 use std::collections::BTreeMap;
@@ -66,7 +66,7 @@ fn operator_rules() -> Rules {
     Rules { honor_not_before: false, via: "operator".into(), ..Rules::default() }
 }
 
-fn op_of(request: Option<&bw_common::proto::SendRequest>) -> String {
+fn op_of(request: Option<&bw_proto::v1::SendRequest>) -> String {
     request.map(|r| r.operation_id.clone()).unwrap_or_default()
 }
 
@@ -96,7 +96,7 @@ pub async fn replay_dlq_now(
 ) -> Result<BatchReport, OpsError> {
     let (items, _) = dlq_items(js, buckets.send, scope).await?;
     let selected: Vec<DlqItem> =
-        items.into_iter().filter(|i| allow(bw_common::names::phone_of_subject(&i.subject))).take(limit).collect();
+        items.into_iter().filter(|i| allow(bw_wire::names::phone_of_subject(&i.subject))).take(limit).collect();
     let mover = Mover::new(js.clone(), buckets, operator_rules());
     let mut bucket = TokenBucket::new(rate_per_s, (rate_per_s / 10.0).max(1.0));
     let mut report = BatchReport { selected: selected.len(), ..Default::default() };

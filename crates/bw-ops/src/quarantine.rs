@@ -18,9 +18,9 @@ use crate::ops::{BatchReport, Progress};
 use crate::pace::TokenBucket;
 use crate::scan::delete;
 use async_nats::jetstream;
-use bw_common::names;
 use bw_common::nats::Buckets;
-use bw_common::proto::OperationState;
+use bw_proto::v1::OperationState;
+use bw_wire::names;
 use std::collections::BTreeMap;
 
 /// One quarantine scope as `bwctl quarantine ls` shows it.

@@ -5,7 +5,7 @@
 //! The ledger:
 //!
 //! An operation's ledger entry lives in partition FNV-1a(operation id) mod N, and a wamid link in that of its
-//! key (`bw_common::names::ledger_partition`), so a new count moves most entries. Entries stay for
+//! key (`bw_wire::names::ledger_partition`), so a new count moves most entries. Entries stay for
 //! `ledger_max_age_days`, so the ledger cannot be drained like BW_SEND: they are copied into their new
 //! partition, then removed from the old one. Every service must be stopped first; the steps, each safe to run
 //! again after a crash:
@@ -28,7 +28,7 @@
 
 use crate::OpsError;
 use async_nats::jetstream::{self, kv, stream};
-use bw_common::names;
+use bw_wire::names;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 

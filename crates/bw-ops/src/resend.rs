@@ -11,8 +11,8 @@
 
 use crate::OpsError;
 use bw_common::ledger::Ledger;
-use bw_common::names::SendPartitions;
-use bw_common::proto::{LedgerEntry, OperationState};
+use bw_proto::v1::{LedgerEntry, OperationState};
+use bw_wire::names::SendPartitions;
 
 /// Why a resend was refused (nothing changed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,7 +131,7 @@ pub async fn resend(
     };
     let id = bw_common::attempts::resend_msg_id(key, v.entry.resends);
     // The replay lane, as every operator move: an operator never publishes on the live lanes (deploy/nats).
-    let lane = bw_common::names::Lane::for_replay(request.category());
+    let lane = bw_wire::names::Lane::for_replay(request.category());
     bw_common::attempts::publish(js, send, lane, &request, &id, v.entry.replays).await?;
     Ok(Resent::Queued { resend: v.entry.resends })
 }

@@ -87,9 +87,9 @@ pub async fn subject_counts(
 /// partitions): who has dead letters, and how many of each class.
 pub async fn dlq_subject_counts(
     js: &jetstream::Context,
-    send: bw_common::names::SendPartitions,
+    send: bw_wire::names::SendPartitions,
 ) -> Result<BTreeMap<String, u64>, OpsError> {
-    use bw_common::names::SendPartitions;
+    use bw_wire::names::SendPartitions;
     let mut out = BTreeMap::new();
     for (partition, stream) in send.dlq_streams().enumerate() {
         out.extend(subject_counts(js, &stream, &SendPartitions::dlq_all(partition)).await?);

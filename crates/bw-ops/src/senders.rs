@@ -5,7 +5,7 @@
 //! tenant of the registry, keeps the markers (so its output can be the base of the next run, or go through
 //! `scripts/nats-accounts.sh`), and leaves every other line as it was.
 //!
-//! A tenant's user (`bw_common::tenancy::nats_user`) may do exactly what the producer contract needs and
+//! A tenant's user (`bw_wire::tenancy::nats_user`) may do exactly what the producer contract needs and
 //! nothing that would touch another tenant:
 //! - publish `bw.send.v1.<phone>` and `bw.status.v1.<phone>` for each of its own numbers (never a wildcard: the
 //!   subject's number decides the tenant of a request);
@@ -20,8 +20,8 @@
 //! Passwords are never written: each user's password is the environment variable [`password_var`], which
 //! nats-server resolves when it loads the file.
 
-use bw_common::proto::SenderRecord;
-use bw_common::tenancy;
+use bw_proto::v1::SenderRecord;
+use bw_wire::tenancy;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -58,7 +58,7 @@ pub fn producer_publish(tenant: &str, phones: &[&str]) -> Vec<String> {
     let consumer = tenancy::feed_consumer(tenant);
     let mut allow = Vec::with_capacity(phones.len() * 2 + 5);
     for phone in phones {
-        allow.push(bw_common::names::intake_subject(phone));
+        allow.push(bw_wire::names::intake_subject(phone));
         allow.push(format!("bw.status.v1.{phone}"));
     }
     allow.extend([

@@ -2,7 +2,7 @@
 //! operation key.
 //!
 //! Before tenants the ledger key was the bare operation id. The idempotency key is now (tenant, operation id)
-//! (`bw_common::tenancy::operation_key`): the bare id for the tenant `default`, `<tenant>/<id>` for the others.
+//! (`bw_wire::tenancy::operation_key`): the bare id for the tenant `default`, `<tenant>/<id>` for the others.
 //! An old entry whose sender the registry assigns to another tenant would not be found by that tenant's status
 //! query, and a retry of its id would be accepted as new. [`migrate_tenants`] moves each such entry:
 //!
@@ -23,10 +23,10 @@ use crate::OpsError;
 use crate::scan::subject_counts;
 use async_nats::jetstream::{self, kv};
 use bw_common::ledger::{Ledger, LedgerError};
-use bw_common::names;
 use bw_common::nats::Buckets;
 use bw_common::registry::{Registry, RegistryError};
-use bw_common::tenancy;
+use bw_wire::names;
+use bw_wire::tenancy;
 use futures::StreamExt;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

@@ -3,8 +3,8 @@
 
 use crate::OpsError;
 use async_nats::jetstream::{self, consumer};
-use bw_common::proto::{Alert, AlertStatus, OutcomeEvent};
-use bw_common::tenancy;
+use bw_proto::v1::{Alert, AlertStatus, OutcomeEvent};
+use bw_wire::tenancy;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
@@ -71,7 +71,7 @@ struct AlertStateView {
 /// Every alert the alerting service holds as firing now (its KV bucket `BW_ALERTS`), newest first. Empty when
 /// the bucket does not exist (alerting never ran).
 pub async fn firing_alerts(js: &jetstream::Context) -> Result<Vec<Alert>, OpsError> {
-    let bucket_name = bw_common::names::ALERTS_BUCKET;
+    let bucket_name = bw_wire::names::ALERTS_BUCKET;
     let Ok(bucket) = js.get_key_value(bucket_name).await else { return Ok(Vec::new()) };
     let mut keys = bucket.keys().await.map_err(|e| OpsError::nats(bucket_name, e))?;
     let mut out = Vec::new();

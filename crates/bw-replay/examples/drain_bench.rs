@@ -10,13 +10,13 @@
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
-use bw_common::names;
-use bw_common::proto::*;
 use bw_common::service::Deps;
 use bw_common::time::now_ms;
 use bw_ops::pace::TokenBucket;
 use bw_ops::scan::subject_depth;
+use bw_proto::v1::*;
 use bw_testkit::NatsServer;
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message;
 use std::collections::HashMap;
@@ -130,12 +130,9 @@ async fn fill_dlq(deps: &Deps, n: usize) -> anyhow::Result<()> {
                 e.set_state(OperationState::Dlq);
                 ledger.create(&e).await?;
                 let env = DlqEnvelope { request: Some(req), dead_lettered_at_unix_ms: now_ms(), ..Default::default() };
-                js.publish(
-                    names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
-                    env.encode_to_vec().into(),
-                )
-                .await?
-                .await?;
+                js.publish(names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE), env.encode_to_vec().into())
+                    .await?
+                    .await?;
                 Ok(())
             }
         })

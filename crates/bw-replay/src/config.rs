@@ -17,7 +17,7 @@ pub struct Config {
     pub failover: FailoverConfig,
     /// Whether DLQ entries' senders are checked against the sender registry before a replay (the default).
     #[serde(default)]
-    pub tenancy: bw_common::tenancy::TenancyConfig,
+    pub tenancy: bw_wire::tenancy::TenancyConfig,
 }
 
 /// The `[replay]` section.

@@ -3,8 +3,8 @@
 
 use crate::config::Config;
 use crate::{lease, metrics};
-use bw_common::proto::{BreakerState, ScopePause, ScopeSnapshot};
 use bw_ops::moves::Mover;
+use bw_proto::v1::{BreakerState, ScopePause, ScopeSnapshot};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;

@@ -4,8 +4,8 @@
 //! many instances run, and again after a restart only if it never went out).
 
 use crate::ctx::Ctx;
-use bw_common::proto::DlqEnvelope;
 use bw_ops::incident::{Counted, Counts};
+use bw_proto::v1::DlqEnvelope;
 use std::collections::HashMap;
 
 /// Per drain session: incident hold answers already read, and counts not yet written.

@@ -3,8 +3,8 @@
 //! renewed with compare-and-set; an instance that dies simply stops renewing and the lease expires.
 
 use async_nats::jetstream::{self, kv};
-use bw_common::names::REPLAY_LEASE_BUCKET;
 use bw_common::time::now_ms;
+use bw_wire::names::REPLAY_LEASE_BUCKET;
 
 /// Lease handle of one instance.
 #[derive(Clone)]

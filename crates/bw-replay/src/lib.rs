@@ -38,9 +38,9 @@ use ctx::Ctx;
 pub use ctx::ScopeView;
 
 use anyhow::Context as _;
-use bw_common::proto::ScopeSnapshot;
 use bw_common::service::Deps;
 use bw_ops::moves::{Mover, Rules};
+use bw_proto::v1::ScopeSnapshot;
 use futures::StreamExt;
 use prost::Message;
 use std::collections::HashMap;

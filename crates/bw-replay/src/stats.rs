@@ -3,10 +3,10 @@
 //! oldest-age metrics are refreshed (one extra request per non-empty scope, never a scan).
 
 use crate::ctx::Ctx;
-use bw_common::names::phone_of_subject;
-use bw_common::proto::DlqEnvelope;
 use bw_common::time::now_ms;
 use bw_ops::scan::first_message;
+use bw_proto::v1::DlqEnvelope;
+use bw_wire::names::phone_of_subject;
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

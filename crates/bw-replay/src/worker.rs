@@ -15,13 +15,14 @@
 use crate::ctx::{Ctx, ScopeView};
 use async_nats::jetstream::{Message, consumer::pull};
 use bw_common::disposition::{Label, Settle};
-use bw_common::names::{replay_class_consumer, replay_consumer};
-use bw_common::proto::{BreakerState, DlqEnvelope, DlqReason};
+use bw_common::telemetry;
 use bw_common::time::now_ms;
-use bw_common::{names, telemetry};
 use bw_ops::moves::{Outcome, Target};
 use bw_ops::pace::Gate;
 use bw_ops::scan::subject_depth;
+use bw_proto::v1::{BreakerState, DlqEnvelope, DlqReason};
+use bw_wire::names;
+use bw_wire::names::{replay_class_consumer, replay_consumer};
 use futures::StreamExt;
 use prost::Message as _;
 use std::sync::Arc;
@@ -94,7 +95,7 @@ impl Label for EntryResult {
 /// What the broker is told about a DLQ entry after a move: the source goes once the move has put the
 /// operation somewhere else (or found it already elsewhere); otherwise it comes back after the move's wait.
 fn settle_for(outcome: &Outcome) -> Settle<EntryResult> {
-    use bw_common::proto::QuarantineReason;
+    use bw_proto::v1::QuarantineReason;
     let result = match outcome {
         Outcome::Replayed { .. } => EntryResult::Replayed,
         Outcome::AlreadyAccepted => EntryResult::AlreadySent,
@@ -634,7 +635,7 @@ async fn handle(
                     tracing::debug!(operation_id = %op, replay, duplicate, "replayed");
                 }
                 Outcome::Quarantined(reason) => {
-                    if *reason == bw_common::proto::QuarantineReason::Poison {
+                    if *reason == bw_proto::v1::QuarantineReason::Poison {
                         ctx.metrics.poison.inc();
                     }
                     tracing::info!(operation_id = %op, reason = ?reason, "quarantined instead of replayed");
@@ -656,7 +657,7 @@ async fn handle(
 mod tests {
     use super::*;
     use bw_common::disposition::Disposition;
-    use bw_common::proto::QuarantineReason;
+    use bw_proto::v1::QuarantineReason;
 
     #[test]
     fn each_move_outcome_settles_its_dlq_entry() {

@@ -204,14 +204,14 @@ mod tests {
             assert_eq!(env.get(&key).map(String::as_str), Some("dev"), "{key}");
         }
         let ingest: bw_ingest::Config = load("ingest", bw_ingest::DEFAULT_CONFIG, &env).expect("ingest loads");
-        assert_eq!(ingest.tenancy.mode, bw_common::tenancy::TenancyMode::Dev);
+        assert_eq!(ingest.tenancy.mode, bw_wire::tenancy::TenancyMode::Dev);
 
         let mut env: HashMap<String, String> =
             TENANCY_SERVICES.iter().map(|s| (format!("BW_{s}__TENANCY__MODE"), "registry".to_string())).collect();
         assert!(!dev_mode_unless_set(&mut env), "the environment's mode wins");
         let dispatcher: bw_dispatcher::Config =
             load("dispatcher", bw_dispatcher::DEFAULT_CONFIG, &env).expect("dispatcher loads");
-        assert_eq!(dispatcher.tenancy.mode, bw_common::tenancy::TenancyMode::Registry);
+        assert_eq!(dispatcher.tenancy.mode, bw_wire::tenancy::TenancyMode::Registry);
     }
 
     #[test]

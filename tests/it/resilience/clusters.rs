@@ -7,10 +7,10 @@ use super::common::{
     SENT, Verdict, blocking, cluster_topology, dispatcher_settings, ledger, services, sim, state_counts, submit,
 };
 use crate::dispatch::failing;
-use bw_common::names;
-use bw_common::proto::{BreakerState, BreakerTransition, OperationState, SendRequest};
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, WABA_ID};
 use bw_meta_sim::{FaultKind, Scenario};
+use bw_proto::v1::{BreakerState, BreakerTransition, OperationState, SendRequest};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
@@ -78,7 +78,7 @@ async fn stall_report(
     let mut out = String::new();
     for phone in [PHONE_A, PHONE_B] {
         let snapshot = match buckets.scopes.get(phone).await {
-            Ok(Some(v)) => bw_common::proto::ScopeSnapshot::decode(v.as_ref())
+            Ok(Some(v)) => bw_proto::v1::ScopeSnapshot::decode(v.as_ref())
                 .map(|s| format!("{:?} since {} incident {:?}", s.state(), s.since_unix_ms, s.incident_id))
                 .unwrap_or_else(|e| format!("undecodable: {e}")),
             Ok(None) => "none".into(),

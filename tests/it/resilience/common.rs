@@ -3,10 +3,10 @@
 
 use async_nats::jetstream;
 use bw_common::nats::Buckets;
-use bw_common::proto::{LedgerEntry, OperationState, RejectReason, SendRequest};
 use bw_drill::stack::{Services, bin_dir};
 use bw_meta_sim::{Limits, OracleSnapshot, SimConfig};
 use bw_ops::account::AccountingReport;
+use bw_proto::v1::{LedgerEntry, OperationState, RejectReason, SendRequest};
 use futures::StreamExt;
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -296,7 +296,7 @@ pub(super) async fn cluster_topology(
         replicas: 3,
         ledger_partitions,
         send_partitions,
-        inbox_prefix: bw_common::tenancy::inbox_prefix(bw_common::tenancy::DEFAULT_TENANT),
+        inbox_prefix: bw_wire::tenancy::inbox_prefix(bw_wire::tenancy::DEFAULT_TENANT),
         ..bw_common::config::NatsConfig::single(urls, name)
     };
     let client = bw_common::nats::connect(&nats_cfg, "e2e", wait).await.expect("cluster reachable");

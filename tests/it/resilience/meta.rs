@@ -2,9 +2,9 @@
 //! once.
 
 use super::common::{SENT, Verdict, breaker, ledger, requests, sim, submit, wait_states};
-use bw_common::proto::{LedgerEntry, OperationState};
 use bw_e2e::Harness;
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, Window};
+use bw_proto::v1::{LedgerEntry, OperationState};
 use std::time::{Duration, Instant};
 
 const PHONE: &str = "106540352242951";

@@ -5,8 +5,8 @@
 //! config (transactional keeps order).
 
 use super::common::{SENT, Verdict, dispatcher_settings, ledger, services, slow_harness, wait_states};
-use bw_common::proto::{OperationState, RejectReason, SendRequest};
 use bw_e2e::{WABA_ID, order_violations};
+use bw_proto::v1::{OperationState, RejectReason, SendRequest};
 use std::time::{Duration, Instant};
 
 const PHONE: &str = "106540352250009";
@@ -24,7 +24,7 @@ fn request(r: usize, k: usize) -> SendRequest {
         "es_AR",
     )
     .param("1")
-    .category(bw_common::proto::Category::Transactional)
+    .category(bw_proto::v1::Category::Transactional)
     .build()
 }
 

@@ -5,8 +5,8 @@ use super::common::{
     SENT, Verdict, breaker, dispatcher_settings, ledger, requests, services, sim, slow_harness, submit, wait_states,
 };
 use bw_breaker::{Breaker, BreakerConfig, Forced, Scope};
-use bw_common::proto::OperationState;
 use bw_e2e::{Harness, WABA_ID};
+use bw_proto::v1::OperationState;
 use futures::StreamExt;
 use std::time::Duration;
 
@@ -74,7 +74,7 @@ async fn operator_breaker(h: &Harness) -> Breaker {
 
 /// The instance id holding an unexpired replay lease, if any.
 async fn lease_holder(h: &Harness) -> Option<String> {
-    let kv = h.js.get_key_value(bw_common::names::REPLAY_LEASE_BUCKET).await.ok()?;
+    let kv = h.js.get_key_value(bw_wire::names::REPLAY_LEASE_BUCKET).await.ok()?;
     let mut keys = kv.keys().await.ok()?;
     let now = bw_common::time::now_ms();
     while let Some(Ok(key)) = keys.next().await {

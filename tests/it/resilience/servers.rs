@@ -5,8 +5,8 @@ use super::common::{
     SENT, SETTLED, Verdict, assert_unknowns_flagged, blocking, breaker, cluster_topology, dispatcher_settings,
     requests, services, sim, submit, wait_states,
 };
-use bw_common::names;
 use bw_e2e::{ACCESS_TOKEN, APP_SECRET, Harness, WABA_ID};
+use bw_wire::names;
 use std::time::Duration;
 
 const PHONE: &str = "106540352242941";

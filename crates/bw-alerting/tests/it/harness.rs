@@ -174,7 +174,7 @@ pub(crate) async fn publish(js: &async_nats::jetstream::Context, subject: String
 
 /// Whether the alerting consumer has nothing pending or unacked.
 pub(crate) async fn consumer_drained(js: &async_nats::jetstream::Context) -> bool {
-    let Ok(stream) = js.get_stream(bw_common::names::EVENTS_STREAM).await else {
+    let Ok(stream) = js.get_stream(bw_wire::names::EVENTS_STREAM).await else {
         return false;
     };
     let Ok(mut consumer) =

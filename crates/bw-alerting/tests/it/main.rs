@@ -4,9 +4,9 @@
 mod harness;
 mod rules;
 
-use bw_common::names;
-use bw_common::proto::{Alert, AlertStatus, BreakerState, BreakerTransition, Scope, Signal};
+use bw_proto::v1::{Alert, AlertStatus, BreakerState, BreakerTransition, Scope, Signal};
 use bw_testkit::{NatsServer, wait_until};
+use bw_wire::names;
 use futures::StreamExt;
 use harness::{Receiver, Service, publish};
 use prost::Message;
@@ -197,14 +197,14 @@ async fn dlq_depth_and_near_limit_fire_then_resolve_when_drained() {
         let ack = svc
             .deps
             .js
-            .publish(names::dlq_subject(bw_common::proto::Category::Marketing, "2001"), vec![i].into())
+            .publish(names::dlq_subject(bw_proto::v1::Category::Marketing, "2001"), vec![i].into())
             .await
             .expect("publish");
         ack.await.expect("ack");
     }
     svc.deps
         .js
-        .publish(names::dlq_subject(bw_common::proto::Category::Marketing, "2002"), vec![9].into())
+        .publish(names::dlq_subject(bw_proto::v1::Category::Marketing, "2002"), vec![9].into())
         .await
         .expect("publish")
         .await

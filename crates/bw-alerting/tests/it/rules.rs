@@ -5,9 +5,9 @@
 #![expect(clippy::disallowed_methods, reason = "the test settles a message as a consumer that stopped would")]
 
 use crate::harness::{Receiver, Service, publish};
-use bw_common::names;
-use bw_common::proto::{BreakerState, BreakerTransition, Scope, ScopeSnapshot};
+use bw_proto::v1::{BreakerState, BreakerTransition, Scope, ScopeSnapshot};
 use bw_testkit::{NatsServer, wait_until};
+use bw_wire::names;
 use prost::Message;
 use std::time::Duration;
 
@@ -112,7 +112,7 @@ async fn dlq_oldest_age_fires_per_sender_and_resolves_when_replayed() {
     // Relaxed: the default age is 30 minutes; 1 s here. Depth stays at its default (1000), so only age fires.
     let svc = Service::start(&nats, &sinks, &[("RULES__DLQ_OLDEST_AGE_S", "1")]).await;
     let js = &svc.deps.js;
-    put(js, names::dlq_subject(bw_common::proto::Category::Marketing, "8001"), 2).await;
+    put(js, names::dlq_subject(bw_proto::v1::Category::Marketing, "8001"), 2).await;
     assert!(wait_until(WAIT, || async { has(&sinks, "dlq_oldest_age.8001", "firing") }).await);
     let alert = sinks.find("webhook", |b| b["dedup_key"] == "dlq_oldest_age.8001").expect("alert");
     assert_eq!(alert["labels"]["depth"], "2");

@@ -3,9 +3,9 @@
 //! `account_restricted` signal for the alerting service.
 
 use super::*;
-use bw_common::names;
-use bw_common::proto::account_signal::Kind;
-use bw_common::proto::{AccountBanState, AccountRestriction, AccountSignal, Signal};
+use bw_proto::v1::account_signal::Kind;
+use bw_proto::v1::{AccountBanState, AccountRestriction, AccountSignal, Signal};
+use bw_wire::names;
 
 async fn publish(h: &Harness, signal: AccountSignal, id: &str) {
     let subject = names::account_subject(&signal.field, &signal.waba_id);
@@ -85,7 +85,7 @@ async fn a_restriction_pauses_its_waba_until_expiration_and_a_ban_holds_until_re
 #[tokio::test]
 async fn an_upgrade_without_a_number_alerts_with_the_call_that_records_it_for_one() {
     use bw_breaker::throughput::{Throughput, UPGRADED_MPS};
-    use bw_common::proto::ThroughputChange;
+    use bw_proto::v1::ThroughputChange;
     let h = start().await;
     let dispatcher = h.client();
     let (a, b) = (Scope::new("w-t", "8101"), Scope::new("w-t", "8102"));

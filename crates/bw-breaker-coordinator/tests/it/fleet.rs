@@ -11,7 +11,7 @@ type Seen = Arc<Mutex<Vec<(BreakerState, BreakerState, String)>>>;
 /// connection of its own.
 async fn record_events(url: &str) -> (Seen, async_nats::Client) {
     let nats = async_nats::connect(url).await.expect("connect");
-    let mut sub = nats.subscribe(bw_common::names::BREAKER_WILDCARD).await.expect("subscribe");
+    let mut sub = nats.subscribe(bw_wire::names::BREAKER_WILDCARD).await.expect("subscribe");
     nats.flush().await.expect("flush");
     let seen: Seen = Arc::default();
     let out = seen.clone();

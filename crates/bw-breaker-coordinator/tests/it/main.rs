@@ -3,7 +3,7 @@
 
 use bw_breaker::{AdmitItem, Breaker, BreakerConfig, OutcomeItem, OutcomeKind, Scope, TrafficClass};
 use bw_breaker_coordinator::{Config, Coordinator, DEFAULT_CONFIG};
-use bw_common::proto::{BreakerState, BreakerTransition, ScopeSnapshot};
+use bw_proto::v1::{BreakerState, BreakerTransition, ScopeSnapshot};
 use futures::StreamExt;
 use prost::Message as _;
 use std::collections::HashMap;
@@ -200,7 +200,7 @@ async fn open_scope_goes_half_open_without_traffic_and_everything_is_published()
             .await,
         "config hash of the configured scope written"
     );
-    let mut events = h.deps.nats.subscribe(bw_common::names::breaker_subject("5551")).await.expect("subscribe");
+    let mut events = h.deps.nats.subscribe(bw_wire::names::breaker_subject("5551")).await.expect("subscribe");
     h.deps.nats.flush().await.expect("flush");
     let client = h.client();
     let failures: Vec<OutcomeItem> = (0..4)

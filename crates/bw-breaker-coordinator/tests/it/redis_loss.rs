@@ -96,14 +96,14 @@ async fn a_sender_known_only_from_its_dlq_entries_gets_a_snapshot() {
     let servers = Servers::start();
     let i = Instance::start(servers.config("c", "")).await;
     assert!(kv_state(&i.deps, "5562").await.is_none(), "nothing knows the sender yet");
-    let request = bw_common::proto::SendRequest {
+    let request = bw_proto::v1::SendRequest {
         operation_id: "dlq-only-1".into(),
         waba_id: "w1".into(),
         phone_number_id: "5562".into(),
         ..Default::default()
     };
-    let envelope = bw_common::proto::DlqEnvelope { request: Some(request), ..Default::default() };
-    let subject = bw_common::names::dlq_subject(bw_common::proto::Category::Transactional, "5562");
+    let envelope = bw_proto::v1::DlqEnvelope { request: Some(request), ..Default::default() };
+    let subject = bw_wire::names::dlq_subject(bw_proto::v1::Category::Transactional, "5562");
     i.deps.js.publish(subject, envelope.encode_to_vec().into()).await.expect("publish").await.expect("stored");
     assert!(
         bw_testkit::wait_until(WAIT, || async {

@@ -5,7 +5,7 @@ use bw_breaker::{
     AdmitItem, Breaker, Decision, DenyReason, OutcomeItem, OutcomeKind, Scope, ScopeLimits, TrafficClass,
 };
 use bw_common::classify::RateScope;
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use bw_breaker::{AdmitItem, Breaker, Decision, Forced, OutcomeKind, RedisConn, TrafficClass};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 
 #[tokio::test]
 async fn scripts_run_unchanged_on_a_redis_cluster() {

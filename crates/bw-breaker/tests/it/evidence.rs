@@ -7,7 +7,7 @@ use crate::support::{breaker, scope};
 use bw_breaker::evidence::sim::{self, Mix, Traffic};
 use bw_breaker::evidence::{Evidence, FastTrip, ScopeTrips, TripPath, batch_trips, window_trips};
 use bw_breaker::{Breaker, OutcomeItem, OutcomeKind, ScopeLimits};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 
 /// The compiled defaults with the sliding window's rate trip out of reach (min_calls), so a batch can only open
 /// the breaker through the fast trip. Every fast-trip knob stays at its default.

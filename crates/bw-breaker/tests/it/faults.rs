@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use bw_breaker::{Decision, DenyReason, OutcomeKind, ScopeLimits, TrafficClass};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(15);

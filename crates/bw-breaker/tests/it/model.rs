@@ -11,7 +11,7 @@ use bw_breaker::{
     ScopeLimits, TrafficClass,
 };
 use bw_common::classify::{PauseScope, RateScope};
-use bw_common::proto::BreakerState as St;
+use bw_proto::v1::BreakerState as St;
 use proptest::prelude::*;
 use std::collections::HashMap;
 

@@ -167,7 +167,7 @@ async fn consecutive_131056_back_off_4_to_the_x_seconds_and_a_success_resets() {
         }
         other => panic!("expected pair rate, got {other:?}"),
     }
-    assert_eq!(breaker.status(&scope).await.expect("status").snapshot.state(), bw_common::proto::BreakerState::Closed);
+    assert_eq!(breaker.status(&scope).await.expect("status").snapshot.state(), bw_proto::v1::BreakerState::Closed);
 }
 
 #[tokio::test]
@@ -177,7 +177,7 @@ async fn pair_limits_never_trip_the_breaker_at_the_default_config() {
     let scope = scope();
     let limited: Vec<OutcomeItem> = (0..200).map(|i| pair_limited(&format!("r{i}"))).collect();
     let r = breaker.record(&scope, &limited).await;
-    assert_eq!(r.state, bw_common::proto::BreakerState::Closed);
+    assert_eq!(r.state, bw_proto::v1::BreakerState::Closed);
     assert!(r.transitions.is_empty());
     let status = breaker.status(&scope).await.expect("status");
     assert_eq!(status.snapshot.calls_in_window, 0);

@@ -7,7 +7,7 @@ use crate::support::scope;
 use bw_breaker::evidence::sim::{self, Mix, Traffic};
 use bw_breaker::evidence::{Declared, Pool, PoolTest, TripPath};
 use bw_breaker::{Breaker, BreakerConfig, OutcomeItem, OutcomeKind, Scope, ScopeLimits};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 
 /// The compiled defaults, with the numbers' own checks out of reach (min_calls, and the own fast trip's evidence):
 /// only the pool can open a breaker here.

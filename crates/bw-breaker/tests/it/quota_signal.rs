@@ -2,7 +2,7 @@
 //! usage reading goes to Redis (its band changed, or it is refreshed), never per send.
 
 use crate::support::{config, limits, manager, scope};
-use bw_common::proto::Signal;
+use bw_proto::v1::Signal;
 use futures::StreamExt;
 use prost::Message as _;
 use std::time::Duration;
@@ -17,7 +17,7 @@ async fn usage_readings_publish_a_quota_signal_when_their_band_changes() {
     let redis = bw_testkit::RedisServer::start();
     let nats = bw_testkit::NatsServer::start();
     let client = async_nats::connect(nats.url()).await.expect("nats");
-    let mut sub = client.subscribe(bw_common::names::signal_subject("quota")).await.expect("subscribe");
+    let mut sub = client.subscribe(bw_wire::names::signal_subject("quota")).await.expect("subscribe");
     client.flush().await.expect("flush");
     // The compiled default bands: slow from 80 %, pause from 90 %.
     let breaker = bw_breaker::Breaker::new(Some(manager(&redis.url()).await), Some(client.clone()), config(limits()));

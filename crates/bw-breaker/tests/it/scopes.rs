@@ -8,7 +8,7 @@ use bw_breaker::{
     Scope, ScopeLimits, TrafficClass,
 };
 use bw_common::classify::{PauseScope, RateScope};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(15);

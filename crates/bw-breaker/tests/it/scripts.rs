@@ -2,7 +2,7 @@
 
 use crate::support::*;
 use bw_breaker::{Decision, Forced, OutcomeKind, TrafficClass};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 
 #[tokio::test]
 async fn every_script_runs_and_a_fresh_scope_is_closed() {

@@ -8,7 +8,7 @@ use bw_breaker::template_rules::TemplateRules;
 use bw_breaker::templates::ScopeKey;
 use bw_breaker::throughput::{Throughput, UPGRADED_MPS};
 use bw_breaker::{AdmitItem, Breaker, BreakerConfig, RedisConn, Scope, ScopeLimits, TrafficClass};
-use bw_common::proto::BreakerState;
+use bw_proto::v1::BreakerState;
 use std::time::Duration;
 
 /// bwctl with `--redis-url url`.

@@ -9,13 +9,13 @@ mod senders;
 use bw_cli::{Cli, EXIT_LOST, run};
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
-use bw_common::names;
 use bw_common::nats::publish_durable;
-use bw_common::proto::*;
 use bw_common::service::Deps;
 use bw_common::time::now_ms;
 use bw_ops::scan::scan_stream;
+use bw_proto::v1::*;
 use bw_testkit::NatsServer;
+use bw_wire::names;
 use clap::Parser;
 use prost::Message;
 use std::time::Duration;
@@ -63,7 +63,7 @@ async fn put_dlq(deps: &Deps, op: &str) {
     };
     publish_durable(
         &deps.js,
-        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+        names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE),
         Default::default(),
         env.encode_to_vec().into(),
     )
@@ -195,7 +195,7 @@ async fn breaker_commands_call_the_coordinator() {
 
 #[tokio::test]
 async fn signals_lists_the_newest_account_signals_of_a_waba_with_users_hashed() {
-    use bw_common::proto::account_signal::Kind;
+    use bw_proto::v1::account_signal::Kind;
     let (nats, deps) = setup().await;
     let (code, text) = bwctl(&nats, &["signals"]).await;
     assert_eq!((code, text.trim()), (0, "no account signals in BW_ACCOUNT"));

@@ -76,7 +76,7 @@ async fn bwctl(base: &str, extra: &[&str], action: &str) -> (i32, String) {
     (code, String::from_utf8(out).expect("utf8"))
 }
 
-async fn state(r: &Running) -> bw_common::proto::BreakerState {
+async fn state(r: &Running) -> bw_proto::v1::BreakerState {
     let breaker = bw_breaker::Breaker::with_conn(r.deps.redis.clone(), None, Default::default());
     breaker.status(&bw_breaker::Scope::new("9", "1001")).await.expect("status").snapshot.state()
 }
@@ -92,15 +92,15 @@ async fn bwctl_sends_the_operator_token_and_is_refused_without_it() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("HTTP 403") && out.contains("operator token rejected"), "{out}");
     assert!(!out.contains("not-the-token"), "the token is never printed: {out}");
-    assert_eq!(state(&r).await, bw_common::proto::BreakerState::Closed, "refused: nothing changed");
+    assert_eq!(state(&r).await, bw_proto::v1::BreakerState::Closed, "refused: nothing changed");
 
     let (code, out) = bwctl(&r.base, &["--operator-token", TOKEN], "force-open").await;
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("FORCED_OPEN") && !out.contains(TOKEN), "{out}");
-    assert_eq!(state(&r).await, bw_common::proto::BreakerState::ForcedOpen);
+    assert_eq!(state(&r).await, bw_proto::v1::BreakerState::ForcedOpen);
     let (code, out) = bwctl(&r.base, &["--operator-token", TOKEN], "reset").await;
     assert_eq!(code, 0, "{out}");
-    assert_eq!(state(&r).await, bw_common::proto::BreakerState::Closed);
+    assert_eq!(state(&r).await, bw_proto::v1::BreakerState::Closed);
     let cli = Cli::try_parse_from(["bwctl", "--coordinator-url", &r.base, "breaker", "leader"]).expect("parse");
     let mut out = Vec::new();
     assert_eq!(run(cli, &mut out).await.expect("runs"), 0, "{}", String::from_utf8_lossy(&out));

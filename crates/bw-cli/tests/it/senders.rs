@@ -6,7 +6,7 @@
 
 use bw_cli::{Cli, run};
 use bw_common::ledger::Ledger;
-use bw_common::proto::{LedgerEntry, OperationState};
+use bw_proto::v1::{LedgerEntry, OperationState};
 use bw_testkit::NatsServer;
 use clap::Parser;
 use std::path::{Path, PathBuf};
@@ -173,7 +173,7 @@ async fn senders_are_registered_listed_and_moved_only_through_rm_with_precise_er
     // Removing a number with messages still queued says where they wait and what becomes of them.
     let cfg = bw_common::config::NatsConfig::single(url.clone(), "");
     let deps = bw_common::service::Deps::connect("cli-test", &cfg, None, WAIT).await.expect("topology");
-    let subject = bw_common::names::outbox_subject(bw_common::names::Lane::High, "1002");
+    let subject = bw_wire::names::outbox_subject(bw_wire::names::Lane::High, "1002");
     deps.js.publish(subject, "x".into()).await.expect("publish").await.expect("stored");
     let out = ok(bwctl(&url, &["senders", "rm", "1002"]).await);
     assert!(out.contains("warning: BW_SEND (1) still hold(s) messages of this number"), "{out}");

@@ -6,7 +6,7 @@
 
 use crate::support::cdp::Browser;
 use crate::support::{OPERATOR_KEY, PHONE, WAIT};
-use bw_common::proto::OperationState;
+use bw_proto::v1::OperationState;
 
 /// Every form control has a label, every state badge has text, and the first Tab on a freshly loaded page lands
 /// on the skip link, the next on the navigation.

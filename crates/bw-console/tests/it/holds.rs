@@ -10,7 +10,7 @@ use bw_breaker::{
     AdmitItem, Breaker, BreakerConfig, OutcomeItem, OutcomeKind, RedisConn, Scope, ScopeLimits, TrafficClass,
 };
 use bw_common::classify::RateScope;
-use bw_common::tenancy::DEFAULT_TENANT;
+use bw_wire::tenancy::DEFAULT_TENANT;
 use prost::Message as _;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -26,8 +26,8 @@ async fn the_sender_page_shows_its_pair_and_recipient_holds_masked() {
     let cfg = bw_common::config::NatsConfig::single(nats.url(), "topology");
     let deps =
         bw_common::service::Deps::connect("ingest", &cfg, None, Duration::from_secs(10)).await.expect("topology");
-    let snapshot = bw_common::proto::ScopeSnapshot {
-        scope: Some(bw_common::proto::Scope { waba_id: WABA.into(), phone_number_id: SENDER.into() }),
+    let snapshot = bw_proto::v1::ScopeSnapshot {
+        scope: Some(bw_proto::v1::Scope { waba_id: WABA.into(), phone_number_id: SENDER.into() }),
         ..Default::default()
     };
     deps.buckets.scopes.put(SENDER, snapshot.encode_to_vec().into()).await.expect("snapshot");

@@ -108,15 +108,15 @@ async fn the_console_runs_as_its_own_nats_user_without_a_violation() {
     // An action that moves something: a FAILED operation (its request kept in its wamid link, written here as
     // ingest and the dispatcher would) is resent: ledger reopened, the request on a replay lane.
     let ledger = bw_common::ledger::Ledger::new(&ingest_deps.buckets);
-    let request = bw_common::proto::SendRequest {
+    let request = bw_proto::v1::SendRequest {
         operation_id: "op-resend".into(),
         waba_id: "9".into(),
         phone_number_id: "1001".into(),
         recipient: "+5491155550000".into(),
-        category: bw_common::proto::Category::Transactional as i32,
+        category: bw_proto::v1::Category::Transactional as i32,
         ..Default::default()
     };
-    let mut failed = bw_common::ledger::entry_for(&request, bw_common::proto::OperationState::Failed);
+    let mut failed = bw_common::ledger::entry_for(&request, bw_proto::v1::OperationState::Failed);
     failed.wamid = "wamid.resend-test".into();
     ledger.update("op-resend", |_| Some(failed.clone())).await.expect("ledger");
     let link = bw_common::ledger::WamidLink {
@@ -135,7 +135,7 @@ async fn the_console_runs_as_its_own_nats_user_without_a_violation() {
         .expect("answer");
     assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap_or_default());
     let resent = ledger.get("op-resend").await.expect("ledger").expect("entry").entry;
-    assert_eq!((resent.state(), resent.resends), (bw_common::proto::OperationState::Queued, 1));
+    assert_eq!((resent.state(), resent.resends), (bw_proto::v1::OperationState::Queued, 1));
     let operator_cfg = bw_common::config::NatsConfig::single(url(&nats, "operator"), "test-operator");
     let operator =
         bw_common::nats::connect(&operator_cfg, "test", Duration::from_secs(10)).await.expect("operator connects");

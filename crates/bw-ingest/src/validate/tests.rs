@@ -1,5 +1,5 @@
 use super::*;
-use bw_common::proto::{TemplatePayload, TextPayload};
+use bw_proto::v1::{TemplatePayload, TextPayload};
 
 const NOW: i64 = 1_700_000_000_000;
 

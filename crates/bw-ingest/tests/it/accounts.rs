@@ -4,8 +4,8 @@
 
 use crate::support::{WAIT, test_config};
 use bw_client::{Client, Request};
-use bw_common::names;
-use bw_common::proto::OutcomeKind;
+use bw_proto::v1::OutcomeKind;
+use bw_wire::names;
 
 const WABA: &str = "1001";
 const PHONE: &str = "2002";
@@ -55,7 +55,7 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     // Refused: an internal subject, the ledger, stream administration, snooping on the services' subjects.
     let refused = |what: String| what.contains("Permissions Violation");
     producer
-        .publish(names::dlq_subject(bw_common::proto::Category::Marketing, PHONE), "x".into())
+        .publish(names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE), "x".into())
         .await
         .expect("queued locally");
     producer.publish("$KV.BW_LEDGER.acct-1".to_string(), "x".into()).await.expect("queued locally");
@@ -73,7 +73,7 @@ async fn a_producer_user_is_refused_on_internal_subjects() {
     }
     let all = violations.join("\n");
     for subject in [
-        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE).as_str(),
+        names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE).as_str(),
         "$KV.BW_LEDGER.acct-1",
         "$JS.API.STREAM.PURGE.BW_SEND",
         "_INBOX.>",

@@ -9,9 +9,9 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bw_client::{Client, Request};
-use bw_common::proto::OperationState;
 use bw_ingest::callback::{ATTEMPT_HEADER, EVENT_ID_HEADER, SIGNATURE_HEADER, STATE_BUCKET};
 use bw_ingest::{CallbackConfig, Config};
+use bw_proto::v1::OperationState;
 use hmac::{KeyInit, Mac};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -106,7 +106,7 @@ fn callback(url: &str) -> CallbackConfig {
     CallbackConfig {
         url: url.to_string(),
         secret: SECRET.into(),
-        tenant: Some(bw_common::tenancy::DEFAULT_TENANT.into()),
+        tenant: Some(bw_wire::tenancy::DEFAULT_TENANT.into()),
         phone_number_ids: vec![PHONE.into()],
         kinds: vec![],
         timeout_ms: 5_000,
@@ -609,7 +609,7 @@ async fn a_callback_host_resolving_to_loopback_stops_start_up_unless_allowed() {
     let mut cfg = support::test_config(&server.url());
     cfg.callbacks.insert("crm".into(), callback(&by_name));
     let admin = async_nats::connect(server.url()).await.expect("connects");
-    support::register(&async_nats::jetstream::new(admin), PHONE, WABA, bw_common::tenancy::DEFAULT_TENANT).await;
+    support::register(&async_nats::jetstream::new(admin), PHONE, WABA, bw_wire::tenancy::DEFAULT_TENANT).await;
     let deps = bw_common::service::Deps::connect("ingest", &cfg.nats, None, WAIT).await.expect("deps");
     let token = tokio_util::sync::CancellationToken::new();
     let run = bw_ingest::run(cfg.clone(), deps.clone(), token.clone());
@@ -621,7 +621,7 @@ async fn a_callback_host_resolving_to_loopback_stops_start_up_unless_allowed() {
     let ingest = tokio::spawn(bw_ingest::run(cfg, deps.clone(), token.clone()));
     let health = deps.health.clone();
     assert!(bw_testkit::wait_until(WAIT, || async { health.check().await.is_empty() }).await, "ready");
-    let producer = support::producer(&server.url(), bw_common::tenancy::DEFAULT_TENANT).await;
+    let producer = support::producer(&server.url(), bw_wire::tenancy::DEFAULT_TENANT).await;
     let reply = Client::new(producer)
         .send(&Request::text("cb-localhost", WABA, PHONE, RECIPIENT, BODY_TEXT).build())
         .await

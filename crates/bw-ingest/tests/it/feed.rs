@@ -2,9 +2,9 @@
 
 use crate::support::{self, APP_SECRET, WAIT, start};
 use bw_client::{Client, Request};
-use bw_common::proto::{OperationState, OutcomeKind};
-use bw_common::tenancy::DEFAULT_TENANT;
 use bw_ingest::webhook::sign;
+use bw_proto::v1::{OperationState, OutcomeKind};
+use bw_wire::tenancy::DEFAULT_TENANT;
 
 const WABA: &str = "1001";
 const PHONE: &str = "2002";

@@ -2,11 +2,11 @@
 
 use crate::support::{self, start};
 use bw_client::{Client, Request};
-use bw_common::names::{self, Lane};
-use bw_common::proto::{
+use bw_proto::v1::{
     Category, IntakeReply, OperationState, RejectReason, RejectedRequest, SendRequest, TextPayload,
     send_request::Payload,
 };
+use bw_wire::names::{self, Lane};
 use prost::Message as _;
 
 const WABA: &str = "1001";
@@ -342,7 +342,7 @@ async fn http_intake_is_authenticated_and_strict_at_the_compiled_defaults() {
             "other".into(),
             bw_ingest::ApiKeyConfig {
                 sha256: bw_ingest::key_sha256("other-key"),
-                tenant: Some(bw_common::tenancy::DEFAULT_TENANT.into()),
+                tenant: Some(bw_wire::tenancy::DEFAULT_TENANT.into()),
                 phone_number_ids: vec![],
                 waba_ids: vec!["9009".into()],
             },
@@ -426,7 +426,7 @@ async fn text_plus_template_is_refused_the_same_way_on_both_intakes() {
     // Protobuf cannot hold both in its oneof, but the wire can: concatenate a text request and a template field.
     let mut wire = text("both-1").encode_to_vec();
     let template = SendRequest {
-        payload: Some(Payload::Template(bw_common::proto::TemplatePayload {
+        payload: Some(Payload::Template(bw_proto::v1::TemplatePayload {
             name: "order_update".into(),
             language: "en_US".into(),
             ..Default::default()

@@ -9,9 +9,9 @@
 
 use crate::support::{self, API_KEY, APP_SECRET, WAIT, start};
 use bw_client::{Client, Request};
-use bw_common::names;
-use bw_common::proto::{RejectReason, RejectedRequest};
 use bw_ingest::webhook::{examples, sign};
+use bw_proto::v1::{RejectReason, RejectedRequest};
+use bw_wire::names;
 use prost::Message as _;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -277,7 +277,7 @@ async fn a_nats_payload_over_the_limit_is_refused_before_decoding() {
     // Not protobuf at all: decoded, it would be UNDECODABLE; its size alone refuses it.
     let junk = vec![0xff; 70_000];
     let msg = env.nats.request(names::intake_subject(PHONE), junk.clone().into()).await.expect("reply");
-    let reply = bw_common::proto::IntakeReply::decode(msg.payload.as_ref()).expect("reply");
+    let reply = bw_proto::v1::IntakeReply::decode(msg.payload.as_ref()).expect("reply");
     assert_eq!(reply.reason(), RejectReason::Oversize, "{}", reply.error);
     assert!(reply.error.contains("request is 70000 bytes; the limit is 65536 bytes"), "{}", reply.error);
     assert!(env.wait_count(names::REJECTED_STREAM, 1).await);

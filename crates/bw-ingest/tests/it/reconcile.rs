@@ -1,14 +1,14 @@
 //! The reconciler of unknown outcomes: resolved by a status webhook, or the category policy after review.
 
 use crate::support::{APP_SECRET, Env, WAIT, entry_in, start};
-use bw_common::names;
-use bw_common::proto::{
-    Category, DlqEnvelope, DlqReason, ErrorInfo, OperationState, QuarantineEntry, QuarantineReason, RejectedRequest,
-    UnknownOutcome,
-};
 use bw_common::time::now_ms;
 use bw_ingest::Policy;
 use bw_ingest::webhook::sign;
+use bw_proto::v1::{
+    Category, DlqEnvelope, DlqReason, ErrorInfo, OperationState, QuarantineEntry, QuarantineReason, RejectedRequest,
+    UnknownOutcome,
+};
+use bw_wire::names;
 use prost::Message as _;
 
 const PHONE: &str = "106540352242922";
@@ -165,7 +165,7 @@ async fn an_entry_resolved_while_it_waits_for_review_leaves_soon_not_at_review_t
 
 #[tokio::test]
 async fn unknown_outcome_resent_while_the_scope_is_open_names_its_incident() {
-    use bw_common::proto::{BreakerState, Scope, ScopeSnapshot};
+    use bw_proto::v1::{BreakerState, Scope, ScopeSnapshot};
     let env = start(|cfg| cfg.reconciler.policy.marketing = Policy::Resend).await;
     let snapshot = |state: BreakerState, incident: &str| ScopeSnapshot {
         scope: Some(Scope { waba_id: "102290129340398".into(), phone_number_id: PHONE.into() }),

@@ -2,10 +2,10 @@
 
 use crate::support::{self, APP_SECRET, WAIT, entry_in, start};
 use bw_client::{Client, Request};
-use bw_common::names::{self, Lane};
-use bw_common::proto::OperationState;
 use bw_common::service::Deps;
 use bw_ingest::Listeners;
+use bw_proto::v1::OperationState;
+use bw_wire::names::{self, Lane};
 use tokio_util::sync::CancellationToken;
 
 fn counter(text: &str, prefix: &str) -> u64 {

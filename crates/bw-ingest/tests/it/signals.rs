@@ -3,10 +3,10 @@
 //! precise error, never a 500.
 
 use crate::support::{APP_SECRET, Env, WAIT, start};
-use bw_common::names;
-use bw_common::proto::account_signal::Kind;
-use bw_common::proto::{AccountSignal, RejectedRequest};
 use bw_ingest::webhook::sign;
+use bw_proto::v1::account_signal::Kind;
+use bw_proto::v1::{AccountSignal, RejectedRequest};
+use bw_wire::names;
 use prost::Message as _;
 
 const WABA: &str = "102290129340398";

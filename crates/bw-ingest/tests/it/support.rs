@@ -6,12 +6,12 @@
 #![expect(clippy::disallowed_methods, reason = "the test support drains streams without a service handler")]
 
 use bw_common::ledger::Ledger;
-use bw_common::proto::{LedgerEntry, OperationState, OutcomeEvent, SenderRecord};
 use bw_common::registry::Registry;
 use bw_common::service::Deps;
-use bw_common::tenancy::{self, DEFAULT_TENANT};
 use bw_ingest::{Config, Listeners};
+use bw_proto::v1::{LedgerEntry, OperationState, OutcomeEvent, SenderRecord};
 use bw_testkit::NatsServer;
+use bw_wire::tenancy::{self, DEFAULT_TENANT};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -241,7 +241,7 @@ pub(crate) fn entry_in(op: &str, state: OperationState) -> LedgerEntry {
         state: state as i32,
         waba_id: "102290129340398".into(),
         phone_number_id: "106540352242922".into(),
-        category: bw_common::proto::Category::Transactional as i32,
+        category: bw_proto::v1::Category::Transactional as i32,
         ..Default::default()
     }
 }

@@ -4,9 +4,9 @@
 
 use crate::support::{self, APP_SECRET, WAIT, start};
 use bw_client::{Client, Request};
-use bw_common::names::{self, Lane};
-use bw_common::proto::{OutcomeKind, RejectReason, SendRequest, StatusQuery};
-use bw_common::tenancy::{self, TenancyMode};
+use bw_proto::v1::{OutcomeKind, RejectReason, SendRequest, StatusQuery};
+use bw_wire::names::{self, Lane};
+use bw_wire::tenancy::{self, TenancyMode};
 use prost::Message as _;
 
 const CRM: &str = "crm";
@@ -297,7 +297,7 @@ async fn a_status_webhook_finds_a_tenants_operation_by_its_key() {
     env.ledger
         .update(&key, |cur| {
             let mut next = cur?.clone();
-            next.set_state(bw_common::proto::OperationState::Sent);
+            next.set_state(bw_proto::v1::OperationState::Sent);
             next.wamid = "wamid.T1".into();
             Some(next)
         })
@@ -317,7 +317,7 @@ async fn a_status_webhook_finds_a_tenants_operation_by_its_key() {
         .await
         .expect("post");
     assert_eq!(res.status(), 200);
-    assert!(env.wait_state(&key, bw_common::proto::OperationState::Delivered).await);
+    assert!(env.wait_state(&key, bw_proto::v1::OperationState::Delivered).await);
     env.stop().await;
 }
 

@@ -1,9 +1,9 @@
 //! Meta webhooks: verification, signatures, durable storage, and asynchronous processing into the ledger.
 
 use crate::support::{self, APP_SECRET, Env, VERIFY_TOKEN, WAIT, entry_in, start};
-use bw_common::names;
-use bw_common::proto::{InboundMessage, OperationState, Signal, StoredWebhook};
 use bw_ingest::webhook::{examples, sign};
+use bw_proto::v1::{InboundMessage, OperationState, Signal, StoredWebhook};
+use bw_wire::names;
 use prost::Message as _;
 
 const PHONE: &str = "106540352242922";
@@ -411,14 +411,14 @@ async fn send_messages(env: &Env) -> u64 {
 #[tokio::test]
 async fn a_retriable_failed_status_queues_its_attempt_again_once_and_an_earlier_one_changes_nothing() {
     use bw_common::ledger::WamidLink;
-    use bw_common::proto::SendRequest;
+    use bw_proto::v1::SendRequest;
     let env = start(|_| {}).await;
     let request = SendRequest {
         operation_id: "op-a".into(),
         waba_id: "102290129340398".into(),
         phone_number_id: PHONE.into(),
         recipient: "+16505551234".into(),
-        category: bw_common::proto::Category::Transactional as i32,
+        category: bw_proto::v1::Category::Transactional as i32,
         ..Default::default()
     };
     let mut entry = entry_in("op-a", OperationState::Sent);

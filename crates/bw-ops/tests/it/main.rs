@@ -3,16 +3,16 @@
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
-use bw_common::names;
 use bw_common::nats::publish_durable;
-use bw_common::proto::*;
 use bw_common::service::Deps;
 use bw_common::time::now_ms;
 use bw_ops::account::{account, account_expected};
 use bw_ops::inspect::{dlq_items, quarantine_items};
 use bw_ops::ops::{QuarantineFilter, purge_dlq, purge_quarantine, replay_dlq_now, replay_quarantine_now};
 use bw_ops::scan::scan_stream;
+use bw_proto::v1::*;
 use bw_testkit::NatsServer;
+use bw_wire::names;
 use prost::Message;
 use std::time::Duration;
 
@@ -73,7 +73,7 @@ async fn put_dlq(deps: &Deps, op: &str, replays: u32) {
     };
     publish(
         deps,
-        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+        names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE),
         &format!("{op}.dlq{replays}"),
         env.encode_to_vec(),
     )
@@ -128,13 +128,8 @@ async fn accounting_is_clean_then_detects_planted_loss_and_double_placement() {
     // Planted double placement: in BW_SEND and in BW_DLQ at once.
     put_queued(&deps, "twice-1").await;
     let env = DlqEnvelope { request: Some(request("twice-1")), ..Default::default() };
-    publish(
-        &deps,
-        names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
-        "twice-1.dlq",
-        env.encode_to_vec(),
-    )
-    .await;
+    publish(&deps, names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE), "twice-1.dlq", env.encode_to_vec())
+        .await;
     // A stream copy nobody accepted.
     publish(&deps, names::outbox_subject(names::Lane::Low, PHONE), "stray-1", request("stray-1").encode_to_vec()).await;
 
@@ -172,7 +167,7 @@ async fn operator_dlq_replay_twice_publishes_each_operation_once() {
             let env = DlqEnvelope { request: Some(request(&format!("op-{i}"))), ..Default::default() };
             publish(
                 &deps,
-                names::dlq_subject(bw_common::proto::Category::Marketing, PHONE),
+                names::dlq_subject(bw_proto::v1::Category::Marketing, PHONE),
                 &format!("op-{i}.again"),
                 env.encode_to_vec(),
             )

@@ -5,12 +5,12 @@
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
-use bw_common::names;
-use bw_common::proto::*;
 use bw_common::registry::Registry;
 use bw_common::service::Deps;
 use bw_ops::tenants::{MigrateError, migrate_tenants};
+use bw_proto::v1::*;
 use bw_testkit::NatsServer;
+use bw_wire::names;
 use prost::Message;
 use std::time::Duration;
 
@@ -51,7 +51,7 @@ async fn old_entries_move_to_their_tenants_key_and_nothing_else_changes() {
     let ledger = Ledger::new(&deps.buckets);
     let registry = Registry::open(&deps.js, 1).await.expect("registry");
     register(&registry, CRM_PHONE, "crm").await;
-    register(&registry, DEFAULT_PHONE, bw_common::tenancy::DEFAULT_TENANT).await;
+    register(&registry, DEFAULT_PHONE, bw_wire::tenancy::DEFAULT_TENANT).await;
     register(&registry, SHOP_PHONE, "shop").await;
 
     // Entries from before tenants (bare keys), and one already under its tenant's key.

@@ -179,7 +179,7 @@ pub struct TemplateCategoryChange {
 /// user_preferences: a user stopped or resumed marketing messages.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct UserPreference {
-    /// sha256-16hex of the user's canonical recipient key (bw_common::names); never the number or the user id.
+    /// sha256-16hex of the user's canonical recipient key (bw_wire::names); never the number or the user id.
     #[prost(string, tag = "1")]
     pub recipient_key_hash: ::prost::alloc::string::String,
     /// `marketing_messages`.
@@ -549,7 +549,7 @@ pub struct Attempt {
 pub struct SendRequest {
     /// Producer-chosen idempotency key: 1..=128 characters of \[A-Za-z0-9_=.-\]. The same id of the same tenant is
     /// never sent twice; two tenants never collide. Inside Breakwater (BW_SEND, the ledger, the DLQ) ingest replaces
-    /// it by the operation key `<tenant>/<id>` (the bare id for the tenant `default`: bw_common::tenancy).
+    /// it by the operation key `<tenant>/<id>` (the bare id for the tenant `default`: bw_wire::tenancy).
     #[prost(string, tag = "1")]
     pub operation_id: ::prost::alloc::string::String,
     /// WhatsApp Business Account id of the sender.
@@ -1305,7 +1305,7 @@ impl OutcomeKind {
     }
 }
 /// Progress of one incident's replay, kept in the KV bucket BW_INCIDENTS (key `<phone_number_id>.<incident>`,
-/// see `bw_common::names::incident_key`), updated by compare-and-set by every replay instance and by bwctl.
+/// see `bw_wire::names::incident_key`), updated by compare-and-set by every replay instance and by bwctl.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct IncidentProgress {
     #[prost(string, tag = "1")]
@@ -1384,7 +1384,7 @@ pub struct SenderRecord {
     #[prost(string, tag = "2")]
     pub waba_id: ::prost::alloc::string::String,
     /// The owning tenant: 1..=32 characters of \[a-z0-9-\], starting with a letter or digit
-    /// (bw_common::tenancy::valid_tenant). It scopes operation ids, feed subjects, inbox prefixes and NATS users.
+    /// (bw_wire::tenancy::valid_tenant). It scopes operation ids, feed subjects, inbox prefixes and NATS users.
     #[prost(string, tag = "3")]
     pub tenant: ::prost::alloc::string::String,
     /// Meta business portfolio of the WABA, when known (messaging limits are per portfolio). Empty: unknown.

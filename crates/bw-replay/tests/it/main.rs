@@ -6,13 +6,13 @@
 
 use bw_common::config::NatsConfig;
 use bw_common::ledger::Ledger;
-use bw_common::names;
 use bw_common::nats::publish_durable;
-use bw_common::proto::*;
 use bw_common::service::Deps;
 use bw_common::time::now_ms;
 use bw_ops::scan::{scan_stream, subject_depth};
+use bw_proto::v1::*;
 use bw_testkit::{NatsServer, wait_until};
+use bw_wire::names;
 use futures::StreamExt;
 use prost::Message;
 use std::collections::{BTreeSet, HashMap};
@@ -49,7 +49,7 @@ async fn register_senders(deps: &Deps) {
         let record = SenderRecord {
             phone_number_id: phone.into(),
             waba_id: "9".into(),
-            tenant: bw_common::tenancy::DEFAULT_TENANT.into(),
+            tenant: bw_wire::tenancy::DEFAULT_TENANT.into(),
             ..Default::default()
         };
         registry.add(&record).await.expect("registered");
@@ -547,7 +547,7 @@ async fn an_entry_whose_sender_left_the_registry_is_quarantined_not_replayed() {
     register_senders(&deps).await;
     put_dlq(&deps, template("gone-1"), 0, 0).await;
     let mut other = template("crm/moved-1");
-    other.operation_id = bw_common::tenancy::operation_key("crm", "moved-1");
+    other.operation_id = bw_wire::tenancy::operation_key("crm", "moved-1");
     put_dlq(&deps, other, 0, 0).await;
     // After acceptance the number left the registry, then came back registered to the tenant `default`: the
     // default tenant's entry is replayed, the CRM's is not (its number is now another tenant's).
@@ -559,7 +559,7 @@ async fn an_entry_whose_sender_left_the_registry_is_quarantined_not_replayed() {
     replay.stop().await;
     let lane = rp_lane(&deps).await;
     assert_exactly_once(&lane, &["gone-1".to_string()].into_iter().collect());
-    let key = bw_common::tenancy::operation_key("crm", "moved-1");
+    let key = bw_wire::tenancy::operation_key("crm", "moved-1");
     let entry = ledger(&deps, &key).await;
     assert_eq!(entry.state(), OperationState::Quarantined);
     assert_eq!(

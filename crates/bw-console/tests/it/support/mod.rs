@@ -7,9 +7,9 @@
 
 pub mod cdp;
 
-use bw_common::proto::OperationState;
 use bw_e2e::Harness;
 use bw_meta_sim::{Fault, FaultKind, Scenario, Selection, SimConfig, Window};
+use bw_proto::v1::OperationState;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
