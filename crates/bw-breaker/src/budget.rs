@@ -8,7 +8,7 @@
 //! the last 24 h, recorded by ingest) is not counted. Keys hold a hash of the recipient's digits
 //! (`bw_common::mask::recipient_key`), never the number.
 
-use crate::{BreakerError, RedisConn};
+use crate::error::{BreakerError, RedisConn, invoke};
 use std::sync::LazyLock;
 
 pub(crate) static PORTFOLIO_BUDGET: LazyLock<redis::Script> =
@@ -141,7 +141,7 @@ impl PortfolioBudget {
         let mut inv = PORTFOLIO_BUDGET.prepare_invoke();
         inv.key(budget_key(portfolio)).key(budget_cfg_key(portfolio)).arg("admit").arg(recipient_key);
         inv.arg(WINDOW_MS).arg(fallback_limit).arg(reserve_permille).arg(u8::from(reserved)).arg(u8::from(window_open));
-        let mut reply = crate::scripts::Reply::new(crate::invoke(&self.conn, &inv).await?)?;
+        let mut reply = crate::scripts::Reply::new(invoke(&self.conn, &inv).await?)?;
         let (verdict, used, limit, wait_ms) = (reply.int()?, reply.int()?, reply.int()?, reply.int()?);
         let verdict = match verdict {
             0 => Verdict::WindowOpen,
@@ -168,7 +168,7 @@ impl PortfolioBudget {
     async fn set(&self, pf: &str, limit: i64, source: &str, raw: &str, how: &str) -> Result<(i64, i64), BreakerError> {
         let mut inv = PORTFOLIO_BUDGET.prepare_invoke();
         inv.key(budget_key(pf)).key(budget_cfg_key(pf)).arg("set").arg(limit).arg(source).arg(raw).arg(how);
-        let mut reply = crate::scripts::Reply::new(crate::invoke(&self.conn, &inv).await?)?;
+        let mut reply = crate::scripts::Reply::new(invoke(&self.conn, &inv).await?)?;
         let (previous, now) = (reply.int()?, reply.int()?);
         self.note(pf).await?;
         Ok((previous, now))
@@ -178,7 +178,7 @@ impl PortfolioBudget {
     pub async fn read(&self, portfolio: &str, fallback_limit: i64) -> Result<BudgetState, BreakerError> {
         let mut inv = PORTFOLIO_BUDGET.prepare_invoke();
         inv.key(budget_key(portfolio)).key(budget_cfg_key(portfolio)).arg("read").arg(WINDOW_MS).arg(fallback_limit);
-        let mut reply = crate::scripts::Reply::new(crate::invoke(&self.conn, &inv).await?)?;
+        let mut reply = crate::scripts::Reply::new(invoke(&self.conn, &inv).await?)?;
         Ok(BudgetState {
             used: reply.int()?,
             limit: reply.int()?,

@@ -17,7 +17,7 @@
 //! The expressions are written as in the Lua so both round alike; the table test in tests/it/evidence.rs runs
 //! the same (calls, failures) cases against this module and against the script on a real redis-server.
 
-use crate::ScopeLimits;
+use crate::config::ScopeLimits;
 
 /// Per-call weights of the evidence for one configuration.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -384,8 +384,8 @@ pub mod sim {
     //! evenly at `rate_per_s`, recorded in batches every `flush_ms` (the dispatcher flushes outcomes every 20 ms
     //! or 32 items, so at 75/s a number's batch holds one or two calls). Deterministic: no clock, no threads.
 
-    use super::{ScopeTrips, TripPath};
-    use crate::ScopeLimits;
+    use crate::config::ScopeLimits;
+    use crate::evidence::{ScopeTrips, TripPath};
 
     /// Tiny deterministic generator (xorshift64*), so a seed gives the same run everywhere.
     #[derive(Debug, Clone)]
@@ -594,13 +594,13 @@ pub mod sim {
     pub fn run_token(
         limits: &ScopeLimits,
         needed: f64,
-        declared: super::Declared,
+        declared: crate::evidence::Declared,
         traffic: &[Traffic],
         seed: u64,
     ) -> Vec<Option<NumberTrip>> {
         let n = traffic.len();
         let mut scopes: Vec<ScopeTrips> = (0..n).map(|_| ScopeTrips::new(limits)).collect();
-        let mut pool = super::Pool::new(limits, needed, declared);
+        let mut pool = crate::evidence::Pool::new(limits, needed, declared);
         let mut senders: Vec<Sender> = (0..n as u64)
             .map(|i| Sender {
                 rng: Rng::new(seed.wrapping_mul(7919).wrapping_add(i)),
@@ -640,8 +640,8 @@ pub mod sim {
                     continue;
                 };
                 let path = match test {
-                    super::PoolTest::Evidence => TripPath::Pooled,
-                    super::PoolTest::Unavailable => TripPath::PooledUnavailable,
+                    crate::evidence::PoolTest::Evidence => TripPath::Pooled,
+                    crate::evidence::PoolTest::Unavailable => TripPath::PooledUnavailable,
                 };
                 for m in named {
                     let j = members.iter().position(|x| *x == m).unwrap_or(i);

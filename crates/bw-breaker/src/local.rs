@@ -5,8 +5,9 @@
 //! with burst 1, and no replay at all. A scope Redis last reported OPEN starts OPEN here. Nothing of this is
 //! written back to Redis; when Redis answers again its state is authoritative.
 
-use crate::AdmitItem;
-use crate::{Admission, BreakerConfig, Decision, DenyReason, OutcomeItem, OutcomeKind, TrafficClass};
+use crate::config::BreakerConfig;
+use crate::types::AdmitItem;
+use crate::types::{Admission, Decision, DenyReason, OutcomeItem, OutcomeKind, TrafficClass};
 use bw_proto::v1::BreakerState;
 use std::collections::HashMap;
 use tokio::time::{Duration, Instant};
@@ -234,8 +235,8 @@ impl LocalBreakers {
                 // Redis holds the pause keys; without it the number alone pauses here, whatever the scope.
                 OutcomeKind::Pause(spec) => {
                     let ms = match spec.end {
-                        crate::PauseEnd::For(ms) | crate::PauseEnd::Probe(ms) => ms,
-                        crate::PauseEnd::Lifted => cfg.token_halt_retry_ms,
+                        crate::types::PauseEnd::For(ms) | crate::types::PauseEnd::Probe(ms) => ms,
+                        crate::types::PauseEnd::Lifted => cfg.token_halt_retry_ms,
                     };
                     s.paused_until = s.paused_until.max(now + Duration::from_millis(ms));
                 }

@@ -12,25 +12,12 @@
 //! Must not: put a phone number in a key (only `bw_common::mask::recipient_key`), or gate a category that does
 //! not keep order (ingest registers only those; an operation that is not a member is never refused).
 
-use crate::{Breaker, BreakerError, RedisConn, Scope, scripts};
+use crate::breaker::Breaker;
+use crate::error::{BreakerError, RedisConn, invoke};
+use crate::scripts;
+use crate::types::Scope;
+pub use crate::types::{Blocker, OrderRelease};
 use std::time::Duration;
-
-/// The operation an [`crate::DenyReason::OrderWait`] refusal waits for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Blocker {
-    /// The earliest operation still in the recipient's order set.
-    pub operation_id: String,
-    /// Milliseconds since it was registered (Redis time).
-    pub age_ms: u64,
-}
-
-/// An operation leaving its recipient's order set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OrderRelease {
-    /// `bw_common::mask::recipient_key` of the recipient.
-    pub recipient_key: String,
-    pub operation_id: String,
-}
 
 /// What [`OrderBook::register`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +51,7 @@ impl OrderBook {
         operation_id: &str,
     ) -> Result<Registration, BreakerError> {
         let inv = scripts::register_invocation(scope, recipient_key, operation_id, self.ttl_ms);
-        let value = match tokio::time::timeout(self.timeout, crate::invoke(&self.redis, &inv)).await {
+        let value = match tokio::time::timeout(self.timeout, invoke(&self.redis, &inv)).await {
             Ok(Ok(v)) => v,
             Ok(Err(e)) => return Err(BreakerError::Redis(e)),
             Err(_) => {

@@ -4,8 +4,11 @@
 //! only the numbers that contributed failures: docs/decisions/pooled-evidence.md. The decision is mirrored in
 //! [`crate::evidence::Pool`].
 
+use crate::breaker::{Breaker, app_key, lock, parse_record};
+use crate::error::BreakerError;
 use crate::evidence::PoolTest;
-use crate::{Breaker, OutcomeItem, OutcomeKind, RecordResult, Scope, lock, scripts};
+use crate::scripts;
+use crate::types::{OutcomeItem, OutcomeKind, RecordResult, Scope};
 use rand::RngExt;
 
 /// What one batch did to its token's pool.
@@ -53,7 +56,7 @@ impl Breaker {
         let account = lock(&self.inner.account).clone();
         match &account.token_fp {
             Some(fp) => scripts::token_pool_key(fp),
-            None => scripts::app_pool_key(&crate::app_key(&account)),
+            None => scripts::app_pool_key(&app_key(&account)),
         }
     }
 
@@ -112,7 +115,7 @@ impl Breaker {
         let mut inv = scripts::POOL_TRIP.prepare_invoke();
         inv.key(scripts::cfg_key(scope)).key(scripts::state_key(scope));
         inv.arg(&self.inner.defaults).arg(&scope.phone_number_id).arg(rand).arg(reason);
-        match self.call("pool_trip", inv).await.and_then(crate::parse_record) {
+        match self.call("pool_trip", inv).await.and_then(parse_record) {
             Ok((head, raw)) => {
                 self.remember(scope, &head);
                 let transitions = self.publish(scope, &head, raw).await;
@@ -129,7 +132,7 @@ impl Breaker {
 /// (evidence, the second test's evidence, the test that tripped, named members) of `pool_evidence.lua`.
 type PoolReply = (f64, f64, Option<PoolTest>, Vec<String>);
 
-fn parse_pool(value: redis::Value) -> Result<PoolReply, crate::BreakerError> {
+fn parse_pool(value: redis::Value) -> Result<PoolReply, BreakerError> {
     let mut reply = scripts::Reply::new(value)?;
     let evidence = reply.float()?;
     let unavailable = reply.float()?;

@@ -2,7 +2,7 @@
 //! 131050 / 130472 suppression, shared by every sender of the tenant (meta-cloud-api.md §2.3, scope
 //! RECIPIENT × marketing). Keys hold a hash of the recipient's digits, never the number.
 
-use crate::{BreakerError, RedisConn};
+use crate::error::{BreakerError, RedisConn, invoke};
 use std::sync::LazyLock;
 
 pub(crate) static RECIPIENT_MARKETING: LazyLock<redis::Script> =
@@ -51,7 +51,7 @@ impl RecipientMarketing {
     async fn call(&self, key: &str, mode: &str, code: i64, ms: u64) -> Result<MarketingState, BreakerError> {
         let mut inv = RECIPIENT_MARKETING.prepare_invoke();
         inv.key(key).arg(mode).arg(code).arg(ms);
-        let mut reply = crate::scripts::Reply::new(crate::invoke(&self.conn, &inv).await?)?;
+        let mut reply = crate::scripts::Reply::new(invoke(&self.conn, &inv).await?)?;
         let deferred_until_ms = reply.int()?;
         let _deferral_code = reply.int()?;
         let suppressed_code = reply.int()?;

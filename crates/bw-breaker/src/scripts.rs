@@ -4,7 +4,8 @@
 //! both sides agree. Every call is one EVALSHA (`Script::invoke_async` reloads the script on NOSCRIPT, e.g.
 //! after a Redis restart).
 
-use crate::{AdmitItem, BreakerError, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
+use crate::error::BreakerError;
+use crate::types::{AdmitItem, DenyReason, OutcomeItem, OutcomeKind, Scope, TrafficClass};
 use bw_common::classify::RateScope;
 use bw_proto::v1::BreakerState;
 use redis::{Script, Value};
@@ -320,7 +321,7 @@ pub(crate) fn admit_invocation(
         inv.arg(operation_ids.get(i).map(String::as_str).unwrap_or(""));
     }
     inv.key(number_pause_key(scope));
-    inv.key(crate::throughput::throughput_key(scope));
+    inv.key(throughput_key(scope));
     inv
 }
 
@@ -347,7 +348,7 @@ pub(crate) fn record_invocation(
     defaults: &str,
     rand: f64,
     outcomes: &[OutcomeItem],
-    releases: &[crate::OrderRelease],
+    releases: &[crate::types::OrderRelease],
 ) -> redis::ScriptInvocation<'static> {
     let mut inv = RECORD_OUTCOMES.prepare_invoke();
     inv.key(cfg_key(scope)).key(state_key(scope));
@@ -364,7 +365,10 @@ pub(crate) fn record_invocation(
     inv
 }
 
-pub(crate) fn release_invocation(scope: &Scope, releases: &[crate::OrderRelease]) -> redis::ScriptInvocation<'static> {
+pub(crate) fn release_invocation(
+    scope: &Scope,
+    releases: &[crate::types::OrderRelease],
+) -> redis::ScriptInvocation<'static> {
     let mut inv = ORDER_RELEASE.prepare_invoke();
     for r in releases {
         inv.key(order_key(scope, &r.recipient_key));
@@ -613,4 +617,17 @@ pub(crate) fn number_pause_tail(reply: &mut Reply) -> Result<NumberPauseTail, Br
         lift: reply.string()?,
         marketing: reply.int()? == 1,
     })
+}
+
+/// Key of a number's throughput hash: the scope's hash tag, so `admit_send.lua` reads it.
+pub fn throughput_key(scope: &Scope) -> String {
+    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, "tput")
+}
+
+impl DenyReason {
+    /// The `admit_send.lua` code of this reason; None for the reasons decided in Rust (the local fallback and
+    /// the parent pauses, which live outside the scope's hash slot).
+    pub fn lua_code(self) -> Option<Code> {
+        Code::ALL.into_iter().find(|c| c.deny_reason() == Some(self))
+    }
 }

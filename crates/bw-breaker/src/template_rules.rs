@@ -4,8 +4,8 @@
 //! (`message_template_quality_update`) has its marketing paced fleet-wide at a few sends per minute until its
 //! rating recovers. Keyed by the template's quarantine scope (`tpl:<waba>:<language>:<name>`), never a phone.
 
+use crate::error::{BreakerError, RedisConn, invoke};
 use crate::templates::ScopeKey;
-use crate::{BreakerError, RedisConn};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
@@ -64,7 +64,7 @@ impl TemplateRules {
         for a in args {
             inv.arg(*a);
         }
-        let mut reply = crate::scripts::Reply::new(crate::invoke(&self.conn, &inv).await?)?;
+        let mut reply = crate::scripts::Reply::new(invoke(&self.conn, &inv).await?)?;
         let rules = Rules {
             category: reply.string()?,
             quality: reply.string()?,

@@ -8,7 +8,7 @@
 //! Scope keys never hold a phone number or any personal data, so they may be logged, shown and alerted on.
 //! Held state lives in Redis and changes only in the Lua script (one key per scope, hash tag `{qs}`).
 
-use crate::{BreakerError, RedisConn};
+use crate::error::{BreakerError, RedisConn, invoke};
 use bw_proto::v1::SendRequest;
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -135,7 +135,7 @@ impl TemplateHolds {
     async fn call(&self, key: &ScopeKey, mode: &str, code: i64, ms: u64) -> Result<Option<Hold>, BreakerError> {
         let mut inv = TEMPLATE_HOLDS.prepare_invoke();
         inv.key(key.hold_key()).arg(mode).arg(code).arg(ms);
-        let value = crate::invoke(&self.conn, &inv).await?;
+        let value = invoke(&self.conn, &inv).await?;
         let hold = parse_reply(value)?;
         if mode != "release" {
             self.remember(key, hold);

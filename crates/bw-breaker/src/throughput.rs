@@ -9,7 +9,9 @@
 //! take tokens from the same bucket the sends take them from (`lua/observe_inbound.lua`).
 //! Both change only in Lua (`lua/throughput_set.lua`, `lua/observe_inbound.lua`).
 
-use crate::{BreakerError, RedisConn, Scope, ScopeLimits};
+use crate::config::ScopeLimits;
+use crate::error::{BreakerError, RedisConn, invoke};
+use crate::types::Scope;
 use std::sync::LazyLock;
 use std::time::Duration;
 
@@ -32,10 +34,7 @@ static OBSERVE_INBOUND: LazyLock<redis::Script> = LazyLock::new(|| {
 /// The messages per second Meta allows a number after `THROUGHPUT_UPGRADE` (reference §3.1: "up to 1,000").
 pub const UPGRADED_MPS: u32 = 1_000;
 
-/// Key of a number's throughput hash: the scope's hash tag, so `admit_send.lua` reads it.
-pub fn throughput_key(scope: &Scope) -> String {
-    bw_wire::names::scope_key(&scope.waba_id, &scope.phone_number_id, "tput")
-}
+pub use crate::scripts::throughput_key;
 
 /// What the throughput hash of a number holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -85,7 +84,7 @@ impl Throughput {
     }
 
     async fn run(&self, script: &'static str, inv: redis::ScriptInvocation<'_>) -> Result<redis::Value, BreakerError> {
-        match tokio::time::timeout(self.timeout, crate::invoke(&self.conn, &inv)).await {
+        match tokio::time::timeout(self.timeout, invoke(&self.conn, &inv)).await {
             Ok(r) => Ok(r?),
             Err(_) => Err(BreakerError::Timeout { script, timeout_ms: self.timeout.as_millis() as u64 }),
         }
