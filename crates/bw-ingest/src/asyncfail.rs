@@ -22,6 +22,17 @@ fn accepted_undelivered(state: OperationState) -> bool {
     matches!(state, OperationState::Sent | OperationState::Held)
 }
 
+/// How long a failed status waits for the dispatcher to record its send: past it the on-the-wire mark is stale
+/// (the dispatcher died after its POST), and the status settles the operation as before.
+const SEND_RECORD_GRACE_MS: i64 = 60_000;
+
+/// The dispatcher marks an attempt on the wire before its POST and records SENT after Meta's answer, so a failed
+/// status can overtake that write: the entry is still QUEUED under a recent on-the-wire mark.
+fn send_unrecorded(entry: &LedgerEntry, now_ms: i64) -> bool {
+    let since = entry.in_flight_since_unix_ms;
+    entry.state() == OperationState::Queued && since > 0 && now_ms - since < SEND_RECORD_GRACE_MS
+}
+
 /// What a `failed` status's code means for its attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fate {
@@ -92,6 +103,12 @@ impl Processor {
             }
             self.metrics.duplicate("status");
             return Ok(Step::Done);
+        }
+        if fate(code) == Fate::NewAttempt && send_unrecorded(entry, bw_common::time::now_ms()) {
+            // Redelivered in a second (the whole webhook, which is idempotent): by then the dispatcher has
+            // written SENT and the failure becomes a new attempt, instead of FAILED for a message never delivered.
+            self.metrics.status("failed_before_sent");
+            return Err(Retry(format!("a failed status ({code}) arrived before its send was recorded")));
         }
         if fate(code) == Fate::Final || !accepted_undelivered(entry.state()) {
             // Final, or no attempt of it is known to be accepted and undelivered (delivered/read stay terminal;
@@ -208,6 +225,18 @@ mod tests {
             assert!(classification(code).class != ErrorClass::Permanent || classification(code).quarantine);
             assert_eq!(fate(code), Fate::NewAttempt, "{code}");
         }
+    }
+
+    #[test]
+    fn a_failed_status_waits_only_for_a_recent_unrecorded_send() {
+        let mut e = LedgerEntry::default();
+        e.set_state(OperationState::Queued);
+        assert!(!send_unrecorded(&e, 1_000_000), "not on the wire");
+        e.in_flight_since_unix_ms = 990_000;
+        assert!(send_unrecorded(&e, 1_000_000));
+        assert!(!send_unrecorded(&e, 990_000 + SEND_RECORD_GRACE_MS), "a stale mark settles as before");
+        e.set_state(OperationState::Sent);
+        assert!(!send_unrecorded(&e, 1_000_000), "recorded");
     }
 
     #[test]
