@@ -121,7 +121,7 @@ impl Coordinator {
 
     /// Whether this instance holds the leader lease now (only the leader ticks and writes; see [`leader`]).
     pub fn is_leader(&self) -> bool {
-        self.inner.leader.get().is_some_and(|l| l.is_leader())
+        self.inner.leader.get().is_some_and(|l| l.is_held())
     }
 
     /// This instance's id in the leader lease (`<HOSTNAME>-<random>`).

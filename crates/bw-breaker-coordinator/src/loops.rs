@@ -108,7 +108,7 @@ impl Coordinator {
     /// crash would (the lease is not given back and expires); `shutdown` releases it for a fast hand-over.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let c = &self.inner.cfg.coordinator;
-        let leadership = leader::Leadership::open(
+        let leadership = leader::open(
             &self.inner.js,
             self.inner.instance.clone(),
             Duration::from_millis(c.leader_lease_ms),
@@ -147,7 +147,7 @@ impl Coordinator {
                         _ = every.tick() => {}
                     }
                     let change = lease.step().await;
-                    this.inner.metrics.leader.set(i64::from(lease.is_leader()));
+                    this.inner.metrics.leader.set(i64::from(lease.is_held()));
                     match change {
                         leader::Change::Acquired => {
                             let instance = lease.instance();

@@ -16,6 +16,7 @@ pub mod config;
 pub mod crypto;
 pub mod disposition;
 pub mod jitter;
+pub mod lease;
 pub mod ledger;
 pub mod mask;
 pub mod moves;
