@@ -541,6 +541,47 @@ pub const COORDINATOR_LEADER_BUCKET: &str = "BW_COORDINATOR_LEADER";
 /// The one key of [`COORDINATOR_LEADER_BUCKET`].
 pub const COORDINATOR_LEADER_KEY: &str = "leader";
 
+/// KV bucket of the wire-journal partition leases (`dispatch.wire_guarantee = "journal"`): one key per send
+/// partition ([`WireJournal::owner_key`]), whose value is the owning dispatcher's instance id; the bucket's
+/// `max_age` is the lease length (`dispatch.wire_lease_ms`).
+pub const WIRE_OWNERS_BUCKET: &str = "BW_WIRE_OWNERS";
+/// Prefix of the wire-journal streams: `BW_WIRE_<n>` for send partition `n`.
+pub const WIRE_STREAM_PREFIX: &str = "BW_WIRE_";
+
+/// The wire journal of one send partition ([`SendPartitions`]): the stream `BW_WIRE_<n>` its owner appends to
+/// before a group of sends goes on the wire, with the subjects `bw.wire.v1.p<n>.sends` (the sends about to go),
+/// `.owner` (a take-over) and `.checkpoint` (how far every attempt is settled). Partition 0 is numbered like the
+/// others: the journal is new, so no old subject needs keeping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WireJournal(pub usize);
+
+impl WireJournal {
+    /// The journal stream of this partition.
+    pub fn stream(self) -> String {
+        format!("{WIRE_STREAM_PREFIX}{}", self.0)
+    }
+    /// Every subject of the stream.
+    pub fn subjects(self) -> String {
+        format!("bw.wire.v1.p{}.>", self.0)
+    }
+    /// Records naming sends about to go on the wire.
+    pub fn sends_subject(self) -> String {
+        format!("bw.wire.v1.p{}.sends", self.0)
+    }
+    /// A new owner's take-over record.
+    pub fn owner_subject(self) -> String {
+        format!("bw.wire.v1.p{}.owner", self.0)
+    }
+    /// Checkpoint records.
+    pub fn checkpoint_subject(self) -> String {
+        format!("bw.wire.v1.p{}.checkpoint", self.0)
+    }
+    /// This partition's lease key in [`WIRE_OWNERS_BUCKET`].
+    pub fn owner_key(self) -> String {
+        format!("p{}", self.0)
+    }
+}
+
 /// KV bucket of replay leases: key phone_number_id, value `<instance>|<expires unix ms>`. The lease makes one
 /// replay instance at a time drain a scope, so the per-scope replay rate holds across instances.
 pub const REPLAY_LEASE_BUCKET: &str = "BW_REPLAY_LEASES";
@@ -639,6 +680,18 @@ mod tests {
         assert_eq!(ledger_partition("anything", 0), 0, "no partitions configured is one");
         assert_eq!((ledger_bucket(0), ledger_bucket(3)), ("BW_LEDGER".to_string(), "BW_LEDGER_3".to_string()));
         assert_eq!((wamid_bucket(0), wamid_bucket(1)), ("BW_WAMID".to_string(), "BW_WAMID_1".to_string()));
+    }
+
+    #[test]
+    fn each_send_partition_has_its_own_wire_journal_and_lease_key() {
+        let j = WireJournal(3);
+        assert_eq!(j.stream(), "BW_WIRE_3");
+        assert_eq!(j.sends_subject(), "bw.wire.v1.p3.sends");
+        assert_eq!(j.owner_subject(), "bw.wire.v1.p3.owner");
+        assert_eq!(j.checkpoint_subject(), "bw.wire.v1.p3.checkpoint");
+        assert_eq!(j.subjects(), "bw.wire.v1.p3.>");
+        assert_eq!(j.owner_key(), "p3");
+        assert_ne!(WireJournal(0).subjects(), WireJournal(1).subjects());
     }
 
     #[test]

@@ -1486,3 +1486,69 @@ impl DeliveryStatus {
         }
     }
 }
+/// One send of a SENDS record, or an attempt still open at a CHECKPOINT.
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WireAttempt {
+    #[prost(string, tag = "1")]
+    pub operation_id: ::prost::alloc::string::String,
+    /// The ledger entry's attempt number of this try (attempts + 1 when it started).
+    #[prost(uint32, tag = "2")]
+    pub attempt: u32,
+    /// The ledger entry's revision the send was admitted at: an outcome changes it.
+    #[prost(uint64, tag = "3")]
+    pub ledger_revision: u64,
+}
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WireRecord {
+    #[prost(enumeration = "WireRecordKind", tag = "1")]
+    pub kind: i32,
+    /// The owning dispatcher's instance id.
+    #[prost(string, tag = "2")]
+    pub owner: ::prost::alloc::string::String,
+    /// The owner's lease revision (grows at every take-over).
+    #[prost(uint64, tag = "3")]
+    pub epoch: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub attempts: ::prost::alloc::vec::Vec<WireAttempt>,
+    /// CHECKPOINT: the highest stream sequence whose SENDS attempts are settled but for those in `attempts`.
+    #[prost(uint64, tag = "5")]
+    pub settled_through: u64,
+    #[prost(int64, tag = "6")]
+    pub at_unix_ms: i64,
+}
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
+#[repr(i32)]
+pub enum WireRecordKind {
+    Unspecified = 0,
+    /// Sends about to go on the wire: nothing of them goes before this record is stored.
+    Sends = 1,
+    /// A new owner took the partition over; appended chained on the stream's last sequence, so the old owner's
+    /// next append fails.
+    Owner = 2,
+    /// Every attempt of a SENDS record at or below settled_through is settled, except those listed as still open.
+    Checkpoint = 3,
+}
+impl WireRecordKind {
+    /// String value of the enum field names used in the ProtoBuf definition.
+    ///
+    /// The values are not transformed in any way and thus are considered stable
+    /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+    pub fn as_str_name(&self) -> &'static str {
+        match self {
+            Self::Unspecified => "WIRE_RECORD_KIND_UNSPECIFIED",
+            Self::Sends => "WIRE_RECORD_KIND_SENDS",
+            Self::Owner => "WIRE_RECORD_KIND_OWNER",
+            Self::Checkpoint => "WIRE_RECORD_KIND_CHECKPOINT",
+        }
+    }
+    /// Creates an enum from field names used in the ProtoBuf definition.
+    pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+        match value {
+            "WIRE_RECORD_KIND_UNSPECIFIED" => Some(Self::Unspecified),
+            "WIRE_RECORD_KIND_SENDS" => Some(Self::Sends),
+            "WIRE_RECORD_KIND_OWNER" => Some(Self::Owner),
+            "WIRE_RECORD_KIND_CHECKPOINT" => Some(Self::Checkpoint),
+            _ => None,
+        }
+    }
+}
