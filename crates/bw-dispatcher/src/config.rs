@@ -102,6 +102,46 @@ pub struct DispatchConfig {
     /// reading). Off saves a durable write per message: for deployments whose own traffic shows every failed
     /// status carrying it (`bw_status_callback_data_total`, `deploy/runbooks/wamid-link.md`).
     pub wamid_link: bool,
+    /// How "this send may be on the wire" becomes durable before the POST: a ledger mark per message, or a
+    /// grouped record in the partition's wire journal (`journal.rs`, docs/decisions/wire-journal.md).
+    #[serde(default)]
+    pub wire_guarantee: WireGuarantee,
+    /// Journal mode: length of a dispatcher's lease on a send partition (KV `BW_WIRE_OWNERS`), renewed every third.
+    #[serde(default = "default_wire_lease_ms")]
+    pub wire_lease_ms: u64,
+    /// Journal mode: most sends one journal record names.
+    #[serde(default = "default_journal_max_group")]
+    pub journal_max_group: usize,
+    /// Journal mode: how often the owner appends a checkpoint (the settled prefix and the still-open attempts).
+    #[serde(default = "default_journal_checkpoint_ms")]
+    pub journal_checkpoint_ms: u64,
+    /// Journal mode: the byte limit of each `BW_WIRE_<n>` stream.
+    #[serde(default = "default_journal_max_bytes")]
+    pub journal_max_bytes: i64,
+}
+
+/// `dispatch.wire_guarantee`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireGuarantee {
+    /// A compare-and-set on the ledger entry per send (`send.rs`, `mark_in_flight`).
+    #[default]
+    Mark,
+    /// One record per group of sends in the partition's journal, appended by the partition's fenced owner.
+    Journal,
+}
+
+fn default_wire_lease_ms() -> u64 {
+    10_000
+}
+fn default_journal_max_group() -> usize {
+    256
+}
+fn default_journal_checkpoint_ms() -> u64 {
+    500
+}
+fn default_journal_max_bytes() -> i64 {
+    64 * 1024 * 1024
 }
 
 impl ServiceConfig for Config {
@@ -136,6 +176,16 @@ impl ServiceConfig for Config {
         }
         if self.dispatch.retry_base_ms == 0 || self.dispatch.retry_cap_ms < self.dispatch.retry_base_ms {
             return invalid("dispatch.retry_base_ms must be > 0 and <= dispatch.retry_cap_ms");
+        }
+        // The lease is renewed every third of its length: shorter ones leave no room for a slow renewal.
+        if self.dispatch.wire_lease_ms < 300 {
+            return invalid("dispatch.wire_lease_ms must be at least 300");
+        }
+        if self.dispatch.journal_max_group == 0 || self.dispatch.journal_checkpoint_ms == 0 {
+            return invalid("dispatch.journal_max_group and dispatch.journal_checkpoint_ms must be > 0");
+        }
+        if self.dispatch.journal_max_bytes < 1024 * 1024 {
+            return invalid("dispatch.journal_max_bytes must be at least 1 MiB");
         }
         let send = self.nats.send_partitions;
         if let Some(p) = self.dispatch.partitions.iter().find(|p| **p >= send) {

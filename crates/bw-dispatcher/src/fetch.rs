@@ -52,15 +52,17 @@ pub(crate) fn take_parked(slot: &mut Option<Parked>) -> Option<async_nats::jetst
 }
 
 /// Waits, at most about `idle_wait`, for a message on any lane: every lane without an outstanding long-poll
-/// gets one, then the first message to arrive is returned. The other requests stay parked for the next turn.
+/// gets one (among the consumers `serving` marks), then the first message to arrive is returned. The other
+/// requests stay parked for the next turn.
 pub(crate) async fn idle_wait_any(
     consumers: &[(Lane, consumer::Consumer<pull::Config>)],
+    serving: &[bool],
     parked: &mut [Option<Parked>],
     idle_wait: Duration,
 ) -> Option<(Lane, async_nats::jetstream::Message)> {
     use futures::FutureExt;
-    for (slot, (lane, consumer)) in parked.iter_mut().zip(consumers) {
-        if slot.is_none() {
+    for ((slot, (lane, consumer)), serve) in parked.iter_mut().zip(consumers).zip(serving) {
+        if slot.is_none() && *serve {
             match tokio::time::timeout(FETCH_TIMEOUT, consumer.batch().max_messages(1).expires(idle_wait).messages())
                 .await
             {
@@ -234,6 +236,14 @@ impl Worker {
             // Already sent, or already moved elsewhere by an earlier delivery of this same message (a crash
             // between the move and the ack). Never send it again.
             span.in_scope(|| tracing::debug!(state = versioned.entry.state().label(), "already handled; acked"));
+            // Journal mode: an attempt an earlier owner left open has its outcome now.
+            if versioned.entry.state() != OperationState::Queued
+                && let Some(journals) = &self.journals
+                && let Some(part) = journals.part(self.send.of(&request.phone_number_id))
+                && let Some(abandoned) = part.take_abandoned(&request.operation_id)
+            {
+                abandoned.resolve();
+            }
             bw_common::disposition::apply(&msg, Settle::ack(Outcome::AlreadyHandled), &span, |l| {
                 self.metrics.result(l)
             })
@@ -256,6 +266,7 @@ impl Worker {
             slot_misses: 0,
             order_polls: 0,
             slot_gap_ms: 0.0,
+            on_wire: None,
         };
         if in_flight_since > 0 {
             // An earlier delivery marked this message on the wire and never recorded an outcome (the instance
@@ -267,6 +278,20 @@ impl Worker {
             };
             // That earlier try is over (the ack wait outlasts a call): Meta has it or never will from it, so the
             // messages behind it may go. (Not on a mark conflict: there the other delivery is live.)
+            self.release_order(&work).await;
+            self.to_unknown(work, err).await;
+            return None;
+        }
+        // Journal mode: the same for a try an earlier owner of the partition journaled without an outcome.
+        let mut work = work;
+        if let Some(abandoned) = self.journal_of(&work).and_then(|p| p.take_abandoned(&work.request.operation_id)) {
+            work.on_wire = Some(abandoned);
+            let err = ErrorInfo {
+                details: "an earlier owner of its send partition journaled a try without an outcome; outcome unknown"
+                    .into(),
+                at_unix_ms: now_ms(),
+                ..Default::default()
+            };
             self.release_order(&work).await;
             self.to_unknown(work, err).await;
             return None;

@@ -33,6 +33,7 @@ pub mod budget;
 mod config;
 mod fetch;
 mod gates;
+mod journal;
 mod late;
 mod meta;
 mod metrics;
@@ -44,11 +45,12 @@ mod send;
 mod settle;
 mod worker;
 
-pub use config::{Config, DEFAULT_CONFIG, DispatchConfig, MetaConfig};
+pub use config::{Config, DEFAULT_CONFIG, DispatchConfig, MetaConfig, WireGuarantee};
 pub use fetch::{held_consumer, lane_consumer, partition_lane_consumer};
 pub use meta::{MetaAnswer, MetaClient, build_body};
 
 use bw_common::service::Deps;
+use bw_proto::v1::OperationState;
 use bw_wire::names::Lane;
 use config::credentials_warning;
 use fetch::{FETCH_BOUND, Parked, fetch_order, idle_wait_any, served_partitions, take_parked};
@@ -88,8 +90,11 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let partitions = served_partitions(&cfg.dispatch.partitions, deps.buckets.send);
     // Lane by lane in serving order, each lane's partitions side by side (see the fetch loop).
     let mut consumers = Vec::new();
+    // The partition of each consumer (journal mode fetches only from owned ones).
+    let mut consumer_partitions = Vec::new();
     for lane in Lane::ALL {
         for &partition in &partitions {
+            consumer_partitions.push(partition);
             let consumer = deps
                 .startup_step("lane consumer", Duration::from_secs(30), || {
                     partition_lane_consumer(&deps.js, partition, lane, ack_wait)
@@ -100,11 +105,47 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     }
     // The held messages after every lane: `prepare` reads each one's own lane from its subject.
     for &partition in &partitions {
+        consumer_partitions.push(partition);
         let consumer = deps
             .startup_step("held consumer", Duration::from_secs(30), || held_consumer(&deps.js, partition, ack_wait))
             .await?;
         consumers.push((Lane::Replay, consumer));
     }
+    let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
+    // Journal mode: the partitions' journals; the fetch loop fetches only from the partitions this instance owns.
+    let journals = match cfg.dispatch.wire_guarantee {
+        WireGuarantee::Mark => None,
+        WireGuarantee::Journal => {
+            let d = &cfg.dispatch;
+            let jcfg = journal::JournalConfig {
+                lease: Duration::from_millis(d.wire_lease_ms),
+                max_group: d.journal_max_group,
+                checkpoint: Duration::from_millis(d.journal_checkpoint_ms),
+                max_bytes: d.journal_max_bytes,
+                replicas: cfg.nats.replicas,
+                bucket_max_bytes: cfg.nats.limits.service_bucket_max_bytes,
+            };
+            let journals = deps
+                .startup_step("wire journals", Duration::from_secs(30), || {
+                    journal::Journals::open(&deps.js, &partitions, &instance, jcfg.clone(), metrics.journal.clone())
+                })
+                .await?;
+            let ledger = ledger.clone();
+            let still_open: journal::StillOpen = Arc::new(move |op: String, revision: u64| {
+                let ledger = ledger.clone();
+                Box::pin(async move {
+                    match ledger.get(&op).await {
+                        Ok(Some(v)) => v.revision == revision && v.entry.state() == OperationState::Queued,
+                        Ok(None) => false,
+                        Err(_) => true,
+                    }
+                }) as futures::future::BoxFuture<'static, bool>
+            });
+            journals.spawn(still_open, shutdown.child_token(), shutdown.clone());
+            tracing::info!(partitions = ?partitions, "wire guarantee: journal (partitions fetched once owned)");
+            Some(journals)
+        }
+    };
     let worker = Arc::new(worker::Worker {
         js: deps.js.clone(),
         send: deps.buckets.send,
@@ -116,7 +157,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         cfg: cfg.dispatch.clone(),
         metrics,
         shutdown: shutdown.clone(),
-        instance: uuid::Uuid::new_v4().simple().to_string()[..12].to_string(),
+        instance,
         backlog: priority::Backlog::new(
             deps.js.clone(),
             partitions.clone(),
@@ -131,6 +172,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             cfg.budget.clone(),
             &deps.metrics,
         )),
+        journals: journals.clone(),
     });
     let tracker = TaskTracker::new();
     let in_flight = Arc::new(tokio::sync::Semaphore::new(cfg.dispatch.max_in_flight));
@@ -149,6 +191,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             _ = shutdown.cancelled() => break,
             p = in_flight.clone().acquire_many_owned(batch_size as u32) => p?,
         };
+        // Journal mode: only the partitions this instance owns now (a lost one's deliveries go to its new owner).
+        let serving: Vec<bool> =
+            consumer_partitions.iter().map(|p| journals.as_ref().is_none_or(|j| j.owns(*p))).collect();
         let mut batch = Vec::with_capacity(batch_size);
         for (slot, (lane, _)) in parked.iter_mut().zip(&consumers) {
             if batch.len() < batch_size
@@ -160,7 +205,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
         // Each lane's partitions take turns going first, so a busy partition cannot keep its neighbours' share of
         // the batch (lanes keep their serving order).
         turn = turn.wrapping_add(1);
-        for (lane, consumer) in fetch_order(consumers.len(), per_lane, turn).map(|i| &consumers[i]) {
+        for (lane, consumer) in
+            fetch_order(consumers.len(), per_lane, turn).filter(|i| serving[*i]).map(|i| &consumers[i])
+        {
             let room = batch_size - batch.len();
             if room == 0 {
                 break;
@@ -194,7 +241,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
             drop(permits);
             let got = tokio::select! {
                 _ = shutdown.cancelled() => None,
-                got = idle_wait_any(&consumers, &mut parked, idle_wait) => got,
+                got = idle_wait_any(&consumers, &serving, &mut parked, idle_wait) => got,
             };
             if let Some(m) = got {
                 let permit = in_flight.clone().acquire_owned().await?;
@@ -204,7 +251,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                     drop(permit);
                 });
             } else if !shutdown.is_cancelled() {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                // Owning nothing yet (journal mode), wait an idle period rather than spin.
+                let nap = if serving.contains(&true) { Duration::from_millis(5) } else { idle_wait };
+                tokio::time::sleep(nap).await;
             }
             continue;
         }
@@ -268,6 +317,23 @@ mod tests {
         env.insert("BW_DISPATCHER__DISPATCH__PARTITIONS".to_string(), "[2]".to_string());
         let err = Config::load(None, &env).expect_err("partition 2 of 2 does not exist").to_string();
         assert!(err.contains("dispatch.partitions") && err.contains("nats.send_partitions is 2"), "{err}");
+    }
+
+    #[test]
+    fn the_wire_guarantee_defaults_to_the_mark_and_refuses_an_unknown_value_by_name() {
+        let cfg = Config::load(None, &Default::default()).expect("compiled defaults load");
+        assert_eq!(cfg.dispatch.wire_guarantee, WireGuarantee::Mark);
+        assert_eq!(cfg.dispatch.wire_lease_ms, 10_000);
+        assert_eq!(cfg.dispatch.journal_max_group, 256);
+        assert_eq!(cfg.dispatch.journal_checkpoint_ms, 500);
+        assert_eq!(cfg.dispatch.journal_max_bytes, 64 * 1024 * 1024);
+        let mut env = std::collections::HashMap::new();
+        env.insert("BW_DISPATCHER__DISPATCH__WIRE_GUARANTEE".to_string(), "journal".to_string());
+        let cfg = Config::load(None, &env).expect("journal is a wire guarantee");
+        assert_eq!(cfg.dispatch.wire_guarantee, WireGuarantee::Journal);
+        env.insert("BW_DISPATCHER__DISPATCH__WIRE_GUARANTEE".to_string(), "ledger".to_string());
+        let err = Config::load(None, &env).expect_err("ledger is not one").to_string();
+        assert!(err.contains("wire_guarantee") && err.contains("ledger") && err.contains("journal"), "{err}");
     }
 
     #[test]

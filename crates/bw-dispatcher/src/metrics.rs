@@ -34,6 +34,8 @@ pub(crate) struct Metrics {
     pub api_version_days_left: Family<Labels, Gauge>,
     /// Messages quarantined under a quarantine scope, by scope key (a template or a code, never a number).
     pub quarantine_held: Family<Labels, Counter>,
+    /// The wire journal's appends, group sizes and take-overs (`journal.rs`).
+    pub journal: crate::journal::JournalMetrics,
 }
 
 impl Metrics {
@@ -50,6 +52,10 @@ impl Metrics {
             late_slots: Counter::default(),
             api_version_days_left: Family::default(),
             quarantine_held: Family::default(),
+            journal: crate::journal::JournalMetrics {
+                group_size: Some(Histogram::new(exponential_buckets(1.0, 2.0, 10))),
+                ..Default::default()
+            },
         };
         if let Ok(mut r) = registry.lock() {
             r.register("bw_dispatch_results", "Dispatch results by outcome", m.results.clone());
@@ -86,6 +92,19 @@ impl Metrics {
                 "bw_quarantine_held",
                 "Messages held in the quarantine by scope (scope: tpl:<waba>:<language>:<name> or code:<code>)",
                 m.quarantine_held.clone(),
+            );
+            r.register(
+                "bw_wire_journal_appends",
+                "Records appended to the wire journal (each names a group of sends about to go on the wire)",
+                m.journal.appends.clone(),
+            );
+            if let Some(h) = &m.journal.group_size {
+                r.register("bw_wire_journal_group_size", "Sends named by one wire-journal record", h.clone());
+            }
+            r.register(
+                "bw_wire_journal_takeovers",
+                "Send partitions this dispatcher took over as wire-journal owner",
+                m.journal.takeovers.clone(),
             );
         }
         m

@@ -1,5 +1,5 @@
-//! The send of an admitted message: it waits for its send slot, takes the on-the-wire mark by compare-and-set,
-//! and POSTs to Meta; a send that reaches the wire well after its slot goes back to admission (`Flown::Late`)
+//! The send of an admitted message: it waits for its send slot, takes the on-the-wire mark by compare-and-set
+//! (or, in journal mode, is named in its partition's wire journal), and POSTs to Meta; a send that reaches the wire well after its slot goes back to admission (`Flown::Late`)
 //! unless the sender's small fleet-wide late allowance lets it go.
 
 use crate::backoff::{RETRY_LATER, retry_after_pauses};
@@ -77,7 +77,12 @@ impl Worker {
                 excused = true;
             }
             let marking = Instant::now();
-            let Some((w, canary)) = this.mark_in_flight(w, canary).await else { return Flown::Done };
+            let on_wire = if this.journals.is_some() {
+                this.journal_in_flight(w, canary).await
+            } else {
+                this.mark_in_flight(w, canary).await
+            };
+            let Some((w, canary)) = on_wire else { return Flown::Done };
             this.mark_lead.observe(marking.elapsed());
             // Marked early: the request waits for its slot (at most the lead).
             tokio::time::sleep_until(due.into()).await;
@@ -169,6 +174,52 @@ impl Worker {
         }
     }
 
+    /// Journal mode's counterpart of [`Self::mark_in_flight`]: the send is named in its partition's journal (one
+    /// record per group, `journal.rs`) before it may go. A second copy of an operation with an attempt under way
+    /// here waits for its redelivery, when the ledger says how the first ended; one whose attempt an earlier
+    /// owner left without an outcome goes to BW_UNKNOWN; and a partition this dispatcher does not own (any more)
+    /// sends nothing: the delivery goes back for its owner.
+    async fn journal_in_flight(&self, mut w: Work, canary: bool) -> Option<(Work, bool)> {
+        use crate::journal::Refusal;
+        let Some(part) = self.journal_of(&w).cloned() else {
+            self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
+            return None;
+        };
+        match part.append(&w.request.operation_id, w.attempt(), w.ledger.revision).await {
+            Ok(on_wire) => {
+                w.on_wire = Some(on_wire);
+                crate::journal::crash_point("after_journal");
+                Some((w, canary))
+            }
+            Err(Refusal::Abandoned) => {
+                w.on_wire = part.take_abandoned(&w.request.operation_id);
+                let err = ErrorInfo {
+                    details: "an earlier owner of its send partition journaled a try without an outcome; outcome \
+                        unknown"
+                        .into(),
+                    at_unix_ms: now_ms(),
+                    ..Default::default()
+                };
+                self.to_unknown(w, err).await;
+                None
+            }
+            Err(Refusal::Live) => {
+                self.metrics.mark_conflicts.inc();
+                self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
+                None
+            }
+            Err(Refusal::NotOwner) => {
+                self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
+                None
+            }
+        }
+    }
+
+    /// The wire journal of `w`'s send partition, in journal mode when this dispatcher serves it.
+    pub(crate) fn journal_of(&self, w: &Work) -> Option<&Arc<crate::journal::PartJournal>> {
+        self.journals.as_ref()?.part(self.send.of(&w.request.phone_number_id))
+    }
+
     /// Whether a late send of `w`'s sender may still go now, using the sender's late allowance, which every
     /// dispatcher process shares (`claim_late.lua`): at most [`LATE_BURST`] at once per sender, refilled by one per
     /// [`LATE_REFILL_SLOTS`] slot spacings. An isolated late send (a short hiccup) goes and fills the gap its
@@ -234,6 +285,7 @@ impl Worker {
             meta_code = tracing::field::Empty,
         );
         let (answer, took) = self.meta.send(&w.request).instrument(span.clone()).await;
+        crate::journal::crash_point("after_post");
         answer.record_on(&span);
         Flown::Answered(w, canary, answer, took)
     }
@@ -242,6 +294,11 @@ impl Worker {
     /// the ledger revision for the next mark. Err (with the message, mark still set) when the ledger refused
     /// or was unavailable: the caller then sends as marked.
     async fn unmark(&self, mut w: Work) -> Result<Work, Work> {
+        // Journal mode: nothing left; the journaled attempt is settled unsent (the next admission journals anew).
+        if let Some(on_wire) = w.on_wire.take() {
+            on_wire.resolve();
+            return Ok(w);
+        }
         let token = w.ledger.entry.in_flight_token.clone();
         let result = self
             .ledger

@@ -97,6 +97,13 @@ impl Worker {
     /// Applies a delivery's decision: acknowledgement, span field, result metric, and (when given) the outcome
     /// event. The only place the dispatcher settles a message it has a [`Work`] for.
     pub(crate) async fn settle(&self, w: &Work, settle: Settle<Outcome>, event: Option<Event<'_>>) {
+        // Journal mode: every settle but a pending move follows a durable outcome (or a try that created
+        // nothing), so the journaled attempt is settled; a pending move leaves it open, and abandoned.
+        if settle.result != Outcome::MovePending
+            && let Some(on_wire) = &w.on_wire
+        {
+            on_wire.resolve();
+        }
         if let Some(e) = event
             && settle.result != Outcome::MovePending
         {
@@ -239,6 +246,7 @@ impl Worker {
             tracing::debug!(parent: &w.span, error = %e, "wamid link not stored");
         }
         if recorded.is_ok() {
+            crate::journal::crash_point("after_outcome");
             let event = Event { err: &ErrorInfo::default(), wamid: &wamid, latency_us: took.as_micros() as u64 };
             self.settle(&w, Settle::ack(Outcome::Sent), Some(event)).await;
             return;

@@ -48,6 +48,8 @@ pub(crate) struct Worker {
     pub(crate) mark_lead: MarkLead,
     /// Quarantine scopes and recipient marketing state (`gates.rs`).
     pub(crate) gates: Gates,
+    /// The wire journals of the served partitions (`dispatch.wire_guarantee = "journal"`); None: the mark.
+    pub(crate) journals: Option<crate::journal::Journals>,
 }
 
 /// A running estimate of the on-the-wire mark's write latency in this process, microseconds: a fast rise
@@ -97,6 +99,8 @@ pub(crate) struct Work {
     pub order_polls: u8,
     /// The sender's slot spacing (ms) in the admission that admitted it (0: unknown).
     pub slot_gap_ms: f64,
+    /// Journal mode: this try's journal entry, resolved by `settle` once its outcome is durable.
+    pub on_wire: Option<crate::journal::OnWire>,
 }
 
 impl Work {
