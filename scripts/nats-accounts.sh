@@ -5,7 +5,8 @@
 #   KV_BW_LEDGER, KV_BW_WAMID) is granted for BW_LEDGER_1 … BW_LEDGER_<PARTITIONS-1> (and BW_WAMID_1 …) as well;
 # - every permission that names BW_SEND or BW_DLQ or a subject of theirs (bw.outbox.v1.…, bw.dlq.v1.…) is
 #   granted for BW_SEND_1 … BW_SEND_<N-1>, BW_DLQ_1 … and their subjects (bw.outbox.p1.v1.…, bw.dlq.p1.v1.…)
-#   as well (the DLQ follows the send partitions);
+#   as well (the DLQ follows the send partitions), and so is every one that names the wire journal of partition 0
+#   (BW_WIRE_0, bw.wire.v1.p0.…) for BW_WIRE_1 … and bw.wire.v1.p1.… (dispatch.wire_guarantee = "journal");
 # each on a line of its own right after the original. Nothing else changes.
 #
 #   scripts/nats-accounts.sh 8 --send 4 > /etc/nats/accounts.conf
@@ -54,6 +55,9 @@ function copies(item, count, kind,    i, copy, out) {
       gsub(/BW_DLQ"/, "BW_DLQ_" i "\"", copy)
       gsub(/"bw\.outbox\.v1\./, "\"bw.outbox.p" i ".v1.", copy)
       gsub(/"bw\.dlq\.v1\./, "\"bw.dlq.p" i ".v1.", copy)
+      gsub(/BW_WIRE_0\./, "BW_WIRE_" i ".", copy)
+      gsub(/BW_WIRE_0"/, "BW_WIRE_" i "\"", copy)
+      gsub(/"bw\.wire\.v1\.p0\./, "\"bw.wire.v1.p" i ".", copy)
     }
     out = out (out == "" ? "" : ", ") copy
   }
@@ -67,7 +71,8 @@ $0 !~ /^[ \t]*#/ && (n > 1 || s > 1) {
     item = substr(rest, RSTART, RLENGTH); rest = substr(rest, RSTART + RLENGTH)
     more = ""
     if (n > 1 && item ~ /BW_(LEDGER|WAMID)[."]/) more = copies(item, n, "ledger")
-    else if (s > 1 && (item ~ /BW_(SEND|DLQ)[."]/ || item ~ /^"bw\.(outbox|dlq)\.v1\./)) more = copies(item, s, "send")
+    else if (s > 1 && (item ~ /BW_(SEND|DLQ)[."]/ || item ~ /^"bw\.(outbox|dlq)\.v1\./ || item ~ /BW_WIRE_0[."]/ \
+      || item ~ /^"bw\.wire\.v1\.p0\./)) more = copies(item, s, "send")
     if (more != "") out = out (out == "" ? "" : ", ") more
   }
   if (out != "") print indent out ","

@@ -688,3 +688,65 @@ async fn a_missing_nats_right_stops_start_up_at_once_and_names_the_refused_subje
     assert!(message.contains("jetstream topology"), "names the step: {message}");
     assert!(!message.contains(&password("dispatcher")), "never prints the password: {message}");
 }
+
+/// The wire journal (`dispatch.wire_guarantee = "journal"`) under `scripts/nats-accounts.sh 1 --send 2`: the
+/// dispatcher, as its own user, creates each send partition's journal stream and the partitions' lease bucket,
+/// takes both partitions over (an OWNER record in each journal) with no violation logged; another service's
+/// user may neither append to a journal nor write a partition's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dispatcher_keeps_its_wire_journal_as_its_own_user_and_no_other_service_writes_it() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nats-accounts.sh");
+    let generated =
+        std::process::Command::new("bash").arg(&script).args(["1", "--send", "2"]).output().expect("script runs");
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let conf = std::env::temp_dir().join(format!("bw-accounts-wire-{}.conf", bw_testkit::free_port()));
+    std::fs::write(&conf, &generated.stdout).expect("conf written");
+    let nats = server_with(&conf);
+    let _ = std::fs::remove_file(&conf);
+    let redis = RedisServer::start();
+
+    let mut pairs = nats_env(&nats, "dispatcher");
+    pairs.extend([
+        ("nats.send_partitions", "2".to_string()),
+        ("redis.url", redis.url()),
+        ("admin.listen", "127.0.0.1:0".to_string()),
+        // No message is sent here: Meta is never called.
+        ("meta.base_url", "http://127.0.0.1:9".to_string()),
+        ("meta.access_token", ACCESS_TOKEN.to_string()),
+        ("tenancy.mode", "dev".to_string()),
+        ("dispatch.wire_guarantee", "journal".to_string()),
+        ("dispatch.wire_lease_ms", "1000".to_string()),
+    ]);
+    let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
+    let deps = Deps::connect("dispatcher", &cfg.nats, Some(&cfg.redis), WAIT).await.expect("dispatcher connects");
+    let mut services = Services { health: Vec::new(), tokens: Vec::new(), handles: Vec::new() };
+    services.keep(&deps.clone(), |t| tokio::spawn(bw_dispatcher::run(cfg, deps, t)));
+    assert!(services.ready().await, "the dispatcher starts in journal mode: {:?}", violations(&nats));
+
+    // Read as the dispatcher's own user: each journal holds its OWNER record once the partition is taken over.
+    let dispatcher = deps_partitioned(&nats, "dispatcher", None, 1, 2).await;
+    for partition in 0..2 {
+        let stream = names::WireJournal(partition).stream();
+        let owned = bw_testkit::wait_until(WAIT, || async {
+            match dispatcher.js.get_stream(&stream).await {
+                Ok(mut s) => s.info().await.is_ok_and(|i| i.state.last_sequence >= 1),
+                Err(_) => false,
+            }
+        })
+        .await;
+        assert!(owned, "{stream} taken over: {:?}", violations(&nats));
+    }
+    assert_eq!(violations(&nats), Vec::<String>::new(), "no permissions violation");
+
+    for (user, subject) in [
+        ("ingest", names::WireJournal(0).sends_subject()),
+        ("replay", names::WireJournal(1).owner_subject()),
+        ("breaker-coordinator", format!("$KV.{}.p0", names::WIRE_OWNERS_BUCKET)),
+    ] {
+        let client = async_nats::connect(url_of(&nats, user)).await.expect("connects");
+        let _ = client.publish(subject.clone(), "forged".into()).await;
+        let _ = client.flush().await;
+        assert!(logged_violation(&nats, user, &subject).await, "{user} may not write {subject}");
+    }
+    services.stop().await;
+}
