@@ -5,6 +5,8 @@
 //! - `processes`: kill -9 of real dispatcher and replay processes (the binaries, spawned by `bw_drill::stack`);
 //! - `servers`: nats-server restart, a 3-node NATS cluster losing its stream leader, Redis restart and outage;
 //! - `meta`: Meta hanging past the client timeout, and a burst of 10,000 (or 100,000) messages;
+//! - `journal`: the wire journal (`dispatch.wire_guarantee = "journal"`): kill -9 at each crash point and two
+//!   owners racing at take-over;
 //! - `order`: per-recipient order across a kill -9 of one of two dispatcher processes;
 //! - `clusters`: a 3-node NATS cluster, a 3-master Redis Cluster and two processes of every service through a
 //!   Meta outage (breaker trip, DLQ, replay) with one NATS node and one Redis master killed.
@@ -14,6 +16,7 @@
 
 mod clusters;
 mod common;
+mod journal;
 mod meta;
 mod order;
 mod processes;

@@ -84,6 +84,16 @@ impl Services {
 
     /// Starts `bw-<service>` with config overrides `settings` (keys like `nats.url`), returning its index.
     pub fn spawn(&mut self, service: &str, settings: &[(&str, String)]) -> anyhow::Result<usize> {
+        self.spawn_with_env(service, settings, &[])
+    }
+
+    /// [`Services::spawn`] with extra environment variables set as given (e.g. a test's crash point).
+    pub fn spawn_with_env(
+        &mut self,
+        service: &str,
+        settings: &[(&str, String)],
+        extra_env: &[(&str, &str)],
+    ) -> anyhow::Result<usize> {
         let instance = self.procs.iter().filter(|p| p.service == service).count();
         let admin = format!("127.0.0.1:{}", free_port());
         let prefix = env_prefix(service);
@@ -95,6 +105,9 @@ impl Services {
         }
         for (key, value) in settings {
             env.insert(format!("{prefix}{}", key.to_ascii_uppercase().replace('.', "__")), value.clone());
+        }
+        for (key, value) in extra_env {
+            env.insert(key.to_string(), value.to_string());
         }
         let log = self.log_dir.join(format!("{service}-{instance}.log"));
         let mut proc = ServiceProcess { service: service.to_string(), instance, admin, log, env, child: None };
@@ -138,6 +151,17 @@ impl Services {
             let _ = c.wait();
         }
         self.procs[index].child = None;
+    }
+
+    /// Sends signal `sig` (a name `kill` takes: STOP, CONT, TERM...) to process `index`; false when it is not
+    /// running or the signal could not be sent.
+    pub fn signal(&mut self, index: usize, sig: &str) -> bool {
+        match self.procs[index].pid() {
+            Some(pid) => {
+                Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().is_ok_and(|s| s.success())
+            }
+            None => false,
+        }
     }
 
     /// Starts a killed or stopped process again with the same config.
