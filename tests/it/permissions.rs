@@ -743,9 +743,9 @@ async fn the_dispatcher_keeps_its_wire_journal_as_its_own_user_and_no_other_serv
         ("replay", names::WireJournal(1).owner_subject()),
         ("breaker-coordinator", format!("$KV.{}.p0", names::WIRE_OWNERS_BUCKET)),
     ] {
-        let client = async_nats::connect(url_of(&nats, user)).await.expect("connects");
-        let _ = client.publish(subject.clone(), "forged".into()).await;
-        let _ = client.flush().await;
+        let other = deps_partitioned(&nats, user, None, 1, 2).await;
+        let _ = other.nats.publish(subject.clone(), "forged".into()).await;
+        let _ = other.nats.flush().await;
         assert!(logged_violation(&nats, user, &subject).await, "{user} may not write {subject}");
     }
     services.stop().await;

@@ -307,7 +307,7 @@ impl PartJournal {
     async fn checkpoint(&self) {
         let (record, expected) = {
             let mut s = lock(&self.state);
-            if !s.ready || !s.appended_since_checkpoint {
+            if !s.ready || !s.appended_since_checkpoint || !self.lease.is_held() {
                 return;
             }
             s.appended_since_checkpoint = false;
