@@ -184,6 +184,12 @@ fn env_for(service: &str, pairs: &[(&str, String)]) -> HashMap<String, String> {
     pairs.iter().map(|(k, v)| (format!("{prefix}{}", k.to_ascii_uppercase().replace('.', "__")), v.clone())).collect()
 }
 
+/// `dispatch.wire_guarantee` of every dispatcher the harness starts when `BW_E2E_WIRE_GUARANTEE` is set (e.g.
+/// `journal`: the whole suite then runs on the wire journal); a test's own setting still wins.
+fn wire_guarantee_from_env() -> Option<(&'static str, String)> {
+    std::env::var("BW_E2E_WIRE_GUARANTEE").ok().filter(|v| !v.is_empty()).map(|v| ("dispatch.wire_guarantee", v))
+}
+
 impl Harness {
     /// Starts servers and the simulator (its webhooks aimed at the ingest HTTP address reserved here).
     pub async fn start(sim_cfg: bw_meta_sim::SimConfig) -> Harness {
@@ -300,6 +306,7 @@ impl Harness {
             ("dispatch.idle_wait_ms", "50".to_string()),
             ("tenancy.mode", "dev".to_string()),
         ];
+        pairs.extend(wire_guarantee_from_env());
         pairs.extend(overrides.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
         let deps = self.deps("dispatcher", bw_common::service::ServiceConfig::nats(&cfg), Some(&cfg.redis)).await;
@@ -324,6 +331,7 @@ impl Harness {
             ("meta.base_url", self.sim.base_url()),
             ("meta.access_token", ACCESS_TOKEN.to_string()),
         ];
+        pairs.extend(wire_guarantee_from_env());
         pairs.extend(changed.iter().cloned());
         let cfg = bw_dispatcher::Config::load(None, &env_for("dispatcher", &pairs)).expect("dispatcher config");
         let deps = self.deps("dispatcher", bw_common::service::ServiceConfig::nats(&cfg), Some(&cfg.redis)).await;
