@@ -20,6 +20,11 @@
 //!   serving two each: a fetch from one partition holds only that partition's quarter of the senders, so a
 //!   batch holds more messages per sender.
 //!
+//! - `BW_BENCH_ONLY=journal`: the one-sender drain with `dispatch.wire_guarantee = "mark"` and `= "journal"`
+//!   (docs/decisions/wire-journal.md) from one run: msg/s and the ratio to the naive direct sender, durable
+//!   writes per message (last-sequence deltas of KV_BW_LEDGER, KV_BW_WAMID and BW_WIRE_0), and the p50/p99
+//!   latency each adds over a direct POST at a steady pace.
+//!
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count;
 //! BW_BENCH_ONLY=pipeline, =spread, =partitions, =floor or =link runs only the one-sender drain, the 200-sender
 //! drain, the 200-sender drains with BW_SEND in 4 partitions, the minimal durable sender (with the direct sender
@@ -118,6 +123,47 @@ async fn pipeline(n: usize, dispatchers: usize) -> (f64, f64) {
 async fn pipeline_unlinked(n: usize) -> f64 {
     let requests: Vec<SendRequest> = (0..n).map(|i| request(i, "pu")).collect();
     drain_split(&requests, 1, &[""], &[("dispatch.wamid_link", "false".into())]).await.0
+}
+
+/// Durable writes so far to the streams a send writes: the ledger, the wamid links and the wire journal.
+async fn durable_writes(js: &async_nats::jetstream::Context) -> [u64; 3] {
+    let mut out = [0; 3];
+    for (i, stream) in ["KV_BW_LEDGER", "KV_BW_WAMID", "BW_WIRE_0"].into_iter().enumerate() {
+        if let Ok(mut s) = js.get_stream(stream).await
+            && let Ok(info) = s.info().await
+        {
+            out[i] = info.state.last_sequence;
+        }
+    }
+    out
+}
+
+/// One sender's backlog of `n` through one dispatcher at `dispatch.wire_guarantee = guarantee`: msg/s, and
+/// durable writes per message to the ledger, the wamid links and the journal, counted from the preloaded
+/// backlog (ingest's ledger creates excluded) until BW_SEND is empty (every send's outcome written and acked).
+async fn drain_guarantee(n: usize, guarantee: &str) -> (f64, [f64; 3]) {
+    let requests: Vec<SendRequest> = (0..n).map(|i| request(i, &format!("g{guarantee}"))).collect();
+    let mut h = Harness::start(unlimited_sim()).await;
+    h.preload(&requests).await;
+    let before = durable_writes(&h.js).await;
+    let started = Instant::now();
+    let mut overrides = dispatcher_overrides();
+    overrides.push(("dispatch.wire_guarantee", guarantee.to_string()));
+    h.start_dispatcher(&overrides).await;
+    let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.total_accepted() >= n as u64 }).await;
+    let took = started.elapsed();
+    assert!(done, "the backlog of {n} finished at wire_guarantee = {guarantee}");
+    let drained = bw_testkit::wait_until(Duration::from_secs(120), || async {
+        match h.js.get_stream(names::SEND_STREAM).await {
+            Ok(mut s) => s.info().await.is_ok_and(|i| i.state.messages == 0),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(drained, "every send acked");
+    let after = durable_writes(&h.js).await;
+    let per = |i: usize| (after[i] - before[i]) as f64 / n as f64;
+    (n as f64 / took.as_secs_f64(), [per(0), per(1), per(2)])
 }
 
 /// Script calls (EVALSHA) Redis has run so far.
@@ -234,10 +280,28 @@ fn percentiles(mut v: Vec<f64>) -> (f64, f64) {
 
 /// Paced load: per message, milliseconds from publish (pipeline) or request start (direct) to acceptance.
 async fn latency(rate: f64, seconds: f64) -> ((f64, f64), (f64, f64)) {
+    latency_with(rate, seconds, &[]).await
+}
+
+/// [`latency`] with the dispatcher's settings `changed` on top of [`dispatcher_overrides`].
+async fn latency_with(rate: f64, seconds: f64, changed: &[(&'static str, String)]) -> ((f64, f64), (f64, f64)) {
     let n = (rate * seconds) as usize;
     // Pipeline: publish at a steady pace, read acceptance times from the simulator's oracle.
     let mut h = Harness::start(unlimited_sim()).await;
-    h.start_dispatcher(&dispatcher_overrides()).await;
+    let mut overrides = dispatcher_overrides();
+    overrides.extend(changed.iter().cloned());
+    h.start_dispatcher(&overrides).await;
+    // Journal mode: sends wait until the partition is taken over; measure from then.
+    if changed.iter().any(|(k, v)| *k == "dispatch.wire_guarantee" && v == "journal") {
+        let owned = bw_testkit::wait_until(Duration::from_secs(30), || async {
+            match h.js.get_stream("BW_WIRE_0").await {
+                Ok(mut s) => s.info().await.is_ok_and(|i| i.state.last_sequence >= 1),
+                Err(_) => false,
+            }
+        })
+        .await;
+        assert!(owned, "partition 0 taken over");
+    }
     let mut published = Vec::with_capacity(n);
     let started = Instant::now();
     for i in 0..n {
@@ -474,6 +538,24 @@ fn main() {
             Ok("link") => {
                 let (separate, atomic) = outcome_with_link(n / 4).await;
                 println!("outcome + wamid link, {} operations: two writes {separate:.0}/s, one atomic batch {atomic:.0}/s ({:.3}x)", n / 4, atomic / separate);
+                return;
+            }
+            Ok("journal") => {
+                let direct = direct_send(n, 256).await;
+                let (mark, mark_writes) = drain_guarantee(n, "mark").await;
+                let (journal, journal_writes) = drain_guarantee(n, "journal").await;
+                let mark_lat = latency_with(500.0, 6.0, &[("dispatch.wire_guarantee", "mark".into())]).await;
+                let journal_lat = latency_with(500.0, 6.0, &[("dispatch.wire_guarantee", "journal".into())]).await;
+                println!("wire guarantee, 1 dispatcher, one sender, {n} messages, one run, this machine");
+                println!("  naive direct send             {direct:>10.0} msg/s");
+                for (name, rate, w, ((p50, p99), (d50, d99))) in [
+                    ("mark", mark, mark_writes, mark_lat),
+                    ("journal", journal, journal_writes, journal_lat),
+                ] {
+                    println!("  wire_guarantee = {name:<8}     {rate:>10.0} msg/s   = {:.2} of direct send; durable writes per message: ledger {:.2}, wamid link {:.2}, journal {:.3} (total {:.2})", rate / direct, w[0], w[1], w[2], w[0] + w[1] + w[2]);
+                    println!("    latency at 500 msg/s: publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; added over a direct POST p50 {:.1} ms p99 {:.1} ms", p50 - d50, p99 - d99);
+                }
+                println!("  journal / mark: {:.2}x msg/s", journal / mark);
                 return;
             }
             Ok("partitions") => {
