@@ -527,9 +527,9 @@ impl Journals {
         Ok(Journals { parts: Arc::new(parts), cfg })
     }
 
-    /// Starts the appenders and the lease loop (every third of the lease) until `stop`; a graceful stop gives
-    /// the leases back.
-    pub(crate) fn spawn(&self, still_open: StillOpen, stop: CancellationToken, graceful: CancellationToken) {
+    /// Starts the appenders and the lease loop (every third of the lease) until `stop`. The leases are not given
+    /// back here: a graceful stop calls [`Journals::release`] once its in-flight sends settled.
+    pub(crate) fn spawn(&self, still_open: StillOpen, stop: CancellationToken) {
         for part in self.parts.values() {
             tokio::spawn(part.clone().run_appender(stop.clone()));
         }
@@ -546,12 +546,15 @@ impl Journals {
                 let steps = parts.values().map(|p| p.step_lease(&still_open));
                 futures::future::join_all(steps).await;
             }
-            if graceful.is_cancelled() {
-                for p in parts.values() {
-                    p.lease.release().await;
-                }
-            }
         });
+    }
+
+    /// Gives every lease back (graceful stop, after the loops stopped), so other dispatchers take over at once.
+    pub(crate) async fn release(&self) {
+        for p in self.parts.values() {
+            lock(&p.state).ready = false;
+            p.lease.release().await;
+        }
     }
 
     /// The journal of `partition`, when this dispatcher serves it.

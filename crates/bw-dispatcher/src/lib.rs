@@ -113,6 +113,9 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     }
     let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_string();
     // Journal mode: the partitions' journals; the fetch loop fetches only from the partitions this instance owns.
+    // Their loops stop with this future, also when it is dropped (a crash keeps the leases until they expire).
+    let journal_stop = CancellationToken::new();
+    let _journal_guard = journal_stop.clone().drop_guard();
     let journals = match cfg.dispatch.wire_guarantee {
         WireGuarantee::Mark => None,
         WireGuarantee::Journal => {
@@ -141,7 +144,7 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
                     }
                 }) as futures::future::BoxFuture<'static, bool>
             });
-            journals.spawn(still_open, shutdown.child_token(), shutdown.clone());
+            journals.spawn(still_open, journal_stop.clone());
             tracing::info!(partitions = ?partitions, "wire guarantee: journal (partitions fetched once owned)");
             Some(journals)
         }
@@ -278,6 +281,11 @@ pub async fn run(cfg: Config, deps: Deps, shutdown: CancellationToken) -> anyhow
     let grace = Duration::from_millis(cfg.dispatch.shutdown_grace_ms);
     if tokio::time::timeout(grace, tracker.wait()).await.is_err() {
         tracing::warn!("shutdown grace expired with messages in flight; JetStream will redeliver them");
+    }
+    // In-flight sends have settled: stop the journals and hand their partitions over at once.
+    journal_stop.cancel();
+    if let Some(journals) = &journals {
+        journals.release().await;
     }
     tracing::info!("dispatcher stopped");
     Ok(())

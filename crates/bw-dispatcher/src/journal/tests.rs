@@ -51,8 +51,8 @@ async fn a_new_owner_flags_the_old_owners_unsettled_attempts_and_fences_its_appe
     let js = jetstream::new(client);
 
     let a = journals(&js, "instance-a").await;
-    let (stop_a, graceful_a) = (CancellationToken::new(), CancellationToken::new());
-    a.spawn(probe(&[]), stop_a.clone(), graceful_a);
+    let stop_a = CancellationToken::new();
+    a.spawn(probe(&[]), stop_a.clone());
     assert!(wait_until(Duration::from_secs(10), || async { a.owns(0) }).await, "a owns partition 0");
     let part_a = a.part(0).expect("served").clone();
 
@@ -73,7 +73,7 @@ async fn a_new_owner_flags_the_old_owners_unsettled_attempts_and_fences_its_appe
     // a stalls (its loops stop, its lease is not given back): b takes over once the lease expires.
     stop_a.cancel();
     let b = journals(&js, "instance-b").await;
-    b.spawn(probe(&[("op-2", 7)]), CancellationToken::new(), CancellationToken::new());
+    b.spawn(probe(&[("op-2", 7)]), CancellationToken::new());
     assert!(wait_until(Duration::from_secs(10), || async { b.owns(0) }).await, "b takes partition 0 over");
     let part_b = b.part(0).expect("served").clone();
     assert_eq!(part_b.append("op-2", 2, 8).await.err(), Some(Refusal::Abandoned), "unsettled: unknown outcome");
