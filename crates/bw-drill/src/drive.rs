@@ -1,5 +1,6 @@
 //! The drill's middle phase: the producer's load, the scenario's clock, chaos and operator lifts on their
-//! schedule, one timeline sample a second, until the system settles or the settle timeout ends it.
+//! schedule, one timeline sample a second, until the system settles or the settle timeout (counted from the
+//! producer's end) ends it.
 
 use crate::chart::Sample;
 use crate::model::{Mark, MarkKind};
@@ -76,7 +77,8 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
     let mut last_errors = 0u64;
     let mut settled_for = 0u32;
     let mut alert_states: Option<async_nats::jetstream::kv::Store> = None;
-    let settle_deadline = Instant::now() + Duration::from_secs(opts.settle_timeout_s);
+    // The settle timeout counts from the producer's end, so a long run still gets the whole timeout to settle.
+    let mut settle_deadline: Option<Instant> = None;
     let settled;
     let mut drained_at: Option<f64> = None;
     let mut max_dlq = 0u64;
@@ -186,7 +188,11 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
             drained_at = Some(t);
         }
         let alerts_firing = observed.lock().await.alerts.values().filter(|a| a.resolved_at_unix_ms == 0).count();
-        let quiet = producer.is_finished()
+        let produced = producer.is_finished();
+        if produced && settle_deadline.is_none() {
+            settle_deadline = Some(Instant::now() + Duration::from_secs(opts.settle_timeout_s));
+        }
+        let quiet = produced
             && depths.read
             && alerts_firing == 0
             && chaos_plan.is_empty()
@@ -197,7 +203,7 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
             && depths.unknown == 0
             && open + half_open == 0;
         settled_for = if quiet { settled_for + 1 } else { 0 };
-        if settled_for >= 3 || Instant::now() > settle_deadline {
+        if settled_for >= 3 || settle_deadline.is_some_and(|d| Instant::now() > d) {
             settled = settled_for >= 3;
             break;
         }
