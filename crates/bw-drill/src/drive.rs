@@ -75,6 +75,8 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
     let mut last_calls = 0u64;
     let mut last_failed = 0u64;
     let mut last_errors = 0u64;
+    // Each loop takes a second plus its own work, so counts are divided by the time since the previous sample.
+    let mut last_t = started.elapsed().as_secs_f64();
     let mut settled_for = 0u32;
     let mut alert_states: Option<async_nats::jetstream::kv::Store> = None;
     // The settle timeout counts from the producer's end, so a long run still gets the whole timeout to settle.
@@ -147,10 +149,12 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
             let o = observed.lock().await;
             let calls = o.calls_total - last_calls;
             let failed = o.failed_calls_total - last_failed;
+            let dt = (t - last_t).max(1e-3);
+            last_t = t;
             let sample = (
-                (o.sent_total - last_sent) as f64,
+                (o.sent_total - last_sent) as f64 / dt,
                 if calls > 0 { failed as f64 / calls as f64 } else { 0.0 },
-                (o.error_answers_total - last_errors) as f64,
+                (o.error_answers_total - last_errors) as f64 / dt,
                 o.states.values().filter(|s| matches!(s, BreakerState::Open | BreakerState::ForcedOpen)).count() as u32,
                 o.states.values().filter(|s| **s == BreakerState::HalfOpen).count() as u32,
             );
