@@ -1,5 +1,6 @@
 //! The drill's middle phase: the producer's load, the scenario's clock, chaos and operator lifts on their
-//! schedule, one timeline sample a second, until the system settles or the settle timeout ends it.
+//! schedule, one timeline sample a second, until the system settles or the settle timeout (counted from the
+//! producer's end) ends it.
 
 use crate::chart::Sample;
 use crate::model::{Mark, MarkKind};
@@ -74,9 +75,12 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
     let mut last_calls = 0u64;
     let mut last_failed = 0u64;
     let mut last_errors = 0u64;
+    // Each loop takes a second plus its own work, so counts are divided by the time since the previous sample.
+    let mut last_t = started.elapsed().as_secs_f64();
     let mut settled_for = 0u32;
     let mut alert_states: Option<async_nats::jetstream::kv::Store> = None;
-    let settle_deadline = Instant::now() + Duration::from_secs(opts.settle_timeout_s);
+    // The settle timeout counts from the producer's end, so a long run still gets the whole timeout to settle.
+    let mut settle_deadline: Option<Instant> = None;
     let settled;
     let mut drained_at: Option<f64> = None;
     let mut max_dlq = 0u64;
@@ -145,10 +149,12 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
             let o = observed.lock().await;
             let calls = o.calls_total - last_calls;
             let failed = o.failed_calls_total - last_failed;
+            let dt = (t - last_t).max(1e-3);
+            last_t = t;
             let sample = (
-                (o.sent_total - last_sent) as f64,
+                (o.sent_total - last_sent) as f64 / dt,
                 if calls > 0 { failed as f64 / calls as f64 } else { 0.0 },
-                (o.error_answers_total - last_errors) as f64,
+                (o.error_answers_total - last_errors) as f64 / dt,
                 o.states.values().filter(|s| matches!(s, BreakerState::Open | BreakerState::ForcedOpen)).count() as u32,
                 o.states.values().filter(|s| **s == BreakerState::HalfOpen).count() as u32,
             );
@@ -186,7 +192,11 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
             drained_at = Some(t);
         }
         let alerts_firing = observed.lock().await.alerts.values().filter(|a| a.resolved_at_unix_ms == 0).count();
-        let quiet = producer.is_finished()
+        let produced = producer.is_finished();
+        if produced && settle_deadline.is_none() {
+            settle_deadline = Some(Instant::now() + Duration::from_secs(opts.settle_timeout_s));
+        }
+        let quiet = produced
             && depths.read
             && alerts_firing == 0
             && chaos_plan.is_empty()
@@ -197,7 +207,7 @@ pub(crate) async fn drive(plan: &Plan, stack: &mut Stack, live: &Live) -> anyhow
             && depths.unknown == 0
             && open + half_open == 0;
         settled_for = if quiet { settled_for + 1 } else { 0 };
-        if settled_for >= 3 || Instant::now() > settle_deadline {
+        if settled_for >= 3 || settle_deadline.is_some_and(|d| Instant::now() > d) {
             settled = settled_for >= 3;
             break;
         }

@@ -46,7 +46,8 @@ struct Args {
     /// Owners of the validation matrix rows (TOML with an [owners] table; default: compiled).
     #[arg(long, value_name = "FILE")]
     owners: Option<PathBuf>,
-    /// Give up waiting for the system to settle (queues empty, breakers closed, alerts resolved) after this long.
+    /// Give up waiting for the system to settle (queues empty, breakers closed, alerts resolved) this long after
+    /// the producer finished.
     #[arg(long, default_value_t = 300)]
     settle_timeout: u64,
     /// IANA time zone alert times are shown in next to UTC.

@@ -24,7 +24,7 @@ pub struct DrillOptions {
     pub ingests: usize,
     /// Where the servers' data, logs and the report go (wiped first).
     pub dir: PathBuf,
-    /// Give up waiting for the system to settle after this long.
+    /// Give up waiting for the system to settle this long after the producer finished.
     pub settle_timeout_s: u64,
     /// Print the live view.
     pub live: bool,

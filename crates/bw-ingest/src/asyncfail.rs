@@ -10,7 +10,8 @@
 //! per attempt. The dispatcher routes that code as if the previous send had just failed synchronously
 //! (crates/bw-dispatcher/src/attempt.rs). A repeated webhook finds the entry QUEUED with that wamid pending and
 //! publishes the same attempt again, which the stream's dedup drops (this also covers a crash between the
-//! ledger write and the publish); once the dispatcher routed it, a repeat does nothing.
+//! ledger write and the publish); once the dispatcher routed it, a repeat does nothing. A status that overtakes
+//! its attempt's SENT write (the entry is QUEUED without its wamid) waits for that write (`send_unrecorded`).
 
 use crate::processing::{Processor, Retry};
 use bw_common::classify::{Channel, Classification, ErrorClass, classify};
@@ -22,15 +23,20 @@ fn accepted_undelivered(state: OperationState) -> bool {
     matches!(state, OperationState::Sent | OperationState::Held)
 }
 
-/// How long a failed status waits for the dispatcher to record its send: past it the on-the-wire mark is stale
-/// (the dispatcher died after its POST), and the status settles the operation as before.
+/// How long a failed status waits for the dispatcher to record its send: past it the send is taken as
+/// abandoned (the dispatcher died after its POST), and the status settles the operation as before.
 const SEND_RECORD_GRACE_MS: i64 = 60_000;
 
-/// The dispatcher marks an attempt on the wire before its POST and records SENT after Meta's answer, so a failed
-/// status can overtake that write: the entry is still QUEUED under a recent on-the-wire mark.
-fn send_unrecorded(entry: &LedgerEntry, now_ms: i64) -> bool {
-    let since = entry.in_flight_since_unix_ms;
-    entry.state() == OperationState::Queued && since > 0 && now_ms - since < SEND_RECORD_GRACE_MS
+/// The dispatcher records an attempt's wamid only with its SENT write, after Meta's answer, so a failed status
+/// can overtake that write: the entry is still QUEUED and does not hold the status's wamid. Matching it then
+/// would take a retried attempt's failure for an earlier attempt's and drop it, so it waits while the attempt
+/// is recently on the wire (its mark) or the status itself is recent (Meta's timestamp), whichever is later.
+fn send_unrecorded(entry: &LedgerEntry, status_wamid: &str, status_at_ms: i64, now_ms: i64) -> bool {
+    if entry.state() != OperationState::Queued || entry.wamid == status_wamid {
+        return false;
+    }
+    let recent = |at: i64| at > 0 && now_ms - at < SEND_RECORD_GRACE_MS;
+    recent(entry.in_flight_since_unix_ms) || recent(status_at_ms)
 }
 
 /// What a `failed` status's code means for its attempt.
@@ -88,6 +94,13 @@ impl Processor {
         let Some(current) = self.ledger.get(op).await? else { return Ok(Step::Apply) };
         let entry = &current.entry;
         let code = s.error_code;
+        if send_unrecorded(entry, &s.wamid, s.timestamp_unix_s.saturating_mul(1000), bw_common::time::now_ms()) {
+            // Redelivered in a second (the whole webhook, which is idempotent): by then the dispatcher has
+            // written SENT with this wamid, and the status is matched to its own attempt (a new attempt or
+            // FAILED by its code), not taken for an earlier attempt's or applied to a message not yet recorded.
+            self.metrics.status("failed_before_sent");
+            return Err(Retry(format!("a failed status ({code}) arrived before its send was recorded")));
+        }
         if earlier_attempt(entry, &s.wamid) {
             let text = format!("a failed status ({code}) of an earlier attempt was recorded, not applied");
             self.ledger.update(op, |cur| note(cur?, &text)).await?;
@@ -103,12 +116,6 @@ impl Processor {
             }
             self.metrics.duplicate("status");
             return Ok(Step::Done);
-        }
-        if fate(code) == Fate::NewAttempt && send_unrecorded(entry, bw_common::time::now_ms()) {
-            // Redelivered in a second (the whole webhook, which is idempotent): by then the dispatcher has
-            // written SENT and the failure becomes a new attempt, instead of FAILED for a message never delivered.
-            self.metrics.status("failed_before_sent");
-            return Err(Retry(format!("a failed status ({code}) arrived before its send was recorded")));
         }
         if fate(code) == Fate::Final || !accepted_undelivered(entry.state()) {
             // Final, or no attempt of it is known to be accepted and undelivered (delivered/read stay terminal;
@@ -229,14 +236,31 @@ mod tests {
 
     #[test]
     fn a_failed_status_waits_only_for_a_recent_unrecorded_send() {
+        let now = 1_000_000;
         let mut e = LedgerEntry::default();
         e.set_state(OperationState::Queued);
-        assert!(!send_unrecorded(&e, 1_000_000), "not on the wire");
+        assert!(!send_unrecorded(&e, "wamid.A", 0, now), "not on the wire, no status time");
         e.in_flight_since_unix_ms = 990_000;
-        assert!(send_unrecorded(&e, 1_000_000));
-        assert!(!send_unrecorded(&e, 990_000 + SEND_RECORD_GRACE_MS), "a stale mark settles as before");
+        assert!(send_unrecorded(&e, "wamid.A", 0, now));
+        assert!(!send_unrecorded(&e, "wamid.A", 0, 990_000 + SEND_RECORD_GRACE_MS), "a stale mark settles as before");
+        e.in_flight_since_unix_ms = 0;
+        assert!(send_unrecorded(&e, "wamid.A", 995_000, now), "a recent status waits without a mark");
+        assert!(!send_unrecorded(&e, "wamid.A", now - SEND_RECORD_GRACE_MS, now), "an old status does not");
         e.set_state(OperationState::Sent);
-        assert!(!send_unrecorded(&e, 1_000_000), "recorded");
+        assert!(!send_unrecorded(&e, "wamid.A", 995_000, now), "recorded");
+    }
+
+    #[test]
+    fn a_retried_attempts_failure_waits_for_its_own_wamid() {
+        // Attempt 1 (wamid.A) failed after acceptance and was re-queued; attempt 2 is on the wire and its
+        // failed status (wamid.B) overtakes its SENT write: it waits, it is not taken for attempt 1's.
+        let mut e = LedgerEntry { wamid: "wamid.A".into(), in_flight_since_unix_ms: 999_000, ..Default::default() };
+        e.set_state(OperationState::Queued);
+        assert!(send_unrecorded(&e, "wamid.B", 999_500, 1_000_000));
+        assert!(!send_unrecorded(&e, "wamid.A", 999_500, 1_000_000), "a repeat of attempt 1's status does not wait");
+        e.wamid = "wamid.B".into();
+        e.set_state(OperationState::Sent);
+        assert!(!send_unrecorded(&e, "wamid.B", 999_500, 1_000_000), "recorded: matched to attempt 2");
     }
 
     #[test]
