@@ -286,14 +286,8 @@ impl Worker {
         let mut work = work;
         if let Some(abandoned) = self.journal_of(&work).and_then(|p| p.take_abandoned(&work.request.operation_id)) {
             work.on_wire = Some(abandoned);
-            let err = ErrorInfo {
-                details: "an earlier owner of its send partition journaled a try without an outcome; outcome unknown"
-                    .into(),
-                at_unix_ms: now_ms(),
-                ..Default::default()
-            };
             self.release_order(&work).await;
-            self.to_unknown(work, err).await;
+            self.to_unknown(work, crate::journal::abandoned_error()).await;
             return None;
         }
         // Not sent from a number its tenant no longer holds (removed, moved to another tenant, another WABA).

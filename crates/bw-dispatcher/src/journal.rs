@@ -445,6 +445,16 @@ impl PartJournal {
     }
 }
 
+/// The error of a delivery whose operation an earlier owner of the partition journaled without an outcome: it goes
+/// to BW_UNKNOWN, flagged, as a delivery finding an abandoned on-the-wire mark does.
+pub(crate) fn abandoned_error() -> bw_proto::v1::ErrorInfo {
+    bw_proto::v1::ErrorInfo {
+        details: "an earlier owner of its send partition journaled a try without an outcome; outcome unknown".into(),
+        at_unix_ms: bw_common::time::now_ms(),
+        ..Default::default()
+    }
+}
+
 /// The crash-point hook of the resilience tests: with `BW_DISPATCHER_CRASH_POINT=<at>` the process aborts at
 /// `at` (`after_journal`, `after_post`, `after_outcome`). Debug builds only.
 #[cfg(debug_assertions)]

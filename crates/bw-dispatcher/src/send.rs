@@ -1,6 +1,7 @@
 //! The send of an admitted message: it waits for its send slot, takes the on-the-wire mark by compare-and-set
-//! (or, in journal mode, is named in its partition's wire journal), and POSTs to Meta; a send that reaches the wire well after its slot goes back to admission (`Flown::Late`)
-//! unless the sender's small fleet-wide late allowance lets it go.
+//! (or, in journal mode, is named in its partition's wire journal), and POSTs to Meta; a send that reaches the
+//! wire well after its slot goes back to admission (`Flown::Late`) unless the sender's small fleet-wide late
+//! allowance lets it go.
 
 use crate::backoff::{RETRY_LATER, retry_after_pauses};
 use crate::meta::MetaAnswer;
@@ -193,14 +194,7 @@ impl Worker {
             }
             Err(Refusal::Abandoned) => {
                 w.on_wire = part.take_abandoned(&w.request.operation_id);
-                let err = ErrorInfo {
-                    details: "an earlier owner of its send partition journaled a try without an outcome; outcome \
-                        unknown"
-                        .into(),
-                    at_unix_ms: now_ms(),
-                    ..Default::default()
-                };
-                self.to_unknown(w, err).await;
+                self.to_unknown(w, crate::journal::abandoned_error()).await;
                 None
             }
             Err(Refusal::Live) => {
