@@ -86,6 +86,18 @@ fn server_with(conf: &Path) -> NatsServer {
     NatsServer::start_with_config(conf, &envs)
 }
 
+/// nats-server with the accounts `scripts/nats-accounts.sh <args>` generates (partitioned ledgers and sends).
+fn server_from_script(args: &[&str]) -> NatsServer {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nats-accounts.sh");
+    let generated = std::process::Command::new("bash").arg(&script).args(args).output().expect("script runs");
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let conf = std::env::temp_dir().join(format!("bw-accounts-{}.conf", bw_testkit::free_port()));
+    std::fs::write(&conf, &generated.stdout).expect("conf written");
+    let nats = server_with(&conf);
+    let _ = std::fs::remove_file(&conf);
+    nats
+}
+
 fn url_of(server: &NatsServer, user: &str) -> String {
     format!("nats://{user}:{}@127.0.0.1:{}", password(user), server.port())
 }
@@ -543,14 +555,7 @@ async fn each_service_user_alone_creates_the_shared_topology() {
 /// the ledger, in either partition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_accounts_for_a_partitioned_ledger_let_each_service_use_every_partition() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nats-accounts.sh");
-    let generated =
-        std::process::Command::new("bash").arg(&script).args(["2", "--send", "2"]).output().expect("script runs");
-    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
-    let conf = std::env::temp_dir().join(format!("bw-accounts-2-{}.conf", bw_testkit::free_port()));
-    std::fs::write(&conf, &generated.stdout).expect("conf written");
-    let nats = server_with(&conf);
-    let _ = std::fs::remove_file(&conf);
+    let nats = server_from_script(&["2", "--send", "2"]);
 
     // An operation id of the second partition.
     let op = (0..).map(|i| format!("perm-part-{i}")).find(|op| names::ledger_partition(op, 2) == 1).expect("id");
@@ -695,14 +700,7 @@ async fn a_missing_nats_right_stops_start_up_at_once_and_names_the_refused_subje
 /// user may neither append to a journal nor write a partition's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dispatcher_keeps_its_wire_journal_as_its_own_user_and_no_other_service_writes_it() {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/nats-accounts.sh");
-    let generated =
-        std::process::Command::new("bash").arg(&script).args(["1", "--send", "2"]).output().expect("script runs");
-    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
-    let conf = std::env::temp_dir().join(format!("bw-accounts-wire-{}.conf", bw_testkit::free_port()));
-    std::fs::write(&conf, &generated.stdout).expect("conf written");
-    let nats = server_with(&conf);
-    let _ = std::fs::remove_file(&conf);
+    let nats = server_from_script(&["1", "--send", "2"]);
     let redis = RedisServer::start();
 
     let mut pairs = nats_env(&nats, "dispatcher");
