@@ -206,7 +206,7 @@ pub async fn follow(
     let consumer: consumer::PullConsumer =
         stream.create_consumer(config).await.map_err(|e| FeedError(e.to_string()))?;
     let messages = consumer.messages().await.map_err(|e| FeedError(e.to_string()))?;
-    Ok(Feed { messages })
+    Ok(Feed { messages, sender: sender.map(str::to_string) })
 }
 
 /// The feed could not be followed (stream or consumer unavailable).
@@ -217,6 +217,8 @@ pub struct FeedError(String);
 /// A stream of outcome events (see [`follow`]).
 pub struct Feed {
     messages: async_nats::jetstream::consumer::pull::Stream,
+    /// The one number followed, if any.
+    sender: Option<String>,
 }
 
 /// One event with its acknowledgement handle.
@@ -237,15 +239,19 @@ impl FeedItem {
 }
 
 impl Feed {
-    /// The next event; None when the connection closes. Undecodable messages are acked and skipped.
+    /// The next event; None when the connection closes. Undecodable messages are acked and skipped, and so are
+    /// events of another number when one number is followed: a consumer whose filter was narrowed still
+    /// redelivers what it handed out under the broader filter, and the narrower follow has moved past them.
     #[expect(clippy::disallowed_methods, reason = "the producer client skips what it cannot decode; no bw-common here")]
     pub async fn next(&mut self) -> Option<Result<FeedItem, FeedError>> {
         use futures::StreamExt;
         loop {
             match self.messages.next().await? {
                 Ok(message) => match OutcomeEvent::decode(message.payload.as_ref()) {
-                    Ok(event) => return Some(Ok(FeedItem { event, message })),
-                    Err(_) => {
+                    Ok(event) if self.sender.as_ref().is_none_or(|s| *s == event.phone_number_id) => {
+                        return Some(Ok(FeedItem { event, message }));
+                    }
+                    _ => {
                         let _ = message.ack().await;
                     }
                 },
