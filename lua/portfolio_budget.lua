@@ -17,12 +17,14 @@
 -- Unlimited (-1): nothing is counted or kept.
 --
 -- KEYS[1]  the budget set; KEYS[2] the budget's hash
--- ARGV[1]  mode: "admit", "set" or "read"
--- admit:  ARGV[2] recipient_key, ARGV[3] window_ms, ARGV[4] fallback limit (-1 unlimited),
---         ARGV[5] reserve (per mille of the limit kept for reserved classes), ARGV[6] "1" reserved class,
---         ARGV[7] "1" when the recipient's customer service window is open
---   Returns { verdict, used, limit, wait_ms }: verdict 0 window open (not counted), 1 already counted (renewed),
---   2 newly counted, 3 unlimited (not counted), -1 held (wait_ms: until the oldest entry leaves the window)
+-- ARGV[1]  mode: "admit_many", "set" or "read"
+-- admit_many: ARGV[2] window_ms, ARGV[3] fallback limit (-1 unlimited), ARGV[4] reserve (per mille of the limit
+--         kept for reserved classes), then three values per message: recipient_key, "1" reserved class, "1" when
+--         the recipient's customer service window is open. The messages are admitted in order (one dispatcher's
+--         messages of one portfolio in one round trip).
+--   Returns per message { verdict, used, limit, wait_ms }, flattened: verdict 0 window open (not counted),
+--   1 already counted (renewed), 2 newly counted, 3 unlimited (not counted), -1 held (wait_ms: until the oldest
+--   entry leaves the window)
 -- set:    ARGV[2] limit (-1 unlimited, > 0 a count), ARGV[3] source, ARGV[4] raw value, ARGV[5] "seed": only
 --         when no limit is stored (a Graph read never overrides a webhook that came first)
 --   Returns { previous limit (0: none stored), limit now }
@@ -42,37 +44,59 @@ local function effective(fallback)
   return tonumber(fallback) or 0, false
 end
 
-if mode == 'admit' then
-  local rk, window = ARGV[2], math.max(1, tonumber(ARGV[3]) or 86400000)
-  local limit = effective(ARGV[4])
-  if ARGV[7] == '1' then
-    return { 0, redis.call('ZCOUNT', set, now - window + 1, '+inf'), limit, 0 }
+-- One business-initiated message to recipient `rk` (the set already pruned; `used` its count, `limit` the
+-- effective limit): returns its verdict, the users counted after it, and wait_ms.
+local function admit_one(rk, window, limit, used, reserve_pm, reserved, open)
+  if open then
+    return 0, redis.call('ZCOUNT', set, now - window + 1, '+inf'), 0
   end
   if limit < 0 then
-    return { 3, 0, limit, 0 }
+    return 3, 0, 0
   end
-  redis.call('ZREMRANGEBYSCORE', set, '-inf', now - window)
-  local used = redis.call('ZCARD', set)
   if redis.call('ZSCORE', set, rk) then
     redis.call('ZADD', set, now, rk)
     redis.call('PEXPIRE', set, window)
-    return { 1, used, limit, 0 }
+    return 1, used, 0
   end
   local cap = limit
-  if ARGV[6] ~= '1' then
-    local reserve = math.min(1000, math.max(0, tonumber(ARGV[5]) or 0))
+  if not reserved then
+    local reserve = math.min(1000, math.max(0, tonumber(reserve_pm) or 0))
     cap = math.floor(limit * (1000 - reserve) / 1000)
   end
   if used < cap then
     redis.call('ZADD', set, now, rk)
     redis.call('PEXPIRE', set, window)
-    return { 2, used + 1, limit, 0 }
+    return 2, used + 1, 0
   end
   local oldest = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
   local wait = window
   if oldest[2] then wait = math.max(1, tonumber(oldest[2]) + window - now) end
-  redis.call('HSET', cfg, 'held_at', now, 'held_class', ARGV[6] == '1' and 1 or 0)
-  return { -1, used, limit, wait }
+  redis.call('HSET', cfg, 'held_at', now, 'held_class', reserved and 1 or 0)
+  return -1, used, wait
+end
+
+-- The set pruned of users who left the window, and how many remain (nothing to prune when unlimited).
+local function prune(window, limit)
+  if limit < 0 then return 0 end
+  redis.call('ZREMRANGEBYSCORE', set, '-inf', now - window)
+  return redis.call('ZCARD', set)
+end
+
+if mode == 'admit_many' then
+  local window = math.max(1, tonumber(ARGV[2]) or 86400000)
+  local limit = effective(ARGV[3])
+  local used = prune(window, limit)
+  local out = {}
+  for i = 5, #ARGV, 3 do
+    local open = ARGV[i + 2] == '1'
+    local verdict, used_now, wait = admit_one(ARGV[i], window, limit, used, ARGV[4], ARGV[i + 1] == '1', open)
+    if not open then used = used_now end
+    out[#out + 1] = verdict
+    out[#out + 1] = used_now
+    out[#out + 1] = limit
+    out[#out + 1] = wait
+  end
+  return out
 elseif mode == 'set' then
   local limit = tonumber(ARGV[2])
   if not limit or limit == 0 or limit < -1 or limit ~= math.floor(limit) then

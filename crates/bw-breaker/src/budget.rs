@@ -61,6 +61,16 @@ pub struct Admit {
     pub limit: i64,
 }
 
+/// One message for [`PortfolioBudget::admit_many`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetItem {
+    pub recipient_key: String,
+    /// Authentication, utility or support: may use the reserve.
+    pub reserved: bool,
+    /// The recipient's customer service window with the sending number is open: not counted.
+    pub window_open: bool,
+}
+
 /// A portfolio's budget as `bwctl scopes` shows it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BudgetState {
@@ -138,19 +148,43 @@ impl PortfolioBudget {
         reserved: bool,
         window_open: bool,
     ) -> Result<Admit, BreakerError> {
+        let item = BudgetItem { recipient_key: recipient_key.to_string(), reserved, window_open };
+        let mut answers = self.admit_many(portfolio, fallback_limit, reserve_permille, &[item]).await?;
+        answers.pop().ok_or_else(|| BreakerError::BadReply("no answer".into()))
+    }
+
+    /// [`Self::admit`] for several messages of one portfolio in one round trip, admitted in the order given (so
+    /// the last new users of a nearly full budget are held, as one at a time would hold them).
+    pub async fn admit_many(
+        &self,
+        portfolio: &str,
+        fallback_limit: i64,
+        reserve_permille: u32,
+        items: &[BudgetItem],
+    ) -> Result<Vec<Admit>, BreakerError> {
         let mut inv = PORTFOLIO_BUDGET.prepare_invoke();
-        inv.key(budget_key(portfolio)).key(budget_cfg_key(portfolio)).arg("admit").arg(recipient_key);
-        inv.arg(WINDOW_MS).arg(fallback_limit).arg(reserve_permille).arg(u8::from(reserved)).arg(u8::from(window_open));
+        inv.key(budget_key(portfolio)).key(budget_cfg_key(portfolio)).arg("admit_many");
+        inv.arg(WINDOW_MS).arg(fallback_limit).arg(reserve_permille);
+        for i in items {
+            inv.arg(&i.recipient_key).arg(u8::from(i.reserved)).arg(u8::from(i.window_open));
+        }
         let mut reply = crate::scripts::Reply::new(invoke(&self.conn, &inv).await?)?;
-        let (verdict, used, limit, wait_ms) = (reply.int()?, reply.int()?, reply.int()?, reply.int()?);
-        let verdict = match verdict {
-            0 => Verdict::WindowOpen,
-            1 => Verdict::Known,
-            2 => Verdict::Counted,
-            3 => Verdict::Unlimited,
-            _ => Verdict::Held { wait_ms: wait_ms.max(1) as u64 },
-        };
-        Ok(Admit { verdict, used, limit })
+        if reply.remaining() != 4 * items.len() {
+            return Err(BreakerError::BadReply(format!("{} values for {} messages", reply.remaining(), items.len())));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for _ in items {
+            let (verdict, used, limit, wait_ms) = (reply.int()?, reply.int()?, reply.int()?, reply.int()?);
+            let verdict = match verdict {
+                0 => Verdict::WindowOpen,
+                1 => Verdict::Known,
+                2 => Verdict::Counted,
+                3 => Verdict::Unlimited,
+                _ => Verdict::Held { wait_ms: wait_ms.max(1) as u64 },
+            };
+            out.push(Admit { verdict, used, limit });
+        }
+        Ok(out)
     }
 
     /// Sets a portfolio's limit (-1 unlimited) from `source` ("webhook", "operator"); returns the previous stored
@@ -245,6 +279,22 @@ impl PortfolioBudget {
         let n: i64 =
             redis::cmd("EXISTS").arg(window_key(phone_number_id, recipient_key)).query_async(&mut conn).await?;
         Ok(n == 1)
+    }
+
+    /// [`Self::window_open`] for several recipients of one number in one round trip (their keys share the
+    /// number's hash slot).
+    pub async fn windows_open(
+        &self,
+        phone_number_id: &str,
+        recipient_keys: &[String],
+    ) -> Result<Vec<bool>, BreakerError> {
+        let mut pipe = redis::pipe();
+        for rk in recipient_keys {
+            pipe.cmd("EXISTS").arg(window_key(phone_number_id, rk));
+        }
+        let mut conn = self.conn.clone();
+        let found: Vec<i64> = pipe.query_async(&mut conn).await?;
+        Ok(found.into_iter().map(|n| n == 1).collect())
     }
 }
 

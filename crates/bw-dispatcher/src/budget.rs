@@ -36,7 +36,8 @@
 //! This module holds the budget's config, store, metrics and rules; the gate itself is `Worker::budget_gate`
 //! (`gates.rs`), beside the other gates.
 
-use bw_breaker::budget::PortfolioBudget;
+use crate::rounds::Rounds;
+use bw_breaker::budget::{Admit, BudgetItem, PortfolioBudget};
 use bw_common::admin::MetricsRegistry;
 use bw_proto::v1::Category;
 use prometheus_client::metrics::counter::Counter;
@@ -121,6 +122,10 @@ pub(crate) struct Budget {
     /// The last limit Redis reported per portfolio: the fallback after Redis lost its state (a restart), so a
     /// portfolio Meta put at a high tier is not cut to `unknown_limit` until the next tier webhook.
     pub(crate) last_limit: Mutex<HashMap<String, i64>>,
+    /// Window reads by number and admissions by portfolio, each joined into one round trip per round
+    /// (`rounds.rs`): a batch of templates costs a few calls, not two per message.
+    pub(crate) windows: Rounds<String, bool>,
+    pub(crate) admits: Rounds<BudgetItem, Admit>,
 }
 
 impl Budget {
@@ -140,6 +145,8 @@ impl Budget {
             asked: tokio::sync::Mutex::default(),
             down_until: Mutex::default(),
             last_limit: Mutex::default(),
+            windows: Rounds::default(),
+            admits: Rounds::default(),
         };
         if let Ok(mut r) = registry.lock() {
             r.register(

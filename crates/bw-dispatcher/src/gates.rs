@@ -28,7 +28,7 @@ use crate::budget::{Budget, HELD_PREFIX, held_reason, hold_delay, reserved};
 use crate::meta::MetaAnswer;
 use crate::settle::{Event, Outcome};
 use crate::worker::{Work, Worker};
-use bw_breaker::budget::Verdict;
+use bw_breaker::budget::{BudgetItem, Verdict};
 use bw_breaker::templates::ScopeKey;
 use bw_common::classify::{Only, PauseScope, RateScope};
 use bw_common::disposition::Settle;
@@ -304,28 +304,28 @@ impl Worker {
         let fallback = budget.fallback(&portfolio);
         let timeout = Duration::from_millis(budget.cfg.timeout_ms);
         let phone = &w.request.phone_number_id;
-        let open = match tokio::time::timeout(timeout, budget.store.window_open(phone, &rk)).await {
+        let ask_windows =
+            |rks: Vec<String>| async move { budget.store.windows_open(phone, &rks).await.map_err(|e| e.to_string()) };
+        let open = match tokio::time::timeout(timeout, budget.windows.call(phone, rk.clone(), ask_windows)).await {
             Ok(Ok(open)) => open,
             failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".into(),
-                };
+                let error = failed.map_or_else(|_| "timed out".to_string(), |r| r.err().unwrap_or_default());
                 budget.mark_down();
                 return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
             }
         };
         let reserve = budget.cfg.reserve_percent * 10;
-        let admitted =
-            tokio::time::timeout(timeout, budget.store.admit(&portfolio, &rk, fallback, reserve, reserved, open)).await;
+        let item = BudgetItem { recipient_key: rk, reserved, window_open: open };
+        let ask_admits = |items: Vec<BudgetItem>| {
+            let portfolio = portfolio.clone();
+            async move { budget.store.admit_many(&portfolio, fallback, reserve, &items).await.map_err(|e| e.to_string()) }
+        };
+        let admitted = tokio::time::timeout(timeout, budget.admits.call(&portfolio, item, ask_admits)).await;
         let labels = vec![("portfolio", portfolio.clone())];
         let a = match admitted {
             Ok(Ok(a)) => a,
             failed => {
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".into(),
-                };
+                let error = failed.map_or_else(|_| "timed out".to_string(), |r| r.err().unwrap_or_default());
                 budget.mark_down();
                 return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
             }

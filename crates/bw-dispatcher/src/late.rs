@@ -7,50 +7,16 @@
 //! next round together, as one call asking for all of them. The allowance is the same bucket, so the fleet-wide
 //! bound does not change; only the number of calls does.
 
-use std::collections::HashMap;
+use crate::rounds::Rounds;
 use std::future::Future;
-use std::sync::Mutex;
-use tokio::sync::oneshot;
 
-/// What a waiting claim is told.
-enum Turn {
-    /// Its round was answered: whether it may go (`None`: Redis did not answer).
-    Answered(Option<bool>),
-    /// The round before it is over: it leads the next one, for itself and whoever waits with it.
-    Lead,
-}
-
-/// Per sender, the claims waiting for the next round. A sender has an entry while a round of it is being asked.
+/// Per sender, the late claims of the round under way and of the next.
 #[derive(Default)]
 pub(crate) struct Coalescer {
-    waiting: Mutex<HashMap<String, Vec<oneshot::Sender<Turn>>>>,
-}
-
-/// Hands the next round of `key` to a waiting claim when the leader is done (or dropped), else ends the entry.
-struct Leading<'a> {
-    coalescer: &'a Coalescer,
-    key: &'a str,
-}
-
-impl Drop for Leading<'_> {
-    fn drop(&mut self) {
-        let mut waiting = self.coalescer.lock();
-        let Some(queue) = waiting.get_mut(self.key) else { return };
-        // A waiting claim whose future was dropped meanwhile cannot lead: the next one does.
-        while !queue.is_empty() {
-            if queue.remove(0).send(Turn::Lead).is_ok() {
-                return;
-            }
-        }
-        waiting.remove(self.key);
-    }
+    rounds: Rounds<(), bool>,
 }
 
 impl Coalescer {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<oneshot::Sender<Turn>>>> {
-        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Whether one late send of sender `key` may go: `ask(n)` asks the allowance for `n` late sends at once and
     /// answers how many it granted (`None`: no answer). Claims of the same sender made meanwhile share one `ask`;
     /// its grants go in arrival order, the leader's own first.
@@ -59,46 +25,20 @@ impl Coalescer {
         F: FnOnce(u32) -> Fut,
         Fut: Future<Output = Option<u32>>,
     {
-        let wait = {
-            let mut waiting = self.lock();
-            match waiting.get_mut(key) {
-                Some(queue) => {
-                    let (tx, rx) = oneshot::channel();
-                    queue.push(tx);
-                    Some(rx)
-                }
-                None => {
-                    waiting.insert(key.to_string(), Vec::new());
-                    None
-                }
-            }
+        let grant = |claims: Vec<()>| async move {
+            let wanted = u32::try_from(claims.len()).unwrap_or(u32::MAX);
+            let granted = ask(wanted).await.ok_or_else(|| "no answer".to_string())?;
+            Ok((0..claims.len()).map(|i| (i as u64) < u64::from(granted)).collect())
         };
-        if let Some(rx) = wait {
-            match rx.await {
-                Ok(Turn::Answered(granted)) => return granted,
-                Ok(Turn::Lead) => {}
-                // Its leader was dropped mid-round: no answer for this claim (the caller's own allowance decides).
-                Err(_) => return None,
-            }
-        }
-        let _leading = Leading { coalescer: self, key };
-        // Claims that are ready now (the rest of a stalled batch) join this round rather than wait for the next.
-        tokio::task::yield_now().await;
-        let joined = std::mem::take(self.lock().get_mut(key).expect("a leader's entry stays while it leads"));
-        let wanted = u32::try_from(joined.len() + 1).unwrap_or(u32::MAX);
-        let granted = ask(wanted).await;
-        for (i, tx) in joined.into_iter().enumerate() {
-            let _ = tx.send(Turn::Answered(granted.map(|g| g as usize > i + 1)));
-        }
-        granted.map(|g| g >= 1)
+        self.rounds.call(key, (), grant).await.ok()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
 
     /// An allowance of `tokens` late sends, answering after a pause (so claims made meanwhile must wait), that
     /// records what each call asked for.
@@ -143,7 +83,7 @@ mod tests {
         let first = claim(&c, &allowance);
         until(|| allowance.calls.lock().expect("calls").len() == 1).await;
         let rest: Vec<_> = (0..5).map(|_| claim(&c, &allowance)).collect();
-        until(|| c.lock().get("sender").is_some_and(|q| q.len() == 5)).await;
+        until(|| c.rounds.waiting("sender") == Some(5)).await;
         allowance.gate.add_permits(1);
         assert_eq!(first.await.expect("claim"), Some(true));
         allowance.gate.add_permits(1);
@@ -154,7 +94,7 @@ mod tests {
         // One call for the first claim, one for the five that came while it was asked: 2 of the 3 tokens left.
         assert_eq!(*allowance.calls.lock().expect("calls"), vec![1, 5]);
         assert_eq!(answers, vec![Some(true), Some(true), Some(false), Some(false), Some(false)]);
-        assert!(c.lock().is_empty(), "the sender's entry ends with its last round");
+        assert!(c.rounds.is_idle(), "the sender's entry ends with its last round");
     }
 
     #[tokio::test]
@@ -176,7 +116,7 @@ mod tests {
             assert_eq!(claim.await.expect("claim"), None);
         }
         assert_eq!(asked.load(Ordering::SeqCst), 4, "every claim was asked for exactly once");
-        assert!(c.lock().is_empty());
+        assert!(c.rounds.is_idle());
     }
 
     #[tokio::test]
@@ -186,14 +126,14 @@ mod tests {
             let c = c.clone();
             tokio::spawn(async move { c.claim("s", |_| std::future::pending::<Option<u32>>()).await })
         };
-        until(|| c.lock().contains_key("s")).await;
+        until(|| c.rounds.waiting("s").is_some()).await;
         let next = {
             let c = c.clone();
             tokio::spawn(async move { c.claim("s", |n| async move { Some(n) }).await })
         };
-        until(|| c.lock().get("s").is_some_and(|q| q.len() == 1)).await;
+        until(|| c.rounds.waiting("s") == Some(1)).await;
         stuck.abort();
         assert_eq!(next.await.expect("claim"), Some(true), "the waiting claim led its own round");
-        assert!(c.lock().is_empty());
+        assert!(c.rounds.is_idle());
     }
 }

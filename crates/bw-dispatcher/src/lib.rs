@@ -40,6 +40,7 @@ mod metrics;
 mod order;
 mod priority;
 mod process;
+mod rounds;
 mod route;
 mod send;
 mod settle;

@@ -3,7 +3,7 @@
 
 use crate::support::manager;
 use bw_breaker::RedisConn;
-use bw_breaker::budget::{self, PortfolioBudget, Verdict};
+use bw_breaker::budget::{self, BudgetItem, PortfolioBudget, Verdict};
 
 const PF: &str = "506914307656634";
 const RESERVE: u32 = 100;
@@ -42,6 +42,35 @@ async fn new_users_are_counted_to_the_limit_then_held_and_known_users_pass() {
     assert_eq!((state.used, state.limit, state.source.as_str(), state.raw.as_str()), (10, 10, "webhook", "10"));
     assert!(state.held_at_ms > 0 && state.held_reserved, "{state:?}");
     assert!(state.oldest_ms > 0);
+}
+
+#[tokio::test]
+async fn one_round_trip_admits_in_order_as_one_at_a_time_would() {
+    let (_redis, b, _conn) = budget().await;
+    let item = |i: usize, reserved: bool, window_open: bool| BudgetItem { recipient_key: rk(i), reserved, window_open };
+    // A limit of 4 with a quarter reserved: marketing may count 3 users, reserved classes 4.
+    let items = [
+        item(0, false, false),
+        item(1, false, false),
+        item(0, false, false),
+        item(9, false, true),
+        item(2, false, false),
+        item(3, false, false),
+        item(3, true, false),
+        item(4, true, false),
+    ];
+    let answers = b.admit_many(PF, 4, 250, &items).await.expect("admit");
+    let verdicts: Vec<Verdict> = answers.iter().map(|a| a.verdict).collect();
+    assert_eq!(
+        verdicts[..5],
+        [Verdict::Counted, Verdict::Counted, Verdict::Known, Verdict::WindowOpen, Verdict::Counted]
+    );
+    assert!(matches!(verdicts[5], Verdict::Held { .. }), "marketing stops at 3 of 4: {verdicts:?}");
+    assert_eq!(verdicts[6], Verdict::Counted, "a reserved class uses the reserve");
+    assert!(matches!(verdicts[7], Verdict::Held { .. }), "the whole limit is used: {verdicts:?}");
+    let used: Vec<i64> = answers.iter().map(|a| a.used).collect();
+    assert_eq!(used, [1, 2, 2, 2, 3, 3, 4, 4]);
+    assert_eq!(b.admit_many(PF, 4, 250, &[]).await.expect("nothing"), vec![]);
 }
 
 #[tokio::test]
@@ -112,6 +141,8 @@ async fn an_inbound_message_opens_the_window_for_24_hours_from_its_time() {
     assert!(b.open_window(phone, &user, now - 3_600_000, now).await.expect("open"));
     assert!(b.window_open(phone, &user).await.expect("read"));
     assert!(!b.window_open("106540352242923", &user).await.expect("read"), "the window is the number's");
+    let both = b.windows_open(phone, &[rk(8), user.clone()]).await.expect("read both");
+    assert_eq!(both, [false, true], "one answer per recipient, in order");
     let ttl: i64 = redis::cmd("PTTL").arg(budget::window_key(phone, &user)).query_async(&mut conn).await.expect("pttl");
     assert!(ttl > 22 * 3_600_000 && ttl <= 23 * 3_600_000, "24 h from the message, not from now: {ttl}");
     // A redelivered older message never shortens it; a newer one renews it.
@@ -128,16 +159,14 @@ async fn an_inbound_message_opens_the_window_for_24_hours_from_its_time() {
 async fn one_hundred_thousand_recipients_are_counted_exactly_in_a_few_megabytes() {
     let (_redis, b, mut conn) = budget().await;
     b.set_limit(PF, 100_000, "webhook", "TIER_100K").await.expect("set");
-    let body = include_str!("../../../../lua/portfolio_budget.lua");
-    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(body).query_async(&mut conn).await.expect("load");
-    let (key, cfg) = (budget::budget_key(PF), budget::budget_cfg_key(PF));
+    let key = budget::budget_key(PF);
     for chunk in 0..100 {
-        let mut pipe = redis::pipe();
-        for i in chunk * 1000..(chunk + 1) * 1000 {
-            pipe.cmd("EVALSHA").arg(&sha).arg(2).arg(&key).arg(&cfg).arg("admit").arg(rk(i));
-            pipe.arg(budget::WINDOW_MS).arg(250).arg(RESERVE).arg(1).arg(0);
-        }
-        let _: Vec<redis::Value> = pipe.query_async(&mut conn).await.expect("admit 1000");
+        let items: Vec<BudgetItem> = (chunk * 1000..(chunk + 1) * 1000)
+            .map(|i| BudgetItem { recipient_key: rk(i), reserved: true, window_open: false })
+            .collect();
+        let answers = b.admit_many(PF, 250, RESERVE, &items).await.expect("admit 1000");
+        assert!(answers.iter().all(|a| a.verdict == Verdict::Counted), "chunk {chunk}: all new and under the limit");
+        assert_eq!(answers.last().map(|a| a.used), Some((chunk as i64 + 1) * 1000), "counted in order");
     }
     let state = b.read(PF, 250).await.expect("read");
     assert_eq!(state.used, 100_000, "exact: every distinct recipient counted once");
