@@ -66,12 +66,20 @@ fn unlimited_sim() -> bw_meta_sim::SimConfig {
 }
 
 fn dispatcher_overrides() -> Vec<(&'static str, String)> {
-    vec![
+    let mut v = vec![
         ("breaker.defaults.rate_per_s", "1000000".into()),
         ("breaker.defaults.burst", "1000000".into()),
         ("breaker.defaults.pair_burst", "1000".into()),
         ("dispatch.publish_outcomes", "false".into()),
-    ]
+    ];
+    // BW_BENCH_SET="dispatch.wamid_link=false;budget.enabled=false": settings on top, for profiling what-ifs.
+    if let Ok(set) = std::env::var("BW_BENCH_SET") {
+        for kv in set.split(';').filter(|kv| !kv.is_empty()) {
+            let (k, val) = kv.split_once('=').expect("BW_BENCH_SET holds key=value pairs");
+            v.push((Box::leak(k.to_string().into_boxed_str()), val.to_string()));
+        }
+    }
+    v
 }
 
 /// The backlog `requests` preloaded, then `dispatchers` dispatchers started: msg/s until Meta accepted all of
@@ -142,16 +150,44 @@ async fn durable_writes(js: &async_nats::jetstream::Context) -> [u64; 3] {
 /// durable writes per message to the ledger, the wamid links and the journal, counted from the preloaded
 /// backlog (ingest's ledger creates excluded) until BW_SEND is empty (every send's outcome written and acked).
 async fn drain_guarantee(n: usize, guarantee: &str) -> (f64, [f64; 3]) {
-    let requests: Vec<SendRequest> = (0..n).map(|i| request(i, &format!("g{guarantee}"))).collect();
+    drain_with(n, &[("dispatch.wire_guarantee", guarantee.to_string())]).await
+}
+
+/// [`drain_guarantee`] with the dispatcher's settings `changed` on top of [`dispatcher_overrides`].
+async fn drain_with(n: usize, changed: &[(&'static str, String)]) -> (f64, [f64; 3]) {
+    let guarantee = changed.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let requests: Vec<SendRequest> = (0..n).map(|i| request(i, &format!("g{}", guarantee.len()))).collect();
     let mut h = Harness::start(unlimited_sim()).await;
     h.preload(&requests).await;
     let before = durable_writes(&h.js).await;
+    let mut redis =
+        redis::Client::open(h.redis.url()).expect("redis url").get_multiplexed_async_connection().await.expect("redis");
+    let redis_before = bw_e2e::redis_command_calls(&mut redis).await;
+    let cpu_before = cpu_seconds();
     let started = Instant::now();
     let mut overrides = dispatcher_overrides();
-    overrides.push(("dispatch.wire_guarantee", guarantee.to_string()));
+    overrides.extend(changed.iter().cloned());
     h.start_dispatcher(&overrides).await;
     let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.total_accepted() >= n as u64 }).await;
     let took = started.elapsed();
+    let cpu_after = cpu_seconds();
+    if std::env::var("BW_BENCH_ONLY").as_deref() == Ok("whatif") {
+        let us = |i: usize| (cpu_after[i] - cpu_before[i]) * 1e6 / n as f64;
+        println!(
+            "    cpu per message: process {:.0} us, nats-server {:.0} us, redis-server {:.0} us",
+            us(0),
+            us(1),
+            us(2)
+        );
+        let redis_after = bw_e2e::redis_command_calls(&mut redis).await;
+        let delta = |c: &str| redis_after.get(c).copied().unwrap_or(0.0) - redis_before.get(c).copied().unwrap_or(0.0);
+        let all: f64 = redis_after.keys().map(|c| delta(c)).sum::<f64>() - delta("info");
+        println!(
+            "    redis per message: {:.2} script calls, {:.2} commands in all",
+            delta("evalsha") / n as f64,
+            all / n as f64
+        );
+    }
     assert!(done, "the backlog of {n} finished at wire_guarantee = {guarantee}");
     let drained = bw_testkit::wait_until(Duration::from_secs(120), || async {
         match h.js.get_stream(names::SEND_STREAM).await {
@@ -164,6 +200,35 @@ async fn drain_guarantee(n: usize, guarantee: &str) -> (f64, [f64; 3]) {
     let after = durable_writes(&h.js).await;
     let per = |i: usize| (after[i] - before[i]) as f64 / n as f64;
     (n as f64 / took.as_secs_f64(), [per(0), per(1), per(2)])
+}
+
+/// CPU seconds used so far by this process (the dispatcher and the simulator), and by its nats-server and
+/// redis-server children (/proc; zeros elsewhere).
+fn cpu_seconds() -> [f64; 3] {
+    let tick = 100.0; // USER_HZ on Linux
+    let read = |pid: &str| -> Option<(String, u64, f64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, rest) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_string();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ppid = f.get(1)?.parse().ok()?;
+        let cpu = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+        Some((comm, ppid, cpu / tick))
+    };
+    let me = std::process::id() as u64;
+    let mut out = [read("self").map(|r| r.2).unwrap_or(0.0), 0.0, 0.0];
+    for pid in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if let Some((comm, ppid, cpu)) = read(&pid.file_name().to_string_lossy())
+            && ppid == me
+        {
+            match comm.as_str() {
+                "nats-server" => out[1] += cpu,
+                "redis-server" => out[2] += cpu,
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// Script calls (EVALSHA) Redis has run so far.
@@ -556,6 +621,25 @@ fn main() {
                     println!("    latency at 500 msg/s: publish->Meta p50 {p50:.1} ms p99 {p99:.1} ms; added over a direct POST p50 {:.1} ms p99 {:.1} ms", p50 - d50, p99 - d99);
                 }
                 println!("  journal / mark: {:.2}x msg/s", journal / mark);
+                return;
+            }
+            Ok("whatif") => {
+                // BW_BENCH_WHATIF="label:key=value,key=value|label:...": the one-sender drain per setting set.
+                let cpu_before = cpu_seconds();
+                let direct = direct_send(n, 256).await;
+                let us = (cpu_seconds()[0] - cpu_before[0]) * 1e6 / n as f64;
+                println!("naive direct send {direct:.0} msg/s, cpu per message {us:.0} us");
+                let sets = std::env::var("BW_BENCH_WHATIF").unwrap_or_default();
+                for set in sets.split('|').filter(|s| !s.is_empty()) {
+                    let (label, pairs) = set.split_once(':').unwrap_or((set, ""));
+                    let changed: Vec<(&'static str, String)> = pairs
+                        .split(',')
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (&*Box::leak(k.to_string().into_boxed_str()), v.to_string()))
+                        .collect();
+                    let (rate, w) = drain_with(n, &changed).await;
+                    println!("  {label:<24} {rate:>8.0} msg/s = {:.2} of direct; writes/msg ledger {:.2} link {:.2} journal {:.3}", rate / direct, w[0], w[1], w[2]);
+                }
                 return;
             }
             Ok("partitions") => {
