@@ -25,6 +25,11 @@
 //!   writes per message (last-sequence deltas of KV_BW_LEDGER, KV_BW_WAMID and BW_WIRE_0), and the p50/p99
 //!   latency each adds over a direct POST at a steady pace.
 //!
+//! - `BW_BENCH_ONLY=whatif`: the naive sender, then the one-sender drain once per setting set of
+//!   `BW_BENCH_WHATIF="label:key=value,key=value|label:..."` (dispatcher settings on top of the ones below): msg/s,
+//!   durable writes, CPU microseconds per message of this process (dispatcher and simulator), nats-server and
+//!   redis-server, and Redis script calls and commands per message. What bounds a drain, setting by setting.
+//!
 //! Run: `cargo bench -p bw-e2e --bench pipeline` (set BW_BENCH_N to change the message count;
 //! BW_BENCH_ONLY=pipeline, =spread, =partitions, =floor or =link runs only the one-sender drain, the 200-sender
 //! drain, the 200-sender drains with BW_SEND in 4 partitions, the minimal durable sender (with the direct sender
