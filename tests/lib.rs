@@ -112,6 +112,34 @@ pub async fn producer_connection(url: &str, tenant: &str) -> async_nats::Client 
         .expect("producer connects")
 }
 
+/// A process's status line from `/proc`: its command name, parent pid and CPU seconds (user + system), or None
+/// when it is gone (or not on Linux).
+pub fn process_stat(pid: &str) -> Option<(String, u32, f64)> {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let ticks = *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    });
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: the fields after it start after the last ')'.
+    let (head, rest) = stat.rsplit_once(')')?;
+    let comm = head.split_once('(')?.1.to_string();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // ppid is field 4 of the line; utime and stime are 14 and 15 (2, 12 and 13 after the name).
+    Some((comm, f.get(1)?.parse().ok()?, (num(11) + num(12)) / ticks))
+}
+
+/// CPU seconds (user + system) process `pid` has used; 0 when it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    process_stat(&pid.to_string()).map(|s| s.2).unwrap_or(0.0)
+}
+
 /// Calls per Redis command so far (`INFO commandstats`: `cmdstat_<name>:calls=N,...`); a script's calls are
 /// under `evalsha`, the commands it ran under their own names. The benches diff two readings.
 pub async fn redis_command_calls(

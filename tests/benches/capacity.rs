@@ -31,27 +31,6 @@ const SENDERS: usize = 20;
 /// The model's fleet: a BSP with 1,000 numbers at 80 messages per second each.
 const FLEET_MPS: f64 = 80_000.0;
 
-fn clock_ticks_per_s() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// CPU seconds (user + system) a process has used.
-fn cpu_s(pid: u32, ticks: f64) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    (num(11) + num(12)) / ticks
-}
-
 async fn get_json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.expect("monitoring answers").json().await.expect("json")
 }
@@ -72,7 +51,6 @@ struct Counters {
 
 async fn read_counters(
     pids: &[(&'static str, u32)],
-    ticks: f64,
     monitor: &str,
     js: &async_nats::jetstream::Context,
     redis: &mut redis::aio::MultiplexedConnection,
@@ -99,7 +77,7 @@ async fn read_counters(
     let redis_calls = bw_e2e::redis_command_calls(redis).await;
     Counters {
         redis_calls,
-        cpu: pids.iter().map(|(name, pid)| (*name, cpu_s(*pid, ticks))).collect(),
+        cpu: pids.iter().map(|(name, pid)| (*name, bw_e2e::cpu_seconds(*pid))).collect(),
         nats_in_msgs: num(&varz["in_msgs"]),
         nats_in_bytes: num(&varz["in_bytes"]),
         nats_out_msgs: num(&varz["out_msgs"]),
@@ -117,7 +95,6 @@ fn main() {
 }
 
 async fn run(n: usize) {
-    let ticks = clock_ticks_per_s();
     let monitor_port = bw_testkit::free_port();
     let nats = bw_testkit::NatsServer::start_with_args(vec!["-m".into(), monitor_port.to_string()]);
     let monitor = format!("http://127.0.0.1:{monitor_port}");
@@ -154,7 +131,7 @@ async fn run(n: usize) {
     let mut redis =
         redis::Client::open(redis_server.url()).expect("url").get_multiplexed_async_connection().await.expect("redis");
 
-    let before = read_counters(&pids, ticks, &monitor, &js, &mut redis).await;
+    let before = read_counters(&pids, &monitor, &js, &mut redis).await;
     let started = Instant::now();
     let producer = bw_client::Client::new(client.clone());
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
@@ -195,7 +172,7 @@ async fn run(n: usize) {
     .await;
     let took = started.elapsed().as_secs_f64();
     assert!(processed, "every message sent and every status processed");
-    let after = read_counters(&pids, ticks, &monitor, &js, &mut redis).await;
+    let after = read_counters(&pids, &monitor, &js, &mut redis).await;
     services.stop_all(Duration::from_secs(10));
 
     let per = |a: f64, b: f64| (a - b) / n as f64;

@@ -210,20 +210,10 @@ async fn drain_with(n: usize, changed: &[(&'static str, String)]) -> (f64, [f64;
 /// CPU seconds used so far by this process (the dispatcher and the simulator), and by its nats-server and
 /// redis-server children (/proc; zeros elsewhere).
 fn cpu_seconds() -> [f64; 3] {
-    let tick = 100.0; // USER_HZ on Linux
-    let read = |pid: &str| -> Option<(String, u64, f64)> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let (head, rest) = stat.rsplit_once(')')?;
-        let comm = head.split_once('(')?.1.to_string();
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ppid = f.get(1)?.parse().ok()?;
-        let cpu = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-        Some((comm, ppid, cpu / tick))
-    };
-    let me = std::process::id() as u64;
-    let mut out = [read("self").map(|r| r.2).unwrap_or(0.0), 0.0, 0.0];
+    let me = std::process::id();
+    let mut out = [bw_e2e::cpu_seconds(me), 0.0, 0.0];
     for pid in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        if let Some((comm, ppid, cpu)) = read(&pid.file_name().to_string_lossy())
+        if let Some((comm, ppid, cpu)) = bw_e2e::process_stat(&pid.file_name().to_string_lossy())
             && ppid == me
         {
             match comm.as_str() {
