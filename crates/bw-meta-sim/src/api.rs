@@ -208,6 +208,9 @@ async fn handle(st: &Arc<Inner>, kill: &ConnKill, phone: &str, headers: &HeaderM
             garbled_ok(&success, body)
         }
         _ => {
+            if !st.answer_when_released(phone).await {
+                return StatusCode::SERVICE_UNAVAILABLE.into_response();
+            }
             st.oracle.count("200");
             with_usage(st, (StatusCode::OK, axum::Json(success)).into_response(), usage, phone, RetryAfter::None)
         }

@@ -124,6 +124,7 @@ impl MetaSim {
             dead_tokens: RwLock::new(BTreeMap::new()),
             account: Account::new(&cfg),
             events_cancel: Mutex::new(shutdown.child_token()),
+            answer_gate: Mutex::new(None),
             cfg,
         });
         inner.set_scenario(inner.cfg.scenario.clone().unwrap_or_else(Scenario::normal));
@@ -204,6 +205,31 @@ impl SimHandle {
     /// Replaces the active scenario; its clock starts now.
     pub fn set_scenario(&self, scenario: Scenario) {
         self.inner.set_scenario(scenario);
+    }
+
+    /// Holds back Meta's 200 answers to `phone_number_id` after the next `pass` accepted messages until
+    /// [`MetaSim::release_answers`]: the messages are accepted and their status webhooks go out as scheduled, so a
+    /// status reaches the business before the answer naming its wamid, as it can from Meta.
+    pub fn hold_answers(&self, phone_number_id: &str, pass: u32) {
+        let (released, _) = tokio::sync::watch::channel(false);
+        let gate =
+            state::AnswerGate { phone_number_id: phone_number_id.to_string(), pass, released, held: Arc::default() };
+        if let Some(old) = self.inner.answer_gate.lock().unwrap_or_else(|e| e.into_inner()).replace(gate) {
+            old.released.send_replace(true);
+        }
+    }
+
+    /// Answers held so far by [`MetaSim::hold_answers`] and not yet released.
+    pub fn held_answers(&self) -> u32 {
+        let gate = self.inner.answer_gate.lock().unwrap_or_else(|e| e.into_inner());
+        gate.as_ref().map_or(0, |g| g.held.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Sends every held answer and holds no more.
+    pub fn release_answers(&self) {
+        if let Some(gate) = self.inner.answer_gate.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            gate.released.send_replace(true);
+        }
     }
 
     /// Back to no faults.

@@ -28,6 +28,39 @@ pub(crate) struct Inner {
     pub(crate) account: Account,
     /// Stops the active scenario's event task when the scenario is replaced.
     pub(crate) events_cancel: Mutex<CancellationToken>,
+    /// Answers held back after Meta accepted (`MetaSim::hold_answers`), so a status can overtake its answer.
+    pub(crate) answer_gate: Mutex<Option<AnswerGate>>,
+}
+
+/// Accepted messages of `phone_number_id` whose answers wait for a release: the next `pass` go through, the
+/// ones after wait. The webhooks of a held message go out as usual, as Meta's may before its answer arrives.
+pub(crate) struct AnswerGate {
+    pub(crate) phone_number_id: String,
+    pub(crate) pass: u32,
+    pub(crate) released: tokio::sync::watch::Sender<bool>,
+    pub(crate) held: Arc<std::sync::atomic::AtomicU32>,
+}
+
+impl Inner {
+    /// Waits while this accepted message's answer is held; true to answer (false: shutting down).
+    pub(crate) async fn answer_when_released(&self, phone_number_id: &str) -> bool {
+        let (mut released, held) = {
+            let mut gate = self.answer_gate.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(g) = gate.as_mut().filter(|g| g.phone_number_id == phone_number_id) else { return true };
+            if g.pass > 0 {
+                g.pass -= 1;
+                return true;
+            }
+            (g.released.subscribe(), g.held.clone())
+        };
+        held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let answered = tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            r = released.wait_for(|r| *r) => r.is_ok(),
+        };
+        held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        answered
+    }
 }
 
 pub(crate) fn lock_read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {

@@ -1,5 +1,6 @@
 //! Ambiguous answers after acceptance (bodiless 5xx, resets, hangs, unparseable 200s), late and dropped status
-//! webhooks, the injected-vs-limit counters, the duplicate split, and the shipped mixed-ambiguous scenario.
+//! webhooks, answers held until after their statuses, the injected-vs-limit counters, the duplicate split, and the
+//! shipped mixed-ambiguous scenario.
 
 use crate::common::*;
 use bw_meta_sim::{
@@ -302,4 +303,27 @@ async fn mixed_ambiguous_scenario_file_runs_over_http() {
     }
     assert_eq!(sim.counters().injected("4"), 2);
     assert!(sim.oracle().get("op-app").is_none());
+}
+
+#[tokio::test]
+async fn a_held_answer_comes_after_its_status_webhook_and_only_once_released() {
+    let receiver = Receiver::start(0).await;
+    let sim = std::sync::Arc::new(start(SimConfig { webhook: webhook_to(&receiver.url), ..config() }).await);
+    sim.hold_answers(PHONE, 1);
+    let client = client(Duration::from_secs(30));
+    let first = send(&client, &sim, &recipient(1), Some("op-first")).await.expect("answered");
+    assert_eq!(first.status, 200, "the first passes");
+    let (client2, sim2) = (client.clone(), sim.clone());
+    let second = tokio::spawn(async move { send(&client2, &sim2, &recipient(2), Some("op-held")).await });
+    wait_until(Duration::from_secs(10), || async { sim.held_answers() == 1 }).await;
+    // Accepted and its statuses out, while its answer waits.
+    assert!(sim.oracle().get("op-held").is_some_and(|e| e.count == 1));
+    wait_until(Duration::from_secs(10), || async { has_status(&receiver, "op-held", "sent") }).await;
+    assert!(!second.is_finished(), "no answer before the release");
+    sim.release_answers();
+    let answer = second.await.expect("task").expect("answered");
+    assert_eq!(answer.status, 200);
+    assert_eq!(sim.held_answers(), 0);
+    let third = send(&client, &sim, &recipient(3), Some("op-after")).await.expect("answered");
+    assert_eq!(third.status, 200, "released: nothing is held any more");
 }
