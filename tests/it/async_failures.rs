@@ -3,8 +3,9 @@
 //! new attempt, which Meta then delivers once; a permanent code ends FAILED and nothing is sent again; an async
 //! 130429 cuts the number's learned rate as a synchronous one does, an async 131049 defers a marketing message to
 //! its recipient's cool-off; a failed status of an earlier attempt after the retry went out changes nothing but
-//! the journey; a webhook Meta delivers twice queues one new attempt; `bwctl op resend` sends a FAILED operation
-//! again as a new attempt and refuses a delivered one.
+//! the journey; a retried attempt's failed status that arrives before Meta's answer to that attempt waits for it
+//! and settles that attempt; a webhook Meta delivers twice queues one new attempt; `bwctl op resend` sends a
+//! FAILED operation again as a new attempt and refuses a delivered one.
 
 use bw_breaker::{Breaker, BreakerConfig, Scope};
 use bw_e2e::{Harness, WABA_ID};
@@ -231,6 +232,62 @@ async fn a_late_failed_status_of_an_earlier_attempt_does_not_requeue() {
     let e = entry(&h, &op).await;
     assert_eq!((e.state(), e.wamid.as_str(), e.async_failures), (OperationState::Sent, attempt2.as_str(), 1), "{e:?}");
     assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1), "nothing was sent again");
+}
+
+/// BW_WEBHOOKS deliveries beyond the first of each webhook so far (the webhook consumer's redeliveries).
+async fn webhook_redeliveries(h: &Harness) -> u64 {
+    let Ok(stream) = h.js.get_stream(bw_wire::names::WEBHOOK_STREAM).await else { return 0 };
+    let Ok(mut consumer) =
+        stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_wire::names::WEBHOOK_CONSUMER).await
+    else {
+        return 0;
+    };
+    consumer.info().await.map_or(0, |i| i.delivered.consumer_sequence.saturating_sub(i.delivered.stream_sequence))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_attempts_failed_status_that_overtakes_its_answer_settles_that_attempt() {
+    const PHONE: &str = "106540352240008";
+    let mut cfg = sim(false);
+    // No `sent` statuses: the only webhooks are the failed ones, so a redelivery is the overtaking status's.
+    cfg.webhook.sent_delay_ms = None;
+    let mut h = Harness::start(cfg).await;
+    h.sim.set_scenario(fail_first_async(PHONE, 131000));
+    // Attempt 1 is answered; attempt 2's answer is held after Meta accepted it.
+    h.sim.hold_answers(PHONE, 1);
+    h.start_ingest(&[]).await;
+    h.start_dispatcher_at_defaults().await;
+
+    let op = submit(&h, PHONE, "async-overtaken").await;
+    let held = bw_testkit::wait_until(WAIT, || async { h.sim.held_answers() == 1 }).await;
+    assert!(held, "attempt 2 accepted, its answer held: {:?}", accepted_and_failed(&h, &op));
+    let attempt2 = h.sim.oracle().get(&op).expect("accepted").wamids[1].clone();
+    let e = entry(&h, &op).await;
+    assert_eq!((e.state(), e.async_failures), (OperationState::Queued, 1), "attempt 2 is on the wire: {e:?}");
+    assert_ne!(e.wamid, attempt2, "its wamid is not recorded yet");
+
+    // Meta fails attempt 2 for good, and the status arrives before the answer that names its wamid. Taken for
+    // attempt 1's it would be dropped and the operation left SENT, never delivered: it waits for its attempt.
+    let before = webhook_redeliveries(&h).await;
+    let s = serde_json::json!({
+        "id": attempt2, "status": "failed", "timestamp": (bw_common::time::now_ms() / 1000).to_string(),
+        "recipient_id": "5491166000001", "biz_opaque_callback_data": op,
+        "errors": [{"code": 131026, "title": "Message undeliverable"}],
+    });
+    assert_eq!(bw_e2e::post_webhook(&h.ingest_http, bw_e2e::status_webhook(PHONE, vec![s])).await, 200);
+    let waited = bw_testkit::wait_until(WAIT, || async { webhook_redeliveries(&h).await > before }).await;
+    assert!(waited, "the status waits for its attempt's SENT write: {:?}", entry(&h, &op).await);
+    assert_eq!(entry(&h, &op).await.state(), OperationState::Queued, "nothing applied meanwhile");
+
+    h.sim.release_answers();
+    let failed = h.wait_state(&op, &[OperationState::Failed], WAIT).await;
+    let e = entry(&h, &op).await;
+    assert!(failed, "{e:?}");
+    assert_eq!((e.wamid.as_str(), e.last_code), (attempt2.as_str(), 131026), "settled as attempt 2: {e:?}");
+    assert!(!e.flagged_unknown, "by the status, not by reconciling a lost answer: {e:?}");
+    assert!(webhooks_processed(&h).await, "ingest handled every stored webhook");
+    assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1), "never sent a third time");
+    assert!(h.sim.oracle().duplicates().is_empty());
 }
 
 /// Waits until ingest's webhook processor acknowledged every webhook stored in BW_WEBHOOKS.
