@@ -16,7 +16,9 @@
 //! - the account, template and user webhooks of §4.5 from a scenario's `[[events]]`, with the state they
 //!   announce enforced afterwards ([`events`], [`account`]);
 //! - the portfolio messaging limit (§3.3), throughput upgrades (§3.1), expired API versions (§0, [`versions`])
-//!   and business-scoped user ids (§6).
+//!   and business-scoped user ids (§6);
+//! - a status webhook that arrives before the answer naming its wamid: [`MetaSim::hold_answers`] holds 200s after
+//!   acceptance while the statuses go out (in-process only).
 //!
 //! In-process use (tests):
 //!
