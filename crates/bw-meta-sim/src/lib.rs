@@ -17,7 +17,7 @@
 //!   announce enforced afterwards ([`events`], [`account`]);
 //! - the portfolio messaging limit (§3.3), throughput upgrades (§3.1), expired API versions (§0, [`versions`])
 //!   and business-scoped user ids (§6);
-//! - a status webhook that arrives before the answer naming its wamid: [`MetaSim::hold_answers`] holds 200s after
+//! - a status webhook that arrives before the answer naming its wamid: [`SimHandle::hold_answers`] holds 200s after
 //!   acceptance while the statuses go out (in-process only).
 //!
 //! In-process use (tests):
@@ -210,7 +210,7 @@ impl SimHandle {
     }
 
     /// Holds back Meta's 200 answers to `phone_number_id` after the next `pass` accepted messages until
-    /// [`MetaSim::release_answers`]: the messages are accepted and their status webhooks go out as scheduled, so a
+    /// [`SimHandle::release_answers`]: the messages are accepted and their status webhooks go out as scheduled, so a
     /// status reaches the business before the answer naming its wamid, as it can from Meta.
     pub fn hold_answers(&self, phone_number_id: &str, pass: u32) {
         let (released, _) = tokio::sync::watch::channel(false);
@@ -221,7 +221,7 @@ impl SimHandle {
         }
     }
 
-    /// Answers held so far by [`MetaSim::hold_answers`] and not yet released.
+    /// Answers held so far by [`SimHandle::hold_answers`] and not yet released.
     pub fn held_answers(&self) -> u32 {
         let gate = self.inner.answer_gate.lock().unwrap_or_else(|e| e.into_inner());
         gate.as_ref().map_or(0, |g| g.held.load(std::sync::atomic::Ordering::SeqCst))
