@@ -28,7 +28,7 @@ pub(crate) struct Inner {
     pub(crate) account: Account,
     /// Stops the active scenario's event task when the scenario is replaced.
     pub(crate) events_cancel: Mutex<CancellationToken>,
-    /// Answers held back after Meta accepted (`MetaSim::hold_answers`), so a status can overtake its answer.
+    /// Answers held back after Meta accepted (`SimHandle::hold_answers`), so a status can overtake its answer.
     pub(crate) answer_gate: Mutex<Option<AnswerGate>>,
 }
 
