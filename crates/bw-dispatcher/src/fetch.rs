@@ -238,8 +238,7 @@ impl Worker {
             span.in_scope(|| tracing::debug!(state = versioned.entry.state().label(), "already handled; acked"));
             // Journal mode: an attempt an earlier owner left open has its outcome now.
             if versioned.entry.state() != OperationState::Queued
-                && let Some(journals) = &self.journals
-                && let Some(part) = journals.part(self.send.of(&request.phone_number_id))
+                && let Some(part) = self.journal_of(&request.phone_number_id)
                 && let Some(abandoned) = part.take_abandoned(&request.operation_id)
             {
                 abandoned.resolve();
@@ -284,7 +283,8 @@ impl Worker {
         }
         // Journal mode: the same for a try an earlier owner of the partition journaled without an outcome.
         let mut work = work;
-        if let Some(abandoned) = self.journal_of(&work).and_then(|p| p.take_abandoned(&work.request.operation_id)) {
+        let part = self.journal_of(&work.request.phone_number_id);
+        if let Some(abandoned) = part.and_then(|p| p.take_abandoned(&work.request.operation_id)) {
             work.on_wire = Some(abandoned);
             self.release_order(&work).await;
             self.to_unknown(work, crate::journal::abandoned_error()).await;

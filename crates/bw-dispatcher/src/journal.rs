@@ -85,7 +85,6 @@ struct PartState {
     /// Open attempts per record sequence: the oldest bounds what a checkpoint covers.
     open_seqs: BTreeMap<u64, usize>,
     appended_since_checkpoint: bool,
-    appends: u64,
 }
 
 impl PartState {
@@ -264,7 +263,6 @@ impl PartJournal {
             Ok(seq) => {
                 state.last_seq = seq;
                 state.appended_since_checkpoint = true;
-                state.appends += 1;
                 for p in &group {
                     if let Some(o) = state.open.get_mut(&p.attempt.operation_id)
                         && o.seq == 0
@@ -410,15 +408,8 @@ impl PartJournal {
                     open.insert(op, o);
                 }
             }
-            *s = PartState {
-                ready: true,
-                epoch,
-                last_seq: owner_seq,
-                open,
-                open_seqs,
-                appended_since_checkpoint: true,
-                appends: s.appends,
-            };
+            *s =
+                PartState { ready: true, epoch, last_seq: owner_seq, open, open_seqs, appended_since_checkpoint: true };
         }
         self.metrics.takeovers.inc();
         tracing::info!(stream = %self.names.stream(), epoch, abandoned, "wire journal partition taken over; \

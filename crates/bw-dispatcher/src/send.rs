@@ -182,7 +182,7 @@ impl Worker {
     /// sends nothing: the delivery goes back for its owner.
     async fn journal_in_flight(&self, mut w: Work, canary: bool) -> Option<(Work, bool)> {
         use crate::journal::Refusal;
-        let Some(part) = self.journal_of(&w).cloned() else {
+        let Some(part) = self.journal_of(&w.request.phone_number_id).cloned() else {
             self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
             return None;
         };
@@ -197,21 +197,20 @@ impl Worker {
                 self.to_unknown(w, crate::journal::abandoned_error()).await;
                 None
             }
-            Err(Refusal::Live) => {
-                self.metrics.mark_conflicts.inc();
-                self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
-                None
-            }
-            Err(Refusal::NotOwner) => {
+            Err(refusal @ (Refusal::Live | Refusal::NotOwner)) => {
+                if refusal == Refusal::Live {
+                    self.metrics.mark_conflicts.inc();
+                }
                 self.settle(&w, Settle::nak(Outcome::MovePending, RETRY_LATER), None).await;
                 None
             }
         }
     }
 
-    /// The wire journal of `w`'s send partition, in journal mode when this dispatcher serves it.
-    pub(crate) fn journal_of(&self, w: &Work) -> Option<&Arc<crate::journal::PartJournal>> {
-        self.journals.as_ref()?.part(self.send.of(&w.request.phone_number_id))
+    /// The wire journal of the send partition of number `phone_number_id`, in journal mode when this dispatcher
+    /// serves it.
+    pub(crate) fn journal_of(&self, phone_number_id: &str) -> Option<&Arc<crate::journal::PartJournal>> {
+        self.journals.as_ref()?.part(self.send.of(phone_number_id))
     }
 
     /// Whether a late send of `w`'s sender may still go now, using the sender's late allowance, which every
