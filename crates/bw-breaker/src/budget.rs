@@ -275,10 +275,8 @@ impl PortfolioBudget {
 
     /// True while the customer service window of `recipient_key` with `phone_number_id` is open.
     pub async fn window_open(&self, phone_number_id: &str, recipient_key: &str) -> Result<bool, BreakerError> {
-        let mut conn = self.conn.clone();
-        let n: i64 =
-            redis::cmd("EXISTS").arg(window_key(phone_number_id, recipient_key)).query_async(&mut conn).await?;
-        Ok(n == 1)
+        let open = self.windows_open(phone_number_id, &[recipient_key.to_string()]).await?;
+        Ok(open.first().copied().unwrap_or(false))
     }
 
     /// [`Self::window_open`] for several recipients of one number in one round trip (their keys share the

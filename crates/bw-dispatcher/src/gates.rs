@@ -306,10 +306,9 @@ impl Worker {
         let phone = &w.request.phone_number_id;
         let ask_windows =
             |rks: Vec<String>| async move { budget.store.windows_open(phone, &rks).await.map_err(|e| e.to_string()) };
-        let open = match tokio::time::timeout(timeout, budget.windows.call(phone, rk.clone(), ask_windows)).await {
-            Ok(Ok(open)) => open,
-            failed => {
-                let error = failed.map_or_else(|_| "timed out".to_string(), |r| r.err().unwrap_or_default());
+        let open = match within(timeout, budget.windows.call(phone, rk.clone(), ask_windows)).await {
+            Ok(open) => open,
+            Err(error) => {
                 budget.mark_down();
                 return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
             }
@@ -320,16 +319,14 @@ impl Worker {
             let portfolio = portfolio.clone();
             async move { budget.store.admit_many(&portfolio, fallback, reserve, &items).await.map_err(|e| e.to_string()) }
         };
-        let admitted = tokio::time::timeout(timeout, budget.admits.call(&portfolio, item, ask_admits)).await;
-        let labels = vec![("portfolio", portfolio.clone())];
-        let a = match admitted {
-            Ok(Ok(a)) => a,
-            failed => {
-                let error = failed.map_or_else(|_| "timed out".to_string(), |r| r.err().unwrap_or_default());
+        let a = match within(timeout, budget.admits.call(&portfolio, item, ask_admits)).await {
+            Ok(a) => a,
+            Err(error) => {
                 budget.mark_down();
                 return self.budget_unavailable(budget, w, &portfolio, reserved, &error).await;
             }
         };
+        let labels = vec![("portfolio", portfolio.clone())];
         budget.limit.get_or_create(&labels).set(a.limit);
         budget.remember_limit(&portfolio, a.limit);
         if a.verdict != Verdict::WindowOpen {
@@ -373,6 +370,11 @@ impl Worker {
         self.hold_out_of_lane(&w, Outcome::BudgetHeld, delay, Some(event)).await;
         None
     }
+}
+
+/// A budget call bounded by `budget.timeout_ms`: Err holds what went wrong ("timed out" past the bound).
+async fn within<T>(timeout: Duration, call: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| Err("timed out".into()))
 }
 
 #[cfg(test)]
