@@ -71,20 +71,12 @@ fn unlimited_sim() -> bw_meta_sim::SimConfig {
 }
 
 fn dispatcher_overrides() -> Vec<(&'static str, String)> {
-    let mut v = vec![
+    vec![
         ("breaker.defaults.rate_per_s", "1000000".into()),
         ("breaker.defaults.burst", "1000000".into()),
         ("breaker.defaults.pair_burst", "1000".into()),
         ("dispatch.publish_outcomes", "false".into()),
-    ];
-    // BW_BENCH_SET="dispatch.wamid_link=false;budget.enabled=false": settings on top, for profiling what-ifs.
-    if let Ok(set) = std::env::var("BW_BENCH_SET") {
-        for kv in set.split(';').filter(|kv| !kv.is_empty()) {
-            let (k, val) = kv.split_once('=').expect("BW_BENCH_SET holds key=value pairs");
-            v.push((Box::leak(k.to_string().into_boxed_str()), val.to_string()));
-        }
-    }
-    v
+    ]
 }
 
 /// The backlog `requests` preloaded, then `dispatchers` dispatchers started: msg/s until Meta accepted all of
@@ -151,17 +143,32 @@ async fn durable_writes(js: &async_nats::jetstream::Context) -> [u64; 3] {
     out
 }
 
-/// One sender's backlog of `n` through one dispatcher at `dispatch.wire_guarantee = guarantee`: msg/s, and
-/// durable writes per message to the ledger, the wamid links and the journal, counted from the preloaded
-/// backlog (ingest's ledger creates excluded) until BW_SEND is empty (every send's outcome written and acked).
-async fn drain_guarantee(n: usize, guarantee: &str) -> (f64, [f64; 3]) {
-    drain_with(n, &[("dispatch.wire_guarantee", guarantee.to_string())]).await
+/// What one drain of [`drain_with`] cost, per message.
+struct Drained {
+    rate: f64,
+    /// Durable writes to the ledger, the wamid links and the wire journal.
+    writes: [f64; 3],
+    /// CPU microseconds of this process (the dispatcher and the simulator), nats-server and redis-server.
+    cpu_us: [f64; 3],
+    /// Redis script calls, and every command Redis ran (inside scripts too).
+    script_calls: f64,
+    redis_commands: f64,
 }
 
-/// [`drain_guarantee`] with the dispatcher's settings `changed` on top of [`dispatcher_overrides`].
-async fn drain_with(n: usize, changed: &[(&'static str, String)]) -> (f64, [f64; 3]) {
-    let guarantee = changed.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-    let requests: Vec<SendRequest> = (0..n).map(|i| request(i, &format!("g{}", guarantee.len()))).collect();
+/// One sender's backlog of `n` through one dispatcher at `dispatch.wire_guarantee = guarantee`: msg/s, and
+/// durable writes per message to the ledger, the wamid links and the journal.
+async fn drain_guarantee(n: usize, guarantee: &str) -> (f64, [f64; 3]) {
+    let d = drain_with(n, &[("dispatch.wire_guarantee", guarantee.to_string())]).await;
+    (d.rate, d.writes)
+}
+
+/// One sender's backlog of `n` through one dispatcher with the settings `changed` on top of
+/// [`dispatcher_overrides`]: msg/s until Meta accepted all, and per message the durable writes (counted from the
+/// preloaded backlog, ingest's ledger creates excluded, until BW_SEND is empty: every outcome written and acked),
+/// the CPU and the Redis calls of the drain.
+async fn drain_with(n: usize, changed: &[(&'static str, String)]) -> Drained {
+    let settings = changed.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+    let requests: Vec<SendRequest> = (0..n).map(|i| request(i, "drain")).collect();
     let mut h = Harness::start(unlimited_sim()).await;
     h.preload(&requests).await;
     let before = durable_writes(&h.js).await;
@@ -176,24 +183,8 @@ async fn drain_with(n: usize, changed: &[(&'static str, String)]) -> (f64, [f64;
     let done = bw_testkit::wait_until(Duration::from_secs(600), || async { h.sim.total_accepted() >= n as u64 }).await;
     let took = started.elapsed();
     let cpu_after = cpu_seconds();
-    if std::env::var("BW_BENCH_ONLY").as_deref() == Ok("whatif") {
-        let us = |i: usize| (cpu_after[i] - cpu_before[i]) * 1e6 / n as f64;
-        println!(
-            "    cpu per message: process {:.0} us, nats-server {:.0} us, redis-server {:.0} us",
-            us(0),
-            us(1),
-            us(2)
-        );
-        let redis_after = bw_e2e::redis_command_calls(&mut redis).await;
-        let delta = |c: &str| redis_after.get(c).copied().unwrap_or(0.0) - redis_before.get(c).copied().unwrap_or(0.0);
-        let all: f64 = redis_after.keys().map(|c| delta(c)).sum::<f64>() - delta("info");
-        println!(
-            "    redis per message: {:.2} script calls, {:.2} commands in all",
-            delta("evalsha") / n as f64,
-            all / n as f64
-        );
-    }
-    assert!(done, "the backlog of {n} finished at wire_guarantee = {guarantee}");
+    assert!(done, "the backlog of {n} finished with {settings}");
+    let redis_after = bw_e2e::redis_command_calls(&mut redis).await;
     let drained = bw_testkit::wait_until(Duration::from_secs(120), || async {
         match h.js.get_stream(names::SEND_STREAM).await {
             Ok(mut s) => s.info().await.is_ok_and(|i| i.state.messages == 0),
@@ -203,8 +194,15 @@ async fn drain_with(n: usize, changed: &[(&'static str, String)]) -> (f64, [f64;
     .await;
     assert!(drained, "every send acked");
     let after = durable_writes(&h.js).await;
-    let per = |i: usize| (after[i] - before[i]) as f64 / n as f64;
-    (n as f64 / took.as_secs_f64(), [per(0), per(1), per(2)])
+    let per = |x: f64| x / n as f64;
+    let calls = |c: &str| redis_after.get(c).copied().unwrap_or(0.0) - redis_before.get(c).copied().unwrap_or(0.0);
+    Drained {
+        rate: n as f64 / took.as_secs_f64(),
+        writes: [0, 1, 2].map(|i| per((after[i] - before[i]) as f64)),
+        cpu_us: [0, 1, 2].map(|i| per((cpu_after[i] - cpu_before[i]) * 1e6)),
+        script_calls: per(calls("evalsha")),
+        redis_commands: per(redis_after.keys().map(|c| calls(c)).sum::<f64>() - calls("info")),
+    }
 }
 
 /// CPU seconds used so far by this process (the dispatcher and the simulator), and by its nats-server and
@@ -632,8 +630,11 @@ fn main() {
                         .filter_map(|kv| kv.split_once('='))
                         .map(|(k, v)| (&*Box::leak(k.to_string().into_boxed_str()), v.to_string()))
                         .collect();
-                    let (rate, w) = drain_with(n, &changed).await;
-                    println!("  {label:<24} {rate:>8.0} msg/s = {:.2} of direct; writes/msg ledger {:.2} link {:.2} journal {:.3}", rate / direct, w[0], w[1], w[2]);
+                    let d = drain_with(n, &changed).await;
+                    let (w, cpu) = (d.writes, d.cpu_us);
+                    println!("  {label:<24} {:>8.0} msg/s = {:.2} of direct; writes/msg ledger {:.2} link {:.2} journal {:.3}", d.rate, d.rate / direct, w[0], w[1], w[2]);
+                    println!("    cpu per message: process {:.0} us, nats-server {:.0} us, redis-server {:.0} us", cpu[0], cpu[1], cpu[2]);
+                    println!("    redis per message: {:.2} script calls, {:.2} commands in all", d.script_calls, d.redis_commands);
                 }
                 return;
             }

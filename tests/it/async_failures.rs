@@ -234,15 +234,22 @@ async fn a_late_failed_status_of_an_earlier_attempt_does_not_requeue() {
     assert_eq!(accepted_and_failed(&h, &op), (2, 1, 1), "nothing was sent again");
 }
 
+/// The webhook processor's consumer of BW_WEBHOOKS, and the stream's last sequence (None: not there yet).
+async fn webhook_consumer(h: &Harness) -> Option<(async_nats::jetstream::consumer::Info, u64)> {
+    let mut stream = h.js.get_stream(bw_wire::names::WEBHOOK_STREAM).await.ok()?;
+    let last = stream.info().await.ok()?.state.last_sequence;
+    let mut consumer = stream
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_wire::names::WEBHOOK_CONSUMER)
+        .await
+        .ok()?;
+    Some((consumer.info().await.ok()?.clone(), last))
+}
+
 /// BW_WEBHOOKS deliveries beyond the first of each webhook so far (the webhook consumer's redeliveries).
 async fn webhook_redeliveries(h: &Harness) -> u64 {
-    let Ok(stream) = h.js.get_stream(bw_wire::names::WEBHOOK_STREAM).await else { return 0 };
-    let Ok(mut consumer) =
-        stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_wire::names::WEBHOOK_CONSUMER).await
-    else {
-        return 0;
-    };
-    consumer.info().await.map_or(0, |i| i.delivered.consumer_sequence.saturating_sub(i.delivered.stream_sequence))
+    webhook_consumer(h)
+        .await
+        .map_or(0, |(i, _)| i.delivered.consumer_sequence.saturating_sub(i.delivered.stream_sequence))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,15 +300,7 @@ async fn a_retried_attempts_failed_status_that_overtakes_its_answer_settles_that
 /// Waits until ingest's webhook processor acknowledged every webhook stored in BW_WEBHOOKS.
 async fn webhooks_processed(h: &Harness) -> bool {
     bw_testkit::wait_until(WAIT, || async {
-        let Ok(mut stream) = h.js.get_stream(bw_wire::names::WEBHOOK_STREAM).await else { return false };
-        let Ok(last) = stream.info().await.map(|i| i.state.last_sequence) else { return false };
-        let Ok(mut consumer) = stream
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(bw_wire::names::WEBHOOK_CONSUMER)
-            .await
-        else {
-            return false;
-        };
-        consumer.info().await.is_ok_and(|i| i.ack_floor.stream_sequence >= last && i.num_ack_pending == 0)
+        webhook_consumer(h).await.is_some_and(|(i, last)| i.ack_floor.stream_sequence >= last && i.num_ack_pending == 0)
     })
     .await
 }
