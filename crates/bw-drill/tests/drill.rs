@@ -26,7 +26,7 @@ duration_ms = 5000
 error_rate = 0.5
 latency = { kind = "normal", mean_ms = 60.0, stddev_ms = 20.0 }
 faults = [
-  { kind = "http", status = 503, meta_body = true, weight = 4 },
+  { kind = "http", status = 503, meta_body = true, weight = 1 },
   { kind = "error", code = 130429, weight = 1 },
 ]
 "#;
